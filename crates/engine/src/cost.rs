@@ -1,0 +1,100 @@
+//! The cost model: how long one engine step takes for the work scheduled into it.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// The work one step does, as the scheduler planned it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepShape {
+    /// Prompt tokens computed this step (new prefills, prefill chunks and recomputation).
+    pub prefill_tokens: u32,
+    /// Sequences producing one output token this step.
+    pub decode_seqs: u32,
+    /// Tokens of context the decoding sequences attend to (the KV cache they read).
+    pub decode_context_tokens: u64,
+}
+
+impl StepShape {
+    pub fn is_empty(&self) -> bool {
+        self.prefill_tokens == 0 && self.decode_seqs == 0
+    }
+
+    /// Tokens this step puts through the model, as vLLM's `iteration_tokens` histogram counts them.
+    pub fn tokens(&self) -> u32 {
+        self.prefill_tokens + self.decode_seqs
+    }
+}
+
+/// `step = overhead + prefill_token × prefill tokens + decode_seq × decoding sequences
+///         + context_token × context tokens attended by the decodes`.
+///
+/// The four terms are the ones that move a real step: a fixed launch/sampling cost, compute-bound
+/// prefill, per-sequence decode work, and memory-bound attention over the KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct CostModel {
+    #[serde(with = "humantime_serde_compat")]
+    pub overhead: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub prefill_token: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub decode_seq: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub context_token: Duration,
+}
+
+impl CostModel {
+    /// A model whose every step takes no time: the upstream for measuring a proxy's own overhead.
+    pub const ZERO: CostModel = CostModel {
+        overhead: Duration::ZERO,
+        prefill_token: Duration::ZERO,
+        decode_seq: Duration::ZERO,
+        context_token: Duration::ZERO,
+    };
+
+    pub fn step_time(&self, shape: &StepShape) -> Duration {
+        if shape.is_empty() {
+            return Duration::ZERO;
+        }
+        let nanos = self.overhead.as_nanos()
+            + self.prefill_token.as_nanos() * u128::from(shape.prefill_tokens)
+            + self.decode_seq.as_nanos() * u128::from(shape.decode_seqs)
+            + self.context_token.as_nanos() * u128::from(shape.decode_context_tokens);
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+    }
+}
+
+mod humantime_serde_compat {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&humantime::format_duration(*d).to_string())
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let s = String::deserialize(d)?;
+        humantime::parse_duration(&s).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_time_adds_the_four_terms() {
+        let m = CostModel {
+            overhead: Duration::from_millis(4),
+            prefill_token: Duration::from_micros(10),
+            decode_seq: Duration::from_micros(20),
+            context_token: Duration::from_nanos(5),
+        };
+        let shape = StepShape {
+            prefill_tokens: 100,
+            decode_seqs: 10,
+            decode_context_tokens: 2000,
+        };
+        assert_eq!(m.step_time(&shape), Duration::from_micros(4000 + 1000 + 200 + 10));
+        assert_eq!(m.step_time(&StepShape::default()), Duration::ZERO);
+    }
+}

@@ -1,0 +1,86 @@
+//! `spillway engine`: a stand-in for vLLM that behaves like it under load, without a GPU.
+//!
+//! # Layout
+//! - [`config`]: vLLM's knobs, presets, length distributions.
+//! - [`cost`]: the step-time formula; [`calibration`]: the fitted presets and the published points.
+//! - `kv`: the paged KV cache and prefix cache; [`scheduler`]: vLLM V1's continuous batching.
+//! - [`engine`]: one replica's step loop on `tokio::time`, and the [`Engine`] handle that submits
+//!   requests and reads ground truth (running, waiting, aborts, per-request timings).
+//! - [`metrics`]: vLLM's Prometheus metrics and DCGM-like GPU metrics.
+//! - [`faults`]: scripted failures, by flag or through `POST /admin/faults`.
+//! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
+//!   `stream` renders tokens as SSE chunks; `tokenize` and `text` turn text into tokens and back.
+//!
+//! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
+
+pub mod calibration;
+pub mod config;
+pub mod cost;
+pub mod engine;
+pub mod faults;
+mod kv;
+pub mod metrics;
+pub mod scheduler;
+pub mod server;
+mod stream;
+mod text;
+pub mod tokenize;
+
+pub use config::{EngineConfig, LengthDist, Preset};
+pub use engine::{Engine, GenerateParams, Lateness, ListenerState, Snapshot};
+pub use faults::{FailEvery, FaultPatch, Faults};
+pub use scheduler::{FinishReason, RequestRecord};
+
+use std::net::SocketAddr;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A replica serving on a socket; dropping it stops the server and the step loop.
+#[derive(Debug)]
+pub struct RunningEngine {
+    pub addr: SocketAddr,
+    pub engine: Engine,
+    stop: Option<oneshot::Sender<()>>,
+    server: JoinHandle<std::io::Result<()>>,
+    steps: JoinHandle<()>,
+}
+
+impl RunningEngine {
+    /// `http://ADDR`, the base URL clients use (append `/v1`).
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops accepting, lets connections finish what they have in flight, and ends the step loop.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.server).await;
+    }
+}
+
+impl Drop for RunningEngine {
+    fn drop(&mut self) {
+        self.server.abort();
+        self.steps.abort();
+    }
+}
+
+/// Starts one replica on an already bound listener.
+pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngine, String> {
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let (engine, steps) = Engine::start(config)?;
+    let (stop, stopped) = oneshot::channel();
+    let server = tokio::spawn(server::serve(listener, engine.clone(), async move {
+        let _ = stopped.await;
+    }));
+    Ok(RunningEngine { addr, engine, stop: Some(stop), server, steps })
+}
+
+/// Binds `127.0.0.1:0` and starts a replica there: what tests use.
+pub async fn spawn_local(config: EngineConfig) -> Result<RunningEngine, String> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    spawn(listener, config)
+}

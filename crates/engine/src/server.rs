@@ -1,0 +1,339 @@
+//! The HTTP side of a replica: vLLM's OpenAI routes, `/health`, `/metrics`, the admin endpoint,
+//! and an accept loop that can refuse connections or die on command.
+
+use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
+use crate::faults::FaultPatch;
+use crate::scheduler::{FinishReason, Progress};
+use crate::stream::{Render, RenderKind, TokenStream};
+use crate::tokenize::chat_prompt;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
+use protocol::ApiError;
+use protocol::error::parse_json;
+use protocol::openai::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, Prompt};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+/// Request bodies above this are refused with 413, long before they could hold a valid prompt.
+const MAX_BODY: usize = 32 * 1024 * 1024;
+
+/// The router of one replica.
+pub fn router(engine: Engine) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/metrics", get(metrics))
+        .route("/admin/faults", get(get_faults).post(post_faults))
+        .route("/admin/state", get(state))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(engine)
+}
+
+/// Serves `engine` on `listener` until `shutdown` resolves, following the engine's listener state:
+/// refusing closes the socket (and idle connections), crashing also cuts every open connection.
+pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let addr = listener.local_addr()?;
+    let app = router(engine.clone());
+    let mut listener = Some(listener);
+    let mut state = engine.listener_state();
+    let (conn_cmd, _) = watch::channel(ListenerState::Serving);
+    tokio::pin!(shutdown);
+    loop {
+        let now = *state.borrow_and_update();
+        match now {
+            ListenerState::Serving if listener.is_none() => listener = Some(rebind(addr).await?),
+            ListenerState::Serving => {}
+            ListenerState::Refusing | ListenerState::Crashed => listener = None,
+        }
+        conn_cmd.send_replace(now);
+        tokio::select! {
+            _ = &mut shutdown => break,
+            changed = state.changed() => if changed.is_err() { break },
+            accepted = accept(listener.as_ref()) => {
+                let Ok((stream, _)) = accepted else { continue };
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(connection(stream, app.clone(), conn_cmd.subscribe()));
+            }
+        }
+    }
+    conn_cmd.send_replace(ListenerState::Refusing);
+    Ok(())
+}
+
+async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::TcpStream, SocketAddr)> {
+    match listener {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Binds the same address again after a refusal; the port may take a moment to be free.
+async fn rebind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let mut last = None;
+    for _ in 0..50 {
+        match TcpListener::bind(addr).await {
+            Ok(l) => return Ok(l),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("rebind failed")))
+}
+
+async fn connection(stream: tokio::net::TcpStream, app: Router, mut cmd: watch::Receiver<ListenerState>) {
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    let mut draining = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => return,
+            changed = cmd.changed() => {
+                let state = if changed.is_err() { ListenerState::Refusing } else { *cmd.borrow_and_update() };
+                match state {
+                    ListenerState::Crashed => return,
+                    ListenerState::Refusing if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ => {}
+                }
+                if changed.is_err() {
+                    // The server is gone: finish what this connection has in flight, then stop.
+                    let _ = conn.as_mut().await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+fn error_response(err: &ApiError) -> Response {
+    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, [(header::CONTENT_TYPE, "application/json")], err.to_json()).into_response()
+}
+
+fn body_error(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::vllm(
+            413,
+            "RequestEntityTooLarge",
+            format!("request body exceeds the {MAX_BODY}-byte limit"),
+            None,
+        )
+    } else {
+        ApiError::bad_request(format!("cannot read request body: {rejection}"), None)
+    }
+}
+
+async fn health(State(engine): State<Engine>) -> StatusCode {
+    if engine.healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn models(State(engine): State<Engine>) -> Response {
+    let list = ModelList {
+        object: "list".into(),
+        data: vec![ModelCard {
+            id: engine.model().to_owned(),
+            object: "model".into(),
+            created: unix_now(),
+            owned_by: "vllm".into(),
+            max_model_len: Some(engine.config().max_model_len),
+        }],
+    };
+    axum::Json(list).into_response()
+}
+
+async fn metrics(State(engine): State<Engine>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        engine.metrics_text(),
+    )
+        .into_response()
+}
+
+async fn get_faults(State(engine): State<Engine>) -> Response {
+    axum::Json(engine.faults()).into_response()
+}
+
+async fn post_faults(State(engine): State<Engine>, body: Result<Bytes, BytesRejection>) -> Response {
+    let result = body
+        .map_err(body_error)
+        .and_then(|b| parse_json::<FaultPatch>(&b))
+        .and_then(|patch| engine.apply_faults(&patch).map_err(|e| ApiError::bad_request(e, None)));
+    match result {
+        Ok(faults) => axum::Json(faults).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn state(State(engine): State<Engine>) -> Response {
+    let s = engine.snapshot();
+    let l = engine.lateness();
+    axum::Json(serde_json::json!({
+        "model": engine.model(),
+        "preset": engine.config().preset.name(),
+        "healthy": engine.healthy(),
+        "running": s.running,
+        "waiting": s.waiting,
+        "max_running": s.max_running,
+        "steps": s.steps,
+        "aborts": s.aborts,
+        "preemptions": s.preemptions,
+        "generated_tokens": s.generated_tokens,
+        "kv_cache_usage": s.kv_usage,
+        "kv_blocks_total": s.kv_blocks_total,
+        "kv_blocks_free": s.kv_blocks_free,
+        "step_lateness_us": { "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us },
+    }))
+    .into_response()
+}
+
+async fn not_found() -> Response {
+    error_response(&ApiError::vllm(404, "NotFoundError", "Not Found", None))
+}
+
+fn check_model(engine: &Engine, model: &str) -> Result<(), ApiError> {
+    if model == engine.model() {
+        Ok(())
+    } else {
+        Err(ApiError::vllm(
+            404,
+            "NotFoundError",
+            format!("The model `{model}` does not exist."),
+            Some("model"),
+        ))
+    }
+}
+
+async fn chat(State(engine): State<Engine>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+    let prepared = (|| {
+        let body = body.map_err(body_error)?;
+        let req: ChatCompletionRequest = parse_json(&body)?;
+        check_model(&engine, &req.model)?;
+        if req.messages.is_empty() {
+            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+        }
+        let text = chat_prompt(
+            req.messages
+                .iter()
+                .map(|m| (m.role.as_str(), m.content.as_ref().map(|c| c.text()).unwrap_or_default())),
+        );
+        let params = GenerateParams {
+            prompt: engine.tokenize(&text),
+            max_tokens: req.requested_max_tokens(),
+            n: req.n.unwrap_or(1),
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+        };
+        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
+    })();
+    respond(&engine, &headers, RenderKind::Chat, prepared).await
+}
+
+async fn completions(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body.map_err(body_error)?;
+        let req: CompletionRequest = parse_json(&body)?;
+        check_model(&engine, &req.model)?;
+        let prompt = match req.prompt {
+            Prompt::Text(t) => engine.tokenize(&t),
+            Prompt::Tokens(ids) => ids,
+            Prompt::Texts(mut v) if v.len() == 1 => engine.tokenize(&v.remove(0)),
+            Prompt::TokenBatches(mut v) if v.len() == 1 => v.remove(0),
+            Prompt::Texts(_) | Prompt::TokenBatches(_) => {
+                return Err(ApiError::bad_request(
+                    "spillway engine serves one prompt per request; send a batch as separate requests",
+                    Some("prompt"),
+                ));
+            }
+        };
+        let params = GenerateParams {
+            prompt,
+            max_tokens: req.max_tokens.or(Some(16)),
+            n: req.n.unwrap_or(1),
+            ignore_eos: req.ignore_eos.unwrap_or(false),
+        };
+        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
+    })();
+    respond(&engine, &headers, RenderKind::Completion, prepared).await
+}
+
+async fn respond(
+    engine: &Engine,
+    headers: &HeaderMap,
+    kind: RenderKind,
+    prepared: Result<(GenerateParams, bool, bool, String), ApiError>,
+) -> Response {
+    let request_id = headers.get("x-request-id").cloned();
+    let mut response = match prepared.and_then(|(params, stream, usage, model)| {
+        engine.submit(params).map(|g| (g, stream, usage, model))
+    }) {
+        Err(e) => error_response(&e),
+        Ok((generation, stream, include_usage, model)) => {
+            let render = Render::new(kind, generation.id, unix_now(), model);
+            if stream {
+                let body = TokenStream::new(generation, render, include_usage).into_body();
+                (
+                    [
+                        (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8")),
+                        (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+                    ],
+                    Body::new(body),
+                )
+                    .into_response()
+            } else {
+                complete(generation, render).await
+            }
+        }
+    };
+    if let Some(id) = request_id {
+        response.headers_mut().insert("x-request-id", id);
+    }
+    response
+}
+
+/// Waits for every choice to finish, then answers with the whole completion.
+async fn complete(mut generation: Generation, render: Render) -> Response {
+    let mut finals: Vec<Progress> = Vec::with_capacity(generation.choices.len());
+    for rx in &mut generation.choices {
+        let done = rx.wait_for(|p| p.finish.is_some()).await.map(|p| *p);
+        match done {
+            Ok(p) => finals.push(p),
+            Err(_) => finals.push(Progress { tokens: 0, finish: Some(FinishReason::Error) }),
+        }
+    }
+    if finals.iter().any(|p| p.finish == Some(FinishReason::Error)) {
+        return error_response(&ApiError::vllm(500, "InternalServerError", "the engine failed during generation", None));
+    }
+    let body = render.full_response(generation.prompt_tokens, &finals);
+    ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+}

@@ -1,0 +1,91 @@
+//! Turning prompt text into token ids: a real `tokenizer.json`, or a documented estimate without one.
+
+use std::path::Path;
+
+/// How prompts are counted and hashed for the prefix cache.
+pub enum Tokenizer {
+    /// A Hugging Face `tokenizer.json`, as the served model would use.
+    Hf(Box<tokenizers::Tokenizer>),
+    /// One token per 4 bytes of UTF-8 (rounded up, never splitting a character), OpenAI's rule of
+    /// thumb for English; ids are hashes of the 4-byte pieces, so equal prefixes get equal ids.
+    Estimate,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Tokenizer::Hf(_) => "Tokenizer::Hf",
+            Tokenizer::Estimate => "Tokenizer::Estimate",
+        })
+    }
+}
+
+impl Tokenizer {
+    pub fn from_file(path: &Path) -> Result<Self, String> {
+        tokenizers::Tokenizer::from_file(path)
+            .map(|t| Tokenizer::Hf(Box::new(t)))
+            .map_err(|e| format!("cannot load tokenizer {}: {e}", path.display()))
+    }
+
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        match self {
+            Tokenizer::Hf(t) => t
+                .encode_fast(text, false)
+                .map(|e| e.get_ids().to_vec())
+                // A tokenizer that cannot encode the text still must not lose the request.
+                .unwrap_or_else(|_| estimate(text)),
+            Tokenizer::Estimate => estimate(text),
+        }
+    }
+}
+
+fn estimate(text: &str) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+    let mut start = 0;
+    while start < text.len() {
+        let mut end = (start + 4).min(text.len());
+        while !text.is_char_boundary(end) {
+            end += 1;
+        }
+        let mut h: u32 = 0x811c_9dc5;
+        for b in &text.as_bytes()[start..end] {
+            h ^= u32::from(*b);
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        ids.push(h % 128_000);
+        start = end;
+    }
+    ids
+}
+
+/// The text a chat request is tokenized as: a fixed, documented template standing in for the
+/// model's own (`<|role|>` header, content, end marker; then the assistant header).
+pub fn chat_prompt<'a>(messages: impl Iterator<Item = (&'a str, String)>) -> String {
+    let mut out = String::new();
+    for (role, content) in messages {
+        out.push_str("<|");
+        out.push_str(role);
+        out.push_str("|>\n");
+        out.push_str(&content);
+        out.push_str("<|end|>\n");
+    }
+    out.push_str("<|assistant|>\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn estimate_is_a_quarter_of_the_bytes_and_prefix_stable() {
+        assert_eq!(estimate("").len(), 0);
+        assert_eq!(estimate("abcd").len(), 1);
+        assert_eq!(estimate("abcde").len(), 2);
+        let a = estimate("the same prefix, then one ending");
+        let b = estimate("the same prefix, then another");
+        assert_eq!(a[..5], b[..5]);
+        // Multi-byte characters are never split.
+        assert_eq!(estimate("ééé").len(), 2);
+    }
+}

@@ -1,0 +1,14 @@
+//! The wire formats every Spillway component speaks: serde types only, no I/O, no runtime.
+//!
+//! # Layout
+//! - [`openai`]: OpenAI-compatible request and response bodies (chat and legacy completions), parsed
+//!   leniently the way vLLM does: unknown fields are kept, not rejected, so a proxy can forward them.
+//! - [`error`]: the OpenAI error body `{"error":{"message","type","param","code"}}` and the parse
+//!   errors that map onto it, naming the offending field.
+//! - [`sse`]: Server-Sent Events framing for streamed completions.
+
+pub mod error;
+pub mod openai;
+pub mod sse;
+
+pub use error::{ApiError, ErrorBody};

@@ -1,0 +1,175 @@
+//! `spillway engine`: one or more simulated vLLM replicas on consecutive ports.
+
+use anyhow::{Context, Result, bail};
+use clap::Args;
+use engine::{EngineConfig, FailEvery, LengthDist, Preset};
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use tokio::net::TcpListener;
+
+#[derive(Args, Debug)]
+pub(crate) struct EngineArgs {
+    /// Address of the first replica; replica i listens on its port + i.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// How many replicas to run in this process, each its own engine.
+    #[arg(long, default_value_t = 1)]
+    replicas: u16,
+    /// The served model name clients send.
+    #[arg(long, default_value = "spillway-sim")]
+    model: String,
+    /// Cost model and limits: tiny (fast, for tests), zero (free steps, for proxy overhead),
+    /// llama-3.1-8b-h100 (calibrated to NVIDIA's published NIM numbers).
+    #[arg(long, default_value = "tiny")]
+    preset: Preset,
+    /// Most sequences running in one step (vLLM's --max-num-seqs).
+    #[arg(long)]
+    max_num_seqs: Option<usize>,
+    /// Token budget of one step: decodes first, then prefill chunks (vLLM's --max-num-batched-tokens).
+    #[arg(long)]
+    max_num_batched_tokens: Option<u32>,
+    /// Longest prompt + completion (vLLM's --max-model-len).
+    #[arg(long)]
+    max_model_len: Option<u32>,
+    /// KV-cache capacity in tokens; fewer blocks mean earlier preemption.
+    #[arg(long)]
+    kv_cache_tokens: Option<u32>,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    block_size: u32,
+    /// Reuse KV blocks of prompts that share a prefix (vLLM's --enable-prefix-caching).
+    #[arg(long)]
+    enable_prefix_caching: bool,
+    /// A Hugging Face tokenizer.json; without it, prompts count one token per 4 bytes.
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Output length when a request does not set ignore_eos: N, uniform:A,B, normal:M,SD,
+    /// lognormal:M,SD (capped by max_tokens). Default: always max_tokens.
+    #[arg(long)]
+    output_len: Option<LengthDist>,
+    /// Seed of every sampled length.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also expose DCGM-exporter-like GPU metrics on /metrics.
+    #[arg(long)]
+    dcgm: bool,
+    /// Use the runtime's 1 ms timer for steps instead of the precise wait (less CPU, ~1 ms late).
+    #[arg(long)]
+    coarse_timer: bool,
+    /// Fault: requests never receive their first token (a hung engine).
+    #[arg(long)]
+    fault_never_first_token: bool,
+    /// Fault: requests stall after this many tokens.
+    #[arg(long, value_name = "K")]
+    fault_stall_after: Option<u32>,
+    /// Fault: every Nth request fails with STATUS, as N:STATUS (e.g. 3:503).
+    #[arg(long, value_name = "N:STATUS", value_parser = parse_fail_every)]
+    fault_fail_every: Option<FailEvery>,
+    /// Fault: every step takes this many times its modelled cost (a degraded GPU).
+    #[arg(long, value_name = "FACTOR")]
+    fault_slow: Option<f64>,
+    /// Fault: refuse connections from the start.
+    #[arg(long)]
+    fault_refuse_connections: bool,
+}
+
+fn parse_fail_every(s: &str) -> Result<FailEvery, String> {
+    let (n, status) = s.split_once(':').ok_or("expected N:STATUS, e.g. 3:503")?;
+    let nth: NonZeroU32 = n.parse().map_err(|_| format!("'{n}' is not a positive whole number"))?;
+    let status: u16 = status.parse().map_err(|_| format!("'{status}' is not a status code"))?;
+    if !(400..=599).contains(&status) {
+        return Err(format!("status must be 400–599, got {status}"));
+    }
+    Ok(FailEvery { nth, status })
+}
+
+impl EngineArgs {
+    fn config(&self) -> EngineConfig {
+        let mut c = EngineConfig::preset(self.preset);
+        c.model.clone_from(&self.model);
+        if let Some(v) = self.max_num_seqs {
+            c.max_num_seqs = v;
+        }
+        if let Some(v) = self.max_num_batched_tokens {
+            c.max_num_batched_tokens = v;
+        }
+        if let Some(v) = self.max_model_len {
+            c.max_model_len = v;
+        }
+        if let Some(v) = self.kv_cache_tokens {
+            c.kv_cache_tokens = v;
+        }
+        c.block_size = self.block_size;
+        c.enable_prefix_caching = self.enable_prefix_caching;
+        c.tokenizer.clone_from(&self.tokenizer);
+        c.output_len = self.output_len;
+        c.seed = self.seed;
+        c.dcgm = self.dcgm;
+        c.precise_timer = !self.coarse_timer;
+        c.faults.stall_after_tokens = if self.fault_never_first_token { Some(0) } else { self.fault_stall_after };
+        c.faults.fail_every = self.fault_fail_every;
+        c.faults.refuse_connections = self.fault_refuse_connections;
+        if let Some(f) = self.fault_slow {
+            c.faults.slow_factor = f;
+        }
+        c
+    }
+}
+
+pub(crate) async fn run(args: EngineArgs) -> Result<()> {
+    if args.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    let config = args.config();
+    config.validate().map_err(anyhow::Error::msg)?;
+    let mut running = Vec::new();
+    for i in 0..args.replicas {
+        let port = args
+            .listen
+            .port()
+            .checked_add(i)
+            .context("replica ports run past 65535")?;
+        let addr = SocketAddr::new(args.listen.ip(), port);
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen on {addr}"))?;
+        let mut cfg = config.clone();
+        cfg.seed = config.seed.wrapping_add(u64::from(i));
+        let replica = engine::spawn(listener, cfg).map_err(anyhow::Error::msg)?;
+        tracing::info!(
+            replica = i,
+            url = %replica.url(),
+            model = %config.model,
+            preset = config.preset.name(),
+            "engine ready"
+        );
+        running.push(replica);
+    }
+    shutdown_signal().await;
+    tracing::info!("shutting down");
+    for r in running {
+        r.shutdown().await;
+    }
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => {
+                let _ = ctrl_c.await;
+                return;
+            }
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

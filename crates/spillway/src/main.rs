@@ -1,0 +1,51 @@
+//! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
+
+mod engine_cmd;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Spillway keeps LLM serving inside its SLOs: a bounded wait in front of the model servers, fast
+/// and honest rejections when it is full, and measurements of where each request waited.
+#[derive(Parser, Debug)]
+#[command(name = "spillway", version, about, long_about = None, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run simulated vLLM engines: OpenAI API, continuous batching, paged KV cache, vLLM's
+    /// metric names and scripted faults, without a GPU. The upstream for tests, benches and demos.
+    Engine(engine_cmd::EngineArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("spillway: cannot start the runtime: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Engine(args) => engine_cmd::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("spillway: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
