@@ -12,7 +12,9 @@ fn main() {
         .start_paused(true)
         .build()
         .expect("runtime");
-    println!("preset llama-3.1-8b-h100 vs NVIDIA NIM Llama-3.1-8B-Instruct on H100 ({NIM_INPUT_TOKENS} in / {NIM_OUTPUT_TOKENS} out assumed)");
+    println!(
+        "preset llama-3.1-8b-h100 vs NVIDIA NIM Llama-3.1-8B-Instruct on H100 ({NIM_INPUT_TOKENS} in / {NIM_OUTPUT_TOKENS} out assumed)"
+    );
     println!("| conc | TTFT ms pub | sim | Δ | ITL ms pub | sim | Δ | tok/s pub | sim | Δ |");
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for p in NIM_LLAMA31_8B_H100 {

@@ -25,14 +25,54 @@ pub struct PublishedPoint {
 
 /// NVIDIA NIM, Llama-3.1-8B-Instruct, one H100 (DESIGN Appendix A).
 pub const NIM_LLAMA31_8B_H100: [PublishedPoint; 8] = [
-    PublishedPoint { concurrency: 1, ttft_ms: 10.3, itl_ms: 4.6, output_tok_s: 215.0 },
-    PublishedPoint { concurrency: 5, ttft_ms: 16.8, itl_ms: 4.6, output_tok_s: 1_077.0 },
-    PublishedPoint { concurrency: 25, ttft_ms: 36.3, itl_ms: 5.2, output_tok_s: 4_679.0 },
-    PublishedPoint { concurrency: 50, ttft_ms: 67.4, itl_ms: 5.9, output_tok_s: 8_018.0 },
-    PublishedPoint { concurrency: 100, ttft_ms: 120.0, itl_ms: 7.6, output_tok_s: 12_215.0 },
-    PublishedPoint { concurrency: 150, ttft_ms: 347.0, itl_ms: 9.8, output_tok_s: 12_989.0 },
-    PublishedPoint { concurrency: 200, ttft_ms: 465.0, itl_ms: 12.7, output_tok_s: 13_348.0 },
-    PublishedPoint { concurrency: 250, ttft_ms: 606.0, itl_ms: 16.1, output_tok_s: 12_965.0 },
+    PublishedPoint {
+        concurrency: 1,
+        ttft_ms: 10.3,
+        itl_ms: 4.6,
+        output_tok_s: 215.0,
+    },
+    PublishedPoint {
+        concurrency: 5,
+        ttft_ms: 16.8,
+        itl_ms: 4.6,
+        output_tok_s: 1_077.0,
+    },
+    PublishedPoint {
+        concurrency: 25,
+        ttft_ms: 36.3,
+        itl_ms: 5.2,
+        output_tok_s: 4_679.0,
+    },
+    PublishedPoint {
+        concurrency: 50,
+        ttft_ms: 67.4,
+        itl_ms: 5.9,
+        output_tok_s: 8_018.0,
+    },
+    PublishedPoint {
+        concurrency: 100,
+        ttft_ms: 120.0,
+        itl_ms: 7.6,
+        output_tok_s: 12_215.0,
+    },
+    PublishedPoint {
+        concurrency: 150,
+        ttft_ms: 347.0,
+        itl_ms: 9.8,
+        output_tok_s: 12_989.0,
+    },
+    PublishedPoint {
+        concurrency: 200,
+        ttft_ms: 465.0,
+        itl_ms: 12.7,
+        output_tok_s: 13_348.0,
+    },
+    PublishedPoint {
+        concurrency: 250,
+        ttft_ms: 606.0,
+        itl_ms: 16.1,
+        output_tok_s: 12_965.0,
+    },
 ];
 
 /// The input and output lengths assumed for [`NIM_LLAMA31_8B_H100`].
@@ -78,9 +118,18 @@ pub async fn closed_loop(
             let mut k = 0u32;
             while !stop.load(Ordering::Relaxed) {
                 // Distinct prompts: no accidental prefix-cache hits.
-                let prompt = (0..input).map(|t| c.wrapping_mul(7919) ^ k.wrapping_mul(104_729) ^ t).collect();
-                let params = GenerateParams { prompt, max_tokens: Some(output), n: 1, ignore_eos: true };
-                let Ok(mut generation) = engine.submit(params) else { return };
+                let prompt = (0..input)
+                    .map(|t| c.wrapping_mul(7919) ^ k.wrapping_mul(104_729) ^ t)
+                    .collect();
+                let params = GenerateParams {
+                    prompt,
+                    max_tokens: Some(output),
+                    n: 1,
+                    ignore_eos: true,
+                };
+                let Ok(mut generation) = engine.submit(params) else {
+                    return;
+                };
                 let _ = generation.choices[0].wait_for(|p| p.finish.is_some()).await;
                 k += 1;
             }
@@ -104,9 +153,17 @@ pub async fn closed_loop(
         .filter(|r| r.arrival >= window_start && r.output_tokens == output && r.ttft.is_some())
         .collect();
     if records.is_empty() {
-        return Err(format!("no request finished within {:?} of {:?}", start.elapsed(), duration));
+        return Err(format!(
+            "no request finished within {:?} of {:?}",
+            start.elapsed(),
+            duration
+        ));
     }
-    let mut ttft: Vec<f64> = records.iter().filter_map(|r| r.ttft).map(|d| d.as_secs_f64() * 1e3).collect();
+    let mut ttft: Vec<f64> = records
+        .iter()
+        .filter_map(|r| r.ttft)
+        .map(|d| d.as_secs_f64() * 1e3)
+        .collect();
     let mut itl: Vec<f64> = records
         .iter()
         .filter_map(|r| r.decode)

@@ -251,8 +251,19 @@ mod tests {
     fn length_dists_parse_and_reject() {
         assert_eq!("128".parse(), Ok(LengthDist::Fixed(128)));
         assert_eq!("uniform:10,20".parse(), Ok(LengthDist::Uniform(10, 20)));
-        assert_eq!("lognormal:200,100".parse(), Ok(LengthDist::LogNormal(200.0, 100.0)));
-        for bad in ["", "0", "uniform:20,10", "normal:1", "gamma:1,2", "fixed:-3", "fixed:1.5"] {
+        assert_eq!(
+            "lognormal:200,100".parse(),
+            Ok(LengthDist::LogNormal(200.0, 100.0))
+        );
+        for bad in [
+            "",
+            "0",
+            "uniform:20,10",
+            "normal:1",
+            "gamma:1,2",
+            "fixed:-3",
+            "fixed:1.5",
+        ] {
             assert!(bad.parse::<LengthDist>().is_err(), "{bad}");
         }
     }

@@ -6,7 +6,9 @@ use crate::cost::StepShape;
 use crate::faults::{FaultPatch, Faults};
 use crate::kv::block_hashes;
 use crate::metrics::Metrics;
-use crate::scheduler::{FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome};
+use crate::scheduler::{
+    FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome,
+};
 use crate::tokenize::Tokenizer;
 use protocol::ApiError;
 use rand::SeedableRng;
@@ -39,7 +41,9 @@ pub struct Engine {
 
 impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").field("model", &self.inner.config.model).finish()
+        f.debug_struct("Engine")
+            .field("model", &self.inner.config.model)
+            .finish()
     }
 }
 
@@ -122,6 +126,15 @@ pub struct Generation {
     pub prompt_tokens: u32,
     pub choices: Vec<watch::Receiver<Progress>>,
     _abort_on_drop: WakeOnDrop,
+}
+
+impl std::fmt::Debug for Generation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Generation")
+            .field("id", &self.id)
+            .field("choices", &self.choices.len())
+            .finish()
+    }
 }
 
 /// Wakes the step loop when a request's receivers go away, so an idle or stalled engine notices.
@@ -208,14 +221,24 @@ impl Engine {
         let stall_at = {
             let mut control = lock(&self.inner.control);
             if *self.inner.listener.borrow() == ListenerState::Crashed {
-                return Err(ApiError::vllm(503, "ServiceUnavailableError", "engine is dead", None));
+                return Err(ApiError::vllm(
+                    503,
+                    "ServiceUnavailableError",
+                    "engine is dead",
+                    None,
+                ));
             }
             if control.loading_until.is_some_and(|t| now < t) {
-                return Err(ApiError::vllm(503, "ServiceUnavailableError", "model is still loading", None));
+                return Err(ApiError::vllm(
+                    503,
+                    "ServiceUnavailableError",
+                    "model is still loading",
+                    None,
+                ));
             }
             if let Some(fail) = control.faults.fail_every {
                 control.fail_counter += 1;
-                if control.fail_counter % u64::from(fail.nth.get()) == 0 {
+                if control.fail_counter.is_multiple_of(u64::from(fail.nth.get())) {
                     return Err(injected_failure(fail.status));
                 }
             }
@@ -223,7 +246,10 @@ impl Engine {
         };
         let prompt_len = u32::try_from(params.prompt.len()).unwrap_or(u32::MAX);
         if prompt_len == 0 {
-            return Err(ApiError::bad_request("The prompt cannot be empty.", Some("prompt")));
+            return Err(ApiError::bad_request(
+                "The prompt cannot be empty.",
+                Some("prompt"),
+            ));
         }
         if prompt_len >= cfg.max_model_len {
             return Err(ApiError::bad_request(
@@ -235,7 +261,12 @@ impl Engine {
             ));
         }
         let max_tokens = match params.max_tokens {
-            Some(0) => return Err(ApiError::bad_request("max_tokens must be at least 1, got 0.", Some("max_tokens"))),
+            Some(0) => {
+                return Err(ApiError::bad_request(
+                    "max_tokens must be at least 1, got 0.",
+                    Some("max_tokens"),
+                ));
+            }
             Some(m) if u64::from(m) + u64::from(prompt_len) > u64::from(cfg.max_model_len) => {
                 return Err(ApiError::bad_request(
                     format!(
@@ -259,13 +290,19 @@ impl Engine {
         } else {
             Vec::new()
         };
-        let id = self.inner.next_id.fetch_add(u64::from(params.n), Ordering::Relaxed);
+        let id = self
+            .inner
+            .next_id
+            .fetch_add(u64::from(params.n), Ordering::Relaxed);
         let mut core = lock(&self.inner.core);
         if core.sched.num_waiting() + params.n as usize > cfg.max_waiting {
             return Err(ApiError::vllm(
                 503,
                 "ServiceUnavailableError",
-                format!("the engine's waiting queue is full ({} requests)", cfg.max_waiting),
+                format!(
+                    "the engine's waiting queue is full ({} requests)",
+                    cfg.max_waiting
+                ),
                 None,
             ));
         }
@@ -307,7 +344,7 @@ impl Engine {
     pub fn healthy(&self) -> bool {
         let control = lock(&self.inner.control);
         *self.inner.listener.borrow() != ListenerState::Crashed
-            && !control.loading_until.is_some_and(|t| Instant::now() < t)
+            && control.loading_until.is_none_or(|t| Instant::now() >= t)
     }
 
     pub fn faults(&self) -> Faults {
@@ -339,7 +376,9 @@ impl Engine {
             } else {
                 ListenerState::Serving
             };
-            self.inner.listener.send_if_modified(|s| std::mem::replace(s, want) != want);
+            self.inner
+                .listener
+                .send_if_modified(|s| std::mem::replace(s, want) != want);
         }
         self.inner.wake.notify_one();
         Ok(faults)
@@ -403,7 +442,12 @@ impl Engine {
                 p99_us: h.value_at_quantile(0.99),
                 max_us: h.max(),
             },
-            _ => Lateness { steps: 0, p50_us: 0, p99_us: 0, max_us: 0 },
+            _ => Lateness {
+                steps: 0,
+                p50_us: 0,
+                p99_us: 0,
+                max_us: 0,
+            },
         }
     }
 
@@ -506,16 +550,22 @@ async fn step_loop(inner: Arc<Inner>) {
         }
         let woke = Instant::now();
         gpu_free_at = Some(deadline);
-        finish_step(&inner, &shape, duration, woke, woke.saturating_duration_since(deadline));
+        finish_step(
+            &inner,
+            &shape,
+            duration,
+            woke,
+            woke.saturating_duration_since(deadline),
+        );
     }
 }
 
 /// Sleeps on the runtime's 1 ms timer until shortly before `deadline`, then yields until it passes.
 async fn sleep_precise(deadline: Instant) {
-    if let Some(coarse) = deadline.checked_sub(Duration::from_micros(1500)) {
-        if coarse > Instant::now() {
-            tokio::time::sleep_until(coarse).await;
-        }
+    if let Some(coarse) = deadline.checked_sub(Duration::from_micros(1500))
+        && coarse > Instant::now()
+    {
+        tokio::time::sleep_until(coarse).await;
     }
     while Instant::now() < deadline {
         tokio::task::yield_now().await;

@@ -68,15 +68,19 @@ pub struct FaultPatch {
 impl FaultPatch {
     /// Applies the patch; an impossible value leaves the faults unchanged and says why.
     pub fn apply_to(&self, faults: &mut Faults) -> Result<(), String> {
-        let mut next = if self.clear { Faults::default() } else { faults.clone() };
+        let mut next = if self.clear {
+            Faults::default()
+        } else {
+            faults.clone()
+        };
         if let Some(v) = self.stall_after_tokens {
             next.stall_after_tokens = v;
         }
         if let Some(v) = self.fail_every {
-            if let Some(f) = v {
-                if !(400..=599).contains(&f.status) {
-                    return Err(format!("fail_every.status must be 400–599, got {}", f.status));
-                }
+            if let Some(f) = v
+                && !(400..=599).contains(&f.status)
+            {
+                return Err(format!("fail_every.status must be 400–599, got {}", f.status));
             }
             next.fail_every = v;
         }

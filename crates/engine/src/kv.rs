@@ -70,10 +70,10 @@ impl BlockPool {
                 }
             };
             let block = &mut self.blocks[id as usize];
-            if let Some(hash) = block.hash.take() {
-                if self.cached.get(&hash) == Some(&id) {
-                    self.cached.remove(&hash);
-                }
+            if let Some(hash) = block.hash.take()
+                && self.cached.get(&hash) == Some(&id)
+            {
+                self.cached.remove(&hash);
             }
             block.refs = 1;
             self.num_free -= 1;

@@ -76,11 +76,19 @@ pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngin
     let server = tokio::spawn(server::serve(listener, engine.clone(), async move {
         let _ = stopped.await;
     }));
-    Ok(RunningEngine { addr, engine, stop: Some(stop), server, steps })
+    Ok(RunningEngine {
+        addr,
+        engine,
+        stop: Some(stop),
+        server,
+        steps,
+    })
 }
 
 /// Binds `127.0.0.1:0` and starts a replica there: what tests use.
 pub async fn spawn_local(config: EngineConfig) -> Result<RunningEngine, String> {
-    let listener = TcpListener::bind("127.0.0.1:0").await.map_err(|e| e.to_string())?;
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| e.to_string())?;
     spawn(listener, config)
 }

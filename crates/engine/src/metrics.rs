@@ -1,24 +1,25 @@
 //! vLLM's Prometheus metrics, with vLLM's names, types, labels and buckets, plus optional
 //! DCGM-exporter-like GPU metrics.
 
-use prometheus::{Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
 
 use crate::scheduler::FinishReason;
 
 /// `vllm:time_to_first_token_seconds` buckets.
 pub const TTFT_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
-    40.0, 80.0, 160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
 ];
 /// `vllm:inter_token_latency_seconds` buckets.
 pub const ITL_BUCKETS: &[f64] = &[
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-    80.0,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ];
 /// Buckets of the per-request latency histograms (e2e, queue, inference, prefill, decode).
 pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
-    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-    480.0, 960.0, 1920.0, 7680.0,
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
 ];
 /// `vllm:iteration_tokens_total` buckets.
 pub const ITERATION_TOKEN_BUCKETS: &[f64] = &[
@@ -71,21 +72,30 @@ impl Metrics {
             let o = opts(name, help);
             let h = Histogram::with_opts(HistogramOpts::from(o).buckets(buckets.to_vec()))
                 .expect("valid histogram options");
-            registry.register(Box::new(h.clone())).expect("unique metric name");
+            registry
+                .register(Box::new(h.clone()))
+                .expect("unique metric name");
             h
         };
         let gauge = |name: &str, help: &str| {
             let g = Gauge::with_opts(opts(name, help)).expect("valid gauge options");
-            registry.register(Box::new(g.clone())).expect("unique metric name");
+            registry
+                .register(Box::new(g.clone()))
+                .expect("unique metric name");
             g
         };
         let counter = |name: &str, help: &str| {
             let c = IntCounter::with_opts(opts(name, help)).expect("valid counter options");
-            registry.register(Box::new(c.clone())).expect("unique metric name");
+            registry
+                .register(Box::new(c.clone()))
+                .expect("unique metric name");
             c
         };
         let success_vec = IntCounterVec::new(
-            opts("vllm:request_success_total", "Count of successfully processed requests."),
+            opts(
+                "vllm:request_success_total",
+                "Count of successfully processed requests.",
+            ),
             &["finished_reason"],
         )
         .expect("valid counter options");
@@ -104,28 +114,60 @@ impl Metrics {
                     .const_label("modelName", gpu_name)
                     .const_label("Hostname", "spillway-engine");
                 let g = Gauge::with_opts(o).expect("valid gauge options");
-                registry.register(Box::new(g.clone())).expect("unique metric name");
+                registry
+                    .register(Box::new(g.clone()))
+                    .expect("unique metric name");
                 g
             };
             Dcgm {
                 gpu_util: g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
-                gr_engine_active: g("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "Ratio of time the graphics engine is active."),
-                tensor_active: g("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "Ratio of cycles the tensor (HMMA) pipe is active."),
-                dram_active: g("DCGM_FI_PROF_DRAM_ACTIVE", "Ratio of cycles the device memory interface is active sending or receiving data."),
+                gr_engine_active: g(
+                    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+                    "Ratio of time the graphics engine is active.",
+                ),
+                tensor_active: g(
+                    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                    "Ratio of cycles the tensor (HMMA) pipe is active.",
+                ),
+                dram_active: g(
+                    "DCGM_FI_PROF_DRAM_ACTIVE",
+                    "Ratio of cycles the device memory interface is active sending or receiving data.",
+                ),
                 fb_used: g("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
                 fb_free: g("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
-                xid: g("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered."),
-                ecc_dbe: g("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors."),
+                xid: g(
+                    "DCGM_FI_DEV_XID_ERRORS",
+                    "Value of the last XID error encountered.",
+                ),
+                ecc_dbe: g(
+                    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+                    "Total number of double-bit volatile ECC errors.",
+                ),
             }
         });
 
         Self {
-            running: gauge("vllm:num_requests_running", "Number of requests in model execution batches."),
-            waiting: gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
-            kv_usage: gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
-            preemptions: counter("vllm:num_preemptions_total", "Cumulative number of preemption from the engine."),
+            running: gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+            ),
+            waiting: gauge(
+                "vllm:num_requests_waiting",
+                "Number of requests waiting to be processed.",
+            ),
+            kv_usage: gauge(
+                "vllm:kv_cache_usage_perc",
+                "KV-cache usage. 1 means 100 percent usage.",
+            ),
+            preemptions: counter(
+                "vllm:num_preemptions_total",
+                "Cumulative number of preemption from the engine.",
+            ),
             prompt_tokens: counter("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
-            generation_tokens: counter("vllm:generation_tokens_total", "Number of generation tokens processed."),
+            generation_tokens: counter(
+                "vllm:generation_tokens_total",
+                "Number of generation tokens processed.",
+            ),
             prefix_queries: counter(
                 "vllm:prefix_cache_queries_total",
                 "Prefix cache queries, in terms of number of queried tokens.",
@@ -135,8 +177,16 @@ impl Metrics {
                 "Prefix cache hits, in terms of number of cached tokens.",
             ),
             success,
-            ttft: hist("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", TTFT_BUCKETS),
-            itl: hist("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", ITL_BUCKETS),
+            ttft: hist(
+                "vllm:time_to_first_token_seconds",
+                "Histogram of time to first token in seconds.",
+                TTFT_BUCKETS,
+            ),
+            itl: hist(
+                "vllm:inter_token_latency_seconds",
+                "Histogram of inter-token latency in seconds.",
+                ITL_BUCKETS,
+            ),
             e2e: hist(
                 "vllm:e2e_request_latency_seconds",
                 "Histogram of e2e request latency in seconds.",

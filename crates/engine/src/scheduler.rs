@@ -246,7 +246,9 @@ impl Scheduler {
             let mut scheduled_self = true;
             while need > self.running[i].blocks.len() + self.kv.num_free() {
                 // Preempt the most recently admitted sequence; if that is this one, it waits.
-                let Some(mut victim) = self.running.pop() else { break };
+                let Some(mut victim) = self.running.pop() else {
+                    break;
+                };
                 self.preempt(&mut victim);
                 preempted = true;
                 let was_self = self.running.len() == i;
@@ -277,7 +279,9 @@ impl Scheduler {
             && self.running.len() < self.limits.max_num_seqs
             && !self.waiting.is_empty()
         {
-            let Some(seq) = self.waiting.front_mut() else { break };
+            let Some(seq) = self.waiting.front_mut() else {
+                break;
+            };
             let mut acquired = Vec::new();
             let mut hits = 0u32;
             if self.limits.enable_prefix_caching && seq.computed == 0 && seq.blocks.is_empty() {
@@ -294,7 +298,9 @@ impl Scheduler {
                 self.kv.release(&mut acquired);
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else { break };
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
             seq.blocks = acquired;
             let ok = self.kv.allocate(extra, &mut seq.blocks);
             debug_assert!(ok, "blocks were counted free");
@@ -341,7 +347,7 @@ impl Scheduler {
                 }
                 seq.registered = seq.registered.max(full);
             }
-            if seq.computed < seq.num_tokens() {
+            if seq.computed < seq.num_tokens() || seq.stalled() {
                 i += 1;
                 continue;
             }

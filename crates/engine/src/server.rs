@@ -44,7 +44,11 @@ pub fn router(engine: Engine) -> Router {
 
 /// Serves `engine` on `listener` until `shutdown` resolves, following the engine's listener state:
 /// refusing closes the socket (and idle connections), crashing also cuts every open connection.
-pub async fn serve(listener: TcpListener, engine: Engine, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn serve(
+    listener: TcpListener,
+    engine: Engine,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let addr = listener.local_addr()?;
     let app = router(engine.clone());
     let mut listener = Some(listener);
@@ -123,7 +127,12 @@ async fn connection(stream: tokio::net::TcpStream, app: Router, mut cmd: watch::
 
 fn error_response(err: &ApiError) -> Response {
     let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, [(header::CONTENT_TYPE, "application/json")], err.to_json()).into_response()
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        err.to_json(),
+    )
+        .into_response()
 }
 
 fn body_error(rejection: BytesRejection) -> ApiError {
@@ -183,7 +192,11 @@ async fn post_faults(State(engine): State<Engine>, body: Result<Bytes, BytesReje
     let result = body
         .map_err(body_error)
         .and_then(|b| parse_json::<FaultPatch>(&b))
-        .and_then(|patch| engine.apply_faults(&patch).map_err(|e| ApiError::bad_request(e, None)));
+        .and_then(|patch| {
+            engine
+                .apply_faults(&patch)
+                .map_err(|e| ApiError::bad_request(e, None))
+        });
     match result {
         Ok(faults) => axum::Json(faults).into_response(),
         Err(e) => error_response(&e),
@@ -229,26 +242,38 @@ fn check_model(engine: &Engine, model: &str) -> Result<(), ApiError> {
     }
 }
 
-async fn chat(State(engine): State<Engine>, headers: HeaderMap, body: Result<Bytes, BytesRejection>) -> Response {
+async fn chat(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
     let prepared = (|| {
         let body = body.map_err(body_error)?;
         let req: ChatCompletionRequest = parse_json(&body)?;
         check_model(&engine, &req.model)?;
         if req.messages.is_empty() {
-            return Err(ApiError::bad_request("messages must not be empty", Some("messages")));
+            return Err(ApiError::bad_request(
+                "messages must not be empty",
+                Some("messages"),
+            ));
         }
-        let text = chat_prompt(
-            req.messages
-                .iter()
-                .map(|m| (m.role.as_str(), m.content.as_ref().map(|c| c.text()).unwrap_or_default())),
-        );
+        let text = chat_prompt(req.messages.iter().map(|m| {
+            (
+                m.role.as_str(),
+                m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+            )
+        }));
         let params = GenerateParams {
             prompt: engine.tokenize(&text),
             max_tokens: req.requested_max_tokens(),
             n: req.n.unwrap_or(1),
             ignore_eos: req.ignore_eos.unwrap_or(false),
         };
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        let include_usage = req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Chat, prepared).await
@@ -281,7 +306,11 @@ async fn completions(
             n: req.n.unwrap_or(1),
             ignore_eos: req.ignore_eos.unwrap_or(false),
         };
-        let include_usage = req.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false);
+        let include_usage = req
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Completion, prepared).await
@@ -294,9 +323,9 @@ async fn respond(
     prepared: Result<(GenerateParams, bool, bool, String), ApiError>,
 ) -> Response {
     let request_id = headers.get("x-request-id").cloned();
-    let mut response = match prepared.and_then(|(params, stream, usage, model)| {
-        engine.submit(params).map(|g| (g, stream, usage, model))
-    }) {
+    let mut response = match prepared
+        .and_then(|(params, stream, usage, model)| engine.submit(params).map(|g| (g, stream, usage, model)))
+    {
         Err(e) => error_response(&e),
         Ok((generation, stream, include_usage, model)) => {
             let render = Render::new(kind, generation.id, unix_now(), model);
@@ -304,7 +333,10 @@ async fn respond(
                 let body = TokenStream::new(generation, render, include_usage).into_body();
                 (
                     [
-                        (header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream; charset=utf-8")),
+                        (
+                            header::CONTENT_TYPE,
+                            HeaderValue::from_static("text/event-stream; charset=utf-8"),
+                        ),
                         (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
                     ],
                     Body::new(body),
@@ -328,11 +360,19 @@ async fn complete(mut generation: Generation, render: Render) -> Response {
         let done = rx.wait_for(|p| p.finish.is_some()).await.map(|p| *p);
         match done {
             Ok(p) => finals.push(p),
-            Err(_) => finals.push(Progress { tokens: 0, finish: Some(FinishReason::Error) }),
+            Err(_) => finals.push(Progress {
+                tokens: 0,
+                finish: Some(FinishReason::Error),
+            }),
         }
     }
     if finals.iter().any(|p| p.finish == Some(FinishReason::Error)) {
-        return error_response(&ApiError::vllm(500, "InternalServerError", "the engine failed during generation", None));
+        return error_response(&ApiError::vllm(
+            500,
+            "InternalServerError",
+            "the engine failed during generation",
+            None,
+        ));
     }
     let body = render.full_response(generation.prompt_tokens, &finals);
     ([(header::CONTENT_TYPE, "application/json")], body).into_response()

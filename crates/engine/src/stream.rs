@@ -6,8 +6,8 @@ use crate::text;
 use axum::body::Body;
 use bytes::{BufMut, Bytes, BytesMut};
 use protocol::openai::{
-    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, CompletionChoice, CompletionChunk,
-    CompletionResponse, Delta, ResponseMessage, Usage,
+    ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse, CompletionChoice,
+    CompletionChunk, CompletionResponse, Delta, ResponseMessage, Usage,
 };
 use protocol::sse;
 
@@ -38,7 +38,14 @@ impl Render {
             "data: {{\"id\":\"{id}\",\"object\":\"{object}\",\"created\":{created},\"model\":{model_json},\"choices\":[{{\"index\":"
         )
         .into_bytes();
-        Self { kind, id, created, model, seed: seq, token_prefix }
+        Self {
+            kind,
+            id,
+            created,
+            model,
+            seed: seq,
+            token_prefix,
+        }
     }
 
     fn token_chunk(&self, buf: &mut BytesMut, choice: u32, word: &str) {
@@ -58,7 +65,10 @@ impl Render {
 
     fn role_chunk(&self, buf: &mut BytesMut, choice: u32) {
         if self.kind == RenderKind::Chat {
-            let delta = Delta { role: Some("assistant".into()), content: Some(String::new()) };
+            let delta = Delta {
+                role: Some("assistant".into()),
+                content: Some(String::new()),
+            };
             sse::write_event(buf, &self.chat_chunk(choice, delta, None));
         }
     }
@@ -74,7 +84,12 @@ impl Render {
                     object: "text_completion".into(),
                     created: self.created,
                     model: self.model.clone(),
-                    choices: vec![CompletionChoice { index: choice, text: String::new(), logprobs: None, finish_reason: reason }],
+                    choices: vec![CompletionChoice {
+                        index: choice,
+                        text: String::new(),
+                        logprobs: None,
+                        finish_reason: reason,
+                    }],
                     usage: None,
                 },
             ),
@@ -114,13 +129,20 @@ impl Render {
             object: "chat.completion.chunk".into(),
             created: self.created,
             model: self.model.clone(),
-            choices: vec![ChatChunkChoice { index, delta, logprobs: None, finish_reason }],
+            choices: vec![ChatChunkChoice {
+                index,
+                delta,
+                logprobs: None,
+                finish_reason,
+            }],
             usage: None,
         }
     }
 
     fn text_of(&self, choice: u32, tokens: u32) -> String {
-        (0..tokens).map(|i| text::token(self.seed + u64::from(choice), i)).collect()
+        (0..tokens)
+            .map(|i| text::token(self.seed + u64::from(choice), i))
+            .collect()
     }
 
     /// The non-streamed answer for finished choices.
@@ -139,7 +161,10 @@ impl Render {
                     .zip(0u32..)
                     .map(|(p, i)| ChatChoice {
                         index: i,
-                        message: ResponseMessage { role: "assistant".into(), content: Some(self.text_of(i, p.tokens)) },
+                        message: ResponseMessage {
+                            role: "assistant".into(),
+                            content: Some(self.text_of(i, p.tokens)),
+                        },
                         logprobs: None,
                         finish_reason: reason(p),
                     })
@@ -182,11 +207,19 @@ pub(crate) struct TokenStream {
 impl TokenStream {
     pub(crate) fn new(generation: Generation, render: Render, include_usage: bool) -> Self {
         let n = generation.choices.len();
-        Self { generation, render, include_usage, sent: vec![0; n], finished: vec![false; n], done: false }
+        Self {
+            generation,
+            render,
+            include_usage,
+            sent: vec![0; n],
+            finished: vec![false; n],
+            done: false,
+        }
     }
 
     pub(crate) fn into_body(self) -> Body {
-        let stream = futures::stream::unfold(self, |mut s| async move { s.next().await.map(|item| (item, s)) });
+        let stream =
+            futures::stream::unfold(self, |mut s| async move { s.next().await.map(|item| (item, s)) });
         Body::from_stream(stream)
     }
 
@@ -209,22 +242,23 @@ impl TokenStream {
                     }
                     self.sent[i] = p.tokens;
                 }
-                if let Some(reason) = p.finish {
-                    if !self.finished[i] {
-                        if matches!(reason, FinishReason::Error | FinishReason::Abort) {
-                            // Cut the stream as a dying server would: no finish chunk, no [DONE].
-                            self.done = true;
-                            return Some(Err(std::io::Error::other("engine failed during generation")));
-                        }
-                        self.finished[i] = true;
-                        self.render.finish_chunk(&mut buf, choice, reason);
+                if let Some(reason) = p.finish
+                    && !self.finished[i]
+                {
+                    if matches!(reason, FinishReason::Error | FinishReason::Abort) {
+                        // Cut the stream as a dying server would: no finish chunk, no [DONE].
+                        self.done = true;
+                        return Some(Err(std::io::Error::other("engine failed during generation")));
                     }
+                    self.finished[i] = true;
+                    self.render.finish_chunk(&mut buf, choice, reason);
                 }
             }
             if self.finished.iter().all(|f| *f) {
                 if self.include_usage {
                     let completion = self.sent.iter().sum();
-                    self.render.usage_chunk(&mut buf, Usage::new(self.generation.prompt_tokens, completion));
+                    self.render
+                        .usage_chunk(&mut buf, Usage::new(self.generation.prompt_tokens, completion));
                 }
                 buf.put_slice(sse::DONE);
                 self.done = true;

@@ -75,7 +75,8 @@ pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiE
     let parsed: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     match parsed {
         Ok(value) => {
-            de.end().map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
+            de.end()
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}"), None))?;
             Ok(value)
         }
         Err(err) => {

@@ -279,7 +279,11 @@ mod tests {
             (r#"{"model":"m","prompt":[[1],[2]]}"#, true),
             (r#"{"model":"m","prompt":{"a":1}}"#, false),
         ] {
-            assert_eq!(parse_json::<CompletionRequest>(body.as_bytes()).is_ok(), ok, "{body}");
+            assert_eq!(
+                parse_json::<CompletionRequest>(body.as_bytes()).is_ok(),
+                ok,
+                "{body}"
+            );
         }
     }
 }

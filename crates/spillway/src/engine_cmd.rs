@@ -76,8 +76,12 @@ pub(crate) struct EngineArgs {
 
 fn parse_fail_every(s: &str) -> Result<FailEvery, String> {
     let (n, status) = s.split_once(':').ok_or("expected N:STATUS, e.g. 3:503")?;
-    let nth: NonZeroU32 = n.parse().map_err(|_| format!("'{n}' is not a positive whole number"))?;
-    let status: u16 = status.parse().map_err(|_| format!("'{status}' is not a status code"))?;
+    let nth: NonZeroU32 = n
+        .parse()
+        .map_err(|_| format!("'{n}' is not a positive whole number"))?;
+    let status: u16 = status
+        .parse()
+        .map_err(|_| format!("'{status}' is not a status code"))?;
     if !(400..=599).contains(&status) {
         return Err(format!("status must be 400–599, got {status}"));
     }
@@ -107,7 +111,11 @@ impl EngineArgs {
         c.seed = self.seed;
         c.dcgm = self.dcgm;
         c.precise_timer = !self.coarse_timer;
-        c.faults.stall_after_tokens = if self.fault_never_first_token { Some(0) } else { self.fault_stall_after };
+        c.faults.stall_after_tokens = if self.fault_never_first_token {
+            Some(0)
+        } else {
+            self.fault_stall_after
+        };
         c.faults.fail_every = self.fault_fail_every;
         c.faults.refuse_connections = self.fault_refuse_connections;
         if let Some(f) = self.fault_slow {

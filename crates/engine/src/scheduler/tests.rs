@@ -36,7 +36,7 @@ fn drain(s: &mut Scheduler, max_steps: usize) -> (Vec<RequestRecord>, Vec<StepSh
         now += Duration::from_millis(1);
         out.clear();
         s.complete(now, &mut out);
-        records.extend(out.finished.drain(..));
+        records.append(&mut out.finished);
     }
     (records, shapes)
 }
@@ -48,9 +48,19 @@ fn running_never_exceeds_max_num_seqs_and_all_finish() {
     let rxs: Vec<_> = (0..10).map(|i| s.add(i, spec(20, 5), now)).collect();
     let (records, _) = drain(&mut s, 1000);
     assert_eq!(records.len(), 10);
-    assert!(records.iter().all(|r| r.output_tokens == 5 && r.finish == FinishReason::Length));
+    assert!(
+        records
+            .iter()
+            .all(|r| r.output_tokens == 5 && r.finish == FinishReason::Length)
+    );
     for rx in rxs {
-        assert_eq!(*rx.borrow(), Progress { tokens: 5, finish: Some(FinishReason::Length) });
+        assert_eq!(
+            *rx.borrow(),
+            Progress {
+                tokens: 5,
+                finish: Some(FinishReason::Length)
+            }
+        );
     }
     assert_eq!(s.kv.num_free(), 1000, "every block returned");
 }
@@ -77,7 +87,10 @@ fn decodes_are_scheduled_before_new_prefills() {
     let _b = s.add(2, spec(100, 10), now);
     let shape = s.schedule(now);
     assert_eq!(shape.decode_seqs, 1, "the running sequence decodes first");
-    assert_eq!(shape.prefill_tokens, 39, "the new prompt gets only what is left of the budget");
+    assert_eq!(
+        shape.prefill_tokens, 39,
+        "the new prompt gets only what is left of the budget"
+    );
 }
 
 #[test]
@@ -155,6 +168,10 @@ fn a_stalled_sequence_holds_its_slot_without_producing() {
     }
     assert_eq!(rx.borrow().tokens, 3);
     assert_eq!(s.num_running(), 1);
-    assert_eq!(s.num_waiting(), 1, "max_num_seqs = 1 is held by the stalled sequence");
+    assert_eq!(
+        s.num_waiting(),
+        1,
+        "max_num_seqs = 1 is held by the stalled sequence"
+    );
     assert!(s.schedule(now).is_empty());
 }

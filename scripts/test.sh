@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace on a fresh machine: installs what the tests use when it is
+# missing (promtool and prometheus from Debian, the official openai client in target/venv), checks
+# formatting and lints, then runs the suite. CI calls exactly this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+apt_missing=()
+command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
+command -v prometheus >/dev/null 2>&1 || apt_missing+=(prometheus)
+command -v python3 >/dev/null 2>&1 || apt_missing+=(python3 python3-venv)
+if [ ${#apt_missing[@]} -gt 0 ]; then
+  echo "== installing ${apt_missing[*]} (Debian packages)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${apt_missing[@]}" | sort -u) >/dev/null
+fi
+
+if ! target/venv/bin/python -c 'import openai' >/dev/null 2>&1; then
+  echo "== installing the openai Python client into target/venv"
+  mkdir -p target
+  python3 -m venv target/venv
+  target/venv/bin/pip install --quiet --disable-pip-version-check openai
+fi
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
