@@ -146,7 +146,7 @@ pub async fn closed_loop(
     for c in clients {
         c.abort();
     }
-    steps.abort();
+    steps.stop();
     let records: Vec<_> = engine
         .records()
         .into_iter()

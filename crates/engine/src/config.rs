@@ -85,6 +85,10 @@ pub struct EngineConfig {
     /// Sleep the last millisecond of each step with a yielding wait instead of the runtime's 1 ms
     /// timer, so that steps end within microseconds of the cost model. Never with a paused clock.
     pub precise_timer: bool,
+    /// Run the step loop on a thread of its own, as vLLM runs its engine core in a process of its
+    /// own, so that thousands of streams being written do not delay the steps. Never with a paused
+    /// clock (the thread has its own runtime and clock).
+    pub core_thread: bool,
     /// Faults in force from the start.
     pub faults: Faults,
 }
@@ -114,6 +118,7 @@ impl EngineConfig {
             gpu: h100,
             dcgm: false,
             precise_timer: false,
+            core_thread: false,
             faults: Faults::default(),
         };
         match preset {

@@ -14,7 +14,7 @@ use protocol::ApiError;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -56,6 +56,36 @@ struct Inner {
     next_id: AtomicU64,
     control: Mutex<Control>,
     listener: watch::Sender<ListenerState>,
+    stopping: AtomicBool,
+}
+
+/// The running step loop of an engine; dropping it stops the loop.
+pub struct StepLoop {
+    inner: Arc<Inner>,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl StepLoop {
+    /// Stops the loop; sequences in flight stay where they are.
+    pub fn stop(self) {}
+}
+
+impl std::fmt::Debug for StepLoop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StepLoop")
+            .field("dedicated_thread", &self.task.is_none())
+            .finish()
+    }
+}
+
+impl Drop for StepLoop {
+    fn drop(&mut self) {
+        self.inner.stopping.store(true, Ordering::Release);
+        self.inner.wake.notify_one();
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
 }
 
 struct Control {
@@ -152,8 +182,9 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Engine {
-    /// Builds an engine and starts its step loop on the current runtime.
-    pub fn start(config: EngineConfig) -> Result<(Engine, tokio::task::JoinHandle<()>), String> {
+    /// Builds an engine and starts its step loop: on the current runtime, or on a thread of its own
+    /// when `config.core_thread` is set.
+    pub fn start(config: EngineConfig) -> Result<(Engine, StepLoop), String> {
         config.validate()?;
         let tokenizer = match &config.tokenizer {
             Some(path) => Tokenizer::from_file(path)?,
@@ -196,10 +227,31 @@ impl Engine {
             wake: Notify::new(),
             next_id: AtomicU64::new(1),
             listener,
+            stopping: AtomicBool::new(false),
             config,
         });
-        let task = tokio::spawn(step_loop(inner.clone()));
-        Ok((Engine { inner }, task))
+        let task = if inner.config.core_thread {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .build()
+                .map_err(|e| format!("cannot start the engine core's runtime: {e}"))?;
+            let core = inner.clone();
+            std::thread::Builder::new()
+                .name("engine-core".into())
+                .spawn(move || {
+                    raise_core_priority(core.config.cost.overhead > Duration::ZERO);
+                    runtime.block_on(step_loop(core))
+                })
+                .map_err(|e| format!("cannot start the engine core thread: {e}"))?;
+            None
+        } else {
+            Some(tokio::spawn(step_loop(inner.clone())))
+        };
+        let steps = StepLoop {
+            inner: inner.clone(),
+            task,
+        };
+        Ok((Engine { inner }, steps))
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -433,6 +485,13 @@ impl Engine {
         lock(&self.inner.core).records.iter().cloned().collect()
     }
 
+    /// Forgets the step lateness recorded so far, so that a benchmark can measure one window.
+    pub fn reset_lateness(&self) {
+        if let Some(h) = lock(&self.inner.core).stats.lateness.as_mut() {
+            h.reset();
+        }
+    }
+
     pub fn lateness(&self) -> Lateness {
         let core = lock(&self.inner.core);
         match &core.stats.lateness {
@@ -490,6 +549,29 @@ impl Engine {
     }
 }
 
+/// Steps are the engine's clock, so the core thread should preempt the threads writing streams:
+/// on a loaded machine a normal thread wakes milliseconds late. A real-time (FIFO) policy is safe
+/// only when every step sleeps (a non-zero overhead); otherwise, or without the privilege (root or
+/// CAP_SYS_NICE), the highest normal priority; failing that, late steps show in `Engine::lateness`.
+fn raise_core_priority(steps_always_sleep: bool) {
+    use thread_priority::{
+        RealtimeThreadSchedulePolicy, ThreadPriority, ThreadPriorityValue, ThreadSchedulePolicy,
+        set_current_thread_priority, set_thread_priority_and_policy, thread_native_id,
+    };
+    if steps_always_sleep {
+        let fifo = ThreadSchedulePolicy::Realtime(RealtimeThreadSchedulePolicy::Fifo);
+        let priority = ThreadPriorityValue::try_from(50u8).map(ThreadPriority::Crossplatform);
+        if let Ok(p) = priority
+            && set_thread_priority_and_policy(thread_native_id(), p, fifo).is_ok()
+        {
+            return;
+        }
+    }
+    if let Err(e) = set_current_thread_priority(ThreadPriority::Max) {
+        tracing::debug!(error = ?e, "engine core thread keeps the default priority");
+    }
+}
+
 fn injected_failure(status: u16) -> ApiError {
     let kind = match status {
         429 => "TooManyRequestsError",
@@ -504,6 +586,9 @@ async fn step_loop(inner: Arc<Inner>) {
     let cost = inner.config.cost;
     let mut gpu_free_at: Option<Instant> = None;
     loop {
+        if inner.stopping.load(Ordering::Acquire) {
+            return;
+        }
         if *inner.listener.borrow() == ListenerState::Crashed {
             gpu_free_at = None;
             inner.wake.notified().await;
@@ -541,7 +626,14 @@ async fn step_loop(inner: Arc<Inner>) {
             _ => now,
         };
         let deadline = start + duration;
-        if inner.config.precise_timer {
+        if inner.config.core_thread {
+            // This thread runs nothing but the step loop: block on the kernel's high-resolution
+            // timer, which wakes within microseconds and, unlike spinning, is not preempted for
+            // hogging the CPU.
+            if let Some(left) = deadline.checked_duration_since(Instant::now()) {
+                std::thread::sleep(left);
+            }
+        } else if inner.config.precise_timer {
             sleep_precise(deadline).await;
         } else if deadline > now {
             tokio::time::sleep_until(deadline).await;

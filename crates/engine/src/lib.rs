@@ -43,7 +43,7 @@ pub struct RunningEngine {
     pub engine: Engine,
     stop: Option<oneshot::Sender<()>>,
     server: JoinHandle<std::io::Result<()>>,
-    steps: JoinHandle<()>,
+    steps: Option<engine::StepLoop>,
 }
 
 impl RunningEngine {
@@ -64,7 +64,7 @@ impl RunningEngine {
 impl Drop for RunningEngine {
     fn drop(&mut self) {
         self.server.abort();
-        self.steps.abort();
+        self.steps.take();
     }
 }
 
@@ -81,7 +81,7 @@ pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngin
         engine,
         stop: Some(stop),
         server,
-        steps,
+        steps: Some(steps),
     })
 }
 

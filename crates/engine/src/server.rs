@@ -37,6 +37,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(post_faults))
         .route("/admin/state", get(state))
+        .route("/admin/lateness/reset", post(reset_lateness))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(engine)
@@ -223,6 +224,11 @@ async fn state(State(engine): State<Engine>) -> Response {
         "step_lateness_us": { "p50": l.p50_us, "p99": l.p99_us, "max": l.max_us },
     }))
     .into_response()
+}
+
+async fn reset_lateness(State(engine): State<Engine>) -> StatusCode {
+    engine.reset_lateness();
+    StatusCode::NO_CONTENT
 }
 
 async fn not_found() -> Response {

@@ -111,6 +111,7 @@ impl EngineArgs {
         c.seed = self.seed;
         c.dcgm = self.dcgm;
         c.precise_timer = !self.coarse_timer;
+        c.core_thread = true;
         c.faults.stall_after_tokens = if self.fault_never_first_token {
             Some(0)
         } else {

@@ -30,6 +30,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    // A proxy or engine holding thousands of streams needs a descriptor each: take the hard limit.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %e, "cannot raise the open-files limit");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
