@@ -10,8 +10,8 @@ use std::time::Duration;
 pub const LLAMA31_8B_H100: CostModel = CostModel {
     overhead: Duration::from_micros(4400),
     prefill_token: Duration::from_nanos(28_000),
-    decode_seq: Duration::from_nanos(2_000),
-    context_token: Duration::from_nanos(20),
+    decode_seq: Duration::from_nanos(14_000),
+    context_token: Duration::from_nanos(10),
 };
 
 /// One published measurement: concurrency → TTFT ms, ITL ms, output tokens/s.

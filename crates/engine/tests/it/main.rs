@@ -1,6 +1,7 @@
 //! Integration tests of the engine simulator: one binary, a module per area.
 
 mod api;
+mod calibration;
 mod clients;
 mod faults;
 mod metrics;
