@@ -7,3 +7,4 @@ mod faults;
 mod metrics;
 mod scheduling;
 mod support;
+mod tokenizer;

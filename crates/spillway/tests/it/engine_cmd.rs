@@ -1,0 +1,134 @@
+//! `spillway engine`: replicas on consecutive ports, clear errors for bad flags, clean shutdown.
+
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_spillway");
+
+/// Two consecutive free ports (a port and the next one).
+fn free_port_pair() -> u16 {
+    for _ in 0..100 {
+        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = a.local_addr().unwrap().port();
+        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no two consecutive free ports");
+}
+
+fn get(port: u16, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out
+}
+
+struct Kill(std::process::Child);
+
+impl Drop for Kill {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
+    let port = free_port_pair();
+    let mut child = Kill(
+        Command::new(BIN)
+            .args([
+                "engine",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--replicas",
+                "2",
+                "--model",
+                "m",
+            ])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for p in [port, port + 1] {
+        while TcpStream::connect(("127.0.0.1", p)).is_err() {
+            assert!(Instant::now() < deadline, "replica on {p} did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(get(p, "/health").starts_with("HTTP/1.1 200"));
+        assert!(get(p, "/v1/models").contains("\"id\":\"m\""));
+    }
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            assert!(status.success(), "exit status {status}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "did not exit on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn bad_flags_are_named_with_exit_code_2() {
+    for (args, needle) in [
+        (vec!["engine", "--preset", "gpt5"], "unknown preset 'gpt5'"),
+        (
+            vec!["engine", "--max-num-seqs", "0"],
+            "--max-num-seqs must be at least 1",
+        ),
+        (
+            vec!["engine", "--fault-fail-every", "3:200"],
+            "status must be 400",
+        ),
+        (
+            vec!["engine", "--output-len", "uniform:9,1"],
+            "bad length distribution",
+        ),
+        (
+            vec!["engine", "--kv-cache-tokens", "10"],
+            "--kv-cache-tokens (10)",
+        ),
+        (
+            vec!["engine", "--listen", "127.0.0.1:1", "--replicas", "0"],
+            "--replicas must be at least 1",
+        ),
+    ] {
+        let out = Command::new(BIN).args(&args).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn help_explains_each_command() {
+    let out = Command::new(BIN).arg("--help").output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("engine") && text.contains("simulated vLLM"),
+        "{text}"
+    );
+    let out = Command::new(BIN).args(["engine", "--help"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--max-num-seqs",
+        "--max-num-batched-tokens",
+        "--kv-cache-tokens",
+        "--enable-prefix-caching",
+        "--tokenizer",
+        "--fault-never-first-token",
+    ] {
+        assert!(text.contains(flag), "{flag} missing from engine --help");
+    }
+}
