@@ -2,7 +2,18 @@
 
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+/// Polls `cond` every 20 ms, up to `tries` times (a blocking test: no runtime clock to use).
+fn wait_until(tries: u32, mut cond: impl FnMut() -> bool) -> bool {
+    for _ in 0..tries {
+        if cond() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    cond()
+}
 
 const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
@@ -54,12 +65,9 @@ fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
             .spawn()
             .unwrap(),
     );
-    let deadline = Instant::now() + Duration::from_secs(20);
     for p in [port, port + 1] {
-        while TcpStream::connect(("127.0.0.1", p)).is_err() {
-            assert!(Instant::now() < deadline, "replica on {p} did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let up = wait_until(1000, || TcpStream::connect(("127.0.0.1", p)).is_ok());
+        assert!(up, "replica on {p} did not start");
         assert!(get(p, "/health").starts_with("HTTP/1.1 200"));
         assert!(get(p, "/v1/models").contains("\"id\":\"m\""));
     }
@@ -68,15 +76,13 @@ fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
         .status()
         .unwrap();
     assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Some(status) = child.0.try_wait().unwrap() {
-            assert!(status.success(), "exit status {status}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "did not exit on SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut exit = None;
+    let exited = wait_until(500, || {
+        exit = child.0.try_wait().unwrap();
+        exit.is_some()
+    });
+    assert!(exited, "did not exit on SIGTERM");
+    assert!(exit.unwrap().success(), "exit status {exit:?}");
 }
 
 #[test]
