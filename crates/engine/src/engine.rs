@@ -9,7 +9,7 @@ use crate::metrics::Metrics;
 use crate::scheduler::{
     FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome,
 };
-use crate::tokenize::Tokenizer;
+use tokenize::Tokenizer;
 use protocol::ApiError;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;

@@ -9,7 +9,8 @@
 //! - [`metrics`]: vLLM's Prometheus metrics and DCGM-like GPU metrics.
 //! - [`faults`]: scripted failures, by flag or through `POST /admin/faults`.
 //! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
-//!   `stream` renders tokens as SSE chunks; `tokenize` and `text` turn text into tokens and back.
+//!   `stream` renders tokens as SSE chunks; `text` is the filler output. Prompts are counted by
+//!   the shared `tokenize` crate.
 //!
 //! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
 
@@ -24,7 +25,7 @@ pub mod scheduler;
 pub mod server;
 mod stream;
 mod text;
-pub mod tokenize;
+pub use tokenize;
 
 pub use config::{EngineConfig, LengthDist, Preset};
 pub use engine::{Engine, GenerateParams, Lateness, ListenerState, Snapshot};

@@ -5,7 +5,7 @@ use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
 use crate::faults::FaultPatch;
 use crate::scheduler::{FinishReason, Progress};
 use crate::stream::{Render, RenderKind, TokenStream};
-use crate::tokenize::chat_prompt;
+use tokenize::chat_prompt;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;

@@ -1,4 +1,7 @@
 //! Turning prompt text into token ids: a real `tokenizer.json`, or a documented estimate without one.
+//!
+//! Shared by the engine (which schedules by token) and the gateway (which caps input tokens), so
+//! that both count the same prompt the same way.
 
 use std::path::Path;
 
