@@ -1,0 +1,376 @@
+//! The gateway's configuration: YAML in the shape of DESIGN §8, parsed strictly and validated once.
+//!
+//! `Config::from_yaml` → `validate` is the only way in, so a running gateway never holds a config
+//! that breaks containment (`connect < first_token ≤ total`) or names a limit it cannot enforce.
+
+use serde::Deserialize;
+use std::collections::HashSet;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The whole gateway configuration.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub routes: Vec<RouteConfig>,
+    /// With no tenants, requests need no key and run as one anonymous tenant.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    #[serde(default)]
+    pub server: ServerConfig,
+}
+
+/// Limits of the HTTP server itself.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    /// Request bodies above this are answered 413 without being read further.
+    pub max_body_bytes: usize,
+    /// After SIGTERM, how long in-flight streams may run before the process exits anyway.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// Write one JSON access-log line per request to standard output.
+    pub access_log: bool,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self { max_body_bytes: 4 * 1024 * 1024, drain_timeout: Duration::from_secs(30), access_log: true }
+    }
+}
+
+/// One public model name and the pool of replicas behind it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// The model name clients send.
+    pub model: String,
+    /// The model name sent upstream, when it differs.
+    #[serde(default)]
+    pub upstream_model: Option<String>,
+    /// Base URLs of the replicas (`http://host:port`), each serving `/v1/...`.
+    pub replicas: Vec<String>,
+    #[serde(default)]
+    pub balance: Balance,
+    #[serde(default)]
+    pub limits: CostLimits,
+    #[serde(default)]
+    pub timeouts: Timeouts,
+    /// 503 (the service's capacity, the default) or 429 for queue-full and queue-timeout rejections.
+    #[serde(default = "default_overflow_status")]
+    pub overflow_status: u16,
+    /// A Hugging Face `tokenizer.json` for counting input tokens; without it, one token per 4 bytes.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Admission classes; the first is the default. Without any, one class `default` with C = 64,
+    /// Q = 64, Wq = 2s.
+    #[serde(default)]
+    pub classes: Vec<ClassConfig>,
+}
+
+fn default_overflow_status() -> u16 {
+    503
+}
+
+/// How a replica is chosen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Balance {
+    #[default]
+    LeastOutstanding,
+}
+
+/// The cost one request may have (seed: "한 요청의 최대 비용을 제한한다").
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostLimits {
+    #[serde(default)]
+    pub max_input_tokens: Option<NonZeroU32>,
+    #[serde(default)]
+    pub max_tokens: MaxTokens,
+    #[serde(default)]
+    pub max_n: Option<NonZeroU32>,
+    /// What to do with `max_tokens` over its cap: `reject` (400, the default) or `clamp` to the cap.
+    #[serde(default)]
+    pub over_cap: OverCap,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaxTokens {
+    /// Sent upstream when the request gives no `max_tokens`.
+    #[serde(default)]
+    pub default: Option<NonZeroU32>,
+    #[serde(default)]
+    pub cap: Option<NonZeroU32>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OverCap {
+    #[default]
+    Reject,
+    Clamp,
+}
+
+/// The four nested budgets of one upstream call.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// To open a connection to a replica.
+    #[serde(with = "humantime_serde")]
+    pub connect: Duration,
+    /// From arrival to the first token: gateway queue + engine queue + prefill.
+    #[serde(with = "humantime_serde")]
+    pub first_token: Duration,
+    /// The longest gap allowed between two chunks of a stream.
+    #[serde(with = "humantime_serde")]
+    pub stream_idle: Duration,
+    /// From arrival to the last byte.
+    #[serde(with = "humantime_serde")]
+    pub total: Duration,
+}
+
+impl Default for Timeouts {
+    /// Generous but finite: unlike Envoy's 15 s route timeout, never shorter than a long stream.
+    fn default() -> Self {
+        Self {
+            connect: Duration::from_secs(1),
+            first_token: Duration::from_secs(30),
+            stream_idle: Duration::from_secs(30),
+            total: Duration::from_secs(600),
+        }
+    }
+}
+
+/// An admission class: its own C, Q and Wq, and the rule that puts requests in it.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClassConfig {
+    pub name: String,
+    #[serde(default)]
+    pub when: Option<When>,
+    /// C: requests in flight at most.
+    pub concurrency: NonZeroU32,
+    /// Q: requests waiting at most (0: never wait).
+    pub queue: u32,
+    /// Wq: the longest any request waits for a slot.
+    #[serde(with = "humantime_serde")]
+    pub queue_wait: Duration,
+    #[serde(default)]
+    pub slo: Option<Slo>,
+}
+
+/// A request belongs to the class if any condition given holds.
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct When {
+    #[serde(default)]
+    pub max_tokens_over: Option<u32>,
+    #[serde(default)]
+    pub input_tokens_over: Option<u32>,
+    #[serde(default)]
+    pub header: Option<HeaderMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeaderMatch {
+    pub name: String,
+    pub value: String,
+}
+
+/// The class's latency objective; requests inside it count as goodput.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slo {
+    #[serde(default, with = "humantime_serde")]
+    pub ttft: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub itl: Option<Duration>,
+}
+
+/// A team and its API keys (stored as SHA-256 hex digests, never in clear).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    pub team: String,
+    pub key_sha256: Vec<String>,
+    /// Public model names this team may use; empty: all.
+    #[serde(default)]
+    pub models: Vec<String>,
+    #[serde(default)]
+    pub priority: Priority,
+}
+
+/// Queue priority: `critical` before `standard`; `sheddable` never waits.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Priority {
+    Critical,
+    #[default]
+    Standard,
+    Sheddable,
+}
+
+impl Priority {
+    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Priority::Critical => "critical",
+            Priority::Standard => "standard",
+            Priority::Sheddable => "sheddable",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Priority> {
+        Priority::ALL.into_iter().find(|p| p.as_str() == s)
+    }
+}
+
+/// A configuration that cannot be used, with the path of the offending field.
+#[derive(Debug, thiserror::Error, PartialEq)]
+#[error("{path}: {message}")]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+    ConfigError { path: path.into(), message: message.into() }
+}
+
+impl Config {
+    /// Parses and validates YAML; every error names the field's path.
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigError> {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner().to_string();
+            err(if path == "." { "config".into() } else { path }, inner)
+        })?;
+        config.validate()
+    }
+
+    /// Checks what types cannot: containment of budgets, unique names, usable URLs and keys.
+    pub fn validate(mut self) -> Result<Config, ConfigError> {
+        if self.routes.is_empty() {
+            return Err(err("routes", "at least one route is needed"));
+        }
+        let mut models = HashSet::new();
+        for (i, route) in self.routes.iter_mut().enumerate() {
+            let at = |field: &str| format!("routes[{i}].{field}");
+            if route.model.is_empty() {
+                return Err(err(at("model"), "must not be empty"));
+            }
+            if !models.insert(route.model.clone()) {
+                return Err(err(at("model"), format!("'{}' is routed twice", route.model)));
+            }
+            if route.replicas.is_empty() {
+                return Err(err(at("replicas"), "at least one replica is needed"));
+            }
+            for (j, r) in route.replicas.iter_mut().enumerate() {
+                let parsed: hyper::Uri = r
+                    .parse()
+                    .map_err(|e| err(format!("routes[{i}].replicas[{j}]"), format!("'{r}' is not a URL: {e}")))?;
+                if parsed.scheme_str() != Some("http") || parsed.authority().is_none() {
+                    return Err(err(
+                        format!("routes[{i}].replicas[{j}]"),
+                        format!("'{r}' must be http://host:port (TLS to replicas is not supported yet)"),
+                    ));
+                }
+                *r = r.trim_end_matches('/').to_owned();
+            }
+            let t = route.timeouts;
+            if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero() {
+                return Err(err(at("timeouts"), "every timeout must be more than zero"));
+            }
+            if t.connect >= t.first_token {
+                return Err(err(at("timeouts"), format!("connect ({:?}) must be less than first_token ({:?})", t.connect, t.first_token)));
+            }
+            if t.first_token > t.total {
+                return Err(err(at("timeouts"), format!("first_token ({:?}) must not exceed total ({:?})", t.first_token, t.total)));
+            }
+            if t.stream_idle > t.total {
+                return Err(err(at("timeouts"), format!("stream_idle ({:?}) must not exceed total ({:?})", t.stream_idle, t.total)));
+            }
+            if route.overflow_status != 503 && route.overflow_status != 429 {
+                return Err(err(at("overflow_status"), format!("must be 503 or 429, not {}", route.overflow_status)));
+            }
+            if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
+                && d > c
+            {
+                return Err(err(at("limits.max_tokens"), format!("default ({d}) exceeds cap ({c})")));
+            }
+            if route.classes.is_empty() {
+                route.classes.push(ClassConfig {
+                    name: "default".into(),
+                    when: None,
+                    concurrency: NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN),
+                    queue: 64,
+                    queue_wait: Duration::from_secs(2),
+                    slo: None,
+                });
+            }
+            let mut names = HashSet::new();
+            for (k, class) in route.classes.iter().enumerate() {
+                let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
+                if class.name.is_empty() || !class.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                    return Err(err(at("name"), "use letters, digits, '-' and '_'"));
+                }
+                if !names.insert(class.name.clone()) {
+                    return Err(err(at("name"), format!("'{}' appears twice", class.name)));
+                }
+                if k == 0 && class.when.is_some() {
+                    return Err(err(at("when"), "the first class is the default and takes no 'when'"));
+                }
+                if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
+                    return Err(err(at("when"), "every class after the first needs a rule"));
+                }
+                if class.queue > 0 && class.queue_wait.is_zero() {
+                    return Err(err(at("queue_wait"), "a class with a queue needs a queue_wait above zero"));
+                }
+                if class.queue_wait >= t.first_token {
+                    return Err(err(
+                        at("queue_wait"),
+                        format!("{:?} must be less than the route's first_token budget ({:?}): the queue is inside it", class.queue_wait, t.first_token),
+                    ));
+                }
+            }
+        }
+        let mut keys = HashSet::new();
+        for (i, tenant) in self.tenants.iter_mut().enumerate() {
+            if tenant.team.is_empty() {
+                return Err(err(format!("tenants[{i}].team"), "must not be empty"));
+            }
+            if tenant.key_sha256.is_empty() {
+                return Err(err(format!("tenants[{i}].key_sha256"), "at least one key hash is needed"));
+            }
+            for (j, k) in tenant.key_sha256.iter_mut().enumerate() {
+                *k = k.to_ascii_lowercase();
+                if k.len() != 64 || !k.chars().all(|c| c.is_ascii_hexdigit()) {
+                    return Err(err(format!("tenants[{i}].key_sha256[{j}]"), "must be 64 hex digits (sha256sum of the key)"));
+                }
+                if !keys.insert(k.clone()) {
+                    return Err(err(format!("tenants[{i}].key_sha256[{j}]"), "this key belongs to two tenants"));
+                }
+            }
+            for (j, m) in tenant.models.iter().enumerate() {
+                if !models.contains(m) {
+                    return Err(err(format!("tenants[{i}].models[{j}]"), format!("no route serves '{m}'")));
+                }
+            }
+        }
+        if self.server.max_body_bytes < 1024 {
+            return Err(err("server.max_body_bytes", "must be at least 1024"));
+        }
+        Ok(self)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,3 @@
+//! `spillway serve`: the admission-controlled OpenAI-compatible streaming gateway.
+
+pub mod config;
