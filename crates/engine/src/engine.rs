@@ -9,7 +9,6 @@ use crate::metrics::Metrics;
 use crate::scheduler::{
     FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome,
 };
-use tokenize::Tokenizer;
 use protocol::ApiError;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -17,6 +16,7 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
+use tokenize::Tokenizer;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 

@@ -5,7 +5,6 @@ use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
 use crate::faults::FaultPatch;
 use crate::scheduler::{FinishReason, Progress};
 use crate::stream::{Render, RenderKind, TokenStream};
-use tokenize::chat_prompt;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
@@ -21,6 +20,7 @@ use protocol::openai::{ChatCompletionRequest, CompletionRequest, ModelCard, Mode
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokenize::chat_prompt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 

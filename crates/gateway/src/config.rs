@@ -38,7 +38,11 @@ pub struct ServerConfig {
 
 impl Default for ServerConfig {
     fn default() -> Self {
-        Self { max_body_bytes: 4 * 1024 * 1024, drain_timeout: Duration::from_secs(30), access_log: true }
+        Self {
+            max_body_bytes: 4 * 1024 * 1024,
+            drain_timeout: Duration::from_secs(30),
+            access_log: true,
+        }
     }
 }
 
@@ -241,7 +245,10 @@ pub struct ConfigError {
 }
 
 fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
-    ConfigError { path: path.into(), message: message.into() }
+    ConfigError {
+        path: path.into(),
+        message: message.into(),
+    }
 }
 
 impl Config {
@@ -274,9 +281,12 @@ impl Config {
                 return Err(err(at("replicas"), "at least one replica is needed"));
             }
             for (j, r) in route.replicas.iter_mut().enumerate() {
-                let parsed: hyper::Uri = r
-                    .parse()
-                    .map_err(|e| err(format!("routes[{i}].replicas[{j}]"), format!("'{r}' is not a URL: {e}")))?;
+                let parsed: hyper::Uri = r.parse().map_err(|e| {
+                    err(
+                        format!("routes[{i}].replicas[{j}]"),
+                        format!("'{r}' is not a URL: {e}"),
+                    )
+                })?;
                 if parsed.scheme_str() != Some("http") || parsed.authority().is_none() {
                     return Err(err(
                         format!("routes[{i}].replicas[{j}]"),
@@ -286,25 +296,50 @@ impl Config {
                 *r = r.trim_end_matches('/').to_owned();
             }
             let t = route.timeouts;
-            if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero() {
+            if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero()
+            {
                 return Err(err(at("timeouts"), "every timeout must be more than zero"));
             }
             if t.connect >= t.first_token {
-                return Err(err(at("timeouts"), format!("connect ({:?}) must be less than first_token ({:?})", t.connect, t.first_token)));
+                return Err(err(
+                    at("timeouts"),
+                    format!(
+                        "connect ({:?}) must be less than first_token ({:?})",
+                        t.connect, t.first_token
+                    ),
+                ));
             }
             if t.first_token > t.total {
-                return Err(err(at("timeouts"), format!("first_token ({:?}) must not exceed total ({:?})", t.first_token, t.total)));
+                return Err(err(
+                    at("timeouts"),
+                    format!(
+                        "first_token ({:?}) must not exceed total ({:?})",
+                        t.first_token, t.total
+                    ),
+                ));
             }
             if t.stream_idle > t.total {
-                return Err(err(at("timeouts"), format!("stream_idle ({:?}) must not exceed total ({:?})", t.stream_idle, t.total)));
+                return Err(err(
+                    at("timeouts"),
+                    format!(
+                        "stream_idle ({:?}) must not exceed total ({:?})",
+                        t.stream_idle, t.total
+                    ),
+                ));
             }
             if route.overflow_status != 503 && route.overflow_status != 429 {
-                return Err(err(at("overflow_status"), format!("must be 503 or 429, not {}", route.overflow_status)));
+                return Err(err(
+                    at("overflow_status"),
+                    format!("must be 503 or 429, not {}", route.overflow_status),
+                ));
             }
             if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
                 && d > c
             {
-                return Err(err(at("limits.max_tokens"), format!("default ({d}) exceeds cap ({c})")));
+                return Err(err(
+                    at("limits.max_tokens"),
+                    format!("default ({d}) exceeds cap ({c})"),
+                ));
             }
             if route.classes.is_empty() {
                 route.classes.push(ClassConfig {
@@ -319,25 +354,39 @@ impl Config {
             let mut names = HashSet::new();
             for (k, class) in route.classes.iter().enumerate() {
                 let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
-                if class.name.is_empty() || !class.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+                if class.name.is_empty()
+                    || !class
+                        .name
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+                {
                     return Err(err(at("name"), "use letters, digits, '-' and '_'"));
                 }
                 if !names.insert(class.name.clone()) {
                     return Err(err(at("name"), format!("'{}' appears twice", class.name)));
                 }
                 if k == 0 && class.when.is_some() {
-                    return Err(err(at("when"), "the first class is the default and takes no 'when'"));
+                    return Err(err(
+                        at("when"),
+                        "the first class is the default and takes no 'when'",
+                    ));
                 }
                 if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
                     return Err(err(at("when"), "every class after the first needs a rule"));
                 }
                 if class.queue > 0 && class.queue_wait.is_zero() {
-                    return Err(err(at("queue_wait"), "a class with a queue needs a queue_wait above zero"));
+                    return Err(err(
+                        at("queue_wait"),
+                        "a class with a queue needs a queue_wait above zero",
+                    ));
                 }
                 if class.queue_wait >= t.first_token {
                     return Err(err(
                         at("queue_wait"),
-                        format!("{:?} must be less than the route's first_token budget ({:?}): the queue is inside it", class.queue_wait, t.first_token),
+                        format!(
+                            "{:?} must be less than the route's first_token budget ({:?}): the queue is inside it",
+                            class.queue_wait, t.first_token
+                        ),
                     ));
                 }
             }
@@ -348,20 +397,32 @@ impl Config {
                 return Err(err(format!("tenants[{i}].team"), "must not be empty"));
             }
             if tenant.key_sha256.is_empty() {
-                return Err(err(format!("tenants[{i}].key_sha256"), "at least one key hash is needed"));
+                return Err(err(
+                    format!("tenants[{i}].key_sha256"),
+                    "at least one key hash is needed",
+                ));
             }
             for (j, k) in tenant.key_sha256.iter_mut().enumerate() {
                 *k = k.to_ascii_lowercase();
                 if k.len() != 64 || !k.chars().all(|c| c.is_ascii_hexdigit()) {
-                    return Err(err(format!("tenants[{i}].key_sha256[{j}]"), "must be 64 hex digits (sha256sum of the key)"));
+                    return Err(err(
+                        format!("tenants[{i}].key_sha256[{j}]"),
+                        "must be 64 hex digits (sha256sum of the key)",
+                    ));
                 }
                 if !keys.insert(k.clone()) {
-                    return Err(err(format!("tenants[{i}].key_sha256[{j}]"), "this key belongs to two tenants"));
+                    return Err(err(
+                        format!("tenants[{i}].key_sha256[{j}]"),
+                        "this key belongs to two tenants",
+                    ));
                 }
             }
             for (j, m) in tenant.models.iter().enumerate() {
                 if !models.contains(m) {
-                    return Err(err(format!("tenants[{i}].models[{j}]"), format!("no route serves '{m}'")));
+                    return Err(err(
+                        format!("tenants[{i}].models[{j}]"),
+                        format!("no route serves '{m}'"),
+                    ));
                 }
             }
         }

@@ -37,7 +37,10 @@ fn the_design_example_parses() {
     assert_eq!(r.classes[1].when.as_ref().unwrap().max_tokens_over, Some(1024));
     assert_eq!(r.classes[0].slo.unwrap().itl, Some(Duration::from_millis(50)));
     assert_eq!(c.tenants[0].priority, Priority::Critical);
-    assert!(c.tenants[0].key_sha256[0].starts_with("9f86"), "hashes are lower-cased");
+    assert!(
+        c.tenants[0].key_sha256[0].starts_with("9f86"),
+        "hashes are lower-cased"
+    );
 }
 
 fn bad(edit: impl Fn(&str) -> String) -> ConfigError {
@@ -47,34 +50,103 @@ fn bad(edit: impl Fn(&str) -> String) -> ConfigError {
 #[test]
 fn errors_name_the_path_and_the_reason() {
     let cases: Vec<(String, &str, &str)> = vec![
-        (GOOD.replace("first_token: 8s", "first_token: 500ms"), "routes[0].timeouts", "connect (1s) must be less than first_token"),
-        (GOOD.replace("total: 120s", "total: 5s"), "routes[0].timeouts", "first_token (8s) must not exceed total"),
-        (GOOD.replace("queue_wait: 5s", "queue_wait: 9s"), "routes[0].classes[1].queue_wait", "first_token budget"),
-        (GOOD.replace("concurrency: 4", "concurrency: 0"), "routes[0].classes[1].concurrency", ""),
-        (GOOD.replace("queue_wait: 2s", "queue_wait: soon"), "routes[0].classes[0].queue_wait", ""),
-        (GOOD.replace("balance: least_outstanding", "balance: random"), "routes[0].balance", "unknown variant"),
-        (GOOD.replace("overflow_status: 503", "overflow_status: 500"), "routes[0].overflow_status", "503 or 429"),
-        (GOOD.replace("max_n: 1 }", "max_n: 1, max_cost: 3 }"), "routes[0].limits.max_cost", "unknown field"),
-        (GOOD.replace("http://127.0.0.1:8001", "127.0.0.1:8001"), "routes[0].replicas[0]", "http://"),
-        (GOOD.replace("default: 512", "default: 4096"), "routes[0].limits.max_tokens", "exceeds cap"),
-        (GOOD.replace("models: [ corp-chat ]", "models: [ other ]"), "tenants[0].models[0]", "no route serves"),
-        (GOOD.replace("9F86D0", "XX86D0"), "tenants[0].key_sha256[0]", "64 hex digits"),
-        (GOOD.replace("        when: { max_tokens_over: 1024 }\n", ""), "routes[0].classes[1].when", "needs a rule"),
-        (GOOD.replace("name: long", "name: interactive"), "routes[0].classes[1].name", "appears twice"),
-        (format!("{GOOD}\nretries: 3\n"), "retries", "unknown field `retries`"),
+        (
+            GOOD.replace("first_token: 8s", "first_token: 500ms"),
+            "routes[0].timeouts",
+            "connect (1s) must be less than first_token",
+        ),
+        (
+            GOOD.replace("total: 120s", "total: 5s"),
+            "routes[0].timeouts",
+            "first_token (8s) must not exceed total",
+        ),
+        (
+            GOOD.replace("queue_wait: 5s", "queue_wait: 9s"),
+            "routes[0].classes[1].queue_wait",
+            "first_token budget",
+        ),
+        (
+            GOOD.replace("concurrency: 4", "concurrency: 0"),
+            "routes[0].classes[1].concurrency",
+            "",
+        ),
+        (
+            GOOD.replace("queue_wait: 2s", "queue_wait: soon"),
+            "routes[0].classes[0].queue_wait",
+            "",
+        ),
+        (
+            GOOD.replace("balance: least_outstanding", "balance: random"),
+            "routes[0].balance",
+            "unknown variant",
+        ),
+        (
+            GOOD.replace("overflow_status: 503", "overflow_status: 500"),
+            "routes[0].overflow_status",
+            "503 or 429",
+        ),
+        (
+            GOOD.replace("max_n: 1 }", "max_n: 1, max_cost: 3 }"),
+            "routes[0].limits.max_cost",
+            "unknown field",
+        ),
+        (
+            GOOD.replace("http://127.0.0.1:8001", "127.0.0.1:8001"),
+            "routes[0].replicas[0]",
+            "http://",
+        ),
+        (
+            GOOD.replace("default: 512", "default: 4096"),
+            "routes[0].limits.max_tokens",
+            "exceeds cap",
+        ),
+        (
+            GOOD.replace("models: [ corp-chat ]", "models: [ other ]"),
+            "tenants[0].models[0]",
+            "no route serves",
+        ),
+        (
+            GOOD.replace("9F86D0", "XX86D0"),
+            "tenants[0].key_sha256[0]",
+            "64 hex digits",
+        ),
+        (
+            GOOD.replace("        when: { max_tokens_over: 1024 }\n", ""),
+            "routes[0].classes[1].when",
+            "needs a rule",
+        ),
+        (
+            GOOD.replace("name: long", "name: interactive"),
+            "routes[0].classes[1].name",
+            "appears twice",
+        ),
+        (
+            format!("{GOOD}\nretries: 3\n"),
+            "retries",
+            "unknown field `retries`",
+        ),
     ];
     for (yaml, path, needle) in cases {
         let e = Config::from_yaml(&yaml).unwrap_err();
         assert_eq!(e.path, path, "{e}");
         assert!(e.message.contains(needle), "{e}");
     }
-    assert!(bad(|g| g.replace("routes:", "routez:")).message.contains("unknown field"));
+    assert!(
+        bad(|g| g.replace("routes:", "routez:"))
+            .message
+            .contains("unknown field")
+    );
 }
 
 #[test]
 fn a_route_without_classes_gets_a_bounded_default() {
-    let c = Config::from_yaml("listen: 127.0.0.1:1\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:2]\n").unwrap();
+    let c =
+        Config::from_yaml("listen: 127.0.0.1:1\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:2]\n")
+            .unwrap();
     let class = &c.routes[0].classes[0];
-    assert_eq!((class.name.as_str(), class.concurrency.get(), class.queue), ("default", 64, 64));
+    assert_eq!(
+        (class.name.as_str(), class.concurrency.get(), class.queue),
+        ("default", 64, 64)
+    );
     assert!(c.tenants.is_empty());
 }

@@ -1,0 +1,335 @@
+//! Admission per route and class: at most C requests in flight, at most Q waiting, nobody waiting
+//! longer than Wq or past their own deadline, priority order in the queue, and honest `Retry-After`.
+//!
+//! A [`Permit`] is the slot; it is released when dropped, which the server arranges to happen when
+//! the response body ends or is dropped, not when headers are sent.
+
+use crate::config::Priority;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// C, Q and Wq of one class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    pub concurrency: u32,
+    pub queue: u32,
+    pub queue_wait: Duration,
+}
+
+/// Why a request was not admitted; each maps to a metric reason and carries its `Retry-After`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// Q requests are already waiting.
+    QueueFull { retry_after: Duration },
+    /// Waited Wq (or to the request's own deadline) without a slot.
+    QueueTimeout { waited: Duration, retry_after: Duration },
+    /// The wait predicted from the drain rate already exceeds what the request may wait.
+    PredictedWait {
+        predicted: Duration,
+        retry_after: Duration,
+    },
+    /// A `sheddable` request found every slot taken: it never waits.
+    Shed { retry_after: Duration },
+}
+
+impl Rejection {
+    /// The metric `reason` label.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Rejection::QueueFull { .. } => "queue_full",
+            Rejection::QueueTimeout { .. } => "queue_timeout",
+            Rejection::PredictedWait { .. } => "predicted_wait",
+            Rejection::Shed { .. } => "shed",
+        }
+    }
+
+    pub fn retry_after(&self) -> Duration {
+        match *self {
+            Rejection::QueueFull { retry_after }
+            | Rejection::QueueTimeout { retry_after, .. }
+            | Rejection::PredictedWait { retry_after, .. }
+            | Rejection::Shed { retry_after } => retry_after,
+        }
+    }
+}
+
+/// Completions per second over a sliding window, from which waits are predicted.
+#[derive(Debug)]
+struct DrainRate {
+    buckets: [u32; Self::BUCKETS],
+    /// Start of the newest bucket.
+    head: Instant,
+    head_index: usize,
+    first: Option<Instant>,
+}
+
+impl DrainRate {
+    const BUCKETS: usize = 20;
+    const WIDTH: Duration = Duration::from_millis(500);
+    /// Fewer completions than this in the window say too little to predict from.
+    const MIN_SAMPLES: u32 = 4;
+
+    fn new(now: Instant) -> Self {
+        Self {
+            buckets: [0; Self::BUCKETS],
+            head: now,
+            head_index: 0,
+            first: None,
+        }
+    }
+
+    fn advance(&mut self, now: Instant) {
+        let mut steps = 0;
+        while now.saturating_duration_since(self.head) >= Self::WIDTH && steps < Self::BUCKETS {
+            self.head += Self::WIDTH;
+            self.head_index = (self.head_index + 1) % Self::BUCKETS;
+            self.buckets[self.head_index] = 0;
+            steps += 1;
+        }
+        if now.saturating_duration_since(self.head) >= Self::WIDTH {
+            // Idle for longer than the window: start afresh.
+            self.head = now;
+        }
+    }
+
+    fn record(&mut self, now: Instant) {
+        self.advance(now);
+        self.buckets[self.head_index] += 1;
+        self.first.get_or_insert(now);
+    }
+
+    /// Completions per second, or `None` while the window holds too few to trust.
+    fn rate(&mut self, now: Instant) -> Option<f64> {
+        self.advance(now);
+        let count: u32 = self.buckets.iter().sum();
+        let first = self.first?;
+        if count < Self::MIN_SAMPLES {
+            return None;
+        }
+        let window = Self::WIDTH * Self::BUCKETS as u32;
+        let covered = now.saturating_duration_since(first).clamp(Self::WIDTH, window);
+        Some(f64::from(count) / covered.as_secs_f64())
+    }
+}
+
+struct Waiter {
+    id: u64,
+    tx: oneshot::Sender<()>,
+}
+
+struct State {
+    limits: Limits,
+    in_flight: u32,
+    /// Waiters by priority: critical, then standard (sheddable never waits).
+    waiters: [VecDeque<Waiter>; 2],
+    next_id: u64,
+    drain: DrainRate,
+}
+
+impl State {
+    fn queued(&self) -> u32 {
+        (self.waiters[0].len() + self.waiters[1].len()) as u32
+    }
+
+    /// Gives a freed slot to the first live waiter, or takes it out of flight.
+    fn release(&mut self, now: Instant) {
+        self.drain.record(now);
+        for lane in 0..2 {
+            while let Some(w) = self.waiters[lane].pop_front() {
+                if w.tx.send(()).is_ok() {
+                    return;
+                }
+            }
+        }
+        self.in_flight -= 1;
+    }
+
+    fn retry_after(&mut self, ahead: u32, now: Instant) -> Duration {
+        let secs = match self.drain.rate(now) {
+            Some(rate) if rate > 0.0 => f64::from(ahead + 1) / rate,
+            _ => self.limits.queue_wait.as_secs_f64(),
+        };
+        Duration::from_secs(secs.ceil().clamp(1.0, 60.0) as u64)
+    }
+}
+
+/// The admission gate of one route and class.
+pub struct Admission {
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = self.lock();
+        f.debug_struct("Admission")
+            .field("limits", &s.limits)
+            .field("in_flight", &s.in_flight)
+            .field("queued", &s.queued())
+            .finish()
+    }
+}
+
+/// A slot in flight; dropping it frees the slot for the next waiter.
+#[derive(Debug)]
+pub struct Permit {
+    admission: Arc<Admission>,
+    /// How long the request waited for the slot.
+    pub queue_wait: Duration,
+}
+
+impl Drop for Permit {
+    fn drop(&mut self) {
+        self.admission.lock().release(Instant::now());
+    }
+}
+
+/// Removes a waiter that stops waiting (timeout or a client that left) from the queue, or, if it
+/// was granted a slot in the same instant, gives that slot on.
+struct WaitGuard {
+    admission: Arc<Admission>,
+    id: u64,
+    lane: usize,
+    rx: oneshot::Receiver<()>,
+    done: bool,
+}
+
+impl WaitGuard {
+    /// Leaves the queue; true if a slot was granted meanwhile (and is now the caller's).
+    fn leave(&mut self) -> bool {
+        self.done = true;
+        let mut s = self.admission.lock();
+        let lane = &mut s.waiters[self.lane];
+        if let Some(pos) = lane.iter().position(|w| w.id == self.id) {
+            lane.remove(pos);
+            false
+        } else {
+            // Popped by a release, which sent under the lock while we still held the receiver.
+            self.rx.try_recv().is_ok()
+        }
+    }
+}
+
+impl Drop for WaitGuard {
+    fn drop(&mut self) {
+        if !self.done && self.leave() {
+            self.admission.lock().release(Instant::now());
+        }
+    }
+}
+
+impl Admission {
+    pub fn new(limits: Limits) -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new(State {
+                limits,
+                in_flight: 0,
+                waiters: [VecDeque::new(), VecDeque::new()],
+                next_id: 0,
+                drain: DrainRate::new(Instant::now()),
+            }),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state stays consistent across a panic elsewhere: every change is a few plain writes.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.lock().limits
+    }
+
+    pub fn in_flight(&self) -> u32 {
+        self.lock().in_flight
+    }
+
+    pub fn queued(&self) -> u32 {
+        self.lock().queued()
+    }
+
+    /// Waits for a slot, at most Wq and never past `deadline`.
+    pub async fn acquire(
+        self: &Arc<Self>,
+        priority: Priority,
+        deadline: Instant,
+    ) -> Result<Permit, Rejection> {
+        let start = Instant::now();
+        let (guard, budget) = {
+            let mut s = self.lock();
+            if s.in_flight < s.limits.concurrency {
+                s.in_flight += 1;
+                return Ok(Permit {
+                    admission: self.clone(),
+                    queue_wait: Duration::ZERO,
+                });
+            }
+            let lane = match priority {
+                Priority::Critical => 0,
+                Priority::Standard => 1,
+                Priority::Sheddable => {
+                    let retry_after = s.retry_after(0, start);
+                    return Err(Rejection::Shed { retry_after });
+                }
+            };
+            let queued = s.queued();
+            if queued >= s.limits.queue {
+                let retry_after = s.retry_after(queued, start);
+                return Err(Rejection::QueueFull { retry_after });
+            }
+            let ahead = s.waiters[0].len() as u32 + if lane == 1 { s.waiters[1].len() as u32 } else { 0 };
+            let budget = s.limits.queue_wait.min(deadline.saturating_duration_since(start));
+            if let Some(rate) = s.drain.rate(start).filter(|r| *r > 0.0) {
+                let predicted = Duration::from_secs_f64((f64::from(ahead + 1) / rate).min(3600.0));
+                if predicted > budget {
+                    let retry_after = s.retry_after(ahead, start);
+                    return Err(Rejection::PredictedWait {
+                        predicted,
+                        retry_after,
+                    });
+                }
+            }
+            if budget.is_zero() {
+                let retry_after = s.retry_after(ahead, start);
+                return Err(Rejection::QueueTimeout {
+                    waited: Duration::ZERO,
+                    retry_after,
+                });
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = s.next_id;
+            s.next_id += 1;
+            s.waiters[lane].push_back(Waiter { id, tx });
+            (
+                WaitGuard {
+                    admission: self.clone(),
+                    id,
+                    lane,
+                    rx,
+                    done: false,
+                },
+                budget,
+            )
+        };
+        let mut guard = guard;
+        let granted = matches!(tokio::time::timeout(budget, &mut guard.rx).await, Ok(Ok(())));
+        if granted || guard.leave() {
+            guard.done = true;
+            return Ok(Permit {
+                admission: self.clone(),
+                queue_wait: start.elapsed(),
+            });
+        }
+        let now = Instant::now();
+        let retry_after = self.lock().retry_after(0, now);
+        Err(Rejection::QueueTimeout {
+            waited: now - start,
+            retry_after,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

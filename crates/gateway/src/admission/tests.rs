@@ -1,0 +1,198 @@
+use super::*;
+use std::time::Duration;
+
+fn gate(c: u32, q: u32, wq_ms: u64) -> Arc<Admission> {
+    Admission::new(Limits {
+        concurrency: c,
+        queue: q,
+        queue_wait: Duration::from_millis(wq_ms),
+    })
+}
+
+fn far() -> Instant {
+    Instant::now() + Duration::from_secs(3600)
+}
+
+#[tokio::test(start_paused = true)]
+async fn admits_c_queues_q_rejects_the_rest_at_once() {
+    let a = gate(2, 1, 1000);
+    let p1 = a.acquire(Priority::Standard, far()).await.unwrap();
+    let _p2 = a.acquire(Priority::Standard, far()).await.unwrap();
+    let a2 = a.clone();
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!((a.in_flight(), a.queued()), (2, 1));
+    let t = Instant::now();
+    let err = a.acquire(Priority::Standard, far()).await.unwrap_err();
+    assert!(matches!(err, Rejection::QueueFull { .. }));
+    assert_eq!(t.elapsed(), Duration::ZERO, "rejected without waiting");
+    tokio::time::advance(Duration::from_millis(300)).await;
+    drop(p1);
+    let p3 = waiter.await.unwrap().unwrap();
+    assert_eq!(p3.queue_wait, Duration::from_millis(300));
+    assert_eq!(
+        (a.in_flight(), a.queued()),
+        (2, 0),
+        "the slot passed on, not freed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn nobody_waits_longer_than_wq_or_their_deadline() {
+    let a = gate(1, 4, 500);
+    let _p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let t = Instant::now();
+    let err = a.acquire(Priority::Standard, far()).await.unwrap_err();
+    assert_eq!(
+        err,
+        Rejection::QueueTimeout {
+            waited: Duration::from_millis(500),
+            retry_after: Duration::from_secs(1)
+        }
+    );
+    assert_eq!(t.elapsed(), Duration::from_millis(500));
+    let t = Instant::now();
+    let err = a
+        .acquire(Priority::Standard, t + Duration::from_millis(120))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Rejection::QueueTimeout { .. }));
+    assert_eq!(
+        t.elapsed(),
+        Duration::from_millis(120),
+        "the request's own deadline is shorter"
+    );
+    assert_eq!(a.queued(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn critical_goes_first_then_fifo_and_sheddable_never_waits() {
+    let a = gate(1, 8, 10_000);
+    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    assert!(matches!(
+        a.acquire(Priority::Sheddable, far()).await,
+        Err(Rejection::Shed { .. })
+    ));
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for (name, prio) in [
+        ("s1", Priority::Standard),
+        ("s2", Priority::Standard),
+        ("c1", Priority::Critical),
+    ] {
+        let (a, order) = (a.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = a.acquire(prio, far()).await.unwrap();
+            order.lock().unwrap().push(name);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            drop(permit);
+        }));
+        tokio::task::yield_now().await;
+    }
+    drop(p);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(*order.lock().unwrap(), vec!["c1", "s1", "s2"]);
+    assert_eq!(a.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_leaves_the_queue_frees_its_place() {
+    let a = gate(1, 1, 10_000);
+    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let a2 = a.clone();
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!(a.queued(), 1);
+    waiter.abort();
+    let _ = waiter.await;
+    assert_eq!(a.queued(), 0, "the place is free at once");
+    let a3 = a.clone();
+    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    drop(p);
+    let granted = next.await.unwrap().unwrap();
+    assert_eq!(a.in_flight(), 1);
+    drop(granted);
+    assert_eq!(a.in_flight(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn predicted_wait_beyond_the_budget_is_rejected_at_arrival() {
+    // One slot that drains 10 requests per second.
+    let a = gate(1, 100, 1000);
+    for _ in 0..20 {
+        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(p);
+    }
+    let _busy = a.acquire(Priority::Standard, far()).await.unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..9 {
+        let a = a.clone();
+        waiting.push(tokio::spawn(
+            async move { a.acquire(Priority::Standard, far()).await },
+        ));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(a.queued(), 9);
+    // Tenth in line: 1 s at 10/s is within Wq = 1 s; the eleventh would need 1.1 s.
+    let a10 = a.clone();
+    let tenth = tokio::spawn(async move { a10.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!(a.queued(), 10);
+    let t = Instant::now();
+    match a.acquire(Priority::Standard, far()).await {
+        Err(Rejection::PredictedWait {
+            predicted,
+            retry_after,
+        }) => {
+            assert!(predicted > Duration::from_millis(1000), "{predicted:?}");
+            assert_eq!(
+                retry_after,
+                Duration::from_secs(2),
+                "11 ahead at 10/s, rounded up"
+            );
+        }
+        other => panic!("expected a predicted-wait rejection, got {other:?}"),
+    }
+    assert_eq!(t.elapsed(), Duration::ZERO);
+    // A deadline shorter than the predicted wait is rejected at arrival too.
+    match a
+        .acquire(Priority::Critical, Instant::now() + Duration::from_millis(50))
+        .await
+    {
+        Err(Rejection::PredictedWait { .. }) => {}
+        other => panic!("expected a predicted-wait rejection, got {other:?}"),
+    }
+    tenth.abort();
+    for w in waiting {
+        w.abort();
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_follows_the_drain_rate() {
+    let a = gate(2, 0, 1000);
+    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let _q = a.acquire(Priority::Standard, far()).await.unwrap();
+    match a.acquire(Priority::Standard, far()).await {
+        Err(Rejection::QueueFull { retry_after }) => {
+            assert_eq!(retry_after, Duration::from_secs(1), "no history: Wq")
+        }
+        other => panic!("{other:?}"),
+    }
+    drop(p);
+    // Two per second through the window.
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_millis(500)).await;
+        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        drop(p);
+    }
+    let _p = a.acquire(Priority::Standard, far()).await.unwrap();
+    match a.acquire(Priority::Standard, far()).await {
+        Err(Rejection::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(1)),
+        other => panic!("{other:?}"),
+    }
+}
