@@ -1,4 +1,32 @@
-//! `spillway serve`: the admission-controlled OpenAI-compatible streaming gateway.
+//! `spillway serve`: the admission-controlled, OpenAI-compatible streaming gateway.
+//!
+//! # Layout
+//! The request path, in order (DESIGN §1):
+//! - [`prepare`]: parse and validate (400/413), cost caps (input tokens, `max_tokens`, `n`),
+//!   class and priority — pure functions;
+//! - [`tenant`]: who is asking (401/403), by SHA-256 of the bearer key;
+//! - [`admission`]: C in flight, Q waiting, Wq at most, priority lanes, predictive rejection and
+//!   `Retry-After` (503/429);
+//! - [`route`]: the class rules and the least-outstanding choice of replica;
+//! - [`server`]: the upstream call under nested budgets (504/502), the held response head, and
+//!   [`relay`], which streams SSE through chunk by chunk;
+//! - [`outcome`]: one [`outcome::Exchange`] per request, finished once on drop into [`metrics`] and
+//!   the [`access_log`]; it owns the admission permit, so the slot is held until the body ends.
+//!
+//! [`config`] is the YAML the whole thing runs from; [`error`] the one place failures become
+//! status codes and OpenAI error bodies.
 
+pub mod access_log;
 pub mod admission;
 pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod outcome;
+pub mod prepare;
+pub mod relay;
+pub mod route;
+pub mod server;
+pub mod tenant;
+
+pub use config::Config;
+pub use server::{Gateway, router, run};

@@ -1,0 +1,203 @@
+//! The gateway's Prometheus metrics. Every label value comes from the configuration or a fixed set
+//! (route, class, replica, status, reason): never a request ID, a key, or a model name a client made up.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// The route label of requests whose model no route serves.
+pub const UNKNOWN_ROUTE: &str = "_unknown";
+/// The class label of requests rejected before a class was chosen.
+pub const NO_CLASS: &str = "_none";
+
+const LATENCY_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+    320.0,
+];
+const ITL_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0,
+];
+const QUEUE_BUCKETS: &[f64] = &[
+    0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub requests: IntCounterVec,
+    pub rejections: IntCounterVec,
+    pub cancellations: IntCounterVec,
+    pub queue_wait: HistogramVec,
+    pub ttft: HistogramVec,
+    pub itl: HistogramVec,
+    pub duration: HistogramVec,
+    pub prompt_tokens: IntCounterVec,
+    pub completion_tokens: IntCounterVec,
+    pub wasted_tokens: IntCounterVec,
+    pub goodput: IntCounterVec,
+    pub slo_requests: IntCounterVec,
+    pub upstream: IntCounterVec,
+    pub in_flight: IntGaugeVec,
+    pub queued: IntGaugeVec,
+    pub concurrency_limit: IntGaugeVec,
+    pub queue_limit: IntGaugeVec,
+    pub replica_outstanding: IntGaugeVec,
+    pub draining: prometheus::IntGauge,
+}
+
+/// Pre-resolved series of one route and class, so the hot path does no label lookups.
+#[derive(Clone)]
+pub struct ClassSeries {
+    pub queue_wait: Histogram,
+    pub ttft: Histogram,
+    pub itl: Histogram,
+    pub duration: Histogram,
+    pub prompt_tokens: IntCounter,
+    pub completion_tokens: IntCounter,
+    pub goodput: IntCounter,
+    pub slo_requests: IntCounter,
+}
+
+fn must<T>(r: prometheus::Result<T>) -> T {
+    // Names, help and buckets are constants of this file: registration cannot fail.
+    r.unwrap_or_else(|e| panic!("metric definition: {e}"))
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            let c = must(IntCounterVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(c.clone())));
+            c
+        };
+        let gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = must(IntGaugeVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(g.clone())));
+            g
+        };
+        let hist = |name: &str, help: &str, buckets: &[f64]| {
+            let h = must(HistogramVec::new(
+                HistogramOpts::new(name, help).buckets(buckets.to_vec()),
+                &["route", "class"],
+            ));
+            must(registry.register(Box::new(h.clone())));
+            h
+        };
+        let rc = &["route", "class"];
+        let draining = must(prometheus::IntGauge::new(
+            "spillway_draining",
+            "1 while the gateway drains for shutdown and refuses new requests.",
+        ));
+        must(registry.register(Box::new(draining.clone())));
+        Metrics {
+            requests: counter(
+                "spillway_requests_total",
+                "Requests answered, by final HTTP status.",
+                &["route", "class", "status"],
+            ),
+            rejections: counter(
+                "spillway_rejections_total",
+                "Requests refused before reaching a replica, by reason.",
+                &["route", "class", "reason"],
+            ),
+            cancellations: counter(
+                "spillway_cancellations_total",
+                "Requests ended early (client gone, deadline, stalled upstream), by reason.",
+                &["route", "class", "reason"],
+            ),
+            queue_wait: hist(
+                "spillway_queue_wait_seconds",
+                "Time admitted requests waited for a slot.",
+                QUEUE_BUCKETS,
+            ),
+            ttft: hist(
+                "spillway_time_to_first_token_seconds",
+                "Arrival at the gateway to the first chunk relayed.",
+                LATENCY_BUCKETS,
+            ),
+            itl: hist(
+                "spillway_inter_token_latency_seconds",
+                "Gaps between relayed stream chunks.",
+                ITL_BUCKETS,
+            ),
+            duration: hist(
+                "spillway_request_duration_seconds",
+                "Arrival to the end of the response.",
+                LATENCY_BUCKETS,
+            ),
+            prompt_tokens: counter(
+                "spillway_prompt_tokens_total",
+                "Prompt tokens of completed requests.",
+                rc,
+            ),
+            completion_tokens: counter(
+                "spillway_completion_tokens_total",
+                "Completion tokens relayed to clients.",
+                rc,
+            ),
+            wasted_tokens: counter(
+                "spillway_wasted_tokens_total",
+                "Tokens generated for requests whose client did not get the whole answer, by reason.",
+                &["route", "class", "reason"],
+            ),
+            goodput: counter(
+                "spillway_goodput_requests_total",
+                "Completed requests that met their class's TTFT and ITL objectives.",
+                rc,
+            ),
+            slo_requests: counter(
+                "spillway_slo_requests_total",
+                "Completed requests measured against their class's objectives (the goodput denominator).",
+                rc,
+            ),
+            upstream: counter(
+                "spillway_upstream_requests_total",
+                "Calls to replicas, by result.",
+                &["route", "replica", "result"],
+            ),
+            in_flight: gauge("spillway_in_flight", "Requests holding an admission slot.", rc),
+            queued: gauge("spillway_queued", "Requests waiting for an admission slot.", rc),
+            concurrency_limit: gauge(
+                "spillway_concurrency_limit",
+                "C: the class's in-flight limit.",
+                rc,
+            ),
+            queue_limit: gauge("spillway_queue_limit", "Q: the class's queue limit.", rc),
+            replica_outstanding: gauge(
+                "spillway_replica_outstanding",
+                "Requests in flight to each replica.",
+                &["route", "replica"],
+            ),
+            draining,
+            registry,
+        }
+    }
+
+    pub fn class_series(&self, route: &str, class: &str) -> ClassSeries {
+        let l = &[route, class];
+        ClassSeries {
+            queue_wait: self.queue_wait.with_label_values(l),
+            ttft: self.ttft.with_label_values(l),
+            itl: self.itl.with_label_values(l),
+            duration: self.duration.with_label_values(l),
+            prompt_tokens: self.prompt_tokens.with_label_values(l),
+            completion_tokens: self.completion_tokens.with_label_values(l),
+            goodput: self.goodput.with_label_values(l),
+            slo_requests: self.slo_requests.with_label_values(l),
+        }
+    }
+
+    /// The classic text format (0.0.4), which promtool and every Prometheus read.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(32 * 1024);
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        buf
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,318 @@
+//! Stages 1–4 of the request path: parse and validate, cap the cost of one request, and find its
+//! class and priority. Pure functions over the request; nothing here waits.
+
+use crate::config::{OverCap, Priority};
+use crate::error::GatewayError;
+use crate::route::Route;
+use crate::tenant::Tenant;
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use protocol::error::parse_json;
+use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamOptions};
+use std::time::Duration;
+
+/// The request header a caller sets its own deadline with (`"5s"`, `"1500ms"`, or milliseconds).
+pub const DEADLINE_HEADER: &str = "x-spillway-deadline";
+/// The request header that lowers (or, on a gateway without tenants, sets) the priority.
+pub const PRIORITY_HEADER: &str = "x-spillway-priority";
+
+/// Which OpenAI endpoint a request came in on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Chat,
+    Completions,
+}
+
+impl Api {
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A parsed request, before routing.
+pub enum Parsed {
+    Chat(ChatCompletionRequest),
+    Completion(CompletionRequest),
+}
+
+impl Parsed {
+    pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, GatewayError> {
+        let to_err =
+            |e: protocol::ApiError| GatewayError::client(400, "invalid_request", e.body.error.message, None);
+        let parsed = match api {
+            Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
+            Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
+        };
+        if let Parsed::Chat(c) = &parsed
+            && c.messages.is_empty()
+        {
+            return Err(GatewayError::client(
+                400,
+                "invalid_request",
+                "'messages' must not be empty",
+                Some("messages"),
+            ));
+        }
+        Ok(parsed)
+    }
+
+    pub fn model(&self) -> &str {
+        match self {
+            Parsed::Chat(c) => &c.model,
+            Parsed::Completion(c) => &c.model,
+        }
+    }
+
+    pub fn stream(&self) -> bool {
+        match self {
+            Parsed::Chat(c) => c.stream,
+            Parsed::Completion(c) => c.stream,
+        }
+        .unwrap_or(false)
+    }
+
+    fn wants_usage(&self) -> bool {
+        let opts = match self {
+            Parsed::Chat(c) => &c.stream_options,
+            Parsed::Completion(c) => &c.stream_options,
+        };
+        opts.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+
+    fn n(&self) -> u32 {
+        match self {
+            Parsed::Chat(c) => c.n,
+            Parsed::Completion(c) => c.n,
+        }
+        .unwrap_or(1)
+    }
+
+    fn max_tokens(&self) -> Option<u32> {
+        match self {
+            Parsed::Chat(c) => c.requested_max_tokens(),
+            Parsed::Completion(c) => c.max_tokens,
+        }
+    }
+
+    /// Prompt tokens, counted with the route's tokenizer (the chat template is the engine's).
+    fn input_tokens(&self, route: &Route) -> u32 {
+        let n = match self {
+            Parsed::Chat(c) => {
+                let text = tokenize::chat_prompt(c.messages.iter().map(|m| {
+                    (
+                        m.role.as_str(),
+                        m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
+                    )
+                }));
+                route.tokenizer.encode(&text).len()
+            }
+            Parsed::Completion(c) => match &c.prompt {
+                Prompt::Text(t) => route.tokenizer.encode(t).len(),
+                Prompt::Texts(ts) => ts.iter().map(|t| route.tokenizer.encode(t).len()).sum(),
+                Prompt::Tokens(ids) => ids.len(),
+                Prompt::TokenBatches(b) => b.iter().map(Vec::len).sum(),
+            },
+        };
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
+}
+
+/// A request ready for admission: its class, priority, cost, and the body to send upstream.
+#[derive(Debug)]
+pub struct Prepared {
+    pub class: usize,
+    pub priority: Priority,
+    pub stream: bool,
+    pub client_wants_usage: bool,
+    pub input_tokens: u32,
+    pub max_tokens: Option<u32>,
+    pub body: Bytes,
+}
+
+/// Applies the route's cost caps, picks the class and priority, and writes the upstream body.
+pub fn prepare(
+    parsed: Parsed,
+    route: &Route,
+    tenant: &Tenant,
+    open: bool,
+    headers: &HeaderMap,
+) -> Result<Prepared, GatewayError> {
+    let limits = &route.config.limits;
+    let n = parsed.n();
+    if n == 0 {
+        return Err(GatewayError::client(
+            400,
+            "invalid_request",
+            "'n' must be at least 1",
+            Some("n"),
+        ));
+    }
+    if let Some(max_n) = limits.max_n
+        && n > max_n.get()
+    {
+        return Err(GatewayError::client(
+            400,
+            "n_over_cap",
+            format!("n = {n} exceeds this model's limit of {max_n} choices per request (max_n)"),
+            Some("n"),
+        ));
+    }
+    let input_tokens = parsed.input_tokens(route);
+    if let Some(cap) = limits.max_input_tokens
+        && input_tokens > cap.get()
+    {
+        let param = if matches!(parsed, Parsed::Chat(_)) {
+            "messages"
+        } else {
+            "prompt"
+        };
+        return Err(GatewayError::client(
+            400,
+            "input_too_long",
+            format!(
+                "the input is {input_tokens} tokens, over this model's limit of {cap} (max_input_tokens)"
+            ),
+            Some(param),
+        ));
+    }
+    let mut max_tokens = parsed.max_tokens();
+    if max_tokens == Some(0) {
+        return Err(GatewayError::client(
+            400,
+            "invalid_request",
+            "'max_tokens' must be at least 1",
+            Some("max_tokens"),
+        ));
+    }
+    if let (Some(m), Some(cap)) = (max_tokens, limits.max_tokens.cap)
+        && m > cap.get()
+    {
+        match limits.over_cap {
+            OverCap::Reject => {
+                return Err(GatewayError::client(
+                    400,
+                    "max_tokens_over_cap",
+                    format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
+                    Some("max_tokens"),
+                ));
+            }
+            OverCap::Clamp => max_tokens = Some(cap.get()),
+        }
+    }
+    if max_tokens.is_none() {
+        max_tokens = limits.max_tokens.default.map(|d| d.get());
+    }
+    let class = route
+        .classes
+        .iter()
+        .position(|c| std::ptr::eq(c, route.classify(max_tokens, input_tokens, headers)))
+        .unwrap_or(0);
+    let priority = priority(headers, tenant, open)?;
+    let stream = parsed.stream();
+    let client_wants_usage = parsed.wants_usage();
+    let upstream_model = route
+        .config
+        .upstream_model
+        .clone()
+        .unwrap_or_else(|| route.config.model.clone());
+    let body = match parsed {
+        Parsed::Chat(mut c) => {
+            c.model = upstream_model;
+            if c.max_completion_tokens.is_some() {
+                c.max_completion_tokens = max_tokens;
+            } else {
+                c.max_tokens = max_tokens;
+            }
+            if stream {
+                c.stream_options
+                    .get_or_insert_with(StreamOptions::default)
+                    .include_usage = Some(true);
+            }
+            serde_json::to_vec(&c)
+        }
+        Parsed::Completion(mut c) => {
+            c.model = upstream_model;
+            c.max_tokens = max_tokens;
+            if stream {
+                c.stream_options
+                    .get_or_insert_with(StreamOptions::default)
+                    .include_usage = Some(true);
+            }
+            serde_json::to_vec(&c)
+        }
+    }
+    .map_err(|e| {
+        GatewayError::client(
+            400,
+            "invalid_request",
+            format!("cannot re-encode the request: {e}"),
+            None,
+        )
+    })?;
+    Ok(Prepared {
+        class,
+        priority,
+        stream,
+        client_wants_usage,
+        input_tokens,
+        max_tokens,
+        body: Bytes::from(body),
+    })
+}
+
+/// The request's priority: the tenant's, or lower if the header asks; on a gateway without tenants
+/// the header may also raise it.
+fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority, GatewayError> {
+    let Some(value) = headers.get(PRIORITY_HEADER) else {
+        return Ok(tenant.priority);
+    };
+    let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
+        GatewayError::client(
+            400,
+            "invalid_priority",
+            format!("{PRIORITY_HEADER} must be critical, standard or sheddable"),
+            None,
+        )
+    })?;
+    Ok(if open { asked } else { asked.max(tenant.priority) })
+}
+
+/// The caller's own budget from its deadline header, if it sent one.
+pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
+    let Some(v) = headers.get(DEADLINE_HEADER) else {
+        return Ok(None);
+    };
+    let s = v.to_str().unwrap_or("").trim();
+    let parsed = s
+        .parse::<u64>()
+        .map(Duration::from_millis)
+        .or_else(|_| humantime::parse_duration(s))
+        .ok()
+        .filter(|d| !d.is_zero());
+    parsed.map(Some).ok_or_else(|| {
+        GatewayError::client(
+            400,
+            "invalid_deadline",
+            format!(
+                "{DEADLINE_HEADER} must be a positive duration such as 5s, 1500ms or 1500 (milliseconds)"
+            ),
+            None,
+        )
+    })
+}
+
+/// A request ID we may echo and log: the client's if short and plain, else a fresh one.
+pub fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| {
+            (1..=128).contains(&s.len())
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        })
+        .map_or_else(|| format!("{:032x}", rand::random::<u128>()), str::to_owned)
+}

@@ -1,0 +1,280 @@
+//! Relaying an upstream SSE stream to the client chunk by chunk, without buffering: timing each
+//! token chunk, reading the usage chunk (and dropping it if the client did not ask for it), and
+//! ending with an SSE error event when the upstream stalls, fails or runs out of time.
+
+use crate::error::GatewayError;
+use crate::outcome::{Cut, Exchange};
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Splits a byte stream into complete SSE events (each ending in a blank line), keeping the rest.
+#[derive(Debug, Default)]
+pub struct EventSplitter {
+    partial: BytesMut,
+}
+
+impl EventSplitter {
+    /// Feeds bytes; calls `each` with every event completed by them, terminator included.
+    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(Bytes)) {
+        self.partial.extend_from_slice(data);
+        loop {
+            let Some(end) = event_end(&self.partial) else {
+                return;
+            };
+            each(self.partial.split_to(end).freeze());
+        }
+    }
+
+    /// Whatever is left when the stream ends (an event without its blank line).
+    pub fn rest(&mut self) -> Bytes {
+        self.partial.split().freeze()
+    }
+}
+
+/// The index just past the first blank line (`\n\n`, `\r\n\r\n` or `\r\r`), if there is one.
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while i + 1 < buf.len() {
+        match (buf[i], buf[i + 1]) {
+            (b'\n', b'\n') => return Some(i + 2),
+            (b'\r', b'\r') => return Some(i + 2),
+            (b'\r', b'\n') if buf.get(i + 2..i + 4) == Some(b"\r\n") => return Some(i + 4),
+            _ => i += 1,
+        }
+    }
+    None
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// What one SSE event of an OpenAI stream is, judged without parsing its JSON.
+#[derive(Debug, PartialEq, Eq)]
+pub enum EventKind {
+    Done,
+    /// The usage-only chunk (`"choices":[]` with `usage`).
+    Usage,
+    /// A chunk carrying generated text.
+    Tokens,
+    /// Anything else: the role chunk, the finish chunk, comments, errors.
+    Other,
+}
+
+pub fn classify(event: &[u8]) -> EventKind {
+    if event.starts_with(b"data: [DONE]") || event.starts_with(b"data:[DONE]") {
+        return EventKind::Done;
+    }
+    if contains(event, b"\"usage\":{") && contains(event, b"\"choices\":[]") {
+        return EventKind::Usage;
+    }
+    let has_text = |key: &[u8]| {
+        event
+            .windows(key.len())
+            .position(|w| w == key)
+            .is_some_and(|p| event.get(p + key.len()).is_some_and(|c| *c != b'"'))
+    };
+    if has_text(b"\"content\":\"") || has_text(b"\"text\":\"") {
+        EventKind::Tokens
+    } else {
+        EventKind::Other
+    }
+}
+
+/// Reads `prompt_tokens` and `completion_tokens` out of a usage chunk (or a whole response).
+pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
+    #[derive(serde::Deserialize)]
+    struct Usage {
+        prompt_tokens: u32,
+        completion_tokens: u32,
+    }
+    #[derive(serde::Deserialize)]
+    struct WithUsage {
+        usage: Option<Usage>,
+    }
+    let body = json.strip_prefix(b"data: ").unwrap_or(json);
+    let parsed: WithUsage = serde_json::from_slice(body.trim_ascii_end()).ok()?;
+    parsed.usage.map(|u| (u.prompt_tokens, u.completion_tokens))
+}
+
+/// The state of one relayed stream; the response body owns it, and dropping it (the client left)
+/// drops the upstream body, which makes the replica abort the request.
+pub struct Relay {
+    pub upstream: Incoming,
+    pub splitter: EventSplitter,
+    /// Events already read (the first chunk, read before the response head was sent).
+    pub pending: Vec<Bytes>,
+    pub strip_usage: bool,
+    pub idle: Duration,
+    pub deadline: Instant,
+    pub exchange: Exchange,
+    pub done: bool,
+}
+
+impl Relay {
+    /// Handles one complete event at `now`; returns it if it is to be forwarded.
+    pub fn event(&mut self, event: Bytes, now: Instant) -> Option<Bytes> {
+        match classify(&event) {
+            EventKind::Tokens => {
+                self.exchange.token_chunk(now);
+                Some(event)
+            }
+            EventKind::Usage => {
+                self.exchange.usage = parse_usage(&event);
+                (!self.strip_usage).then_some(event)
+            }
+            EventKind::Done => {
+                self.exchange.finished = true;
+                Some(event)
+            }
+            EventKind::Other => Some(event),
+        }
+    }
+
+    /// The next bytes for the client, or `None` at the end.
+    pub async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if !self.pending.is_empty() {
+            let mut out = BytesMut::new();
+            for e in std::mem::take(&mut self.pending) {
+                out.extend_from_slice(&e);
+            }
+            return Some(Ok(out.freeze()));
+        }
+        if self.done {
+            return None;
+        }
+        loop {
+            let now = Instant::now();
+            let until = (now + self.idle).min(self.deadline);
+            match tokio::time::timeout_at(until, self.upstream.frame()).await {
+                Ok(Some(Ok(frame))) => {
+                    let Ok(data) = frame.into_data() else { continue };
+                    let now = Instant::now();
+                    let mut events = Vec::new();
+                    self.splitter.feed(&data, |e| events.push(e));
+                    let mut out = BytesMut::new();
+                    for e in events {
+                        if let Some(b) = self.event(e, now) {
+                            out.extend_from_slice(&b);
+                        }
+                    }
+                    if !out.is_empty() {
+                        return Some(Ok(out.freeze()));
+                    }
+                }
+                Ok(None) => {
+                    self.done = true;
+                    let rest = self.splitter.rest();
+                    if !self.exchange.finished {
+                        // The upstream closed without `[DONE]`: tell the client rather than end quietly.
+                        return Some(Ok(self.fail(
+                            Cut::Upstream,
+                            "the replica ended the stream early",
+                            rest,
+                        )));
+                    }
+                    return (!rest.is_empty()).then_some(Ok(rest));
+                }
+                Ok(Some(Err(e))) => {
+                    self.done = true;
+                    let msg = format!("the replica's stream failed: {e}");
+                    return Some(Ok(self.fail(Cut::Upstream, &msg, Bytes::new())));
+                }
+                Err(_) => {
+                    self.done = true;
+                    let (cut, msg) = if Instant::now() >= self.deadline {
+                        (
+                            Cut::Deadline,
+                            "the request's total time budget ran out".to_owned(),
+                        )
+                    } else {
+                        (
+                            Cut::StreamIdle,
+                            format!("no chunk from the replica for {:?} (stream_idle)", self.idle),
+                        )
+                    };
+                    return Some(Ok(self.fail(cut, &msg, Bytes::new())));
+                }
+            }
+        }
+    }
+
+    /// Ends the stream with an SSE error event (after whatever partial bytes were pending).
+    fn fail(&mut self, cut: Cut, message: &str, before: Bytes) -> Bytes {
+        self.exchange.cut = Some(cut);
+        let code = match cut {
+            Cut::StreamIdle => "stream_idle_timeout",
+            Cut::Deadline => "deadline_exceeded",
+            Cut::Upstream | Cut::ClientDisconnect => "upstream_stream_error",
+        };
+        let err = GatewayError::upstream(code, message);
+        let mut out = BytesMut::from(&before[..]);
+        if !out.is_empty() && !out.ends_with(b"\n\n") {
+            out.extend_from_slice(b"\n\n");
+        }
+        out.extend_from_slice(&err.sse_event());
+        out.freeze()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_split_anywhere_come_out_whole() {
+        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            let mut s = EventSplitter::default();
+            let mut events = Vec::new();
+            s.feed(&stream[..cut], |e| events.push(e));
+            s.feed(&stream[cut..], |e| events.push(e));
+            let joined: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
+            assert_eq!(joined, stream.to_vec(), "cut at {cut}");
+            assert_eq!(events.len(), 4, "cut at {cut}");
+            assert!(s.rest().is_empty());
+        }
+    }
+
+    #[test]
+    fn kinds_are_told_apart_without_parsing() {
+        assert_eq!(classify(b"data: [DONE]\n\n"), EventKind::Done);
+        assert_eq!(
+            classify(
+                br#"data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}}"#
+            ),
+            EventKind::Usage
+        );
+        assert_eq!(
+            classify(br#"data: {"choices":[{"index":0,"delta":{"content":" hi"}}]}"#),
+            EventKind::Tokens
+        );
+        assert_eq!(
+            classify(br#"data: {"choices":[{"index":0,"text":"x"}]}"#),
+            EventKind::Tokens
+        );
+        assert_eq!(
+            classify(br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#),
+            EventKind::Other
+        );
+        assert_eq!(
+            classify(br#"data: {"choices":[{"delta":{},"finish_reason":"stop"}]}"#),
+            EventKind::Other
+        );
+        assert_eq!(classify(b": ping\n\n"), EventKind::Other);
+    }
+
+    #[test]
+    fn usage_is_read_from_a_chunk_or_a_body() {
+        let chunk = b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":5,\"total_tokens\":8}}\n\n";
+        assert_eq!(parse_usage(chunk), Some((3, 5)));
+        assert_eq!(
+            parse_usage(br#"{"id":"x","usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}"#),
+            Some((1, 2))
+        );
+        assert_eq!(parse_usage(b"not json"), None);
+    }
+}

@@ -1,0 +1,163 @@
+//! A route at run time: its classes with their admission gates, its replicas, its tokenizer and its
+//! upstream client.
+
+use crate::admission::{Admission, Limits};
+use crate::config::{ClassConfig, RouteConfig};
+use crate::metrics::{ClassSeries, Metrics};
+use axum::http::HeaderMap;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use prometheus::{IntCounter, IntGauge};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use tokenize::Tokenizer;
+
+pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+
+/// One admission class of a route.
+pub struct Class {
+    pub config: ClassConfig,
+    pub admission: Arc<Admission>,
+    pub series: ClassSeries,
+}
+
+/// One upstream replica and its live request count.
+pub struct Replica {
+    pub url: String,
+    outstanding: AtomicU32,
+    gauge: IntGauge,
+    pub ok: IntCounter,
+    pub errors: IntCounter,
+    pub timeouts: IntCounter,
+    pub busy: IntCounter,
+}
+
+/// Holds a replica's outstanding count up while a request uses it.
+pub struct ReplicaGuard {
+    pub replica: Arc<Replica>,
+}
+
+impl Drop for ReplicaGuard {
+    fn drop(&mut self) {
+        self.replica.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.replica.gauge.dec();
+    }
+}
+
+pub struct Route {
+    pub config: RouteConfig,
+    pub classes: Vec<Class>,
+    pub replicas: Vec<Arc<Replica>>,
+    pub tokenizer: Tokenizer,
+    pub client: UpstreamClient,
+    next: AtomicUsize,
+}
+
+impl Route {
+    pub fn new(config: RouteConfig, metrics: &Metrics) -> Result<Route, String> {
+        let tokenizer = match &config.tokenizer {
+            Some(path) => Tokenizer::from_file(path)?,
+            None => Tokenizer::Estimate,
+        };
+        let classes = config
+            .classes
+            .iter()
+            .map(|c| {
+                let labels = [config.model.as_str(), c.name.as_str()];
+                metrics
+                    .concurrency_limit
+                    .with_label_values(&labels)
+                    .set(i64::from(c.concurrency.get()));
+                metrics
+                    .queue_limit
+                    .with_label_values(&labels)
+                    .set(i64::from(c.queue));
+                Class {
+                    config: c.clone(),
+                    admission: Admission::new(Limits {
+                        concurrency: c.concurrency.get(),
+                        queue: c.queue,
+                        queue_wait: c.queue_wait,
+                    }),
+                    series: metrics.class_series(&config.model, &c.name),
+                }
+            })
+            .collect();
+        let replicas = config
+            .replicas
+            .iter()
+            .map(|url| {
+                let labels = |result: &str| {
+                    metrics
+                        .upstream
+                        .with_label_values(&[config.model.as_str(), url, result])
+                };
+                Arc::new(Replica {
+                    url: url.clone(),
+                    outstanding: AtomicU32::new(0),
+                    gauge: metrics
+                        .replica_outstanding
+                        .with_label_values(&[config.model.as_str(), url]),
+                    ok: labels("ok"),
+                    errors: labels("error"),
+                    timeouts: labels("timeout"),
+                    busy: labels("busy"),
+                })
+            })
+            .collect();
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(config.timeouts.connect));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new()).build(connector);
+        Ok(Route {
+            config,
+            classes,
+            replicas,
+            tokenizer,
+            client,
+            next: AtomicUsize::new(0),
+        })
+    }
+
+    /// The class a request belongs to: the first rule that matches after the default, else the default.
+    pub fn classify(&self, max_tokens: Option<u32>, input_tokens: u32, headers: &HeaderMap) -> &Class {
+        self.classes[1..]
+            .iter()
+            .find(|c| {
+                c.config.when.as_ref().is_some_and(|w| {
+                    w.max_tokens_over
+                        .zip(max_tokens)
+                        .is_some_and(|(limit, m)| m > limit)
+                        || w.input_tokens_over.is_some_and(|limit| input_tokens > limit)
+                        || w.header.as_ref().is_some_and(|h| {
+                            headers.get(h.name.as_str()).and_then(|v| v.to_str().ok())
+                                == Some(h.value.as_str())
+                        })
+                })
+            })
+            .unwrap_or(&self.classes[0])
+    }
+
+    /// The replica with the fewest requests outstanding; ties go round-robin.
+    pub fn pick(&self) -> ReplicaGuard {
+        let n = self.replicas.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
+        let mut best = start;
+        let mut least = u32::MAX;
+        for k in 0..n {
+            let i = (start + k) % n;
+            let o = self.replicas[i].outstanding.load(Ordering::Relaxed);
+            if o < least {
+                least = o;
+                best = i;
+            }
+        }
+        let replica = self.replicas[best].clone();
+        replica.outstanding.fetch_add(1, Ordering::Relaxed);
+        replica.gauge.inc();
+        ReplicaGuard { replica }
+    }
+}

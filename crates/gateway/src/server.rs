@@ -1,0 +1,623 @@
+//! The HTTP server: routes, the request path from admission to the relayed answer, `/metrics`,
+//! `/health` and `/ready`, and a drain on shutdown.
+
+use crate::access_log::AccessLog;
+use crate::config::Config;
+use crate::error::GatewayError;
+use crate::metrics::Metrics;
+use crate::outcome::{Cut, Exchange};
+use crate::prepare::{self, Api, DEADLINE_HEADER, Parsed};
+use crate::relay::{EventSplitter, Relay, parse_usage};
+use crate::route::Route;
+use crate::tenant::Tenants;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+/// Upstream error bodies larger than this are cut when relayed.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+/// A whole (non-streamed) upstream answer may be at most this large.
+const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
+
+/// Everything the request path shares.
+pub struct Gateway {
+    routes: Vec<Arc<Route>>,
+    by_model: HashMap<String, usize>,
+    tenants: Tenants,
+    pub metrics: Arc<Metrics>,
+    access: AccessLog,
+    draining: AtomicBool,
+    pub config: Config,
+}
+
+impl Gateway {
+    pub fn new(config: Config, access: AccessLog) -> Result<Arc<Gateway>, String> {
+        let metrics = Arc::new(Metrics::new());
+        let routes: Vec<Arc<Route>> = config
+            .routes
+            .iter()
+            .map(|r| Route::new(r.clone(), &metrics).map(Arc::new))
+            .collect::<Result<_, _>>()?;
+        let by_model = routes
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.config.model.clone(), i))
+            .collect();
+        Ok(Arc::new(Gateway {
+            tenants: Tenants::new(&config.tenants),
+            routes,
+            by_model,
+            metrics,
+            access,
+            draining: AtomicBool::new(false),
+            config,
+        }))
+    }
+
+    /// Stops taking new requests (`/ready` turns 503); requests in flight go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.metrics.draining.set(1);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// In-flight requests over every class of every route.
+    pub fn in_flight(&self) -> u32 {
+        self.routes
+            .iter()
+            .flat_map(|r| &r.classes)
+            .map(|c| c.admission.in_flight())
+            .sum()
+    }
+
+    fn refresh_gauges(&self) {
+        for r in &self.routes {
+            for c in &r.classes {
+                let labels = [r.config.model.as_str(), c.config.name.as_str()];
+                self.metrics
+                    .in_flight
+                    .with_label_values(&labels)
+                    .set(i64::from(c.admission.in_flight()));
+                self.metrics
+                    .queued
+                    .with_label_values(&labels)
+                    .set(i64::from(c.admission.queued()));
+            }
+        }
+    }
+}
+
+/// The gateway's router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    let limit = gateway.config.server.max_body_bytes;
+    Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready))
+        .route("/metrics", get(metrics))
+        .fallback(|| async {
+            GatewayError::client(
+                404,
+                "not_found",
+                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions and /v1/models",
+                None,
+            )
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(gateway)
+}
+
+/// Serves until `shutdown` resolves, then drains: `/ready` fails, new requests get 503, and the
+/// streams in flight get up to `server.drain_timeout` to finish.
+pub async fn run(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let drain_timeout = gateway.config.server.drain_timeout;
+    let g = gateway.clone();
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let signal = async move {
+        shutdown.await;
+        g.drain();
+        tracing::info!(in_flight = g.in_flight(), "draining");
+        let _ = drained_tx.send(());
+    };
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    let server = axum::serve(listener, router(gateway.clone())).with_graceful_shutdown(signal);
+    let mut server = std::pin::pin!(server.into_future());
+    tokio::select! {
+        r = &mut server => return r,
+        _ = drained_rx => {}
+    }
+    match tokio::time::timeout(drain_timeout, server).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!(
+                in_flight = gateway.in_flight(),
+                "drain timeout: exiting with streams still open"
+            );
+            Ok(())
+        }
+    }
+}
+
+async fn ready(State(g): State<Arc<Gateway>>) -> StatusCode {
+    if g.is_draining() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
+    g.refresh_gauges();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        g.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let tenant = match g.tenants.identify(auth(&headers)) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<_> = g
+        .routes
+        .iter()
+        .filter(|r| tenant.may_use(&r.config.model))
+        .map(|r| serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"}))
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+fn auth(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+}
+
+async fn chat(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(g, Api::Chat, headers, body).await
+}
+
+async fn completions(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    handle(g, Api::Completions, headers, body).await
+}
+
+async fn handle(
+    g: Arc<Gateway>,
+    api: Api,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let id = prepare::request_id(&headers);
+    let mut exchange = Exchange::new(g.metrics.clone(), g.access.clone(), id.clone(), false);
+    if !g.config.server.access_log {
+        exchange.access = AccessLog::discard();
+    }
+    let mut response = match serve(&g, api, &headers, body, exchange).await {
+        Ok(r) => r,
+        Err((e, mut exchange)) => {
+            exchange.record.status = e.status;
+            if exchange.rejection.is_none() && exchange.cut.is_none() {
+                exchange.record.outcome = e.code.into();
+            }
+            e.into_response()
+        }
+    };
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
+}
+
+type Failed = (GatewayError, Exchange);
+
+/// Stages 1–12 for one request. On failure the exchange comes back so its record is completed.
+async fn serve(
+    g: &Gateway,
+    api: Api,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+    mut ex: Exchange,
+) -> Result<Response, Failed> {
+    macro_rules! fail {
+        ($e:expr) => {
+            return Err(($e, ex))
+        };
+    }
+    if g.is_draining() {
+        fail!(GatewayError::capacity(
+            503,
+            "draining",
+            "the gateway is shutting down; retry on another instance",
+            Some(Duration::from_secs(1))
+        ));
+    }
+    let body = match body {
+        Ok(b) => b,
+        Err(r) if r.status() == StatusCode::PAYLOAD_TOO_LARGE => fail!(GatewayError::client(
+            413,
+            "body_too_large",
+            format!(
+                "the request body exceeds this gateway's limit of {} bytes (server.max_body_bytes)",
+                g.config.server.max_body_bytes
+            ),
+            None
+        )),
+        Err(r) => fail!(GatewayError::client(
+            400,
+            "invalid_request",
+            format!("cannot read the request body: {r}"),
+            None
+        )),
+    };
+    let parsed = match Parsed::parse(api, &body) {
+        Ok(p) => p,
+        Err(e) => fail!(e),
+    };
+    ex.record.stream = parsed.stream();
+    let Some(&index) = g.by_model.get(parsed.model()) else {
+        let model: String = parsed.model().chars().take(100).collect();
+        fail!(GatewayError::client(
+            404,
+            "model_not_found",
+            format!("The model `{model}` does not exist."),
+            Some("model")
+        ));
+    };
+    let route = g.routes[index].clone();
+    ex.record.route.clone_from(&route.config.model);
+    let tenant = match g.tenants.identify(auth(headers)) {
+        Ok(t) => t,
+        Err(e) => fail!(e),
+    };
+    ex.record.team.clone_from(&tenant.team);
+    if !tenant.may_use(&route.config.model) {
+        fail!(GatewayError::client(
+            403,
+            "model_not_allowed",
+            format!(
+                "team '{}' may not use model '{}'",
+                tenant.team, route.config.model
+            ),
+            Some("model")
+        ));
+    }
+    let caller = match prepare::caller_deadline(headers) {
+        Ok(d) => d,
+        Err(e) => fail!(e),
+    };
+    let prepared = match prepare::prepare(parsed, &route, &tenant, g.tenants.is_open(), headers) {
+        Ok(p) => p,
+        Err(e) => fail!(e),
+    };
+    let class = &route.classes[prepared.class];
+    ex.record.class.clone_from(&class.config.name);
+    ex.series = Some(class.series.clone());
+    ex.slo = class.config.slo;
+    ex.record.tokens_in = Some(prepared.input_tokens);
+
+    // Budgets: the caller's deadline, if smaller, shrinks every one of them.
+    let t = route.config.timeouts;
+    let total = caller.map_or(t.total, |c| c.min(t.total));
+    let deadline = ex.arrival + total;
+    let first_token_deadline = ex.arrival + t.first_token.min(total);
+
+    let permit = match class
+        .admission
+        .acquire(prepared.priority, first_token_deadline)
+        .await
+    {
+        Ok(p) => p,
+        Err(rejection) => {
+            ex.rejection = Some(rejection.reason());
+            let limits = class.admission.limits();
+            let what = match rejection {
+                crate::admission::Rejection::QueueFull { .. } => {
+                    format!("the queue is full ({} waiting)", limits.queue)
+                }
+                crate::admission::Rejection::QueueTimeout { waited, .. } => {
+                    format!("no slot within {waited:?} (queue_wait {:?})", limits.queue_wait)
+                }
+                crate::admission::Rejection::PredictedWait { predicted, .. } => {
+                    format!("the predicted wait ({predicted:.1?}) exceeds what the request may wait")
+                }
+                crate::admission::Rejection::Shed { .. } => {
+                    "all slots are busy and sheddable requests do not wait".to_owned()
+                }
+            };
+            let status = route.config.overflow_status;
+            fail!(GatewayError::capacity(
+                status,
+                rejection.reason(),
+                format!(
+                    "model '{}' class '{}' is at capacity ({} in flight): {what}; retry after {}s",
+                    route.config.model,
+                    class.config.name,
+                    limits.concurrency,
+                    rejection.retry_after().as_secs()
+                ),
+                Some(rejection.retry_after())
+            ));
+        }
+    };
+    class.series.queue_wait.observe(permit.queue_wait.as_secs_f64());
+    ex.permit = Some(permit);
+
+    let replica = route.pick();
+    let url = format!("{}{}", replica.replica.url, api.path());
+    ex.replica = Some(replica);
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let request = hyper::Request::post(url)
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", ex.record.id.as_str())
+        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
+        .body(Full::new(prepared.body));
+    let request = match request {
+        Ok(r) => r,
+        Err(e) => fail!(GatewayError::upstream(
+            "bad_upstream_url",
+            format!("cannot build the upstream request: {e}")
+        )),
+    };
+    let head_deadline = if prepared.stream {
+        first_token_deadline
+    } else {
+        deadline
+    };
+    let upstream = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let replica = ex.replica.as_ref().map(|r| r.replica.clone());
+            if let Some(r) = &replica {
+                r.errors.inc();
+            }
+            let what = if e.is_connect() {
+                "cannot connect to"
+            } else {
+                "lost the connection to"
+            };
+            let url = replica.map(|r| r.url.clone()).unwrap_or_default();
+            fail!(GatewayError::upstream(
+                if e.is_connect() {
+                    "upstream_connect"
+                } else {
+                    "upstream_error"
+                },
+                format!("{what} replica {url}: {e}")
+            ));
+        }
+        Err(_) => {
+            if let Some(r) = &ex.replica {
+                r.replica.timeouts.inc();
+            }
+            ex.cut = Some(if prepared.stream {
+                Cut::Deadline
+            } else {
+                Cut::Deadline
+            });
+            let (code, budget) = if prepared.stream {
+                ("first_token_timeout", "first_token")
+            } else {
+                ("deadline_exceeded", "total")
+            };
+            fail!(GatewayError::capacity(
+                504,
+                code,
+                format!("no answer from the replica within the {budget} budget"),
+                None
+            ));
+        }
+    };
+    let status = upstream.status();
+    if !status.is_success() {
+        return upstream_error(upstream, ex, deadline).await;
+    }
+    if let Some(r) = &ex.replica {
+        r.replica.ok.inc();
+    }
+    if !prepared.stream {
+        return whole_answer(upstream, ex, deadline).await;
+    }
+
+    // Hold the response head until the first chunk: a failure before it is still a clean error.
+    let mut body = upstream.into_body();
+    let mut splitter = EventSplitter::default();
+    let mut first = Vec::new();
+    while first.is_empty() {
+        match tokio::time::timeout_at(first_token_deadline, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    splitter.feed(&data, |e| first.push(e));
+                }
+            }
+            Ok(Some(Err(e))) => fail!(GatewayError::upstream(
+                "upstream_error",
+                format!("the replica's stream failed before the first token: {e}")
+            )),
+            Ok(None) => fail!(GatewayError::upstream(
+                "upstream_error",
+                "the replica closed the stream before the first token"
+            )),
+            Err(_) => {
+                ex.cut = Some(Cut::Deadline);
+                if let Some(r) = &ex.replica {
+                    r.replica.timeouts.inc();
+                }
+                fail!(GatewayError::capacity(
+                    504,
+                    "first_token_timeout",
+                    format!(
+                        "no first token within the first_token budget ({:?})",
+                        first_token_deadline - ex.arrival
+                    ),
+                    None
+                ));
+            }
+        }
+    }
+    ex.answered = true;
+    ex.record.status = 200;
+    let mut relay = Relay {
+        upstream: body,
+        splitter,
+        pending: Vec::new(),
+        strip_usage: !prepared.client_wants_usage,
+        idle: t.stream_idle,
+        deadline,
+        exchange: ex,
+        done: false,
+    };
+    let now = Instant::now();
+    relay.pending = first.into_iter().filter_map(|e| relay.event(e, now)).collect();
+    let stream = futures::stream::unfold(relay, |mut r| async move { r.next().await.map(|item| (item, r)) });
+    Ok((
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// A non-2xx answer from the replica: a client error is relayed as it is; a busy replica is
+/// backpressure (503); anything else is the replica's failure (502).
+async fn upstream_error(
+    upstream: hyper::Response<hyper::body::Incoming>,
+    mut ex: Exchange,
+    deadline: Instant,
+) -> Result<Response, Failed> {
+    let status = upstream.status().as_u16();
+    let retry_after = upstream
+        .headers()
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let body = tokio::time::timeout_at(
+        deadline,
+        Limited::new(upstream.into_body(), MAX_ERROR_BODY).collect(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .map(|b| b.to_bytes())
+    .unwrap_or_default();
+    let replica = ex.replica.as_ref().map(|r| r.replica.clone());
+    match status {
+        429 | 503 => {
+            if let Some(r) = &replica {
+                r.busy.inc();
+            }
+            let url = replica.map(|r| r.url.clone()).unwrap_or_default();
+            Err((
+                GatewayError::capacity(
+                    503,
+                    "upstream_busy",
+                    format!("replica {url} is busy (it answered {status})"),
+                    Some(Duration::from_secs(retry_after.unwrap_or(1))),
+                ),
+                ex,
+            ))
+        }
+        400..=499 => {
+            if let Some(r) = &replica {
+                r.ok.inc();
+            }
+            ex.record.status = status;
+            ex.record.outcome = "upstream_rejected".into();
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            Ok((status, [(header::CONTENT_TYPE, "application/json")], body).into_response())
+        }
+        _ => {
+            if let Some(r) = &replica {
+                r.errors.inc();
+            }
+            let url = replica.map(|r| r.url.clone()).unwrap_or_default();
+            let detail = String::from_utf8_lossy(&body[..body.len().min(300)]).into_owned();
+            Err((
+                GatewayError::upstream(
+                    "upstream_error",
+                    format!("replica {url} answered {status}: {detail}"),
+                ),
+                ex,
+            ))
+        }
+    }
+}
+
+/// A non-streamed answer: read it whole within the total budget, then send it on.
+async fn whole_answer(
+    upstream: hyper::Response<hyper::body::Incoming>,
+    mut ex: Exchange,
+    deadline: Instant,
+) -> Result<Response, Failed> {
+    match tokio::time::timeout_at(
+        deadline,
+        Limited::new(upstream.into_body(), MAX_RESPONSE_BODY).collect(),
+    )
+    .await
+    {
+        Ok(Ok(collected)) => {
+            let body = collected.to_bytes();
+            ex.usage = parse_usage(&body);
+            ex.finished = true;
+            ex.answered = true;
+            ex.record.status = 200;
+            let now = Instant::now();
+            ex.first_chunk = Some(now);
+            ex.last_chunk = Some(now);
+            Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
+        }
+        Ok(Err(e)) => Err((
+            GatewayError::upstream("upstream_error", format!("the replica's answer failed: {e}")),
+            ex,
+        )),
+        Err(_) => {
+            ex.cut = Some(Cut::Deadline);
+            Err((
+                GatewayError::capacity(
+                    504,
+                    "deadline_exceeded",
+                    "no complete answer within the total budget",
+                    None,
+                ),
+                ex,
+            ))
+        }
+    }
+}
