@@ -100,9 +100,42 @@ pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
     parsed.usage.map(|u| (u.prompt_tokens, u.completion_tokens))
 }
 
+/// Puts the public model name back where the replica wrote its own (`"model":"<upstream>"`), so
+/// that clients see the name they asked for.
+#[derive(Debug, Clone)]
+pub struct Rename {
+    from: Vec<u8>,
+    to: Vec<u8>,
+}
+
+impl Rename {
+    pub fn new(upstream: &str, public: &str) -> Rename {
+        let field = |name: &str| format!("\"model\":{}", serde_json::Value::from(name)).into_bytes();
+        Rename {
+            from: field(upstream),
+            to: field(public),
+        }
+    }
+
+    pub fn apply(&self, event: Bytes) -> Bytes {
+        let Some(pos) = event
+            .windows(self.from.len())
+            .position(|w| w == self.from.as_slice())
+        else {
+            return event;
+        };
+        let mut out = BytesMut::with_capacity(event.len() + self.to.len());
+        out.extend_from_slice(&event[..pos]);
+        out.extend_from_slice(&self.to);
+        out.extend_from_slice(&event[pos + self.from.len()..]);
+        out.freeze()
+    }
+}
+
 /// The state of one relayed stream; the response body owns it, and dropping it (the client left)
 /// drops the upstream body, which makes the replica abort the request.
 pub struct Relay {
+    pub rename: Option<Rename>,
     pub upstream: Incoming,
     pub splitter: EventSplitter,
     /// Events already read (the first chunk, read before the response head was sent).
@@ -117,6 +150,10 @@ pub struct Relay {
 impl Relay {
     /// Handles one complete event at `now`; returns it if it is to be forwarded.
     pub fn event(&mut self, event: Bytes, now: Instant) -> Option<Bytes> {
+        let event = match &self.rename {
+            Some(r) => r.apply(event),
+            None => event,
+        };
         match classify(&event) {
             EventKind::Tokens => {
                 self.exchange.token_chunk(now);
@@ -265,6 +302,18 @@ mod tests {
             EventKind::Other
         );
         assert_eq!(classify(b": ping\n\n"), EventKind::Other);
+    }
+
+    #[test]
+    fn the_public_model_name_replaces_the_upstream_one() {
+        let r = Rename::new("spark-chat", "corp-chat");
+        let e = Bytes::from_static(b"data: {\"id\":\"x\",\"model\":\"spark-chat\",\"choices\":[]}\n\n");
+        assert_eq!(
+            &r.apply(e)[..],
+            b"data: {\"id\":\"x\",\"model\":\"corp-chat\",\"choices\":[]}\n\n"
+        );
+        let other = Bytes::from_static(b"data: {\"model\":\"other\"}\n\n");
+        assert_eq!(r.apply(other.clone()), other);
     }
 
     #[test]

@@ -53,6 +53,8 @@ pub struct Route {
     pub replicas: Vec<Arc<Replica>>,
     pub tokenizer: Tokenizer,
     pub client: UpstreamClient,
+    /// Set when the route renames the model upstream.
+    pub rename: Option<crate::relay::Rename>,
     next: AtomicUsize,
 }
 
@@ -112,7 +114,13 @@ impl Route {
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
         let client = Client::builder(TokioExecutor::new()).build(connector);
+        let rename = config
+            .upstream_model
+            .as_deref()
+            .filter(|u| *u != config.model)
+            .map(|u| crate::relay::Rename::new(u, &config.model));
         Ok(Route {
+            rename,
             config,
             classes,
             replicas,

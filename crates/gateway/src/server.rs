@@ -230,7 +230,12 @@ async fn handle(
         Err((e, mut exchange)) => {
             exchange.record.status = e.status;
             if exchange.rejection.is_none() && exchange.cut.is_none() {
-                exchange.record.outcome = e.code.into();
+                if exchange.replica.is_none() {
+                    // Refused before any replica was asked: a rejection, by its code.
+                    exchange.rejection = Some(e.code);
+                } else {
+                    exchange.record.outcome = e.code.into();
+                }
             }
             e.into_response()
         }
@@ -448,7 +453,7 @@ async fn serve(
         r.replica.ok.inc();
     }
     if !prepared.stream {
-        return whole_answer(upstream, ex, deadline).await;
+        return whole_answer(upstream, ex, deadline, route.rename.as_ref()).await;
     }
 
     // Hold the response head until the first chunk: a failure before it is still a clean error.
@@ -490,6 +495,7 @@ async fn serve(
     ex.answered = true;
     ex.record.status = 200;
     let mut relay = Relay {
+        rename: route.rename.clone(),
         upstream: body,
         splitter,
         pending: Vec::new(),
@@ -585,6 +591,7 @@ async fn whole_answer(
     upstream: hyper::Response<hyper::body::Incoming>,
     mut ex: Exchange,
     deadline: Instant,
+    rename: Option<&crate::relay::Rename>,
 ) -> Result<Response, Failed> {
     match tokio::time::timeout_at(
         deadline,
@@ -593,7 +600,10 @@ async fn whole_answer(
     .await
     {
         Ok(Ok(collected)) => {
-            let body = collected.to_bytes();
+            let mut body = collected.to_bytes();
+            if let Some(r) = rename {
+                body = r.apply(body);
+            }
             ex.usage = parse_usage(&body);
             ex.finished = true;
             ex.answered = true;

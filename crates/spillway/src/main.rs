@@ -1,6 +1,7 @@
 //! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
 
 mod engine_cmd;
+mod serve_cmd;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,6 +20,12 @@ enum Command {
     /// Run simulated vLLM engines: OpenAI API, continuous batching, paged KV cache, vLLM's
     /// metric names and scripted faults, without a GPU. The upstream for tests, benches and demos.
     Engine(engine_cmd::EngineArgs),
+    /// Run the gateway: an OpenAI-compatible streaming proxy that admits at most C requests per
+    /// class, queues at most Q for at most Wq, caps what one request may cost, nests its timeouts
+    /// and says in /metrics where every request waited.
+    Serve(serve_cmd::ServeArgs),
+    /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
+    Check(serve_cmd::CheckArgs),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +37,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Command::Check(args) = &cli.command {
+        return serve_cmd::check(args);
+    }
     // A proxy or engine holding thousands of streams needs a descriptor each: take the hard limit.
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "cannot raise the open-files limit");
@@ -44,6 +54,8 @@ fn main() -> ExitCode {
     let result = runtime.block_on(async {
         match cli.command {
             Command::Engine(args) => engine_cmd::run(args).await,
+            Command::Serve(args) => serve_cmd::serve(args).await,
+            Command::Check(_) => unreachable!("handled before the runtime starts"),
         }
     });
     match result {

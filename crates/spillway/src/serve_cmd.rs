@@ -1,0 +1,90 @@
+//! `spillway serve` and `spillway check`: the gateway from a YAML file.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use gateway::access_log::AccessLog;
+use gateway::{Config, Gateway};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use tokio::net::TcpListener;
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// The configuration file (YAML; see docs/config.md).
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Listen here instead of the file's `listen`.
+    #[arg(long)]
+    listen: Option<std::net::SocketAddr>,
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct CheckArgs {
+    /// The configuration file to check.
+    config: PathBuf,
+}
+
+fn load(path: &Path) -> Result<Config> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Config::from_yaml(&text).with_context(|| format!("{} is not a valid configuration", path.display()))
+}
+
+pub(crate) fn check(args: &CheckArgs) -> ExitCode {
+    match load(&args.config) {
+        Ok(config) => {
+            println!("{}: ok", args.config.display());
+            for r in &config.routes {
+                let t = r.timeouts;
+                println!(
+                    "  {} → {} replica(s); budgets connect {:?} < first_token {:?} ≤ total {:?}, stream_idle {:?}",
+                    r.model,
+                    r.replicas.len(),
+                    t.connect,
+                    t.first_token,
+                    t.total,
+                    t.stream_idle
+                );
+                for c in &r.classes {
+                    println!(
+                        "    class {}: C = {}, Q = {}, Wq = {:?}",
+                        c.name, c.concurrency, c.queue, c.queue_wait
+                    );
+                }
+            }
+            println!(
+                "  tenants: {}",
+                if config.tenants.is_empty() {
+                    "none (anonymous access)".to_owned()
+                } else {
+                    config.tenants.len().to_string()
+                }
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("spillway: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
+    let mut config = load(&args.config)?;
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let access = if config.server.access_log {
+        AccessLog::stdout()
+    } else {
+        AccessLog::discard()
+    };
+    let listen = config.listen;
+    let gateway = Gateway::new(config, access).map_err(anyhow::Error::msg)?;
+    let listener = TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    tracing::info!(%listen, routes = gateway.config.routes.len(), "gateway ready");
+    gateway::run(listener, gateway, crate::engine_cmd::shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
