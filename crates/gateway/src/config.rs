@@ -29,7 +29,11 @@ pub struct Config {
 pub struct ServerConfig {
     /// Request bodies above this are answered 413 without being read further.
     pub max_body_bytes: usize,
-    /// After SIGTERM, how long in-flight streams may run before the process exits anyway.
+    /// After SIGTERM, how long `/ready` fails and new requests get 503 while the listener stays
+    /// open, so that load balancers stop sending before connections are refused.
+    #[serde(with = "humantime_serde")]
+    pub drain_delay: Duration,
+    /// Then how long in-flight streams may run before the process exits anyway.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// Write one JSON access-log line per request to standard output.
@@ -40,6 +44,7 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             max_body_bytes: 4 * 1024 * 1024,
+            drain_delay: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             access_log: true,
         }

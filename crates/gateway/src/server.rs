@@ -86,6 +86,12 @@ impl Gateway {
             .sum()
     }
 
+    /// The admission gate of a route's class, for tests and the admin view.
+    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
+        let route = &self.routes[*self.by_model.get(model)?];
+        route.classes.iter().find(|c| c.config.name == class).map(|c| c.admission.clone())
+    }
+
     fn refresh_gauges(&self) {
         for r in &self.routes {
             for c in &r.classes {
@@ -134,12 +140,15 @@ pub async fn run(
 ) -> std::io::Result<()> {
     use axum::serve::ListenerExt;
     let drain_timeout = gateway.config.server.drain_timeout;
+    let drain_delay = gateway.config.server.drain_delay;
     let g = gateway.clone();
     let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let signal = async move {
         shutdown.await;
         g.drain();
-        tracing::info!(in_flight = g.in_flight(), "draining");
+        tracing::info!(in_flight = g.in_flight(), "draining: not ready, refusing new requests");
+        tokio::time::sleep(drain_delay).await;
+        tracing::info!(in_flight = g.in_flight(), "closing the listener; waiting for streams in flight");
         let _ = drained_tx.send(());
     };
     let listener = listener.tap_io(|tcp| {

@@ -1,0 +1,9 @@
+//! Integration tests of the gateway, with simulated engines in-process as the upstream.
+
+mod admission;
+mod bad_input;
+mod cancellation;
+mod clients;
+mod observability;
+mod streaming;
+mod support;

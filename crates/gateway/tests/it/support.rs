@@ -1,0 +1,128 @@
+//! Engines and a gateway in-process on ephemeral loopback ports, and HTTP helpers.
+
+use spillway_gateway::access_log::{AccessLog, AccessRecord};
+use spillway_gateway::{Config, Gateway};
+use engine::{EngineConfig, Preset, RunningEngine};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+pub(crate) const UPSTREAM_MODEL: &str = "sim";
+
+pub(crate) fn tiny() -> EngineConfig {
+    let mut c = EngineConfig::preset(Preset::Tiny);
+    c.model = UPSTREAM_MODEL.into();
+    c
+}
+
+pub(crate) async fn engine(config: EngineConfig) -> RunningEngine {
+    engine::spawn_local(config).await.expect("engine starts")
+}
+
+/// A gateway serving `yaml`, in which `{E0}`, `{E1}`… stand for the engines' URLs.
+pub(crate) struct Stack {
+    pub engines: Vec<RunningEngine>,
+    pub gateway: Arc<Gateway>,
+    pub url: String,
+    pub log: Arc<Mutex<Vec<AccessRecord>>>,
+    stop: Option<oneshot::Sender<()>>,
+    pub server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+}
+
+impl Stack {
+    pub(crate) async fn start(engines: Vec<RunningEngine>, yaml: &str) -> Stack {
+        let mut yaml = yaml.to_owned();
+        for (i, e) in engines.iter().enumerate() {
+            yaml = yaml.replace(&format!("{{E{i}}}"), &e.url());
+        }
+        let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"));
+        let (access, log) = AccessLog::memory();
+        let gateway = Gateway::new(config, access).expect("gateway builds");
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let (stop, stopped) = oneshot::channel::<()>();
+        let server = tokio::spawn(spillway_gateway::run(listener, gateway.clone(), async move {
+            let _ = stopped.await;
+        }));
+        Stack { engines, gateway, url, log, stop: Some(stop), server: Some(server) }
+    }
+
+    /// Sends the shutdown signal (as SIGTERM does).
+    pub(crate) fn shutdown(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+    }
+
+    pub(crate) fn records(&self) -> Vec<AccessRecord> {
+        self.log.lock().unwrap().clone()
+    }
+
+    pub(crate) async fn metrics(&self) -> String {
+        http().get(format!("{}/metrics", self.url)).send().await.unwrap().text().await.unwrap()
+    }
+}
+
+impl Drop for Stack {
+    fn drop(&mut self) {
+        if let Some(s) = self.server.take() {
+            s.abort();
+        }
+    }
+}
+
+pub(crate) fn http() -> reqwest::Client {
+    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+}
+
+pub(crate) fn chat(model: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    })
+}
+
+/// The `data:` payloads of an SSE body.
+pub(crate) fn sse_data(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| e.strip_prefix("data: ").unwrap_or(e).to_owned())
+        .collect()
+}
+
+/// Polls `cond` every 2 ms until it holds or `within` passes.
+pub(crate) async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    cond()
+}
+
+/// Reads a streamed response to its end, returning the body and when its first chunk came.
+pub(crate) async fn read_stream(mut r: reqwest::Response) -> (String, Option<Duration>, bool) {
+    let start = tokio::time::Instant::now();
+    let mut first = None;
+    let mut body = Vec::new();
+    let mut clean = true;
+    loop {
+        match r.chunk().await {
+            Ok(Some(c)) => {
+                first.get_or_insert(start.elapsed());
+                body.extend_from_slice(&c);
+            }
+            Ok(None) => break,
+            Err(_) => {
+                clean = false;
+                break;
+            }
+        }
+    }
+    (String::from_utf8_lossy(&body).into_owned(), first, clean)
+}
