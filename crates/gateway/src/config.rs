@@ -75,7 +75,7 @@ pub struct RouteConfig {
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
     /// Admission classes; the first is the default. Without any, one class `default` with C = 64,
-    /// Q = 64, Wq = 2s.
+    /// Q = 64, Wq = 2s (or half of `first_token`, if that is shorter).
     #[serde(default)]
     pub classes: Vec<ClassConfig>,
 }
@@ -352,7 +352,8 @@ impl Config {
                     when: None,
                     concurrency: NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN),
                     queue: 64,
-                    queue_wait: Duration::from_secs(2),
+                    // Never longer than half the first-token budget the queue sits inside.
+                    queue_wait: Duration::from_secs(2).min(t.first_token / 2),
                     slo: None,
                 });
             }

@@ -89,7 +89,11 @@ impl Gateway {
     /// The admission gate of a route's class, for tests and the admin view.
     pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
         let route = &self.routes[*self.by_model.get(model)?];
-        route.classes.iter().find(|c| c.config.name == class).map(|c| c.admission.clone())
+        route
+            .classes
+            .iter()
+            .find(|c| c.config.name == class)
+            .map(|c| c.admission.clone())
     }
 
     fn refresh_gauges(&self) {
@@ -146,9 +150,15 @@ pub async fn run(
     let signal = async move {
         shutdown.await;
         g.drain();
-        tracing::info!(in_flight = g.in_flight(), "draining: not ready, refusing new requests");
+        tracing::info!(
+            in_flight = g.in_flight(),
+            "draining: not ready, refusing new requests"
+        );
         tokio::time::sleep(drain_delay).await;
-        tracing::info!(in_flight = g.in_flight(), "closing the listener; waiting for streams in flight");
+        tracing::info!(
+            in_flight = g.in_flight(),
+            "closing the listener; waiting for streams in flight"
+        );
         let _ = drained_tx.send(());
     };
     let listener = listener.tap_io(|tcp| {

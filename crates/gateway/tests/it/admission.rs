@@ -41,10 +41,18 @@ async fn overload_never_exceeds_c_or_q_and_rejects_fast_with_retry_after() {
             let url = format!("{}/v1/chat/completions", stack.url);
             tokio::spawn(async move {
                 let start = Instant::now();
-                let r = http().post(url).json(&chat("chat", 60, true)).send().await.unwrap();
+                let r = http()
+                    .post(url)
+                    .json(&chat("chat", 60, true))
+                    .send()
+                    .await
+                    .unwrap();
                 let head = start.elapsed();
                 let status = r.status().as_u16();
-                let retry_after = r.headers().get("retry-after").map(|v| v.to_str().unwrap().to_owned());
+                let retry_after = r
+                    .headers()
+                    .get("retry-after")
+                    .map(|v| v.to_str().unwrap().to_owned());
                 let body = r.text().await.unwrap();
                 (status, head, retry_after, body)
             })
@@ -61,13 +69,22 @@ async fn overload_never_exceeds_c_or_q_and_rejects_fast_with_retry_after() {
             }
             503 => {
                 rejected += 1;
-                let after: u64 = retry_after.expect("every rejection carries Retry-After").parse().unwrap();
+                let after: u64 = retry_after
+                    .expect("every rejection carries Retry-After")
+                    .parse()
+                    .unwrap();
                 assert!((1..=60).contains(&after));
                 let v: serde_json::Value = serde_json::from_str(&body).unwrap();
                 let code = v["error"]["code"].as_str().unwrap().to_owned();
-                assert!(["queue_full", "queue_timeout", "predicted_wait"].contains(&code.as_str()), "{code}");
+                assert!(
+                    ["queue_full", "queue_timeout", "predicted_wait"].contains(&code.as_str()),
+                    "{code}"
+                );
                 if code == "queue_full" || code == "predicted_wait" {
-                    assert!(head < Duration::from_millis(250), "a full queue answers at once, took {head:?}");
+                    assert!(
+                        head < Duration::from_millis(250),
+                        "a full queue answers at once, took {head:?}"
+                    );
                 }
                 assert!(v["error"]["message"].as_str().unwrap().contains("at capacity"));
             }
@@ -78,10 +95,22 @@ async fn overload_never_exceeds_c_or_q_and_rejects_fast_with_retry_after() {
     assert_eq!(ok + rejected, 80);
     assert!(ok >= 8, "at least C + Q were served, got {ok}");
     let truth = stack.engines[0].engine.snapshot();
-    assert!(truth.max_running <= 4, "the engine saw {} running at once; C = 4", truth.max_running);
-    assert!(max_queued.load(Ordering::Relaxed) <= 4, "queue reached {}", max_queued.load(Ordering::Relaxed));
+    assert!(
+        truth.max_running <= 4,
+        "the engine saw {} running at once; C = 4",
+        truth.max_running
+    );
+    assert!(
+        max_queued.load(Ordering::Relaxed) <= 4,
+        "queue reached {}",
+        max_queued.load(Ordering::Relaxed)
+    );
     for r in stack.records().iter().filter(|r| r.status == 200) {
-        assert!(r.queue_ms.unwrap() <= 300.0 + 50.0, "admitted after waiting {:?} ms (Wq = 300 ms)", r.queue_ms);
+        assert!(
+            r.queue_ms.unwrap() <= 300.0 + 50.0,
+            "admitted after waiting {:?} ms (Wq = 300 ms)",
+            r.queue_ms
+        );
     }
     assert_eq!(gate.in_flight(), 0, "every slot came back");
 }
@@ -111,7 +140,12 @@ routes:
 "#;
 
 async fn ttft(url: &str) -> Duration {
-    let r = http().post(format!("{url}/v1/chat/completions")).json(&chat("chat", 5, true)).send().await.unwrap();
+    let r = http()
+        .post(format!("{url}/v1/chat/completions"))
+        .json(&chat("chat", 5, true))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let (_, first, _) = read_stream(r).await;
     first.unwrap()
@@ -134,7 +168,16 @@ async fn flooding_the_long_class_leaves_interactive_ttft_alone() {
     let flood: Vec<_> = (0..40)
         .map(|_| {
             let url = format!("{}/v1/chat/completions", stack.url);
-            tokio::spawn(async move { http().post(url).json(&chat("chat", 2000, true)).send().await.unwrap().status().as_u16() })
+            tokio::spawn(async move {
+                http()
+                    .post(url)
+                    .json(&chat("chat", 2000, true))
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16()
+            })
         })
         .collect();
     let long = stack.gateway.admission("chat", "long").unwrap();
@@ -144,10 +187,23 @@ async fn flooding_the_long_class_leaves_interactive_ttft_alone() {
         loaded.push(ttft(&stack.url).await);
     }
     let (u, l) = (median(unloaded), median(loaded));
-    assert!(l <= u * 2 + Duration::from_millis(10), "interactive TTFT p50 {u:?} unloaded, {l:?} while long floods");
-    let statuses: Vec<u16> = futures::future::join_all(flood).await.into_iter().map(Result::unwrap).collect();
-    assert!(statuses.iter().filter(|s| **s == 503).count() >= 30, "the long class shed its flood: {statuses:?}");
-    assert!(stack.engines[0].engine.snapshot().max_running <= 2 + 1, "long never took more than its C");
+    assert!(
+        l <= u * 2 + Duration::from_millis(10),
+        "interactive TTFT p50 {u:?} unloaded, {l:?} while long floods"
+    );
+    let statuses: Vec<u16> = futures::future::join_all(flood)
+        .await
+        .into_iter()
+        .map(Result::unwrap)
+        .collect();
+    assert!(
+        statuses.iter().filter(|s| **s == 503).count() >= 30,
+        "the long class shed its flood: {statuses:?}"
+    );
+    assert!(
+        stack.engines[0].engine.snapshot().max_running <= 2 + 1,
+        "long never took more than its C"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,7 +233,10 @@ async fn sheddable_is_shed_before_standard_waits_and_the_header_picks_a_class() 
     let v: serde_json::Value = shed.json().await.unwrap();
     assert_eq!(v["error"]["code"], "shed");
     let waiting = tokio::spawn(batch("standard", 5));
-    assert!(eventually(Duration::from_secs(2), || gate.queued() == 1).await, "standard waits in the queue");
+    assert!(
+        eventually(Duration::from_secs(2), || gate.queued() == 1).await,
+        "standard waits in the queue"
+    );
     let (_, _, clean) = read_stream(holder).await;
     assert!(clean);
     let served = waiting.await.unwrap();
@@ -190,11 +249,23 @@ async fn sheddable_is_shed_before_standard_waits_and_the_header_picks_a_class() 
 async fn the_slot_is_held_until_the_stream_ends() {
     let stack = Stack::start(vec![engine(tiny()).await], OVERLOAD).await;
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
-    let mut r = http().post(format!("{}/v1/chat/completions", stack.url)).json(&chat("chat", 400, true)).send().await.unwrap();
+    let mut r = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 400, true))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     r.chunk().await.unwrap();
-    assert_eq!(gate.in_flight(), 1, "headers are out but the stream is not: the slot is held");
+    assert_eq!(
+        gate.in_flight(),
+        1,
+        "headers are out but the stream is not: the slot is held"
+    );
     let (_, _, clean) = read_stream(r).await;
     assert!(clean);
-    assert!(eventually(Duration::from_secs(1), || gate.in_flight() == 0).await, "released at the end of the body");
+    assert!(
+        eventually(Duration::from_secs(1), || gate.in_flight() == 0).await,
+        "released at the end of the body"
+    );
 }

@@ -23,14 +23,22 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_aborts_the_engine_request() {
     let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
-    let mut r = http().post(format!("{}/v1/chat/completions", stack.url)).json(&chat("chat", 3000, true)).send().await.unwrap();
+    let mut r = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 3000, true))
+        .send()
+        .await
+        .unwrap();
     for _ in 0..3 {
         r.chunk().await.unwrap();
     }
     let left = Instant::now();
     drop(r);
     let truth = &stack.engines[0].engine;
-    assert!(eventually(Duration::from_secs(5), || truth.snapshot().aborts == 1).await, "the engine aborts");
+    assert!(
+        eventually(Duration::from_secs(5), || truth.snapshot().aborts == 1).await,
+        "the engine aborts"
+    );
     let took = left.elapsed();
     println!("client gone → engine abort: {took:?}");
     assert!(took < Duration::from_millis(500), "abort took {took:?}");
@@ -41,38 +49,65 @@ async fn a_client_that_leaves_mid_stream_aborts_the_engine_request() {
     assert_eq!(rec.outcome, "client_disconnect");
     let m = stack.metrics().await;
     assert!(m.contains("spillway_cancellations_total{class=\"interactive\",reason=\"client_disconnect\",route=\"chat\"} 1"), "{m}");
-    assert!(m.lines().any(|l| l.starts_with("spillway_wasted_tokens_total{class=\"interactive\",reason=\"client_disconnect\"")));
+    assert!(m.lines().any(|l| {
+        l.starts_with("spillway_wasted_tokens_total{class=\"interactive\",reason=\"client_disconnect\"")
+    }));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_engine_gets_a_clean_504_at_first_token_and_an_abort() {
     let mut cfg = tiny();
-    cfg.faults = Faults { stall_after_tokens: Some(0), ..Faults::default() };
+    cfg.faults = Faults {
+        stall_after_tokens: Some(0),
+        ..Faults::default()
+    };
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let t = Instant::now();
-    let r = http().post(format!("{}/v1/chat/completions", stack.url)).json(&chat("chat", 50, true)).send().await.unwrap();
+    let r = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 50, true))
+        .send()
+        .await
+        .unwrap();
     let took = t.elapsed();
     assert_eq!(r.status(), 504, "not a 200 followed by a cut stream");
-    assert!(took >= Duration::from_millis(450) && took < Duration::from_millis(1500), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(450) && took < Duration::from_millis(1500),
+        "{took:?}"
+    );
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "first_token_timeout");
     let truth = &stack.engines[0].engine;
-    assert!(eventually(Duration::from_secs(2), || truth.snapshot().aborts == 1).await, "the engine request is dropped");
+    assert!(
+        eventually(Duration::from_secs(2), || truth.snapshot().aborts == 1).await,
+        "the engine request is dropped"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
     let mut cfg = tiny();
-    cfg.faults = Faults { stall_after_tokens: Some(3), ..Faults::default() };
+    cfg.faults = Faults {
+        stall_after_tokens: Some(3),
+        ..Faults::default()
+    };
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
-    let r = http().post(format!("{}/v1/chat/completions", stack.url)).json(&chat("chat", 50, true)).send().await.unwrap();
+    let r = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 50, true))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     let (body, _, _) = read_stream(r).await;
     let events = sse_data(&body);
     let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "stream_idle_timeout", "{body}");
     assert!(!body.contains("[DONE]"));
-    let tokens = events.iter().filter(|e| e.contains("\"content\":\"") && !e.contains("\"content\":\"\"")).count();
+    let tokens = events
+        .iter()
+        .filter(|e| e.contains("\"content\":\"") && !e.contains("\"content\":\"\""))
+        .count();
     assert_eq!(tokens, 3);
     let truth = &stack.engines[0].engine;
     assert!(eventually(Duration::from_secs(2), || truth.snapshot().aborts == 1).await);
@@ -83,7 +118,10 @@ async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_deadline_shrinks_every_budget() {
     let mut cfg = tiny();
-    cfg.faults = Faults { stall_after_tokens: Some(0), ..Faults::default() };
+    cfg.faults = Faults {
+        stall_after_tokens: Some(0),
+        ..Faults::default()
+    };
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let t = Instant::now();
     let r = http()
@@ -95,7 +133,10 @@ async fn the_callers_deadline_shrinks_every_budget() {
         .unwrap();
     let took = t.elapsed();
     assert_eq!(r.status(), 504);
-    assert!(took < Duration::from_millis(450), "the caller's 150 ms, not the route's 500 ms: {took:?}");
+    assert!(
+        took < Duration::from_millis(450),
+        "the caller's 150 ms, not the route's 500 ms: {took:?}"
+    );
     let r = http()
         .post(format!("{}/v1/chat/completions", stack.url))
         .header("x-spillway-deadline", "soon")
@@ -108,15 +149,25 @@ async fn the_callers_deadline_shrinks_every_budget() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_while_queued_leaves_the_queue() {
-    let yaml = ROUTE.replace("concurrency: 8", "concurrency: 1").replace("queue_wait: 200ms", "queue_wait: 400ms");
+    let yaml = ROUTE
+        .replace("concurrency: 8", "concurrency: 1")
+        .replace("queue_wait: 200ms", "queue_wait: 400ms");
     let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
-    let holder = http().post(format!("{}/v1/chat/completions", stack.url)).json(&chat("chat", 3000, true)).send().await.unwrap();
+    let holder = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 3000, true))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(holder.status(), 200);
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     let url = format!("{}/v1/chat/completions", stack.url);
     let waiter = tokio::spawn(async move { http().post(url).json(&chat("chat", 5, true)).send().await });
     assert!(eventually(Duration::from_secs(1), || gate.queued() == 1).await);
     waiter.abort();
-    assert!(eventually(Duration::from_millis(300), || gate.queued() == 0).await, "gone from the queue at once");
+    assert!(
+        eventually(Duration::from_millis(300), || gate.queued() == 0).await,
+        "gone from the queue at once"
+    );
     drop(holder);
 }

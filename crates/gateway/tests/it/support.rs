@@ -1,8 +1,8 @@
 //! Engines and a gateway in-process on ephemeral loopback ports, and HTTP helpers.
 
+use engine::{EngineConfig, Preset, RunningEngine};
 use spillway_gateway::access_log::{AccessLog, AccessRecord};
 use spillway_gateway::{Config, Gateway};
-use engine::{EngineConfig, Preset, RunningEngine};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -45,7 +45,14 @@ impl Stack {
         let server = tokio::spawn(spillway_gateway::run(listener, gateway.clone(), async move {
             let _ = stopped.await;
         }));
-        Stack { engines, gateway, url, log, stop: Some(stop), server: Some(server) }
+        Stack {
+            engines,
+            gateway,
+            url,
+            log,
+            stop: Some(stop),
+            server: Some(server),
+        }
     }
 
     /// Sends the shutdown signal (as SIGTERM does).
@@ -60,7 +67,14 @@ impl Stack {
     }
 
     pub(crate) async fn metrics(&self) -> String {
-        http().get(format!("{}/metrics", self.url)).send().await.unwrap().text().await.unwrap()
+        http()
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
     }
 }
 
@@ -73,7 +87,10 @@ impl Drop for Stack {
 }
 
 pub(crate) fn http() -> reqwest::Client {
-    reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap()
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .unwrap()
 }
 
 pub(crate) fn chat(model: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
