@@ -446,11 +446,7 @@ async fn serve(
             if let Some(r) = &ex.replica {
                 r.replica.timeouts.inc();
             }
-            ex.cut = Some(if prepared.stream {
-                Cut::Deadline
-            } else {
-                Cut::Deadline
-            });
+            ex.cut = Some(Cut::Deadline);
             let (code, budget) = if prepared.stream {
                 ("first_token_timeout", "first_token")
             } else {

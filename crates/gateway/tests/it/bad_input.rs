@@ -31,7 +31,9 @@ async fn every_bad_request_gets_its_status_and_a_named_reason() {
     let url = format!("{}/v1/chat/completions", stack.url);
     let msg = |content: &str| json!([{"role": "user", "content": content}]);
     let long = "word ".repeat(400);
-    let cases: Vec<(Option<&str>, String, u16, &str, Option<&str>, &str)> = vec![
+    // (key, body, status, code, param, words the message must contain)
+    type Case<'a> = (Option<&'a str>, String, u16, &'a str, Option<&'a str>, &'a str);
+    let cases: Vec<Case> = vec![
         (
             Some("test"),
             "{\"model\":".into(),
