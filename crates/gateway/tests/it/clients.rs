@@ -1,1 +1,77 @@
-//! placeholder
+//! The official `openai` Python client through the gateway: streams, whole answers, and the
+//! 429/503/504 errors it must be able to parse.
+
+use crate::support::{Stack, chat, engine, http, tiny};
+use engine::Faults;
+use std::path::PathBuf;
+
+const ROUTES: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+  - model: tight
+    upstream_model: sim
+    replicas: [{E0}]
+    classes: [ { name: only, concurrency: 1, queue: 0, queue_wait: 0s } ]
+  - model: tight429
+    upstream_model: sim
+    replicas: [{E0}]
+    overflow_status: 429
+    classes: [ { name: only, concurrency: 1, queue: 0, queue_wait: 0s } ]
+  - model: hung
+    upstream_model: sim
+    replicas: [{E1}]
+    timeouts: { connect: 100ms, first_token: 300ms, stream_idle: 1s, total: 10s }
+"#;
+
+fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("SPILLWAY_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} missing: run scripts/test.sh, which makes it",
+        venv.display()
+    );
+    venv
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_client_gets_answers_and_parseable_errors() {
+    let mut hung = tiny();
+    hung.faults = Faults {
+        stall_after_tokens: Some(0),
+        ..Faults::default()
+    };
+    let stack = Stack::start(vec![engine(tiny()).await, engine(hung).await], ROUTES).await;
+    // Hold the only slot of `tight` and `tight429` while the client runs.
+    let mut holders = Vec::new();
+    for model in ["tight", "tight429"] {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat(model, 4000, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        holders.push(r);
+    }
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/openai_gateway.py");
+    let out = tokio::process::Command::new(python())
+        .arg(script)
+        .arg(format!("{}/v1", stack.url))
+        .output()
+        .await
+        .unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{report}");
+    assert!(report.contains("ok: 6 checks"), "{report}");
+    drop(holders);
+}
