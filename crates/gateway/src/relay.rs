@@ -7,6 +7,7 @@ use crate::outcome::{Cut, Exchange};
 use bytes::{Bytes, BytesMut};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use memchr::memmem;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -34,22 +35,37 @@ impl EventSplitter {
     }
 }
 
-/// The index just past the first blank line (`\n\n`, `\r\n\r\n` or `\r\r`), if there is one.
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while i + 1 < buf.len() {
-        match (buf[i], buf[i + 1]) {
-            (b'\n', b'\n') => return Some(i + 2),
-            (b'\r', b'\r') => return Some(i + 2),
-            (b'\r', b'\n') if buf.get(i + 2..i + 4) == Some(b"\r\n") => return Some(i + 4),
-            _ => i += 1,
-        }
-    }
-    None
+/// Needles built once: building a searcher costs more than searching one event.
+struct Needles {
+    lf: memmem::Finder<'static>,
+    crlf: memmem::Finder<'static>,
+    usage: memmem::Finder<'static>,
+    no_choices: memmem::Finder<'static>,
+    content: memmem::Finder<'static>,
+    text: memmem::Finder<'static>,
 }
 
-fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    hay.windows(needle.len()).any(|w| w == needle)
+static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needles {
+    lf: memmem::Finder::new(b"\n\n"),
+    crlf: memmem::Finder::new(b"\r\n\r\n"),
+    usage: memmem::Finder::new(b"\"usage\":{"),
+    no_choices: memmem::Finder::new(b"\"choices\":[]"),
+    content: memmem::Finder::new(b"\"content\":\""),
+    text: memmem::Finder::new(b"\"text\":\""),
+});
+
+/// The index just past the first blank line (`\n\n`, or `\r\n\r\n`), if there is one.
+fn event_end(buf: &[u8]) -> Option<usize> {
+    let n = &*NEEDLES;
+    let lf = n.lf.find(buf).map(|i| i + 2);
+    // CRLF framing is rare (vLLM and OpenAI use LF); look for it only where a CR appears at all.
+    let crlf = memchr::memchr(b'\r', buf)
+        .and_then(|_| n.crlf.find(buf))
+        .map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
 }
 
 /// What one SSE event of an OpenAI stream is, judged without parsing its JSON.
@@ -68,16 +84,15 @@ pub fn classify(event: &[u8]) -> EventKind {
     if event.starts_with(b"data: [DONE]") || event.starts_with(b"data:[DONE]") {
         return EventKind::Done;
     }
-    if contains(event, b"\"usage\":{") && contains(event, b"\"choices\":[]") {
+    let n = &*NEEDLES;
+    if n.usage.find(event).is_some() && n.no_choices.find(event).is_some() {
         return EventKind::Usage;
     }
-    let has_text = |key: &[u8]| {
-        event
-            .windows(key.len())
-            .position(|w| w == key)
-            .is_some_and(|p| event.get(p + key.len()).is_some_and(|c| *c != b'"'))
+    let has_text = |f: &memmem::Finder<'_>| {
+        f.find(event)
+            .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != b'"'))
     };
-    if has_text(b"\"content\":\"") || has_text(b"\"text\":\"") {
+    if has_text(&n.content) || has_text(&n.text) {
         EventKind::Tokens
     } else {
         EventKind::Other
@@ -104,7 +119,7 @@ pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
 /// that clients see the name they asked for.
 #[derive(Debug, Clone)]
 pub struct Rename {
-    from: Vec<u8>,
+    from: memmem::Finder<'static>,
     to: Vec<u8>,
 }
 
@@ -112,22 +127,19 @@ impl Rename {
     pub fn new(upstream: &str, public: &str) -> Rename {
         let field = |name: &str| format!("\"model\":{}", serde_json::Value::from(name)).into_bytes();
         Rename {
-            from: field(upstream),
+            from: memmem::Finder::new(&field(upstream)).into_owned(),
             to: field(public),
         }
     }
 
     pub fn apply(&self, event: Bytes) -> Bytes {
-        let Some(pos) = event
-            .windows(self.from.len())
-            .position(|w| w == self.from.as_slice())
-        else {
+        let Some(pos) = self.from.find(&event) else {
             return event;
         };
         let mut out = BytesMut::with_capacity(event.len() + self.to.len());
         out.extend_from_slice(&event[..pos]);
         out.extend_from_slice(&self.to);
-        out.extend_from_slice(&event[pos + self.from.len()..]);
+        out.extend_from_slice(&event[pos + self.from.needle().len()..]);
         out.freeze()
     }
 }

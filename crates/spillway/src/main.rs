@@ -44,7 +44,13 @@ fn main() -> ExitCode {
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "cannot raise the open-files limit");
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Command::Serve(args) = &cli.command
+        && let Some(n) = args.workers
+    {
+        builder.worker_threads(n.get());
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("spillway: cannot start the runtime: {e}");
