@@ -91,14 +91,12 @@ async fn client(addr: String, model: &'static str, shared: Arc<Shared>) -> Histo
             };
             let chunk = &buf[..n];
             if !seen_headers {
-                if chunk.starts_with(b"HTTP/1.1 200") || tail.starts_with(b"HTTP/1.1 200") || seen_headers {
-                    seen_headers = true;
-                } else if !chunk.starts_with(b"HTTP/1.1") {
-                    seen_headers = true;
-                } else {
+                // Every answer must be a 200; anything else is counted as an error.
+                if !chunk.starts_with(b"HTTP/1.1 200") {
                     shared.errors.fetch_add(1, Ordering::Relaxed);
                     return ttft;
                 }
+                seen_headers = true;
             }
             if first.is_none() && chunk.windows(6).any(|w| w == b"data: ") {
                 first = Some(sent.elapsed());
