@@ -1,0 +1,54 @@
+//! Micro-benchmarks of the gateway's per-request and per-chunk work: the admission decision and
+//! the SSE relay's splitting and classification.
+
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use spillway_gateway::admission::{Admission, Limits};
+use spillway_gateway::config::Priority;
+use spillway_gateway::relay::{EventSplitter, classify};
+use std::hint::black_box;
+use std::time::Duration;
+use tokio::time::Instant;
+
+fn admission(c: &mut Criterion) {
+    let mut g = c.benchmark_group("admission");
+    g.throughput(Throughput::Elements(1));
+    let gate = Admission::new(Limits { concurrency: 64, queue: 64, queue_wait: Duration::from_secs(2) });
+    let deadline = Instant::now() + Duration::from_secs(3600);
+    g.bench_function("admit_and_release", |b| {
+        b.iter(|| {
+            let permit = futures::executor::block_on(gate.acquire(Priority::Standard, deadline)).unwrap();
+            drop(black_box(permit));
+        })
+    });
+    let full = Admission::new(Limits { concurrency: 1, queue: 0, queue_wait: Duration::from_secs(2) });
+    let _held = futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap();
+    g.bench_function("reject_queue_full", |b| {
+        b.iter(|| black_box(futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap_err()))
+    });
+    g.finish();
+}
+
+fn relay(c: &mut Criterion) {
+    let chunk = br#"data: {"id":"chatcmpl-0000000000000001","object":"chat.completion.chunk","created":1795977379,"model":"spillway-sim","choices":[{"index":0,"delta":{"content":" below"},"logprobs":null,"finish_reason":null}]}
+
+"#;
+    let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
+    let mut g = c.benchmark_group("relay");
+    g.throughput(Throughput::Bytes(stream.len() as u64));
+    g.bench_function("split_and_classify_16_chunks", |b| {
+        b.iter(|| {
+            let mut s = EventSplitter::default();
+            let mut tokens = 0;
+            s.feed(black_box(&stream), |e| {
+                if classify(&e) == spillway_gateway::relay::EventKind::Tokens {
+                    tokens += 1;
+                }
+            });
+            assert_eq!(tokens, 16);
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, admission, relay);
+criterion_main!(benches);
