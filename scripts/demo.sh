@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job on the embedded default, until `spillway demo` exists: two simulated vLLM replicas,
-# a streamed completion, a burst that fills the engine's queue, a fault, and the metrics that show it.
+# the Spillway gateway in front of them, a streamed completion, a burst that meets a bounded queue
+# (fast 503s with Retry-After instead of a pile-up), a hung replica caught at the first-token
+# budget, and the metrics that say where requests waited.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v curl >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq curl >/dev/null; }
@@ -9,45 +11,74 @@ echo "== building spillway (release)"
 cargo build --release --locked --quiet
 bin=target/release/spillway
 port=${SPILLWAY_DEMO_PORT:-18000}
-base=http://127.0.0.1:$port
-log=$(mktemp)
+gw_port=$((port + 80))
+work=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
-"$bin" engine --listen "127.0.0.1:$port" --replicas 2 --preset tiny --model demo --max-num-seqs 16 --dcgm >"$log" 2>&1 &
-engine_pid=$!
-trap 'kill $engine_pid 2>/dev/null; wait $engine_pid 2>/dev/null; rm -f "$log"' EXIT
-for _ in $(seq 100); do curl -sf "$base/health" >/dev/null && break; sleep 0.1; done
-sed 's/^/   /' "$log"
+"$bin" engine --listen "127.0.0.1:$port" --replicas 2 --preset tiny --model sim --max-num-seqs 16 >"$work/engine.log" 2>&1 &
+cat >"$work/spillway.yaml" <<YAML
+listen: 127.0.0.1:$gw_port
+server: { drain_delay: 0s }
+routes:
+  - model: corp-chat
+    upstream_model: sim
+    replicas: [http://127.0.0.1:$port, http://127.0.0.1:$((port + 1))]
+    limits: { max_input_tokens: 2000, max_tokens: { default: 64, cap: 1024 } }
+    timeouts: { connect: 500ms, first_token: 2s, stream_idle: 2s, total: 60s }
+    classes:
+      - name: interactive
+        concurrency: 8
+        queue: 8
+        queue_wait: 500ms
+        slo: { ttft: 300ms, itl: 20ms }
+YAML
+"$bin" check "$work/spillway.yaml" | sed 's/^/   /'
+"$bin" serve --config "$work/spillway.yaml" >"$work/access.log" 2>"$work/gateway.log" &
+gw=http://127.0.0.1:$gw_port
+for _ in $(seq 100); do curl -sf "$gw/ready" >/dev/null && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
 
 echo
-echo "== a streamed chat completion from replica 0 ($base), one SSE chunk per token"
-curl -sN "$base/v1/chat/completions" -H 'content-type: application/json' \
-  -d '{"model":"demo","messages":[{"role":"user","content":"Why bound a queue?"}],"max_tokens":12,"stream":true,"stream_options":{"include_usage":true}}' \
-  | head -c 1200 || true
-echo "..."
+echo "== a streamed chat completion through the gateway ($gw), one SSE chunk per token"
+curl -sN "$gw/v1/chat/completions" -H 'content-type: application/json' -H 'x-request-id: demo-1' \
+  -d '{"model":"corp-chat","messages":[{"role":"user","content":"Why bound a queue?"}],"max_tokens":6,"stream":true}' \
+  | cut -c1-160
+echo "   access log: $(grep demo-1 "$work/access.log")"
 
 echo
-echo "== a burst of 64 concurrent requests against max-num-seqs 16: the engine queues the rest"
-for _ in $(seq 64); do
-  curl -s -o /dev/null "$base/v1/completions" -H 'content-type: application/json' \
-    -d '{"model":"demo","prompt":"burst","max_tokens":400}' &
+echo "== a burst of 64 concurrent requests; C = 8 in flight, Q = 8 waiting, Wq = 500 ms"
+for i in $(seq 64); do
+  curl -s -o "$work/burst.$i" -w '%{http_code} %{time_total}\n' "$gw/v1/chat/completions" \
+    -H 'content-type: application/json' -D "$work/head.$i" \
+    -d '{"model":"corp-chat","messages":[{"role":"user","content":"burst"}],"max_tokens":300,"stream":true}' >"$work/status.$i" &
 done
-sleep 0.3
-curl -s "$base/metrics" | grep -E '^vllm:num_requests_(running|waiting)|^vllm:kv_cache_usage_perc|^DCGM_FI_DEV_GPU_UTIL' | sed -E 's/engine="0",?//; s/,?model_name="demo"//; s/\{\}//; s/^/   /'
-wait $(jobs -p | grep -v "^$engine_pid$") 2>/dev/null || true
+wait $(jobs -p | tail -n 64) 2>/dev/null || true
+ok=$(cat "$work"/status.* | awk '$1==200' | wc -l)
+rej=$(cat "$work"/status.* | awk '$1==503' | wc -l)
+echo "   $ok answered, $rej refused with 503"
+slowest_refusal=$(cat "$work"/status.* | awk '$1==503 {print $2}' | sort -n | tail -1)
+echo "   slowest refusal: ${slowest_refusal:-n/a} s (Envoy's circuit breaker: ~8 ms, plain text; LiteLLM: 4-6 s)"
+one=$(grep -l '"error"' "$work"/burst.* | head -1 || true)
+if [ -n "$one" ]; then
+  echo "   a refusal's body: $(cat "$one")"
+  echo "   and its $(grep -i '^retry-after' "${one/burst/head}" | tr -d '\r')"
+fi
+for r in 0 1; do
+  echo "   replica $r never ran more than $(curl -s "http://127.0.0.1:$((port + r))/admin/state" | sed 's/.*"max_running":\([0-9]*\).*/\1/') at once"
+done
 
 echo
-echo "== after the burst: TTFT grew with the queue (vllm:time_to_first_token_seconds)"
-curl -s "$base/metrics" | grep -E '^vllm:(time_to_first_token_seconds|request_queue_time_seconds)_(sum|count)|^vllm:request_success_total' | sed -E 's/engine="0",?//; s/,?model_name="demo"//; s/\{\}//; s/^/   /'
+echo "== replica 1 hangs (never sends a first token): the gateway answers 504 at first_token (2 s)"
+curl -s "http://127.0.0.1:$((port + 1))/admin/faults" -d '{"stall_after_tokens":0}' >/dev/null
+for i in 1 2; do
+  curl -s -o "$work/hung.$i" -w "   status %{http_code} after %{time_total} s: " "$gw/v1/chat/completions" -H 'content-type: application/json' \
+    -d '{"model":"corp-chat","messages":[{"role":"user","content":"x"}],"max_tokens":5,"stream":true}'
+  head -c 150 "$work/hung.$i"; echo
+done
+curl -s "http://127.0.0.1:$((port + 1))/admin/faults" -d '{"clear":true}' >/dev/null
+echo "   the hung replica aborted what the gateway dropped: $(curl -s "http://127.0.0.1:$((port + 1))/admin/state" | sed 's/.*"aborts":\([0-9]*\).*/\1/') aborts"
 
 echo
-echo "== fault injection on replica 1: never send the first token (a hung engine)"
-r1=http://127.0.0.1:$((port + 1))
-curl -s "$r1/admin/faults" -d '{"stall_after_tokens":0}'; echo
-echo "   a client with a 2 s timeout gets nothing:"
-curl -s -m 2 "$r1/v1/completions" -H 'content-type: application/json' -d '{"model":"demo","prompt":"x","max_tokens":5}' \
-  || echo "   (timed out after 2 s, exit $?)"
-sleep 0.2
-curl -s "$r1/admin/state" | sed 's/^/   /'; echo
-curl -s "$r1/admin/faults" -d '{"clear":true}' >/dev/null
+echo "== the gateway's metrics: where requests waited and why they were refused"
+curl -s "$gw/metrics" | grep -E '^spillway_(rejections_total|requests_total|goodput_requests_total|slo_requests_total|cancellations_total)|^spillway_queue_wait_seconds_(sum|count)' | sed 's/^/   /'
 echo
-echo "Done. Run your own: $bin engine --help"
+echo "Done. Next: $bin serve --help, $bin engine --help, docs/config.md"
