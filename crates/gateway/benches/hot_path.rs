@@ -12,7 +12,11 @@ use tokio::time::Instant;
 fn admission(c: &mut Criterion) {
     let mut g = c.benchmark_group("admission");
     g.throughput(Throughput::Elements(1));
-    let gate = Admission::new(Limits { concurrency: 64, queue: 64, queue_wait: Duration::from_secs(2) });
+    let gate = Admission::new(Limits {
+        concurrency: 64,
+        queue: 64,
+        queue_wait: Duration::from_secs(2),
+    });
     let deadline = Instant::now() + Duration::from_secs(3600);
     g.bench_function("admit_and_release", |b| {
         b.iter(|| {
@@ -20,10 +24,16 @@ fn admission(c: &mut Criterion) {
             drop(black_box(permit));
         })
     });
-    let full = Admission::new(Limits { concurrency: 1, queue: 0, queue_wait: Duration::from_secs(2) });
+    let full = Admission::new(Limits {
+        concurrency: 1,
+        queue: 0,
+        queue_wait: Duration::from_secs(2),
+    });
     let _held = futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap();
     g.bench_function("reject_queue_full", |b| {
-        b.iter(|| black_box(futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap_err()))
+        b.iter(|| {
+            black_box(futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap_err())
+        })
     });
     g.finish();
 }

@@ -6,26 +6,13 @@
 //! RSS are its own; the load is raw HTTP/1.1 streams that are read and discarded, so the client
 //! spends as little of the shared CPU as it can.
 
+mod common;
+
+use common::{free_port, proc_stat};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-
-fn proc_stat(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let ticks = 100.0; // USER_HZ on Linux
-    let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kb = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (cpu / ticks, rss_kb)
-}
 
 async fn get(addr: &str, path: &str) -> String {
     let mut s = TcpStream::connect(addr).await.expect("connect");
@@ -107,11 +94,7 @@ fn main() {
 }
 
 async fn run(streams: u32, preset: String) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let addr = format!("127.0.0.1:{port}");
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_spillway"))
         .args(["engine", "--listen", &addr, "--model", "sim", "--preset", &preset])

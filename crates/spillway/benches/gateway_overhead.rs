@@ -7,6 +7,9 @@
 //! keep-alive connections) for a fixed window against the engine directly, then through the
 //! gateway, and reports TTFT p50/p99, throughput, and the gateway's CPU and memory.
 
+mod common;
+
+use common::{free_port, proc_stat};
 use hdrhistogram::Histogram;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -16,29 +19,6 @@ use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 const WINDOW: Duration = Duration::from_secs(5);
-
-fn proc_stat(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
-    let cpu = fields.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
-        + fields.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let rss_kb = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0);
-    (cpu / 100.0, rss_kb)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 async fn wait_for(addr: &str) {
     let t = Instant::now();

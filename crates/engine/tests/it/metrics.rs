@@ -156,19 +156,6 @@ async fn dcgm_metrics_follow_the_batch() {
     }
 }
 
-fn tool(name: &str) -> String {
-    let found = std::process::Command::new("sh")
-        .args(["-c", &format!("command -v {name}")])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-        .unwrap_or_default();
-    assert!(
-        !found.is_empty(),
-        "{name} is not installed: run scripts/test.sh, which installs it"
-    );
-    found
-}
-
 #[tokio::test]
 async fn promtool_flags_only_vllms_own_naming() {
     let mut cfg = tiny();
@@ -177,23 +164,7 @@ async fn promtool_flags_only_vllms_own_naming() {
     let mut g = submit(&e.engine, 10, 3);
     crate::support::finish(&mut g).await;
     let text = scrape(&e.url()).await;
-    let mut child = tokio::process::Command::new(tool("promtool"))
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    use tokio::io::AsyncWriteExt;
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let report = testkit::promtool_check(&text).await;
     let mut colon = 0;
     for line in report.lines().filter(|l| !l.trim().is_empty()) {
         if line.ends_with("metric names should not contain ':'") {
@@ -230,7 +201,7 @@ fn free_port() -> u16 {
 
 #[tokio::test]
 async fn a_real_prometheus_scrapes_it_without_errors() {
-    let prometheus = tool("prometheus");
+    let prometheus = testkit::tool("prometheus");
     let e = start(tiny()).await;
     let mut g = submit(&e.engine, 10, 3);
     crate::support::finish(&mut g).await;

@@ -55,14 +55,4 @@ pub(crate) fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// Polls `cond` every 5 ms until it holds or `within` passes.
-pub(crate) async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    cond()
-}
+pub(crate) use testkit::eventually;

@@ -3,7 +3,6 @@
 
 use crate::support::{Stack, chat, engine, http, tiny};
 use engine::Faults;
-use std::path::PathBuf;
 
 const ROUTES: &str = r#"
 listen: 127.0.0.1:0
@@ -26,19 +25,6 @@ routes:
     timeouts: { connect: 100ms, first_token: 300ms, stream_idle: 1s, total: 10s }
 "#;
 
-fn python() -> PathBuf {
-    if let Ok(p) = std::env::var("SPILLWAY_PYTHON") {
-        return PathBuf::from(p);
-    }
-    let venv = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/venv/bin/python");
-    assert!(
-        venv.exists(),
-        "{} missing: run scripts/test.sh, which makes it",
-        venv.display()
-    );
-    venv
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_gets_answers_and_parseable_errors() {
     let mut hung = tiny();
@@ -59,19 +45,7 @@ async fn the_official_openai_client_gets_answers_and_parseable_errors() {
         assert_eq!(r.status(), 200);
         holders.push(r);
     }
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/python/openai_gateway.py");
-    let out = tokio::process::Command::new(python())
-        .arg(script)
-        .arg(format!("{}/v1", stack.url))
-        .output()
-        .await
-        .unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "{report}");
+    let report = testkit::run_python("openai_gateway.py", &[&format!("{}/v1", stack.url)]).await;
     assert!(report.contains("ok: 6 checks"), "{report}");
     drop(holders);
 }

@@ -2,9 +2,7 @@
 //! goodput and the access log.
 
 use crate::support::{Stack, chat, engine, eventually, http, read_stream, tiny};
-use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 
 const ROUTE: &str = r#"
 listen: 127.0.0.1:0
@@ -63,35 +61,8 @@ async fn metrics_pass_promtool_and_never_take_labels_from_clients() {
     assert!(text.contains("spillway_queue_limit{class=\"interactive\",route=\"chat\"} 8"));
     assert!(text.contains("spillway_completion_tokens_total{class=\"interactive\",route=\"chat\"} 20"));
 
-    let promtool = std::process::Command::new("sh")
-        .args(["-c", "command -v promtool"])
-        .output()
-        .unwrap();
-    let promtool = String::from_utf8_lossy(&promtool.stdout).trim().to_owned();
-    assert!(
-        !promtool.is_empty(),
-        "promtool is not installed: run scripts/test.sh, which installs it"
-    );
-    let mut child = tokio::process::Command::new(promtool)
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(text.as_bytes()).await.unwrap();
-    drop(stdin);
-    let out = child.wait_with_output().await.unwrap();
-    let report = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        out.status.success() && report.trim().is_empty(),
-        "promtool: {report}"
-    );
+    let report = testkit::promtool_check(&text).await;
+    assert!(report.trim().is_empty(), "promtool: {report}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,17 +110,7 @@ pub(crate) fn sse_data(body: &str) -> Vec<String> {
         .collect()
 }
 
-/// Polls `cond` every 2 ms until it holds or `within` passes.
-pub(crate) async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    cond()
-}
+pub(crate) use testkit::eventually;
 
 /// Reads a streamed response to its end, returning the body and when its first chunk came.
 pub(crate) async fn read_stream(mut r: reqwest::Response) -> (String, Option<Duration>, bool) {

@@ -1,0 +1,97 @@
+//! Helpers for integration tests across the workspace.
+//!
+//! # Layout
+//! - [`tool`]: the path of an installed program, with a message that says how to get it;
+//! - [`promtool_check`]: runs the real `promtool check metrics` over an exposition;
+//! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
+//! - [`eventually`]: polls a condition on the runtime's clock.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// The path of `name` on `PATH`; panics with how to install it when it is missing.
+pub fn tool(name: &str) -> String {
+    let found = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {name}")])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    assert!(
+        !found.is_empty(),
+        "{name} is not installed: run scripts/test.sh, which installs it"
+    );
+    found
+}
+
+/// What `promtool check metrics` says about `exposition`: one problem a line, empty if none.
+pub async fn promtool_check(exposition: &str) -> String {
+    let mut child = tokio::process::Command::new(tool("promtool"))
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool starts");
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin
+        .write_all(exposition.as_bytes())
+        .await
+        .expect("promtool reads its input");
+    drop(stdin);
+    let out = child.wait_with_output().await.expect("promtool finishes");
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// The Python with the `openai` package: `SPILLWAY_PYTHON`, else the venv scripts/test.sh makes.
+pub fn python() -> PathBuf {
+    if let Ok(p) = std::env::var("SPILLWAY_PYTHON") {
+        return PathBuf::from(p);
+    }
+    let venv = repo_root().join("target/venv/bin/python");
+    assert!(
+        venv.exists(),
+        "{} missing: run scripts/test.sh, which makes it",
+        venv.display()
+    );
+    venv
+}
+
+/// The workspace root, for scripts under `tests/`.
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Runs `tests/python/<script>` with `args`; returns its output, panicking with it on failure.
+pub async fn run_python(script: &str, args: &[&str]) -> String {
+    let out = tokio::process::Command::new(python())
+        .arg(repo_root().join("tests/python").join(script))
+        .args(args)
+        .output()
+        .await
+        .expect("python starts");
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{script} failed:\n{report}");
+    report
+}
+
+/// Polls `cond` every 2 ms until it holds or `within` passes; returns whether it held.
+pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < deadline {
+        if cond() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    cond()
+}
