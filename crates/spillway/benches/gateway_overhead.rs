@@ -23,7 +23,7 @@ const WINDOW: Duration = Duration::from_secs(5);
 async fn wait_for(addr: &str) {
     let t = Instant::now();
     while TcpStream::connect(addr).await.is_err() {
-        assert!(t.elapsed() < Duration::from_secs(20), "{addr} did not start");
+        assert!(t.elapsed() < Duration::from_secs(90), "{addr} did not start");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -48,7 +48,7 @@ async fn client(addr: String, model: &'static str, shared: Arc<Shared>) -> Histo
         r#"{{"model":"{model}","messages":[{{"role":"user","content":"hello there"}}],"max_tokens":16,"stream":true}}"#
     );
     let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
     let mut buf = vec![0u8; 64 * 1024];
@@ -161,12 +161,76 @@ fn main() {
     rt.block_on(run(levels));
 }
 
+/// A proxy under test: where it listens, the model name it routes, its process.
+struct Proxy {
+    name: &'static str,
+    addr: String,
+    model: &'static str,
+    child: tokio::process::Child,
+    rss_idle_kb: u64,
+}
+
+fn spawn(program: &str, args: &[&str]) -> tokio::process::Child {
+    tokio::process::Command::new(program)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        .env("LITELLM_LOG", "ERROR")
+        // LiteLLM refuses to start without a master key; the clients send it (others ignore it).
+        .env("LITELLM_MASTER_KEY", "sk-bench")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {program}: {e}"))
+}
+
+/// Envoy in front of the engine: one worker, no route timeout (the default 15 s kills streams),
+/// circuit breakers out of the way.
+fn envoy_config(port: u16, engine_port: u16) -> String {
+    format!(
+        r#"static_resources:
+  listeners:
+  - name: ingress
+    address: {{ socket_address: {{ address: 127.0.0.1, port_value: {port} }} }}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {{ prefix: "/" }}
+                route: {{ cluster: engine, timeout: 0s }}
+          http_filters:
+          - name: envoy.filters.http.router
+            typed_config: {{ "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router }}
+  clusters:
+  - name: engine
+    connect_timeout: 1s
+    type: STATIC
+    circuit_breakers:
+      thresholds: [ {{ max_connections: 100000, max_pending_requests: 100000, max_requests: 100000 }} ]
+    load_assignment:
+      cluster_name: engine
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {{ address: {{ socket_address: {{ address: 127.0.0.1, port_value: {engine_port} }} }} }}
+"#
+    )
+}
+
 async fn run(levels: Vec<usize>) {
     let bin = env!("CARGO_BIN_EXE_spillway");
-    let engine_addr = format!("127.0.0.1:{}", free_port());
-    let gateway_addr = format!("127.0.0.1:{}", free_port());
-    let _engine = tokio::process::Command::new(bin)
-        .args([
+    let engine_port = free_port();
+    let engine_addr = format!("127.0.0.1:{engine_port}");
+    let _engine = spawn(
+        bin,
+        &[
             "engine",
             "--listen",
             &engine_addr,
@@ -176,62 +240,133 @@ async fn run(levels: Vec<usize>) {
             "zero",
             "--max-num-seqs",
             "4096",
-        ])
-        .env("RUST_LOG", "warn")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
+        ],
+    );
     let dir = std::env::temp_dir().join(format!("spillway-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    let mut proxies = Vec::new();
+
+    let port = free_port();
     let config = dir.join("gateway.yaml");
     std::fs::write(
         &config,
         format!(
-            "listen: {gateway_addr}\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [http://{engine_addr}]\n    limits: {{ max_input_tokens: 4000, max_tokens: {{ default: 16, cap: 1024 }}, max_n: 1 }}\n    timeouts: {{ connect: 1s, first_token: 10s, stream_idle: 10s, total: 60s }}\n    classes:\n      - name: interactive\n        concurrency: 2048\n        queue: 1024\n        queue_wait: 5s\n        slo: {{ ttft: 1s, itl: 50ms }}\n"
+            "listen: 127.0.0.1:{port}\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [http://{engine_addr}]\n    limits: {{ max_input_tokens: 4000, max_tokens: {{ default: 16, cap: 1024 }}, max_n: 1 }}\n    timeouts: {{ connect: 1s, first_token: 10s, stream_idle: 10s, total: 60s }}\n    classes:\n      - name: interactive\n        concurrency: 2048\n        queue: 1024\n        queue_wait: 5s\n        slo: {{ ttft: 1s, itl: 50ms }}\n"
         ),
     )
     .unwrap();
-    let gateway = tokio::process::Command::new(bin)
-        .args(["serve", "--workers", "1", "--config", config.to_str().unwrap()])
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let gpid = gateway.id().unwrap();
-    wait_for(&engine_addr).await;
-    wait_for(&gateway_addr).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let (_, rss_idle) = proc_stat(gpid);
-    println!("gateway_overhead: 16-token streamed chat completions, zero-cost engine, {WINDOW:?} per run");
-    println!(
-        "| streams | direct TTFT p50/p99 µs | gateway TTFT p50/p99 µs | added p50/p99 µs | direct req/s | gateway req/s | ratio | gateway CPU µs/req | cores per 1k req/s | gateway RSS KB/stream |"
+    let child = spawn(
+        bin,
+        &["serve", "--workers", "1", "--config", config.to_str().unwrap()],
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
-    for c in levels {
-        let d = level(&engine_addr, "sim", c, gpid).await;
-        let g = level(&gateway_addr, "chat", c, gpid).await;
-        let cpu_per_req = g.gateway_cpu_s * 1e6 / (g.rps * WINDOW.as_secs_f64()).max(1.0);
-        println!(
-            "| {c} | {}/{} | {}/{} | {}/{} | {:.0} | {:.0} | {:.2} | {:.1} | {:.3} | {:.1} |{}",
-            d.ttft_p50_us,
-            d.ttft_p99_us,
-            g.ttft_p50_us,
-            g.ttft_p99_us,
-            g.ttft_p50_us as i64 - d.ttft_p50_us as i64,
-            g.ttft_p99_us as i64 - d.ttft_p99_us as i64,
-            d.rps,
-            g.rps,
-            g.rps / d.rps.max(1.0),
-            cpu_per_req,
-            cpu_per_req * 1000.0 / 1e6,
-            (g.gateway_rss_kb.saturating_sub(rss_idle)) as f64 / c as f64,
-            if d.errors + g.errors > 0 {
-                format!(" errors: direct {} gateway {}", d.errors, g.errors)
-            } else {
-                String::new()
-            }
+    proxies.push(Proxy {
+        name: "spillway",
+        addr: format!("127.0.0.1:{port}"),
+        model: "chat",
+        child,
+        rss_idle_kb: 0,
+    });
+
+    // Optional: the proxies people use today, when their binaries are given (bench/compare.sh).
+    if let Ok(envoy) = std::env::var("SPILLWAY_BENCH_ENVOY") {
+        let port = free_port();
+        let config = dir.join("envoy.yaml");
+        std::fs::write(&config, envoy_config(port, engine_port)).unwrap();
+        let child = spawn(
+            &envoy,
+            &[
+                "-c",
+                config.to_str().unwrap(),
+                "--concurrency",
+                "1",
+                "--log-level",
+                "error",
+                "--base-id",
+                &port.to_string(),
+            ],
         );
+        proxies.push(Proxy {
+            name: "envoy",
+            addr: format!("127.0.0.1:{port}"),
+            model: "sim",
+            child,
+            rss_idle_kb: 0,
+        });
+    }
+    if let Ok(litellm) = std::env::var("SPILLWAY_BENCH_LITELLM") {
+        let port = free_port();
+        let config = dir.join("litellm.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "model_list:\n  - model_name: chat\n    litellm_params:\n      model: openai/sim\n      api_base: http://{engine_addr}/v1\n      api_key: none\n"
+            ),
+        )
+        .unwrap();
+        let child = spawn(
+            &litellm,
+            &[
+                "--config",
+                config.to_str().unwrap(),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+                "--num_workers",
+                "1",
+            ],
+        );
+        proxies.push(Proxy {
+            name: "litellm",
+            addr: format!("127.0.0.1:{port}"),
+            model: "chat",
+            child,
+            rss_idle_kb: 0,
+        });
+    }
+
+    wait_for(&engine_addr).await;
+    for p in &mut proxies {
+        wait_for(&p.addr).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for p in &mut proxies {
+        p.rss_idle_kb = proc_stat(p.child.id().unwrap()).1;
+    }
+    println!(
+        "gateway_overhead: 16-token streamed chat completions, zero-cost engine, {WINDOW:?} per run, one worker per proxy"
+    );
+    println!(
+        "| streams | proxy | direct TTFT p50/p99 µs | via proxy TTFT p50/p99 µs | added p50/p99 µs | direct req/s | via proxy req/s | ratio | proxy CPU µs/req | proxy RSS KB/stream |"
+    );
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for c in levels {
+        for p in &proxies {
+            let pid = p.child.id().unwrap();
+            let d = level(&engine_addr, "sim", c, pid).await;
+            let g = level(&p.addr, p.model, c, pid).await;
+            let cpu_per_req = g.gateway_cpu_s * 1e6 / (g.rps * WINDOW.as_secs_f64()).max(1.0);
+            println!(
+                "| {c} | {} | {}/{} | {}/{} | {}/{} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} |{}",
+                p.name,
+                d.ttft_p50_us,
+                d.ttft_p99_us,
+                g.ttft_p50_us,
+                g.ttft_p99_us,
+                g.ttft_p50_us as i64 - d.ttft_p50_us as i64,
+                g.ttft_p99_us as i64 - d.ttft_p99_us as i64,
+                d.rps,
+                g.rps,
+                g.rps / d.rps.max(1.0),
+                cpu_per_req,
+                (g.gateway_rss_kb.saturating_sub(p.rss_idle_kb)) as f64 / c as f64,
+                if d.errors + g.errors > 0 {
+                    format!(" errors: direct {} via proxy {}", d.errors, g.errors)
+                } else {
+                    String::new()
+                }
+            );
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
