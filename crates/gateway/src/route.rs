@@ -113,7 +113,11 @@ impl Route {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
-        let client = Client::builder(TokioExecutor::new()).build(connector);
+        // SSE chunks are a few hundred bytes: a small fixed read buffer per upstream connection
+        // keeps memory per stream down (hyper would start at 8 KiB and grow).
+        let client = Client::builder(TokioExecutor::new())
+            .http1_read_buf_exact_size(4096)
+            .build(connector);
         let rename = config
             .upstream_model
             .as_deref()
