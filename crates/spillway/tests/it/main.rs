@@ -1,3 +1,3 @@
 //! The `spillway` command line, run as a user runs it.
 
-mod engine_cmd;
+mod commands;

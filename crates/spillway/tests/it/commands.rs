@@ -1,4 +1,5 @@
-//! `spillway engine`: replicas on consecutive ports, clear errors for bad flags, clean shutdown.
+//! `spillway engine` and `spillway check`: replicas on consecutive ports, clear errors for bad flags
+//! and bad configurations, clean shutdown.
 
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
@@ -137,4 +138,45 @@ fn help_explains_each_command() {
     ] {
         assert!(text.contains(flag), "{flag} missing from engine --help");
     }
+}
+
+#[test]
+fn check_accepts_the_shipped_example_and_names_the_bad_field() {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/spillway.yaml");
+    let out = Command::new(BIN).args(["check", example]).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("class interactive: C = 24, Q = 12, Wq = 2s"),
+        "{stdout}"
+    );
+
+    let dir = std::env::temp_dir().join(format!("spillway-check-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let bad = dir.join("bad.yaml");
+    let text = std::fs::read_to_string(example)
+        .unwrap()
+        .replace("first_token: 8s", "first_token: 500ms");
+    std::fs::write(&bad, text).unwrap();
+    let out = Command::new(BIN)
+        .args(["check", bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("routes[0].timeouts: connect (1s) must be less than first_token (500ms)"),
+        "{stderr}"
+    );
+    let out = Command::new(BIN)
+        .args(["check", "/nonexistent.yaml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent.yaml"));
+    let _ = std::fs::remove_dir_all(&dir);
 }
