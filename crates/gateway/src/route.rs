@@ -12,7 +12,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use prometheus::{IntCounter, IntGauge};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use tokenize::Tokenizer;
 
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
@@ -27,6 +27,9 @@ pub struct Class {
 /// One upstream replica and its live request count.
 pub struct Replica {
     pub url: String,
+    /// The last attempt to reach it failed to connect (cleared by any answer). Passive only:
+    /// active health probes and ejection come with the resilience work.
+    pub unreachable: AtomicBool,
     outstanding: AtomicU32,
     gauge: IntGauge,
     pub ok: IntCounter,
@@ -99,6 +102,7 @@ impl Route {
                 };
                 Arc::new(Replica {
                     url: url.clone(),
+                    unreachable: AtomicBool::new(false),
                     outstanding: AtomicU32::new(0),
                     gauge: metrics
                         .replica_outstanding
@@ -132,6 +136,13 @@ impl Route {
             client,
             next: AtomicUsize::new(0),
         })
+    }
+
+    /// Whether some replica of this route answered its last connection attempt.
+    pub fn has_reachable_replica(&self) -> bool {
+        self.replicas
+            .iter()
+            .any(|r| !r.unreachable.load(Ordering::Relaxed))
     }
 
     /// The class a request belongs to: the first rule that matches after the default, else the default.

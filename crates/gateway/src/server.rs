@@ -182,8 +182,9 @@ pub async fn run(
     }
 }
 
+/// Ready unless draining or some route has no replica that answered its last connection attempt.
 async fn ready(State(g): State<Arc<Gateway>>) -> StatusCode {
-    if g.is_draining() {
+    if g.is_draining() || !g.routes.iter().all(|r| r.has_reachable_replica()) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
@@ -426,6 +427,8 @@ async fn serve(
             let replica = ex.replica.as_ref().map(|r| r.replica.clone());
             if let Some(r) = &replica {
                 r.errors.inc();
+                r.unreachable
+                    .store(e.is_connect(), std::sync::atomic::Ordering::Relaxed);
             }
             let what = if e.is_connect() {
                 "cannot connect to"
@@ -460,6 +463,11 @@ async fn serve(
             ));
         }
     };
+    if let Some(r) = &ex.replica {
+        r.replica
+            .unreachable
+            .store(false, std::sync::atomic::Ordering::Relaxed);
+    }
     let status = upstream.status();
     if !status.is_success() {
         return upstream_error(upstream, ex, deadline).await;
