@@ -162,6 +162,8 @@ async fn replica_failures_become_clean_errors() {
             .unwrap()
             .contains(&closed.to_string())
     );
+    let ready = http().get(format!("{}/ready", stack.url)).send().await.unwrap();
+    assert_eq!(ready.status(), 503, "no replica of the route answers: not ready");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
