@@ -16,7 +16,9 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use protocol::ApiError;
 use protocol::error::parse_json;
-use protocol::openai::{ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, Prompt};
+use protocol::openai::{
+    ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, Prompt, StreamOptions,
+};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -275,11 +277,7 @@ async fn chat(
             n: req.n.unwrap_or(1),
             ignore_eos: req.ignore_eos.unwrap_or(false),
         };
-        let include_usage = req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = StreamOptions::wants_usage(req.stream_options.as_ref());
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Chat, prepared).await
@@ -312,11 +310,7 @@ async fn completions(
             n: req.n.unwrap_or(1),
             ignore_eos: req.ignore_eos.unwrap_or(false),
         };
-        let include_usage = req
-            .stream_options
-            .as_ref()
-            .and_then(|o| o.include_usage)
-            .unwrap_or(false);
+        let include_usage = StreamOptions::wants_usage(req.stream_options.as_ref());
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Completion, prepared).await

@@ -75,11 +75,10 @@ impl Parsed {
     }
 
     fn wants_usage(&self) -> bool {
-        let opts = match self {
-            Parsed::Chat(c) => &c.stream_options,
-            Parsed::Completion(c) => &c.stream_options,
-        };
-        opts.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+        StreamOptions::wants_usage(match self {
+            Parsed::Chat(c) => c.stream_options.as_ref(),
+            Parsed::Completion(c) => c.stream_options.as_ref(),
+        })
     }
 
     fn n(&self) -> u32 {

@@ -15,6 +15,13 @@ pub struct StreamOptions {
     pub extra: Map<String, Value>,
 }
 
+impl StreamOptions {
+    /// Whether a request's `stream_options` ask for the final usage chunk.
+    pub fn wants_usage(options: Option<&StreamOptions>) -> bool {
+        options.and_then(|o| o.include_usage).unwrap_or(false)
+    }
+}
+
 /// `POST /v1/chat/completions`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionRequest {
