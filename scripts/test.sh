@@ -28,4 +28,13 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
-cargo test --workspace --locked
+mkdir -p target
+set +e
+cargo test --workspace --locked 2>&1 | tee target/test-output.log
+status=${PIPESTATUS[0]}
+set -e
+# cargo prints one result line per test binary (the last is often a crate's empty doc tests):
+# close with the totals.
+grep -E '^test result: ' target/test-output.log \
+  | awk '{ passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }'
+exit "$status"
