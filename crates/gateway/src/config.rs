@@ -74,6 +74,10 @@ pub struct RouteConfig {
     /// A Hugging Face `tokenizer.json` for counting input tokens; without it, one token per 4 bytes.
     #[serde(default)]
     pub tokenizer: Option<PathBuf>,
+    #[serde(default)]
+    pub retry: RetryConfig,
+    #[serde(default)]
+    pub health: HealthConfig,
     /// Admission classes; the first is the default. Without any, one class `default` with C = 64,
     /// Q = 64, Wq = 2s (or half of `first_token`, if that is shorter).
     #[serde(default)]
@@ -82,6 +86,91 @@ pub struct RouteConfig {
 
 fn default_overflow_status() -> u16 {
     503
+}
+
+/// Retries, only before the first byte reaches the client and only for a connection failure or a
+/// busy replica (429/503), on another replica, within a budget.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Upstream attempts per request at most, the first included (1: never retry).
+    pub attempts: NonZeroU32,
+    pub backoff: Backoff,
+    pub budget: Budget,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        Self {
+            attempts: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
+            backoff: Backoff::default(),
+            budget: Budget::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Backoff {
+    #[serde(with = "humantime_serde")]
+    pub base: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Retries over ten seconds ≤ `ratio` × requests + `min_per_second` × 10.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Budget {
+    pub ratio: f64,
+    pub min_per_second: u32,
+}
+
+impl Default for Budget {
+    fn default() -> Self {
+        Self {
+            ratio: 0.1,
+            min_per_second: 5,
+        }
+    }
+}
+
+/// Active health checks of each replica's `/health`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct HealthConfig {
+    pub enabled: bool,
+    pub path: String,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Consecutive failed probes that make a replica unhealthy.
+    pub unhealthy_after: NonZeroU32,
+    /// Consecutive good probes that make it healthy again.
+    pub healthy_after: NonZeroU32,
+}
+
+impl Default for HealthConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            path: "/health".into(),
+            interval: Duration::from_secs(2),
+            timeout: Duration::from_secs(1),
+            unhealthy_after: NonZeroU32::new(3).unwrap_or(NonZeroU32::MIN),
+            healthy_after: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
+        }
+    }
 }
 
 /// How a replica is chosen.
@@ -331,6 +420,26 @@ impl Config {
                         t.stream_idle, t.total
                     ),
                 ));
+            }
+            let b = route.retry.budget;
+            if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
+                return Err(err(
+                    at("retry.budget.ratio"),
+                    format!("must be between 0 and 1, not {}", b.ratio),
+                ));
+            }
+            if route.retry.backoff.base > route.retry.backoff.max {
+                return Err(err(at("retry.backoff"), "base must not exceed max"));
+            }
+            let h = &route.health;
+            if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {
+                return Err(err(
+                    at("health"),
+                    "interval and timeout must be above zero, timeout ≤ interval",
+                ));
+            }
+            if !h.path.starts_with('/') {
+                return Err(err(at("health.path"), "must start with '/'"));
             }
             if route.overflow_status != 503 && route.overflow_status != 429 {
                 return Err(err(

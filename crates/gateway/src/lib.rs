@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod outcome;
 pub mod prepare;
 pub mod relay;
+pub mod retry;
 pub mod route;
 pub mod server;
 pub mod tenant;

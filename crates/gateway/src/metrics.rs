@@ -42,6 +42,9 @@ pub struct Metrics {
     pub concurrency_limit: IntGaugeVec,
     pub queue_limit: IntGaugeVec,
     pub replica_outstanding: IntGaugeVec,
+    pub replica_healthy: IntGaugeVec,
+    pub retries: IntCounterVec,
+    pub retry_budget_exhausted: IntCounterVec,
     pub draining: prometheus::IntGauge,
 }
 
@@ -168,6 +171,21 @@ impl Metrics {
                 "spillway_replica_outstanding",
                 "Requests in flight to each replica.",
                 &["route", "replica"],
+            ),
+            replica_healthy: gauge(
+                "spillway_replica_healthy",
+                "1 while the replica passes its health checks, 0 while it is out of the route.",
+                &["route", "replica"],
+            ),
+            retries: counter(
+                "spillway_retries_total",
+                "Upstream attempts after the first.",
+                &["route"],
+            ),
+            retry_budget_exhausted: counter(
+                "spillway_retry_budget_exhausted_total",
+                "Retries refused because the route's retry budget was spent.",
+                &["route"],
             ),
             draining,
             registry,

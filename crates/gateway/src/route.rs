@@ -30,6 +30,9 @@ pub struct Replica {
     /// The last attempt to reach it failed to connect (cleared by any answer). Passive only:
     /// active health probes and ejection come with the resilience work.
     pub unreachable: AtomicBool,
+    /// Set by the active health checks; only healthy replicas are picked.
+    pub healthy: AtomicBool,
+    healthy_gauge: IntGauge,
     outstanding: AtomicU32,
     gauge: IntGauge,
     pub ok: IntCounter,
@@ -41,6 +44,15 @@ pub struct Replica {
 /// Holds a replica's outstanding count up while a request uses it.
 pub struct ReplicaGuard {
     pub replica: Arc<Replica>,
+    /// The replica's position in the route, for excluding it from a retry.
+    pub index: usize,
+}
+
+impl Replica {
+    fn set_healthy(&self, healthy: bool) {
+        self.healthy.store(healthy, Ordering::Relaxed);
+        self.healthy_gauge.set(i64::from(healthy));
+    }
 }
 
 impl Drop for ReplicaGuard {
@@ -58,6 +70,9 @@ pub struct Route {
     pub client: UpstreamClient,
     /// Set when the route renames the model upstream.
     pub rename: Option<crate::relay::Rename>,
+    pub budget: crate::retry::RetryBudget,
+    pub retries: IntCounter,
+    pub retry_budget_exhausted: IntCounter,
     next: AtomicUsize,
 }
 
@@ -103,6 +118,14 @@ impl Route {
                 Arc::new(Replica {
                     url: url.clone(),
                     unreachable: AtomicBool::new(false),
+                    healthy: AtomicBool::new(true),
+                    healthy_gauge: {
+                        let g = metrics
+                            .replica_healthy
+                            .with_label_values(&[config.model.as_str(), url]);
+                        g.set(1);
+                        g
+                    },
                     outstanding: AtomicU32::new(0),
                     gauge: metrics
                         .replica_outstanding
@@ -128,6 +151,14 @@ impl Route {
             .filter(|u| *u != config.model)
             .map(|u| crate::relay::Rename::new(u, &config.model));
         Ok(Route {
+            budget: crate::retry::RetryBudget::new(
+                config.retry.budget.ratio,
+                config.retry.budget.min_per_second,
+            ),
+            retries: metrics.retries.with_label_values(&[config.model.as_str()]),
+            retry_budget_exhausted: metrics
+                .retry_budget_exhausted
+                .with_label_values(&[config.model.as_str()]),
             rename,
             config,
             classes,
@@ -138,11 +169,11 @@ impl Route {
         })
     }
 
-    /// Whether some replica of this route answered its last connection attempt.
+    /// Whether some replica of this route is healthy and answered its last connection attempt.
     pub fn has_reachable_replica(&self) -> bool {
         self.replicas
             .iter()
-            .any(|r| !r.unreachable.load(Ordering::Relaxed))
+            .any(|r| r.healthy.load(Ordering::Relaxed) && !r.unreachable.load(Ordering::Relaxed))
     }
 
     /// The class a request belongs to: the first rule that matches after the default, else the default.
@@ -164,23 +195,77 @@ impl Route {
             .unwrap_or(&self.classes[0])
     }
 
-    /// The replica with the fewest requests outstanding; ties go round-robin.
-    pub fn pick(&self) -> ReplicaGuard {
+    /// The healthy replica with the fewest requests outstanding, skipping `tried`; ties go
+    /// round-robin. `None` when no healthy replica is left.
+    pub fn pick(&self, tried: &[usize]) -> Option<ReplicaGuard> {
         let n = self.replicas.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best = start;
+        let mut best = None;
         let mut least = u32::MAX;
         for k in 0..n {
             let i = (start + k) % n;
-            let o = self.replicas[i].outstanding.load(Ordering::Relaxed);
+            let r = &self.replicas[i];
+            if tried.contains(&i) || !r.healthy.load(Ordering::Relaxed) {
+                continue;
+            }
+            let o = r.outstanding.load(Ordering::Relaxed);
             if o < least {
                 least = o;
-                best = i;
+                best = Some(i);
             }
         }
-        let replica = self.replicas[best].clone();
+        let index = best?;
+        let replica = self.replicas[index].clone();
         replica.outstanding.fetch_add(1, Ordering::Relaxed);
         replica.gauge.inc();
-        ReplicaGuard { replica }
+        Some(ReplicaGuard { replica, index })
+    }
+
+    /// Whether a healthy replica not in `tried` is left.
+    pub fn has_untried(&self, tried: &[usize]) -> bool {
+        (0..self.replicas.len())
+            .any(|i| !tried.contains(&i) && self.replicas[i].healthy.load(Ordering::Relaxed))
+    }
+
+    /// Probes every replica's health path forever (until the task is dropped).
+    pub async fn probe_health(self: Arc<Self>) {
+        let h = self.config.health.clone();
+        let mut streaks = vec![(0u32, 0u32); self.replicas.len()];
+        let mut tick = tokio::time::interval(h.interval);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let probes = self.replicas.iter().map(|r| {
+                let uri = format!("{}{}", r.url, h.path);
+                let client = self.client.clone();
+                async move {
+                    let Ok(req) = hyper::Request::get(uri).body(Full::new(Bytes::new())) else {
+                        return false;
+                    };
+                    matches!(
+                        tokio::time::timeout(h.timeout, client.request(req)).await,
+                        Ok(Ok(resp)) if resp.status().is_success()
+                    )
+                }
+            });
+            let results = futures::future::join_all(probes).await;
+            for ((r, ok), (good, bad)) in self.replicas.iter().zip(results).zip(streaks.iter_mut()) {
+                if ok {
+                    *good += 1;
+                    *bad = 0;
+                } else {
+                    *bad += 1;
+                    *good = 0;
+                }
+                let healthy = r.healthy.load(Ordering::Relaxed);
+                if healthy && *bad >= h.unhealthy_after.get() {
+                    r.set_healthy(false);
+                    tracing::warn!(route = %self.config.model, replica = %r.url, "replica unhealthy: failed {} health checks", *bad);
+                } else if !healthy && *good >= h.healthy_after.get() {
+                    r.set_healthy(true);
+                    tracing::info!(route = %self.config.model, replica = %r.url, "replica healthy again");
+                }
+            }
+        }
     }
 }

@@ -27,6 +27,15 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 
+/// Stops a background task when the server stops.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Upstream error bodies larger than this are cut when relayed.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 /// A whole (non-streamed) upstream answer may be at most this large.
@@ -161,6 +170,12 @@ pub async fn run(
         );
         let _ = drained_tx.send(());
     };
+    let _probes: Vec<_> = gateway
+        .routes
+        .iter()
+        .filter(|r| r.config.health.enabled)
+        .map(|r| AbortOnDrop(tokio::spawn(r.clone().probe_health())))
+        .collect();
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
@@ -400,74 +415,125 @@ async fn serve(
     class.series.queue_wait.observe(permit.queue_wait.as_secs_f64());
     ex.permit = Some(permit);
 
-    let replica = route.pick();
-    let url = format!("{}{}", replica.replica.url, api.path());
-    ex.replica = Some(replica);
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    let request = hyper::Request::post(url)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", ex.record.id.as_str())
-        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
-        .body(Full::new(prepared.body));
-    let request = match request {
-        Ok(r) => r,
-        Err(e) => fail!(GatewayError::upstream(
-            "bad_upstream_url",
-            format!("cannot build the upstream request: {e}")
-        )),
-    };
     let head_deadline = if prepared.stream {
         first_token_deadline
     } else {
         deadline
     };
-    let upstream = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            let replica = ex.replica.as_ref().map(|r| r.replica.clone());
-            if let Some(r) = &replica {
-                r.errors.inc();
-                r.unreachable
-                    .store(e.is_connect(), std::sync::atomic::Ordering::Relaxed);
-            }
-            let what = if e.is_connect() {
-                "cannot connect to"
-            } else {
-                "lost the connection to"
-            };
-            let url = replica.map(|r| r.url.clone()).unwrap_or_default();
-            fail!(GatewayError::upstream(
-                if e.is_connect() {
-                    "upstream_connect"
-                } else {
-                    "upstream_error"
-                },
-                format!("{what} replica {url}: {e}")
-            ));
-        }
-        Err(_) => {
-            if let Some(r) = &ex.replica {
-                r.replica.timeouts.inc();
-            }
-            ex.cut = Some(Cut::Deadline);
-            let (code, budget) = if prepared.stream {
-                ("first_token_timeout", "first_token")
-            } else {
-                ("deadline_exceeded", "total")
-            };
+    let retry = &route.config.retry;
+    route.budget.request();
+    let mut tried: Vec<usize> = Vec::with_capacity(2);
+    // Stage 9: retry only before any byte went to the client, only for a connection failure or a
+    // busy replica, on another replica, within the attempts, the budget and the deadline.
+    let upstream = loop {
+        let Some(replica) = route.pick(&tried) else {
             fail!(GatewayError::capacity(
-                504,
-                code,
-                format!("no answer from the replica within the {budget} budget"),
-                None
+                503,
+                "no_healthy_replica",
+                format!("model '{}' has no healthy replica to try", route.config.model),
+                Some(Duration::from_secs(1))
             ));
+        };
+        tried.push(replica.index);
+        let url = format!("{}{}", replica.replica.url, api.path());
+        ex.replica = Some(replica);
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let request = hyper::Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header("x-request-id", ex.record.id.as_str())
+            .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
+            .body(Full::new(prepared.body.clone()));
+        let request = match request {
+            Ok(r) => r,
+            Err(e) => fail!(GatewayError::upstream(
+                "bad_upstream_url",
+                format!("cannot build the upstream request: {e}")
+            )),
+        };
+        let replica = ex.replica.as_ref().map(|r| r.replica.clone());
+        let failure = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
+            Ok(Ok(r)) => {
+                if let Some(r) = &replica {
+                    r.unreachable.store(false, Ordering::Relaxed);
+                }
+                let status = r.status().as_u16();
+                if status != 429 && status != 503 {
+                    break r;
+                }
+                if let Some(r) = &replica {
+                    r.busy.inc();
+                }
+                if !may_retry(&route, &tried, head_deadline) {
+                    return upstream_error(r, ex, deadline).await;
+                }
+                drop(r);
+                None
+            }
+            Ok(Err(e)) => {
+                let url = replica.as_ref().map(|r| r.url.clone()).unwrap_or_default();
+                if let Some(r) = &replica {
+                    r.errors.inc();
+                    r.unreachable.store(e.is_connect(), Ordering::Relaxed);
+                }
+                let err = if e.is_connect() {
+                    GatewayError::upstream(
+                        "upstream_connect",
+                        format!("cannot connect to replica {url}: {e}"),
+                    )
+                } else {
+                    GatewayError::upstream(
+                        "upstream_error",
+                        format!("lost the connection to replica {url}: {e}"),
+                    )
+                };
+                if !e.is_connect() || !may_retry(&route, &tried, head_deadline) {
+                    fail!(err);
+                }
+                Some(err)
+            }
+            Err(_) => {
+                if let Some(r) = &replica {
+                    r.timeouts.inc();
+                }
+                ex.cut = Some(Cut::Deadline);
+                let (code, budget) = if prepared.stream {
+                    ("first_token_timeout", "first_token")
+                } else {
+                    ("deadline_exceeded", "total")
+                };
+                fail!(GatewayError::capacity(
+                    504,
+                    code,
+                    format!("no answer from the replica within the {budget} budget"),
+                    None
+                ));
+            }
+        };
+        // Another attempt: within the attempts and the budget, after a jittered backoff that
+        // still leaves time before the deadline.
+        let last = failure.unwrap_or_else(|| {
+            GatewayError::capacity(
+                503,
+                "upstream_busy",
+                "every replica tried was busy",
+                Some(Duration::from_secs(1)),
+            )
+        });
+        if tried.len() >= retry.attempts.get() as usize {
+            fail!(last);
         }
+        if !route.budget.try_retry() {
+            route.retry_budget_exhausted.inc();
+            fail!(last);
+        }
+        let wait = crate::retry::backoff(retry.backoff.base, retry.backoff.max, tried.len() as u32);
+        if Instant::now() + wait >= head_deadline {
+            fail!(last);
+        }
+        tokio::time::sleep(wait).await;
+        route.retries.inc();
+        ex.record.retries += 1;
     };
-    if let Some(r) = &ex.replica {
-        r.replica
-            .unreachable
-            .store(false, std::sync::atomic::Ordering::Relaxed);
-    }
     let status = upstream.status();
     if !status.is_success() {
         return upstream_error(upstream, ex, deadline).await;
@@ -542,6 +608,14 @@ async fn serve(
         Body::from_stream(stream),
     )
         .into_response())
+}
+
+/// Whether another replica is left to try before the deadline (attempts and budget are checked
+/// after, so that a refused retry is counted against the budget only when one was possible).
+fn may_retry(route: &Route, tried: &[usize], deadline: Instant) -> bool {
+    route.config.retry.attempts.get() as usize > tried.len()
+        && route.has_untried(tried)
+        && Instant::now() < deadline
 }
 
 /// A non-2xx answer from the replica: a client error is relayed as it is; a busy replica is
