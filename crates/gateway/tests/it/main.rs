@@ -5,5 +5,6 @@ mod bad_input;
 mod cancellation;
 mod clients;
 mod observability;
+mod resilience;
 mod streaming;
 mod support;

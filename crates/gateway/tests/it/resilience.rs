@@ -1,0 +1,213 @@
+//! Retries under a budget and active health checks, with scripted engine faults.
+
+use crate::support::{Stack, chat, engine, eventually, http, read_stream, tiny};
+use std::time::Duration;
+
+const TWO: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}, {E1}]
+    timeouts: { connect: 200ms, first_token: 3s, stream_idle: 2s, total: 20s }
+    retry: { attempts: 2, backoff: { base: 5ms, max: 20ms }, budget: { ratio: 0.1, min_per_second: 1 } }
+    health: { interval: 100ms, timeout: 50ms, unhealthy_after: 2, healthy_after: 2 }
+"#;
+
+fn counter(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_refusing_connections_costs_no_request() {
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], TWO).await;
+    stack.engines[1]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"refuse_connections": true}"#).unwrap())
+        .unwrap();
+    for _ in 0..20 {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 5, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            200,
+            "retried on the other replica, or routed around it"
+        );
+        assert!(read_stream(r).await.2);
+    }
+    let served = eventually(Duration::from_secs(3), || {
+        stack.engines[0].engine.records().len() == 20
+    })
+    .await;
+    assert!(served, "every request was served by the replica that answers");
+    let m = stack.metrics().await;
+    assert!(
+        m.contains("spillway_replica_healthy{replica=\"") && m.contains("\",route=\"chat\"} 0"),
+        "the refusing replica is marked down:\n{m}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_total_outage_gets_fast_503s_and_no_retry_storm() {
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], TWO).await;
+    for e in &stack.engines {
+        e.engine
+            .apply_faults(&serde_json::from_str(r#"{"refuse_connections": true}"#).unwrap())
+            .unwrap();
+    }
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        let t = tokio::time::Instant::now();
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 5, true))
+            .send()
+            .await
+            .unwrap();
+        statuses.push((r.status().as_u16(), t.elapsed()));
+    }
+    assert!(
+        statuses.iter().all(|(s, _)| *s == 502 || *s == 503),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().all(|(_, t)| *t < Duration::from_millis(500)),
+        "every failure is fast"
+    );
+    let m = stack.metrics().await;
+    let retries = counter(&m, "spillway_retries_total");
+    let attempts = counter(&m, "spillway_upstream_requests_total{replica=");
+    // Budget: 0.1 × requests + 1/s × 10 s.
+    assert!(
+        retries <= 0.1 * 200.0 + 10.0,
+        "{retries} retries for 200 requests"
+    );
+    println!("outage: 200 requests, {retries} retries, {attempts} failed upstream attempts counted");
+    let after_health = statuses.iter().rev().take(50).filter(|(s, _)| *s == 503).count();
+    assert!(
+        after_health > 0,
+        "once the checks mark both replicas down, the gateway answers 503 without trying"
+    );
+    let r = http().get(format!("{}/ready", stack.url)).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 5, true))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_replica", "{v}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loading_replica_gets_no_traffic_until_healthy() {
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], TWO).await;
+    stack.engines[1]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"loading": "1s"}"#).unwrap())
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for _ in 0..10 {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 3, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+        read_stream(r).await;
+    }
+    assert_eq!(
+        stack.engines[1].engine.records().len(),
+        0,
+        "no request went to the loading replica"
+    );
+    let back = eventually(Duration::from_secs(3), || stack.engines[1].engine.healthy()).await;
+    assert!(back);
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    for _ in 0..10 {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 3, true))
+            .send()
+            .await
+            .unwrap();
+        read_stream(r).await;
+    }
+    assert!(
+        !stack.engines[1].engine.records().is_empty(),
+        "healthy again, it takes traffic"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retried() {
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], TWO).await;
+    stack.engines[0]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"fail_every": {"nth": 1, "status": 503}}"#).unwrap())
+        .unwrap();
+    for _ in 0..6 {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 3, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "the busy replica's 503 is retried on the other");
+        read_stream(r).await;
+    }
+    stack.engines[0]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"clear": true}"#).unwrap())
+        .unwrap();
+    // Two long streams, one per replica; crash replica 0 mid-stream.
+    let start = |url: String| async move {
+        http()
+            .post(url)
+            .json(&chat("chat", 3000, true))
+            .send()
+            .await
+            .unwrap()
+    };
+    let url = format!("{}/v1/chat/completions", stack.url);
+    let (mut a, mut b) = (start(url.clone()).await, start(url).await);
+    a.chunk().await.unwrap();
+    b.chunk().await.unwrap();
+    stack.engines[0].engine.crash();
+    let ((body_a, _, _), (body_b, _, _)) = tokio::time::timeout(Duration::from_secs(30), async {
+        tokio::join!(read_stream(a), read_stream(b))
+    })
+    .await
+    .expect("both streams end");
+    let (crashed, other) = if body_a.contains("upstream_stream_error") {
+        (body_a, body_b)
+    } else {
+        (body_b, body_a)
+    };
+    assert!(
+        crashed.contains("upstream_stream_error"),
+        "the crashed replica's stream ends with an SSE error event"
+    );
+    assert!(!crashed.contains("[DONE]"));
+    assert!(
+        other.ends_with("data: [DONE]\n\n"),
+        "the other replica's stream is untouched"
+    );
+    assert_eq!(
+        counter(&stack.metrics().await, "spillway_retries_total"),
+        6.0,
+        "six retries for the busy replica, none after the crash"
+    );
+}
