@@ -78,6 +78,8 @@ pub struct RouteConfig {
     pub retry: RetryConfig,
     #[serde(default)]
     pub health: HealthConfig,
+    #[serde(default)]
+    pub outlier: OutlierConfig,
     /// Admission classes; the first is the default. Without any, one class `default` with C = 64,
     /// Q = 64, Wq = 2s (or half of `first_token`, if that is shorter).
     #[serde(default)]
@@ -169,6 +171,32 @@ impl Default for HealthConfig {
             timeout: Duration::from_secs(1),
             unhealthy_after: NonZeroU32::new(3).unwrap_or(NonZeroU32::MIN),
             healthy_after: NonZeroU32::new(2).unwrap_or(NonZeroU32::MIN),
+        }
+    }
+}
+
+/// Passive outlier ejection: a replica failing this many requests in a row (connect errors, 5xx
+/// other than 503, first-token timeouts; never a busy 429/503 or a client's 4xx) leaves the route for
+/// `base_ejection` × its number of ejections, at most `max_ejection`, while no more than
+/// `max_ejected_percent` of the replicas (at least one) are out at once.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct OutlierConfig {
+    pub consecutive_failures: NonZeroU32,
+    #[serde(with = "humantime_serde")]
+    pub base_ejection: Duration,
+    #[serde(with = "humantime_serde")]
+    pub max_ejection: Duration,
+    pub max_ejected_percent: u32,
+}
+
+impl Default for OutlierConfig {
+    fn default() -> Self {
+        Self {
+            consecutive_failures: NonZeroU32::new(5).unwrap_or(NonZeroU32::MIN),
+            base_ejection: Duration::from_secs(30),
+            max_ejection: Duration::from_secs(300),
+            max_ejected_percent: 50,
         }
     }
 }
@@ -430,6 +458,13 @@ impl Config {
             }
             if route.retry.backoff.base > route.retry.backoff.max {
                 return Err(err(at("retry.backoff"), "base must not exceed max"));
+            }
+            let o = route.outlier;
+            if o.max_ejected_percent > 100 || o.base_ejection > o.max_ejection {
+                return Err(err(
+                    at("outlier"),
+                    "max_ejected_percent is 0–100 and base_ejection ≤ max_ejection",
+                ));
             }
             let h = &route.health;
             if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {

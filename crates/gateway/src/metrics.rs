@@ -43,6 +43,8 @@ pub struct Metrics {
     pub queue_limit: IntGaugeVec,
     pub replica_outstanding: IntGaugeVec,
     pub replica_healthy: IntGaugeVec,
+    pub replica_ejected: IntGaugeVec,
+    pub ejections: IntCounterVec,
     pub retries: IntCounterVec,
     pub retry_budget_exhausted: IntCounterVec,
     pub draining: prometheus::IntGauge,
@@ -175,6 +177,16 @@ impl Metrics {
             replica_healthy: gauge(
                 "spillway_replica_healthy",
                 "1 while the replica passes its health checks, 0 while it is out of the route.",
+                &["route", "replica"],
+            ),
+            replica_ejected: gauge(
+                "spillway_replica_ejected",
+                "1 while outlier detection keeps the replica out of the route.",
+                &["route", "replica"],
+            ),
+            ejections: counter(
+                "spillway_ejections_total",
+                "Times outlier detection took the replica out of the route.",
                 &["route", "replica"],
             ),
             retries: counter(

@@ -14,6 +14,7 @@ use prometheus::{IntCounter, IntGauge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use tokenize::Tokenizer;
+use tokio::time::Instant;
 
 pub type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -32,6 +33,12 @@ pub struct Replica {
     pub unreachable: AtomicBool,
     /// Set by the active health checks; only healthy replicas are picked.
     pub healthy: AtomicBool,
+    /// Failures in a row, for outlier ejection.
+    consecutive_failures: AtomicU32,
+    ejections: AtomicU32,
+    ejected_until: std::sync::Mutex<Option<Instant>>,
+    ejected_gauge: IntGauge,
+    ejections_total: IntCounter,
     healthy_gauge: IntGauge,
     outstanding: AtomicU32,
     gauge: IntGauge,
@@ -49,6 +56,18 @@ pub struct ReplicaGuard {
 }
 
 impl Replica {
+    pub fn is_ejected(&self, now: Instant) -> bool {
+        self.ejected_until
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some_and(|t| now < t)
+    }
+
+    /// Whether requests may go here: healthy and not ejected.
+    fn eligible(&self, now: Instant) -> bool {
+        self.healthy.load(Ordering::Relaxed) && !self.is_ejected(now)
+    }
+
     fn set_healthy(&self, healthy: bool) {
         self.healthy.store(healthy, Ordering::Relaxed);
         self.healthy_gauge.set(i64::from(healthy));
@@ -119,6 +138,13 @@ impl Route {
                     url: url.clone(),
                     unreachable: AtomicBool::new(false),
                     healthy: AtomicBool::new(true),
+                    consecutive_failures: AtomicU32::new(0),
+                    ejections: AtomicU32::new(0),
+                    ejected_until: std::sync::Mutex::new(None),
+                    ejected_gauge: metrics
+                        .replica_ejected
+                        .with_label_values(&[config.model.as_str(), url]),
+                    ejections_total: metrics.ejections.with_label_values(&[config.model.as_str(), url]),
                     healthy_gauge: {
                         let g = metrics
                             .replica_healthy
@@ -173,7 +199,7 @@ impl Route {
     pub fn has_reachable_replica(&self) -> bool {
         self.replicas
             .iter()
-            .any(|r| r.healthy.load(Ordering::Relaxed) && !r.unreachable.load(Ordering::Relaxed))
+            .any(|r| r.eligible(Instant::now()) && !r.unreachable.load(Ordering::Relaxed))
     }
 
     /// The class a request belongs to: the first rule that matches after the default, else the default.
@@ -199,13 +225,14 @@ impl Route {
     /// round-robin. `None` when no healthy replica is left.
     pub fn pick(&self, tried: &[usize]) -> Option<ReplicaGuard> {
         let n = self.replicas.len();
+        let now = Instant::now();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
         let mut best = None;
         let mut least = u32::MAX;
         for k in 0..n {
             let i = (start + k) % n;
             let r = &self.replicas[i];
-            if tried.contains(&i) || !r.healthy.load(Ordering::Relaxed) {
+            if tried.contains(&i) || !r.eligible(now) {
                 continue;
             }
             let o = r.outstanding.load(Ordering::Relaxed);
@@ -221,10 +248,46 @@ impl Route {
         Some(ReplicaGuard { replica, index })
     }
 
-    /// Whether a healthy replica not in `tried` is left.
+    /// Whether an eligible replica not in `tried` is left.
     pub fn has_untried(&self, tried: &[usize]) -> bool {
-        (0..self.replicas.len())
-            .any(|i| !tried.contains(&i) && self.replicas[i].healthy.load(Ordering::Relaxed))
+        let now = Instant::now();
+        (0..self.replicas.len()).any(|i| !tried.contains(&i) && self.replicas[i].eligible(now))
+    }
+
+    /// Passive outlier detection: counts a request's outcome at `replica`, ejecting it after too
+    /// many failures in a row.
+    pub fn report(&self, replica: &Replica, ok: bool) {
+        if ok {
+            replica.consecutive_failures.store(0, Ordering::Relaxed);
+            return;
+        }
+        let o = self.config.outlier;
+        let failures = replica.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures < o.consecutive_failures.get() {
+            return;
+        }
+        let now = Instant::now();
+        let out = self.replicas.iter().filter(|r| r.is_ejected(now)).count();
+        let cap = (self.replicas.len() * o.max_ejected_percent as usize / 100).max(1);
+        let mut until = replica.ejected_until.lock().unwrap_or_else(|e| e.into_inner());
+        if until.is_some_and(|t| now < t) || out >= cap {
+            return;
+        }
+        let k = replica.ejections.fetch_add(1, Ordering::Relaxed) + 1;
+        let time = o.base_ejection.saturating_mul(k).min(o.max_ejection);
+        *until = Some(now + time);
+        replica.consecutive_failures.store(0, Ordering::Relaxed);
+        replica.ejected_gauge.set(1);
+        replica.ejections_total.inc();
+        tracing::warn!(route = %self.config.model, replica = %replica.url, ?time, failures, "replica ejected");
+    }
+
+    /// Brings the ejection gauges up to date (ejections end by time, not by an event).
+    pub fn refresh_ejections(&self) {
+        let now = Instant::now();
+        for r in &self.replicas {
+            r.ejected_gauge.set(i64::from(r.is_ejected(now)));
+        }
     }
 
     /// Probes every replica's health path forever (until the task is dropped).

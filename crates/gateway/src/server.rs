@@ -107,6 +107,7 @@ impl Gateway {
 
     fn refresh_gauges(&self) {
         for r in &self.routes {
+            r.refresh_ejections();
             for c in &r.classes {
                 let labels = [r.config.model.as_str(), c.config.name.as_str()];
                 self.metrics
@@ -453,10 +454,17 @@ async fn serve(
         let replica = ex.replica.as_ref().map(|r| r.replica.clone());
         let failure = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
             Ok(Ok(r)) => {
-                if let Some(r) = &replica {
-                    r.unreachable.store(false, Ordering::Relaxed);
-                }
                 let status = r.status().as_u16();
+                if let Some(rep) = &replica {
+                    rep.unreachable.store(false, Ordering::Relaxed);
+                    // A 5xx other than a busy 503 is the replica failing; a busy replica or a client's
+                    // 4xx says nothing about its health. A stream succeeds only at its first chunk.
+                    if status >= 500 && status != 503 {
+                        route.report(rep, false);
+                    } else if (200..300).contains(&status) && !prepared.stream {
+                        route.report(rep, true);
+                    }
+                }
                 if status != 429 && status != 503 {
                     break r;
                 }
@@ -474,6 +482,7 @@ async fn serve(
                 if let Some(r) = &replica {
                     r.errors.inc();
                     r.unreachable.store(e.is_connect(), Ordering::Relaxed);
+                    route.report(r, false);
                 }
                 let err = if e.is_connect() {
                     GatewayError::upstream(
@@ -494,6 +503,7 @@ async fn serve(
             Err(_) => {
                 if let Some(r) = &replica {
                     r.timeouts.inc();
+                    route.report(r, false);
                 }
                 ex.cut = Some(Cut::Deadline);
                 let (code, budget) = if prepared.stream {
@@ -568,6 +578,7 @@ async fn serve(
                 ex.cut = Some(Cut::Deadline);
                 if let Some(r) = &ex.replica {
                     r.replica.timeouts.inc();
+                    route.report(&r.replica, false);
                 }
                 fail!(GatewayError::capacity(
                     504,
@@ -580,6 +591,9 @@ async fn serve(
                 ));
             }
         }
+    }
+    if let Some(r) = &ex.replica {
+        route.report(&r.replica, true);
     }
     ex.answered = true;
     ex.record.status = 200;

@@ -211,3 +211,66 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
         "six retries for the busy replica, none after the crash"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_replica_is_ejected_and_readmitted_when_well() {
+    let yaml = TWO.replace("first_token: 3s", "first_token: 300ms").replace(
+        "    health:",
+        "    outlier: { consecutive_failures: 2, base_ejection: 1s, max_ejection: 5s }\n    health:",
+    );
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], &yaml).await;
+    stack.engines[1]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"stall_after_tokens": 0}"#).unwrap())
+        .unwrap();
+    let send = || {
+        let url = format!("{}/v1/chat/completions", stack.url);
+        async move {
+            http()
+                .post(url)
+                .json(&chat("chat", 3, true))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    let mut timeouts = 0;
+    for _ in 0..12 {
+        if send().await == 504 {
+            timeouts += 1;
+        }
+    }
+    assert_eq!(
+        timeouts, 2,
+        "two first-token timeouts, then the hung replica is out of the route"
+    );
+    let m = stack.metrics().await;
+    assert_eq!(counter(&m, "spillway_ejections_total"), 1.0);
+    assert!(m.contains("spillway_replica_ejected{replica=") && m.contains("\",route=\"chat\"} 1"));
+    stack.engines[1]
+        .engine
+        .apply_faults(&serde_json::from_str(r#"{"clear": true}"#).unwrap())
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let before = stack.engines[1]
+        .engine
+        .records()
+        .iter()
+        .filter(|r| r.output_tokens == 3)
+        .count();
+    for _ in 0..6 {
+        assert_eq!(send().await, 200);
+    }
+    let after = stack.engines[1]
+        .engine
+        .records()
+        .iter()
+        .filter(|r| r.output_tokens == 3)
+        .count();
+    assert!(
+        after > before,
+        "re-admitted once the ejection ran out, and serving again"
+    );
+}
