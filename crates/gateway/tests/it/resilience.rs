@@ -79,7 +79,7 @@ async fn a_total_outage_gets_fast_503s_and_no_retry_storm() {
         "{statuses:?}"
     );
     assert!(
-        statuses.iter().all(|(_, t)| *t < Duration::from_millis(500)),
+        statuses.iter().all(|(_, t)| *t < Duration::from_secs(1)),
         "every failure is fast"
     );
     let m = stack.metrics().await;
