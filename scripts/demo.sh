@@ -46,12 +46,14 @@ echo "   access log: $(grep demo-1 "$work/access.log")"
 
 echo
 echo "== a burst of 64 concurrent requests; C = 8 in flight, Q = 8 waiting, Wq = 500 ms"
+burst_pids=()
 for i in $(seq 64); do
   curl -s -o "$work/burst.$i" -w '%{http_code} %{time_total}\n' "$gw/v1/chat/completions" \
     -H 'content-type: application/json' -D "$work/head.$i" \
     -d '{"model":"corp-chat","messages":[{"role":"user","content":"burst"}],"max_tokens":300,"stream":true}' >"$work/status.$i" &
+  burst_pids+=($!)
 done
-wait $(jobs -p | tail -n 64) 2>/dev/null || true
+wait "${burst_pids[@]}" 2>/dev/null || true
 ok=$(cat "$work"/status.* | awk '$1==200' | wc -l)
 rej=$(cat "$work"/status.* | awk '$1==503' | wc -l)
 echo "   $ok answered, $rej refused with 503"
