@@ -16,7 +16,7 @@ static ROUTE: LazyLock<Route> = LazyLock::new(|| {
         "listen: 127.0.0.1:1\nroutes:\n  - model: m\n    upstream_model: up\n    replicas: [http://127.0.0.1:2]\n    limits: { max_input_tokens: 500, max_tokens: { default: 16, cap: 64 }, max_n: 2, over_cap: clamp }\n    classes:\n      - { name: a, concurrency: 1, queue: 1, queue_wait: 1s }\n      - { name: b, when: { max_tokens_over: 8, input_tokens_over: 100, header: { name: x-c, value: b } }, concurrency: 1, queue: 1, queue_wait: 1s }\n",
     )
     .expect("fuzz config");
-    Route::new(config.routes[0].clone(), &Metrics::new()).expect("route")
+    Route::new(config.routes[0].clone(), &Metrics::new(), None).expect("route")
 });
 
 fuzz_target!(|data: &[u8]| {

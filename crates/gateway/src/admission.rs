@@ -137,6 +137,11 @@ impl State {
     /// Gives a freed slot to the first live waiter, or takes it out of flight.
     fn release(&mut self, now: Instant) {
         self.drain.record(now);
+        if self.in_flight > self.limits.concurrency {
+            // C was lowered by a reload: this slot goes away instead of to a waiter.
+            self.in_flight -= 1;
+            return;
+        }
         for lane in 0..2 {
             while let Some(w) = self.waiters[lane].pop_front() {
                 if w.tx.send(()).is_ok() {
@@ -236,6 +241,21 @@ impl Admission {
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state stays consistent across a panic elsewhere: every change is a few plain writes.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Changes C, Q and Wq in place (a reload). Requests in flight keep their slots; a larger C
+    /// admits waiters at once, a smaller one admits nobody until enough slots come back.
+    pub fn set_limits(&self, limits: Limits) {
+        let mut s = self.lock();
+        s.limits = limits;
+        while s.in_flight < s.limits.concurrency {
+            let Some(w) = s.waiters[0].pop_front().or_else(|| s.waiters[1].pop_front()) else {
+                break;
+            };
+            if w.tx.send(()).is_ok() {
+                s.in_flight += 1;
+            }
+        }
     }
 
     pub fn limits(&self) -> Limits {

@@ -27,6 +27,7 @@ pub mod relay;
 pub mod retry;
 pub mod route;
 pub mod server;
+pub mod table;
 pub mod tenant;
 
 pub use config::Config;

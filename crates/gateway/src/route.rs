@@ -96,7 +96,10 @@ pub struct Route {
 }
 
 impl Route {
-    pub fn new(config: RouteConfig, metrics: &Metrics) -> Result<Route, String> {
+    /// Builds a route; on a reload, `previous` (the route of the same model) hands over its live
+    /// state: each class keeps its admission gate (with the new limits) and each replica that stays
+    /// keeps its health, ejection and in-flight count.
+    pub fn new(config: RouteConfig, metrics: &Metrics, previous: Option<&Route>) -> Result<Route, String> {
         let tokenizer = match &config.tokenizer {
             Some(path) => Tokenizer::from_file(path)?,
             None => Tokenizer::Estimate,
@@ -114,13 +117,22 @@ impl Route {
                     .queue_limit
                     .with_label_values(&labels)
                     .set(i64::from(c.queue));
+                let limits = Limits {
+                    concurrency: c.concurrency.get(),
+                    queue: c.queue,
+                    queue_wait: c.queue_wait,
+                };
+                let kept = previous.and_then(|p| p.classes.iter().find(|k| k.config.name == c.name));
+                let admission = match kept {
+                    Some(k) => {
+                        k.admission.set_limits(limits);
+                        k.admission.clone()
+                    }
+                    None => Admission::new(limits),
+                };
                 Class {
                     config: c.clone(),
-                    admission: Admission::new(Limits {
-                        concurrency: c.concurrency.get(),
-                        queue: c.queue,
-                        queue_wait: c.queue_wait,
-                    }),
+                    admission,
                     series: metrics.class_series(&config.model, &c.name),
                 }
             })
@@ -129,6 +141,9 @@ impl Route {
             .replicas
             .iter()
             .map(|url| {
+                if let Some(kept) = previous.and_then(|p| p.replicas.iter().find(|r| &r.url == url)) {
+                    return kept.clone();
+                }
                 let labels = |result: &str| {
                     metrics
                         .upstream

@@ -9,7 +9,7 @@ use crate::outcome::{Cut, Exchange};
 use crate::prepare::{self, Api, DEADLINE_HEADER, Parsed};
 use crate::relay::{EventSplitter, Relay, parse_usage};
 use crate::route::Route;
-use crate::tenant::Tenants;
+use crate::table::Table;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::rejection::BytesRejection;
@@ -19,13 +19,22 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::time::Instant;
+
+/// Stops the health checks when the server stops.
+struct StopProbes<'a>(&'a Gateway);
+
+impl Drop for StopProbes<'_> {
+    fn drop(&mut self) {
+        self.0.probes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
 
 /// Stops a background task when the server stops.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
@@ -43,37 +52,58 @@ const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
 
 /// Everything the request path shares.
 pub struct Gateway {
-    routes: Vec<Arc<Route>>,
-    by_model: HashMap<String, usize>,
-    tenants: Tenants,
+    table: RwLock<Arc<Table>>,
     pub metrics: Arc<Metrics>,
     access: AccessLog,
     draining: AtomicBool,
+    /// The configuration the process started with: `listen` and `server` come from it for good.
     pub config: Config,
+    probes: Mutex<Vec<AbortOnDrop>>,
 }
 
 impl Gateway {
     pub fn new(config: Config, access: AccessLog) -> Result<Arc<Gateway>, String> {
         let metrics = Arc::new(Metrics::new());
-        let routes: Vec<Arc<Route>> = config
-            .routes
-            .iter()
-            .map(|r| Route::new(r.clone(), &metrics).map(Arc::new))
-            .collect::<Result<_, _>>()?;
-        let by_model = routes
-            .iter()
-            .enumerate()
-            .map(|(i, r)| (r.config.model.clone(), i))
-            .collect();
+        let table = Table::build(config.clone(), &metrics, None)?;
         Ok(Arc::new(Gateway {
-            tenants: Tenants::new(&config.tenants),
-            routes,
-            by_model,
+            table: RwLock::new(Arc::new(table)),
             metrics,
             access,
             draining: AtomicBool::new(false),
             config,
+            probes: Mutex::new(Vec::new()),
         }))
+    }
+
+    /// The routing table in force; a request holds one for its whole life.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies a new configuration without a restart: routes, classes, limits, replicas and tenants
+    /// change at once for new requests; requests in flight keep what they started with.
+    /// `listen` and `server` cannot change in a running process and must stay as they are.
+    pub fn reload(&self, config: Config) -> Result<(), String> {
+        if config.listen != self.config.listen || config.server != self.config.server {
+            return Err("'listen' and 'server' cannot change without a restart".into());
+        }
+        let previous = self.table();
+        let table = Table::build(config, &self.metrics, Some(&previous))?;
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        self.start_probes();
+        Ok(())
+    }
+
+    /// (Re)starts the active health checks of the current routes.
+    fn start_probes(&self) {
+        let probes = self
+            .table()
+            .routes
+            .iter()
+            .filter(|r| r.config.health.enabled)
+            .map(|r| AbortOnDrop(tokio::spawn(r.clone().probe_health())))
+            .collect();
+        *self.probes.lock().unwrap_or_else(|e| e.into_inner()) = probes;
     }
 
     /// Stops taking new requests (`/ready` turns 503); requests in flight go on.
@@ -88,7 +118,8 @@ impl Gateway {
 
     /// In-flight requests over every class of every route.
     pub fn in_flight(&self) -> u32 {
-        self.routes
+        self.table()
+            .routes
             .iter()
             .flat_map(|r| &r.classes)
             .map(|c| c.admission.in_flight())
@@ -97,7 +128,8 @@ impl Gateway {
 
     /// The admission gate of a route's class, for tests and the admin view.
     pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
-        let route = &self.routes[*self.by_model.get(model)?];
+        let table = self.table();
+        let route = table.route(model)?;
         route
             .classes
             .iter()
@@ -106,7 +138,7 @@ impl Gateway {
     }
 
     fn refresh_gauges(&self) {
-        for r in &self.routes {
+        for r in &self.table().routes {
             r.refresh_ejections();
             for c in &r.classes {
                 let labels = [r.config.model.as_str(), c.config.name.as_str()];
@@ -171,12 +203,8 @@ pub async fn run(
         );
         let _ = drained_tx.send(());
     };
-    let _probes: Vec<_> = gateway
-        .routes
-        .iter()
-        .filter(|r| r.config.health.enabled)
-        .map(|r| AbortOnDrop(tokio::spawn(r.clone().probe_health())))
-        .collect();
+    gateway.start_probes();
+    let _stop_probes = StopProbes(&gateway);
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
@@ -200,7 +228,7 @@ pub async fn run(
 
 /// Ready unless draining or some route has no replica that answered its last connection attempt.
 async fn ready(State(g): State<Arc<Gateway>>) -> StatusCode {
-    if g.is_draining() || !g.routes.iter().all(|r| r.has_reachable_replica()) {
+    if g.is_draining() || !g.table().routes.iter().all(|r| r.has_reachable_replica()) {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
@@ -217,11 +245,12 @@ async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    let tenant = match g.tenants.identify(auth(&headers)) {
+    let table = g.table();
+    let tenant = match table.tenants.identify(auth(&headers)) {
         Ok(t) => t,
         Err(e) => return e.into_response(),
     };
-    let data: Vec<_> = g
+    let data: Vec<_> = table
         .routes
         .iter()
         .filter(|r| tenant.may_use(&r.config.model))
@@ -328,7 +357,8 @@ async fn serve(
         Err(e) => fail!(e),
     };
     ex.record.stream = parsed.stream();
-    let Some(&index) = g.by_model.get(parsed.model()) else {
+    let table = g.table();
+    let Some(route) = table.route(parsed.model()).cloned() else {
         let model: String = parsed.model().chars().take(100).collect();
         fail!(GatewayError::client(
             404,
@@ -337,9 +367,8 @@ async fn serve(
             Some("model")
         ));
     };
-    let route = g.routes[index].clone();
     ex.record.route.clone_from(&route.config.model);
-    let tenant = match g.tenants.identify(auth(headers)) {
+    let tenant = match table.tenants.identify(auth(headers)) {
         Ok(t) => t,
         Err(e) => fail!(e),
     };
@@ -359,7 +388,7 @@ async fn serve(
         Ok(d) => d,
         Err(e) => fail!(e),
     };
-    let prepared = match prepare::prepare(parsed, &route, &tenant, g.tenants.is_open(), headers) {
+    let prepared = match prepare::prepare(parsed, &route, &tenant, table.tenants.is_open(), headers) {
         Ok(p) => p,
         Err(e) => fail!(e),
     };

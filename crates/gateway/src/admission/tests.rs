@@ -196,3 +196,37 @@ async fn retry_after_follows_the_drain_rate() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn raising_c_admits_waiters_and_lowering_it_lets_in_flight_finish() {
+    let a = gate(1, 4, 10_000);
+    let p1 = a.acquire(Priority::Standard, far()).await.unwrap();
+    let a2 = a.clone();
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!(a.queued(), 1);
+    a.set_limits(Limits {
+        concurrency: 2,
+        queue: 4,
+        queue_wait: Duration::from_secs(10),
+    });
+    let p2 = waiter.await.unwrap().unwrap();
+    assert_eq!(
+        (a.in_flight(), a.queued()),
+        (2, 0),
+        "the new slot went to the waiter"
+    );
+    a.set_limits(Limits {
+        concurrency: 1,
+        queue: 4,
+        queue_wait: Duration::from_secs(10),
+    });
+    assert_eq!(a.in_flight(), 2, "requests in flight keep their slots");
+    drop(p1);
+    let a3 = a.clone();
+    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    assert_eq!(a.queued(), 1, "still one in flight = the new C: the next waits");
+    drop(p2);
+    assert!(next.await.unwrap().is_ok());
+}
