@@ -21,6 +21,18 @@ pub struct Config {
     pub tenants: Vec<TenantConfig>,
     #[serde(default)]
     pub server: ServerConfig,
+    /// The admin API on its own listener; absent: no admin API.
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+}
+
+/// The admin API: state, drain/undrain a replica, reload. Bearer-token protected; the token comes
+/// from the environment variable named here, never from the file.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    pub token_env: String,
 }
 
 /// Limits of the HTTP server itself.

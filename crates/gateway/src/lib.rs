@@ -17,6 +17,7 @@
 //! status codes and OpenAI error bodies.
 
 pub mod access_log;
+pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod error;

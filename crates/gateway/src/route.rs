@@ -33,6 +33,8 @@ pub struct Replica {
     pub unreachable: AtomicBool,
     /// Set by the active health checks; only healthy replicas are picked.
     pub healthy: AtomicBool,
+    /// Set by an operator through the admin API: no new requests, in-flight ones finish.
+    pub drained: AtomicBool,
     /// Failures in a row, for outlier ejection.
     consecutive_failures: AtomicU32,
     ejections: AtomicU32,
@@ -65,7 +67,19 @@ impl Replica {
 
     /// Whether requests may go here: healthy and not ejected.
     fn eligible(&self, now: Instant) -> bool {
-        self.healthy.load(Ordering::Relaxed) && !self.is_ejected(now)
+        self.healthy.load(Ordering::Relaxed) && !self.drained.load(Ordering::Relaxed) && !self.is_ejected(now)
+    }
+
+    /// The replica's state for the admin view.
+    pub fn state(&self) -> serde_json::Value {
+        serde_json::json!({
+            "url": self.url,
+            "healthy": self.healthy.load(Ordering::Relaxed),
+            "drained": self.drained.load(Ordering::Relaxed),
+            "ejected": self.is_ejected(Instant::now()),
+            "reachable": !self.unreachable.load(Ordering::Relaxed),
+            "outstanding": self.outstanding.load(Ordering::Relaxed),
+        })
     }
 
     fn set_healthy(&self, healthy: bool) {
@@ -153,6 +167,7 @@ impl Route {
                     url: url.clone(),
                     unreachable: AtomicBool::new(false),
                     healthy: AtomicBool::new(true),
+                    drained: AtomicBool::new(false),
                     consecutive_failures: AtomicU32::new(0),
                     ejections: AtomicU32::new(0),
                     ejected_until: std::sync::Mutex::new(None),

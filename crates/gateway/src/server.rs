@@ -59,10 +59,35 @@ pub struct Gateway {
     /// The configuration the process started with: `listen` and `server` come from it for good.
     pub config: Config,
     probes: Mutex<Vec<AbortOnDrop>>,
+    admin_token: Option<String>,
+    config_path: Mutex<Option<std::path::PathBuf>>,
+    /// Where the admin API listens, once it does.
+    pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
 }
 
 impl Gateway {
     pub fn new(config: Config, access: AccessLog) -> Result<Arc<Gateway>, String> {
+        Self::with_env(config, access, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`Gateway::new`], reading secrets through `env` (tests pass their own).
+    pub fn with_env(
+        config: Config,
+        access: AccessLog,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Arc<Gateway>, String> {
+        let admin_token = match &config.admin {
+            Some(a) => match env(&a.token_env) {
+                Some(t) if !t.is_empty() => Some(t),
+                _ => {
+                    return Err(format!(
+                        "admin.token_env: the environment variable {} holding the admin token is not set",
+                        a.token_env
+                    ));
+                }
+            },
+            None => None,
+        };
         let metrics = Arc::new(Metrics::new());
         let table = Table::build(config.clone(), &metrics, None)?;
         Ok(Arc::new(Gateway {
@@ -72,7 +97,23 @@ impl Gateway {
             draining: AtomicBool::new(false),
             config,
             probes: Mutex::new(Vec::new()),
+            admin_token,
+            config_path: Mutex::new(None),
+            admin_addr: std::sync::OnceLock::new(),
         }))
+    }
+
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
+    }
+
+    /// The file the configuration came from, for reloads.
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        *self.config_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    }
+
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// The routing table in force; a request holds one for its whole life.
@@ -84,8 +125,11 @@ impl Gateway {
     /// change at once for new requests; requests in flight keep what they started with.
     /// `listen` and `server` cannot change in a running process and must stay as they are.
     pub fn reload(&self, config: Config) -> Result<(), String> {
-        if config.listen != self.config.listen || config.server != self.config.server {
-            return Err("'listen' and 'server' cannot change without a restart".into());
+        if config.listen != self.config.listen
+            || config.server != self.config.server
+            || config.admin != self.config.admin
+        {
+            return Err("'listen', 'server' and 'admin' cannot change without a restart".into());
         }
         let previous = self.table();
         let table = Table::build(config, &self.metrics, Some(&previous))?;
@@ -205,6 +249,17 @@ pub async fn run(
     };
     gateway.start_probes();
     let _stop_probes = StopProbes(&gateway);
+    let _admin = match &gateway.config.admin {
+        Some(a) => {
+            let admin = TcpListener::bind(a.listen).await?;
+            let _ = gateway.admin_addr.set(admin.local_addr()?);
+            let app = crate::admin::router(gateway.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                let _ = axum::serve(admin, app).await;
+            })))
+        }
+        None => None,
+    };
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });

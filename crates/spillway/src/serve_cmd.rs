@@ -84,6 +84,24 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
     };
     let listen = config.listen;
     let gateway = Gateway::new(config, access).map_err(anyhow::Error::msg)?;
+    // Hot reload: on SIGHUP, when the file changes, and through the admin API.
+    gateway.set_config_path(args.config.clone());
+    tokio::spawn(gateway::admin::watch_file(
+        gateway.clone(),
+        args.config.clone(),
+        std::time::Duration::from_secs(2),
+    ));
+    #[cfg(unix)]
+    {
+        let g = gateway.clone();
+        let path = args.config.clone();
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                let _ = gateway::admin::reload_file(&g, &path);
+            }
+        });
+    }
     let listener = TcpListener::bind(listen)
         .await
         .with_context(|| format!("cannot listen on {listen}"))?;

@@ -5,6 +5,7 @@ mod bad_input;
 mod cancellation;
 mod clients;
 mod observability;
+mod operations;
 mod resilience;
 mod streaming;
 mod support;

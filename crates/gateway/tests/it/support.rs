@@ -38,7 +38,10 @@ impl Stack {
         }
         let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"));
         let (access, log) = AccessLog::memory();
-        let gateway = Gateway::new(config, access).expect("gateway builds");
+        // Tests cannot set the process environment (no unsafe): secrets come from here.
+        let env =
+            |name: &str| (name == "SPILLWAY_TEST_ADMIN_TOKEN").then(|| crate::operations::TOKEN.to_owned());
+        let gateway = Gateway::with_env(config, access, &env).expect("gateway builds");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
