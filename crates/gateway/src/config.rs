@@ -217,8 +217,18 @@ impl Default for OutlierConfig {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Balance {
+    /// The replica with the fewest requests in flight through this gateway.
     #[default]
     LeastOutstanding,
+    /// Power of two choices: the less loaded of two replicas drawn at random (scales to many
+    /// replicas and many gateways without herding).
+    P2c,
+    /// Requests whose prompts share a prefix go to the same replica, for its prefix cache
+    /// (rendezvous hashing), unless it carries well over the mean load (bounded load, ×1.25 + 1).
+    PrefixAffinity,
+    /// Prefers replicas whose own `/metrics` show few waiting requests and a cool KV cache (scraped
+    /// about once a second); stale data falls back to least outstanding.
+    EngineAware,
 }
 
 /// The cost one request may have (seed: "한 요청의 최대 비용을 제한한다").

@@ -97,6 +97,39 @@ impl Parsed {
     }
 
     /// Prompt tokens, counted with the route's tokenizer (the chat template is the engine's).
+    /// A hash of the start of the prompt: requests sharing a long prefix share it.
+    fn prefix_key(&self) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut feed = |bytes: &[u8], budget: &mut usize| {
+            for b in bytes.iter().take(*budget) {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+            *budget = budget.saturating_sub(bytes.len());
+        };
+        let mut budget = 512;
+        match self {
+            Parsed::Chat(c) => {
+                for m in &c.messages {
+                    feed(m.role.as_bytes(), &mut budget);
+                    if let Some(content) = &m.content {
+                        feed(content.text().as_bytes(), &mut budget);
+                    }
+                }
+            }
+            Parsed::Completion(c) => match &c.prompt {
+                Prompt::Text(t) => feed(t.as_bytes(), &mut budget),
+                Prompt::Texts(ts) => ts.iter().for_each(|t| feed(t.as_bytes(), &mut budget)),
+                Prompt::Tokens(ids) => ids.iter().for_each(|t| feed(&t.to_le_bytes(), &mut budget)),
+                Prompt::TokenBatches(b) => b
+                    .iter()
+                    .flatten()
+                    .for_each(|t| feed(&t.to_le_bytes(), &mut budget)),
+            },
+        }
+        h
+    }
+
     fn input_tokens(&self, route: &Route) -> u32 {
         let n = match self {
             Parsed::Chat(c) => {
@@ -129,6 +162,8 @@ pub struct Prepared {
     pub input_tokens: u32,
     pub max_tokens: Option<u32>,
     pub body: Bytes,
+    /// A hash of the prompt's first 512 bytes, for prefix affinity.
+    pub prefix_key: u64,
 }
 
 /// Applies the route's cost caps, picks the class and priority, and writes the upstream body.
@@ -212,6 +247,7 @@ pub fn prepare(
     let priority = priority(headers, tenant, open)?;
     let stream = parsed.stream();
     let client_wants_usage = parsed.wants_usage();
+    let prefix_key = parsed.prefix_key();
     let upstream_model = route
         .config
         .upstream_model
@@ -259,6 +295,7 @@ pub fn prepare(
         input_tokens,
         max_tokens,
         body: Bytes::from(body),
+        prefix_key,
     })
 }
 

@@ -2,7 +2,7 @@
 //! upstream client.
 
 use crate::admission::{Admission, Limits};
-use crate::config::{ClassConfig, RouteConfig};
+use crate::config::{Balance, ClassConfig, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -13,6 +13,7 @@ use hyper_util::rt::TokioExecutor;
 use prometheus::{IntCounter, IntGauge};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
+use std::time::Duration;
 use tokenize::Tokenizer;
 use tokio::time::Instant;
 
@@ -35,6 +36,8 @@ pub struct Replica {
     pub healthy: AtomicBool,
     /// Set by an operator through the admin API: no new requests, in-flight ones finish.
     pub drained: AtomicBool,
+    /// The last scrape of the engine's own metrics: (when, waiting requests, KV-cache usage).
+    engine_load: std::sync::Mutex<Option<(Instant, f64, f64)>>,
     /// Failures in a row, for outlier ejection.
     consecutive_failures: AtomicU32,
     ejections: AtomicU32,
@@ -57,7 +60,47 @@ pub struct ReplicaGuard {
     pub index: usize,
 }
 
+/// Rendezvous (highest random weight) hashing: the replica with the highest weight for a key keeps
+/// it while replicas come and go, and no ring is needed.
+fn rendezvous(key: u64, replica: &str) -> u64 {
+    let mut h = key ^ 0x9e37_79b9_7f4a_7c15;
+    for b in replica.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h ^= h >> 33;
+    h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    h ^ (h >> 33)
+}
+
+/// `vllm:num_requests_waiting` (summed over engines) and `vllm:kv_cache_usage_perc` (the highest)
+/// from a Prometheus text exposition; `None` if the waiting count is missing.
+pub fn parse_engine_load(text: &str) -> Option<(f64, f64)> {
+    let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+    let mut waiting = None;
+    let mut kv: f64 = 0.0;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap_or("");
+        match name {
+            "vllm:num_requests_waiting" => *waiting.get_or_insert(0.0) += value(line).unwrap_or(0.0),
+            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
+                kv = kv.max(value(line).unwrap_or(0.0))
+            }
+            _ => {}
+        }
+    }
+    waiting.map(|w| (w, kv))
+}
+
 impl Replica {
+    /// The engine-aware score (lower is better): requests waiting in the engine, then how full its
+    /// KV cache is, then this gateway's own in-flight count; `None` when the scrape is over 3 s old.
+    fn engine_score(&self, now: Instant, outstanding: u32) -> Option<f64> {
+        let (at, waiting, kv) = (*self.engine_load.lock().unwrap_or_else(|e| e.into_inner()))?;
+        (now.saturating_duration_since(at) < Duration::from_secs(3))
+            .then(|| waiting + 2.0 * kv + 0.05 * f64::from(outstanding))
+    }
+
     pub fn is_ejected(&self, now: Instant) -> bool {
         self.ejected_until
             .lock()
@@ -168,6 +211,7 @@ impl Route {
                     unreachable: AtomicBool::new(false),
                     healthy: AtomicBool::new(true),
                     drained: AtomicBool::new(false),
+                    engine_load: std::sync::Mutex::new(None),
                     consecutive_failures: AtomicU32::new(0),
                     ejections: AtomicU32::new(0),
                     ejected_until: std::sync::Mutex::new(None),
@@ -251,31 +295,100 @@ impl Route {
             .unwrap_or(&self.classes[0])
     }
 
-    /// The healthy replica with the fewest requests outstanding, skipping `tried`; ties go
-    /// round-robin. `None` when no healthy replica is left.
-    pub fn pick(&self, tried: &[usize]) -> Option<ReplicaGuard> {
-        let n = self.replicas.len();
+    /// An eligible replica (healthy, not drained, not ejected) not in `tried`, by the route's
+    /// balancer; `None` when none is left.
+    pub fn pick(&self, tried: &[usize], prefix_key: u64) -> Option<ReplicaGuard> {
         let now = Instant::now();
+        let n = self.replicas.len();
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let mut best = None;
-        let mut least = u32::MAX;
-        for k in 0..n {
-            let i = (start + k) % n;
-            let r = &self.replicas[i];
-            if tried.contains(&i) || !r.eligible(now) {
-                continue;
+        let eligible: Vec<usize> = (0..n)
+            .map(|k| (start + k) % n)
+            .filter(|i| !tried.contains(i) && self.replicas[*i].eligible(now))
+            .collect();
+        let load = |i: &usize| self.replicas[*i].outstanding.load(Ordering::Relaxed);
+        let least = || eligible.iter().copied().min_by_key(load);
+        let index = match self.config.balance {
+            Balance::LeastOutstanding => least(),
+            Balance::P2c => match eligible.len() {
+                0 | 1 => eligible.first().copied(),
+                len => {
+                    let a = rand::random_range(0..len);
+                    let b = (a + 1 + rand::random_range(0..len - 1)) % len;
+                    let (a, b) = (eligible[a], eligible[b]);
+                    Some(if load(&b) < load(&a) { b } else { a })
+                }
+            },
+            Balance::PrefixAffinity => {
+                let total: u32 = eligible.iter().map(load).sum();
+                // Bounded load: at most 25% over the mean (plus one), else the next in line.
+                let bound = f64::from(total + 1) / eligible.len().max(1) as f64 * 1.25 + 1.0;
+                let mut ranked = eligible.clone();
+                ranked.sort_by_key(|i| std::cmp::Reverse(rendezvous(prefix_key, &self.replicas[*i].url)));
+                ranked
+                    .into_iter()
+                    .find(|i| f64::from(load(i) + 1) <= bound)
+                    .or_else(least)
             }
-            let o = r.outstanding.load(Ordering::Relaxed);
-            if o < least {
-                least = o;
-                best = Some(i);
+            Balance::EngineAware => {
+                let scores: Option<Vec<(usize, f64)>> = eligible
+                    .iter()
+                    .map(|i| self.replicas[*i].engine_score(now, load(i)).map(|s| (*i, s)))
+                    .collect();
+                match scores {
+                    Some(scores) => scores
+                        .into_iter()
+                        .min_by(|a, b| a.1.total_cmp(&b.1))
+                        .map(|(i, _)| i),
+                    None => least(),
+                }
             }
-        }
-        let index = best?;
+        }?;
         let replica = self.replicas[index].clone();
         replica.outstanding.fetch_add(1, Ordering::Relaxed);
         replica.gauge.inc();
         Some(ReplicaGuard { replica, index })
+    }
+
+    /// Reads each replica's `/metrics` about once a second for the engine-aware balancer.
+    pub async fn scrape_engines(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let scrapes = self.replicas.iter().map(|r| {
+                let client = self.client.clone();
+                let uri = format!("{}/metrics", r.url);
+                async move {
+                    let req = hyper::Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+                    let resp = tokio::time::timeout(Duration::from_millis(800), client.request(req))
+                        .await
+                        .ok()?
+                        .ok()?;
+                    if !resp.status().is_success() {
+                        return None;
+                    }
+                    let body = tokio::time::timeout(
+                        Duration::from_millis(800),
+                        http_body_util::BodyExt::collect(http_body_util::Limited::new(
+                            resp.into_body(),
+                            4 << 20,
+                        )),
+                    )
+                    .await
+                    .ok()?
+                    .ok()?
+                    .to_bytes();
+                    parse_engine_load(&String::from_utf8_lossy(&body))
+                }
+            });
+            let results = futures::future::join_all(scrapes).await;
+            let now = Instant::now();
+            for (r, load) in self.replicas.iter().zip(results) {
+                if let Some((waiting, kv)) = load {
+                    *r.engine_load.lock().unwrap_or_else(|e| e.into_inner()) = Some((now, waiting, kv));
+                }
+            }
+        }
     }
 
     /// Whether an eligible replica not in `tried` is left.

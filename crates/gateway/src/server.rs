@@ -144,8 +144,16 @@ impl Gateway {
             .table()
             .routes
             .iter()
-            .filter(|r| r.config.health.enabled)
-            .map(|r| AbortOnDrop(tokio::spawn(r.clone().probe_health())))
+            .flat_map(|r| {
+                let health = r
+                    .config
+                    .health
+                    .enabled
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().probe_health())));
+                let engines = (r.config.balance == crate::config::Balance::EngineAware)
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().scrape_engines())));
+                health.into_iter().chain(engines)
+            })
             .collect();
         *self.probes.lock().unwrap_or_else(|e| e.into_inner()) = probes;
     }
@@ -511,7 +519,7 @@ async fn serve(
     // Stage 9: retry only before any byte went to the client, only for a connection failure or a
     // busy replica, on another replica, within the attempts, the budget and the deadline.
     let upstream = loop {
-        let Some(replica) = route.pick(&tried) else {
+        let Some(replica) = route.pick(&tried, prepared.prefix_key) else {
             fail!(GatewayError::capacity(
                 503,
                 "no_healthy_replica",

@@ -2,6 +2,7 @@
 
 mod admission;
 mod bad_input;
+mod balance;
 mod cancellation;
 mod clients;
 mod observability;
