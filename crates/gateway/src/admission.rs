@@ -1,6 +1,12 @@
 //! Admission per route and class: at most C requests in flight, at most Q waiting, nobody waiting
 //! longer than Wq or past their own deadline, priority order in the queue, and honest `Retry-After`.
 //!
+//! C may be adaptive: [`Admission::adapt`] moves it by AIMD on the time from admission to the
+//! first token (the upstream's TTFT, without the gateway's own queue, which C itself causes) against
+//! the class's TTFT objective. Each interval with at least 5 samples: p90 above the objective →
+//! C × 0.8 (at least `min`); p90 under 0.8 × the objective while C was reached → C + ⌈√C⌉ (at most
+//! `max`); otherwise C stays.
+//!
 //! A [`Permit`] is the slot; it is released when dropped, which the server arranges to happen when
 //! the response body ends or is dropped, not when headers are sent.
 
@@ -120,8 +126,28 @@ struct Waiter {
     tx: oneshot::Sender<()>,
 }
 
+/// The state of an adaptive C.
+#[derive(Debug, Clone)]
+struct Adaptive {
+    min: u32,
+    max: u32,
+    slo: Duration,
+    samples: Vec<Duration>,
+    /// The most requests in flight since the last adjustment.
+    peak: u32,
+}
+
+/// Bounds and objective of an adaptive C.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AdaptiveLimits {
+    pub min: u32,
+    pub max: u32,
+    pub slo: Duration,
+}
+
 struct State {
     limits: Limits,
+    adaptive: Option<Adaptive>,
     in_flight: u32,
     /// Waiters by priority: critical, then standard (sheddable never waits).
     waiters: [VecDeque<Waiter>; 2],
@@ -183,6 +209,27 @@ pub struct Permit {
     admission: Arc<Admission>,
     /// How long the request waited for the slot.
     pub queue_wait: Duration,
+    granted_at: Instant,
+}
+
+impl Permit {
+    fn new(admission: Arc<Admission>, queue_wait: Duration) -> Permit {
+        Permit {
+            admission,
+            queue_wait,
+            granted_at: Instant::now(),
+        }
+    }
+
+    /// The first token arrived at `now`: a sample for an adaptive C.
+    pub fn first_token(&self, now: Instant) {
+        let mut s = self.admission.lock();
+        if let Some(a) = s.adaptive.as_mut()
+            && a.samples.len() < 4096
+        {
+            a.samples.push(now.saturating_duration_since(self.granted_at));
+        }
+    }
 }
 
 impl Drop for Permit {
@@ -230,6 +277,7 @@ impl Admission {
         Arc::new(Self {
             state: Mutex::new(State {
                 limits,
+                adaptive: None,
                 in_flight: 0,
                 waiters: [VecDeque::new(), VecDeque::new()],
                 next_id: 0,
@@ -258,6 +306,63 @@ impl Admission {
         }
     }
 
+    /// Makes C adaptive within `bounds` (or fixed again with `None`), keeping the current C if it
+    /// lies within them.
+    pub fn set_adaptive(&self, bounds: Option<AdaptiveLimits>) {
+        let mut s = self.lock();
+        s.adaptive = bounds.map(|b| Adaptive {
+            min: b.min,
+            max: b.max,
+            slo: b.slo,
+            samples: Vec::new(),
+            peak: 0,
+        });
+        if let Some(b) = bounds {
+            let c = s.limits.concurrency.clamp(b.min, b.max);
+            drop(s);
+            let limits = Limits {
+                concurrency: c,
+                ..self.limits()
+            };
+            self.set_limits(limits);
+        }
+    }
+
+    /// One step of the adaptive controller (see the module docs); returns C after it.
+    pub fn adapt(&self) -> u32 {
+        let (current, next) = {
+            let mut s = self.lock();
+            let current = s.limits.concurrency;
+            let in_flight = s.in_flight;
+            let Some(a) = s.adaptive.as_mut() else {
+                return current;
+            };
+            let mut samples = std::mem::take(&mut a.samples);
+            let peak = std::mem::replace(&mut a.peak, in_flight);
+            if samples.len() < 5 {
+                return current;
+            }
+            samples.sort_unstable();
+            let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
+            let next = if p90 > a.slo {
+                ((f64::from(current) * 0.8) as u32).max(a.min)
+            } else if p90 < a.slo.mul_f64(0.8) && peak >= current {
+                (current + (f64::from(current).sqrt().ceil() as u32)).min(a.max)
+            } else {
+                current
+            };
+            (current, next)
+        };
+        if next != current {
+            let limits = Limits {
+                concurrency: next,
+                ..self.limits()
+            };
+            self.set_limits(limits);
+        }
+        next
+    }
+
     pub fn limits(&self) -> Limits {
         self.lock().limits
     }
@@ -281,10 +386,11 @@ impl Admission {
             let mut s = self.lock();
             if s.in_flight < s.limits.concurrency {
                 s.in_flight += 1;
-                return Ok(Permit {
-                    admission: self.clone(),
-                    queue_wait: Duration::ZERO,
-                });
+                let in_flight = s.in_flight;
+                if let Some(a) = s.adaptive.as_mut() {
+                    a.peak = a.peak.max(in_flight);
+                }
+                return Ok(Permit::new(self.clone(), Duration::ZERO));
             }
             let lane = match priority {
                 Priority::Critical => 0,
@@ -337,10 +443,7 @@ impl Admission {
         let granted = matches!(tokio::time::timeout(budget, &mut guard.rx).await, Ok(Ok(())));
         if granted || guard.leave() {
             guard.done = true;
-            return Ok(Permit {
-                admission: self.clone(),
-                queue_wait: start.elapsed(),
-            });
+            return Ok(Permit::new(self.clone(), start.elapsed()));
         }
         let now = Instant::now();
         let retry_after = self.lock().retry_after(0, now);

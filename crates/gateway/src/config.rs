@@ -301,8 +301,8 @@ pub struct ClassConfig {
     pub name: String,
     #[serde(default)]
     pub when: Option<When>,
-    /// C: requests in flight at most.
-    pub concurrency: NonZeroU32,
+    /// C: requests in flight at most — a number, or `{ adaptive: { min, max } }`.
+    pub concurrency: Concurrency,
     /// Q: requests waiting at most (0: never wait).
     pub queue: u32,
     /// Wq: the longest any request waits for a slot.
@@ -310,6 +310,50 @@ pub struct ClassConfig {
     pub queue_wait: Duration,
     #[serde(default)]
     pub slo: Option<Slo>,
+}
+
+/// A fixed C, or one that follows the measured time to first token (see [`crate::admission`]).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Concurrency {
+    Fixed(NonZeroU32),
+    Adaptive { adaptive: AdaptiveConfig },
+}
+
+impl Concurrency {
+    /// The limit to start with: the fixed value, or the adaptive `initial` (default: `min`).
+    pub fn initial(&self) -> u32 {
+        match self {
+            Concurrency::Fixed(n) => n.get(),
+            Concurrency::Adaptive { adaptive } => adaptive.initial.unwrap_or(adaptive.min).get(),
+        }
+    }
+}
+
+impl std::fmt::Display for Concurrency {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Concurrency::Fixed(n) => write!(f, "{n}"),
+            Concurrency::Adaptive { adaptive: a } => write!(f, "adaptive {}–{}", a.min, a.max),
+        }
+    }
+}
+
+/// Bounds and pace of an adaptive C.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdaptiveConfig {
+    pub min: NonZeroU32,
+    pub max: NonZeroU32,
+    #[serde(default)]
+    pub initial: Option<NonZeroU32>,
+    /// How often the limit is reconsidered.
+    #[serde(default = "default_adapt_interval", with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+fn default_adapt_interval() -> Duration {
+    Duration::from_secs(1)
 }
 
 /// A request belongs to the class if any condition given holds.
@@ -516,7 +560,7 @@ impl Config {
                 route.classes.push(ClassConfig {
                     name: "default".into(),
                     when: None,
-                    concurrency: NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN),
+                    concurrency: Concurrency::Fixed(NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN)),
                     queue: 64,
                     // Never longer than half the first-token budget the queue sits inside.
                     queue_wait: Duration::from_secs(2).min(t.first_token / 2),
@@ -545,6 +589,23 @@ impl Config {
                 }
                 if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
                     return Err(err(at("when"), "every class after the first needs a rule"));
+                }
+                if let Concurrency::Adaptive { adaptive: a } = class.concurrency {
+                    if a.min > a.max
+                        || a.initial.is_some_and(|i| i < a.min || i > a.max)
+                        || a.interval.is_zero()
+                    {
+                        return Err(err(
+                            at("concurrency.adaptive"),
+                            "needs min ≤ initial ≤ max and an interval above zero",
+                        ));
+                    }
+                    if class.slo.and_then(|s| s.ttft).is_none() {
+                        return Err(err(
+                            at("slo.ttft"),
+                            "an adaptive concurrency follows the TTFT objective: set slo.ttft",
+                        ));
+                    }
                 }
                 if class.queue > 0 && class.queue_wait.is_zero() {
                     return Err(err(

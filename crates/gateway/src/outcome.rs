@@ -84,6 +84,9 @@ impl Exchange {
         match self.last_chunk {
             None => {
                 self.first_chunk = Some(now);
+                if let Some(p) = &self.permit {
+                    p.first_token(now);
+                }
                 if let Some(s) = &self.series {
                     s.ttft.observe((now - self.arrival).as_secs_f64());
                 }

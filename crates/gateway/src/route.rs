@@ -1,8 +1,8 @@
 //! A route at run time: its classes with their admission gates, its replicas, its tokenizer and its
 //! upstream client.
 
-use crate::admission::{Admission, Limits};
-use crate::config::{Balance, ClassConfig, RouteConfig};
+use crate::admission::{AdaptiveLimits, Admission, Limits};
+use crate::config::{Balance, ClassConfig, Concurrency, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -24,6 +24,8 @@ pub struct Class {
     pub config: ClassConfig,
     pub admission: Arc<Admission>,
     pub series: ClassSeries,
+    /// `spillway_concurrency_limit` of this class, which an adaptive C moves.
+    pub limit_gauge: IntGauge,
 }
 
 /// One upstream replica and its live request count.
@@ -166,20 +168,32 @@ impl Route {
             .iter()
             .map(|c| {
                 let labels = [config.model.as_str(), c.name.as_str()];
-                metrics
-                    .concurrency_limit
-                    .with_label_values(&labels)
-                    .set(i64::from(c.concurrency.get()));
+                let limit_gauge = metrics.concurrency_limit.with_label_values(&labels);
                 metrics
                     .queue_limit
                     .with_label_values(&labels)
                     .set(i64::from(c.queue));
+                let kept = previous.and_then(|p| p.classes.iter().find(|k| k.config.name == c.name));
+                let adaptive = match c.concurrency {
+                    Concurrency::Fixed(_) => None,
+                    Concurrency::Adaptive { adaptive: a } => Some(AdaptiveLimits {
+                        min: a.min.get(),
+                        max: a.max.get(),
+                        slo: c.slo.and_then(|s| s.ttft).unwrap_or(Duration::from_secs(1)),
+                    }),
+                };
+                // An adaptive C that stays adaptive keeps what it has learned across a reload.
+                let concurrency = match (kept, adaptive) {
+                    (Some(k), Some(_)) if matches!(k.config.concurrency, Concurrency::Adaptive { .. }) => {
+                        k.admission.limits().concurrency
+                    }
+                    _ => c.concurrency.initial(),
+                };
                 let limits = Limits {
-                    concurrency: c.concurrency.get(),
+                    concurrency,
                     queue: c.queue,
                     queue_wait: c.queue_wait,
                 };
-                let kept = previous.and_then(|p| p.classes.iter().find(|k| k.config.name == c.name));
                 let admission = match kept {
                     Some(k) => {
                         k.admission.set_limits(limits);
@@ -187,9 +201,12 @@ impl Route {
                     }
                     None => Admission::new(limits),
                 };
+                admission.set_adaptive(adaptive);
+                limit_gauge.set(i64::from(admission.limits().concurrency));
                 Class {
                     config: c.clone(),
                     admission,
+                    limit_gauge,
                     series: metrics.class_series(&config.model, &c.name),
                 }
             })
@@ -347,6 +364,37 @@ impl Route {
         replica.outstanding.fetch_add(1, Ordering::Relaxed);
         replica.gauge.inc();
         Some(ReplicaGuard { replica, index })
+    }
+
+    /// Runs the adaptive-concurrency controller of this route's adaptive classes.
+    pub async fn adapt_limits(self: Arc<Self>) {
+        let every = self
+            .classes
+            .iter()
+            .filter_map(|c| match c.config.concurrency {
+                Concurrency::Adaptive { adaptive } => Some(adaptive.interval),
+                Concurrency::Fixed(_) => None,
+            })
+            .min();
+        let Some(every) = every else { return };
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            for c in self
+                .classes
+                .iter()
+                .filter(|c| matches!(c.config.concurrency, Concurrency::Adaptive { .. }))
+            {
+                let before = c.admission.limits().concurrency;
+                let after = c.admission.adapt();
+                c.limit_gauge.set(i64::from(after));
+                if after != before {
+                    tracing::info!(route = %self.config.model, class = %c.config.name, from = before, to = after, "adaptive concurrency");
+                }
+            }
+        }
     }
 
     /// Reads each replica's `/metrics` about once a second for the engine-aware balancer.

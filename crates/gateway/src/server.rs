@@ -152,7 +152,12 @@ impl Gateway {
                     .then(|| AbortOnDrop(tokio::spawn(r.clone().probe_health())));
                 let engines = (r.config.balance == crate::config::Balance::EngineAware)
                     .then(|| AbortOnDrop(tokio::spawn(r.clone().scrape_engines())));
-                health.into_iter().chain(engines)
+                let adaptive = r
+                    .classes
+                    .iter()
+                    .any(|c| matches!(c.config.concurrency, crate::config::Concurrency::Adaptive { .. }))
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().adapt_limits())));
+                health.into_iter().chain(engines).chain(adaptive)
             })
             .collect();
         *self.probes.lock().unwrap_or_else(|e| e.into_inner()) = probes;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::admission::AdaptiveLimits;
 use std::time::Duration;
 
 fn gate(c: u32, q: u32, wq_ms: u64) -> Arc<Admission> {
@@ -229,4 +230,51 @@ async fn raising_c_admits_waiters_and_lowering_it_lets_in_flight_finish() {
     assert_eq!(a.queued(), 1, "still one in flight = the new C: the next waits");
     drop(p2);
     assert!(next.await.unwrap().is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_c_falls_over_the_objective_and_rises_under_it_when_reached() {
+    let a = gate(16, 0, 1000);
+    a.set_adaptive(Some(AdaptiveLimits {
+        min: 2,
+        max: 32,
+        slo: Duration::from_millis(100),
+    }));
+    // One controller interval: `batches` waves of up to `width` concurrent requests, each taking
+    // `ttft_ms` to its first token; then the controller steps.
+    let round = |ttft_ms: u64, width: usize, batches: usize| {
+        let a = a.clone();
+        async move {
+            for _ in 0..batches {
+                let mut permits = Vec::new();
+                for _ in 0..width {
+                    match a.acquire(Priority::Standard, far()).await {
+                        Ok(p) => permits.push(p),
+                        Err(_) => break,
+                    }
+                }
+                tokio::time::advance(Duration::from_millis(ttft_ms)).await;
+                let now = Instant::now();
+                permits.iter().for_each(|p| p.first_token(now));
+            }
+            a.adapt()
+        }
+    };
+    // Slow first tokens: × 0.8 per interval, down to min.
+    assert_eq!(round(300, 16, 1).await, 12);
+    assert_eq!(round(300, 12, 1).await, 9);
+    for _ in 0..10 {
+        round(300, 32, 3).await;
+    }
+    assert_eq!(a.limits().concurrency, 2, "never below min");
+    // Fast first tokens with C reached: + ceil(sqrt(C)), up to max.
+    assert_eq!(round(10, 2, 3).await, 4);
+    assert_eq!(round(10, 4, 2).await, 6);
+    // Fast, but C never reached: no reason to raise it.
+    assert_eq!(round(10, 1, 6).await, 6);
+    for _ in 0..20 {
+        let c = a.limits().concurrency as usize;
+        round(10, c, 1).await;
+    }
+    assert_eq!(a.limits().concurrency, 32, "never above max");
 }

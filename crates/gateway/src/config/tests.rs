@@ -145,7 +145,7 @@ fn a_route_without_classes_gets_a_bounded_default() {
             .unwrap();
     let class = &c.routes[0].classes[0];
     assert_eq!(
-        (class.name.as_str(), class.concurrency.get(), class.queue),
+        (class.name.as_str(), class.concurrency.initial(), class.queue),
         ("default", 64, 64)
     );
     assert!(c.tenants.is_empty());

@@ -275,3 +275,53 @@ async fn the_slot_is_held_until_the_stream_ends() {
         "released at the end of the body"
     );
 }
+
+/// The engine can run 4 sequences at once (its knee, by construction); the class starts at C = 32
+/// with a TTFT objective that a request waiting in the engine's own queue misses. Driven by 24
+/// closed-loop clients, the adaptive C comes down to the knee's neighbourhood and the gateway's
+/// queue, not the engine's, holds the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adaptive_concurrency_settles_near_the_engines_knee() {
+    let mut cfg = tiny();
+    cfg.max_num_seqs = 4;
+    let yaml = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - name: interactive
+        concurrency: { adaptive: { min: 1, max: 32, initial: 32, interval: 300ms } }
+        queue: 64
+        queue_wait: 10s
+        slo: { ttft: 12ms }
+"#;
+    let stack = Stack::start(vec![engine(cfg).await], yaml).await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let clients: Vec<_> = (0..24)
+        .map(|_| {
+            let (url, stop) = (format!("{}/v1/chat/completions", stack.url), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = http()
+                        .post(&url)
+                        .json(&chat("chat", 40, true))
+                        .send()
+                        .await
+                        .unwrap();
+                    read_stream(r).await;
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let gate = stack.gateway.admission("chat", "interactive").unwrap();
+    let c = gate.limits().concurrency;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in clients {
+        t.await.unwrap();
+    }
+    println!("adaptive C after 6 s: {c} (engine knee: 4)");
+    assert!((2..=8).contains(&c), "C settled at {c}, the knee is 4");
+}
