@@ -92,6 +92,8 @@ pub struct RouteConfig {
     pub health: HealthConfig,
     #[serde(default)]
     pub outlier: OutlierConfig,
+    #[serde(default)]
+    pub redirect: Vec<Redirect>,
     /// Admission classes; the first is the default. Without any, one class `default` with C = 64,
     /// Q = 64, Wq = 2s (or half of `first_token`, if that is shorter).
     #[serde(default)]
@@ -364,8 +366,45 @@ pub struct When {
     pub max_tokens_over: Option<u32>,
     #[serde(default)]
     pub input_tokens_over: Option<u32>,
+    /// Only requests that state their `max_tokens` can match this.
+    #[serde(default)]
+    pub max_tokens_under: Option<u32>,
+    #[serde(default)]
+    pub input_tokens_under: Option<u32>,
     #[serde(default)]
     pub header: Option<HeaderMatch>,
+}
+
+impl When {
+    /// True if any condition given holds for the request.
+    pub fn matches(
+        &self,
+        max_tokens: Option<u32>,
+        input_tokens: u32,
+        headers: &axum::http::HeaderMap,
+    ) -> bool {
+        self.max_tokens_over
+            .zip(max_tokens)
+            .is_some_and(|(limit, m)| m > limit)
+            || self
+                .max_tokens_under
+                .zip(max_tokens)
+                .is_some_and(|(limit, m)| m < limit)
+            || self.input_tokens_over.is_some_and(|limit| input_tokens > limit)
+            || self.input_tokens_under.is_some_and(|limit| input_tokens < limit)
+            || self.header.as_ref().is_some_and(|h| {
+                headers.get(h.name.as_str()).and_then(|v| v.to_str().ok()) == Some(h.value.as_str())
+            })
+    }
+}
+
+/// A routing rule: requests matching `when` go to the route `to` instead (one hop; the target's
+/// own rules do not apply), e.g. short, simple requests to a smaller model.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redirect {
+    pub when: When,
+    pub to: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -621,6 +660,20 @@ impl Config {
                             class.queue_wait, t.first_token
                         ),
                     ));
+                }
+            }
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            for (k, r) in route.redirect.iter().enumerate() {
+                let at = format!("routes[{i}].redirect[{k}]");
+                if r.to == route.model || !models.contains(&r.to) {
+                    return Err(err(
+                        format!("{at}.to"),
+                        format!("'{}' is not another route's model", r.to),
+                    ));
+                }
+                if r.when == When::default() {
+                    return Err(err(format!("{at}.when"), "a rule needs a condition"));
                 }
             }
         }

@@ -89,7 +89,7 @@ impl Parsed {
         .unwrap_or(1)
     }
 
-    fn max_tokens(&self) -> Option<u32> {
+    pub fn max_tokens(&self) -> Option<u32> {
         match self {
             Parsed::Chat(c) => c.requested_max_tokens(),
             Parsed::Completion(c) => c.max_tokens,
@@ -130,7 +130,7 @@ impl Parsed {
         h
     }
 
-    fn input_tokens(&self, route: &Route) -> u32 {
+    pub fn input_tokens(&self, route: &Route) -> u32 {
         let n = match self {
             Parsed::Chat(c) => {
                 let text = tokenize::chat_prompt(c.messages.iter().map(|m| {

@@ -298,18 +298,21 @@ impl Route {
         self.classes[1..]
             .iter()
             .find(|c| {
-                c.config.when.as_ref().is_some_and(|w| {
-                    w.max_tokens_over
-                        .zip(max_tokens)
-                        .is_some_and(|(limit, m)| m > limit)
-                        || w.input_tokens_over.is_some_and(|limit| input_tokens > limit)
-                        || w.header.as_ref().is_some_and(|h| {
-                            headers.get(h.name.as_str()).and_then(|v| v.to_str().ok())
-                                == Some(h.value.as_str())
-                        })
-                })
+                c.config
+                    .when
+                    .as_ref()
+                    .is_some_and(|w| w.matches(max_tokens, input_tokens, headers))
             })
             .unwrap_or(&self.classes[0])
+    }
+
+    /// The route a routing rule sends this request to, if any.
+    pub fn redirect(&self, max_tokens: Option<u32>, input_tokens: u32, headers: &HeaderMap) -> Option<&str> {
+        self.config
+            .redirect
+            .iter()
+            .find(|r| r.when.matches(max_tokens, input_tokens, headers))
+            .map(|r| r.to.as_str())
     }
 
     /// An eligible replica (healthy, not drained, not ejected) not in `tried`, by the route's

@@ -452,6 +452,22 @@ async fn serve(
             Some("model")
         ));
     }
+    // Routing rules: one hop to another route (its caps, classes and replicas then apply).
+    let target = if route.config.redirect.is_empty() {
+        None
+    } else {
+        route
+            .redirect(parsed.max_tokens(), parsed.input_tokens(&route), headers)
+            .and_then(|to| table.route(to))
+            .cloned()
+    };
+    let route = match target {
+        Some(target) => {
+            ex.record.route.clone_from(&target.config.model);
+            target
+        }
+        None => route,
+    };
     let caller = match prepare::caller_deadline(headers) {
         Ok(d) => d,
         Err(e) => fail!(e),

@@ -246,3 +246,56 @@ async fn shutdown_drains_ready_fails_new_requests_get_503_streams_finish() {
         "the server stopped after draining"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_routing_rule_sends_short_requests_to_a_smaller_model() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    redirect: [ { when: { max_tokens_under: 20 }, to: small } ]
+  - model: small
+    upstream_model: sim
+    replicas: [{E1}]
+"#;
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], yaml).await;
+    let url = format!("{}/v1/chat/completions", stack.url);
+    read_stream(
+        http()
+            .post(&url)
+            .json(&chat("chat", 5, true))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    read_stream(
+        http()
+            .post(&url)
+            .json(&chat("chat", 100, true))
+            .send()
+            .await
+            .unwrap(),
+    )
+    .await;
+    let served: Vec<usize> = stack.engines.iter().map(|e| e.engine.records().len()).collect();
+    assert_eq!(
+        served,
+        vec![1, 1],
+        "the short request went to the small model's replica"
+    );
+    assert!(eventually(Duration::from_secs(1), || stack.records().len() == 2).await);
+    let routes: Vec<String> = stack.records().iter().map(|r| r.route.clone()).collect();
+    assert!(
+        routes.contains(&"small".to_owned()) && routes.contains(&"chat".to_owned()),
+        "{routes:?}"
+    );
+    let bad = yaml
+        .replace("to: small", "to: nowhere")
+        .replace("{E0}", "http://127.0.0.1:1")
+        .replace("{E1}", "http://127.0.0.1:2");
+    let e = spillway_gateway::Config::from_yaml(&bad).unwrap_err();
+    assert_eq!(e.path, "routes[0].redirect[0].to");
+}
