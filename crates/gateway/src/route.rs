@@ -95,12 +95,14 @@ pub fn parse_engine_load(text: &str) -> Option<(f64, f64)> {
 }
 
 impl Replica {
-    /// The engine-aware score (lower is better): requests waiting in the engine, then how full its
-    /// KV cache is, then this gateway's own in-flight count; `None` when the scrape is over 3 s old.
+    /// The engine-aware score (lower is better): this gateway's live in-flight count, plus twice the
+    /// requests the engine reported waiting, plus four times its KV-cache usage; `None` when the
+    /// scrape is over 3 s old. The live count keeps a once-a-second report from herding every
+    /// request onto whichever replica looked best at the last scrape.
     fn engine_score(&self, now: Instant, outstanding: u32) -> Option<f64> {
         let (at, waiting, kv) = (*self.engine_load.lock().unwrap_or_else(|e| e.into_inner()))?;
         (now.saturating_duration_since(at) < Duration::from_secs(3))
-            .then(|| waiting + 2.0 * kv + 0.05 * f64::from(outstanding))
+            .then(|| f64::from(outstanding) + 2.0 * waiting + 4.0 * kv)
     }
 
     pub fn is_ejected(&self, now: Instant) -> bool {

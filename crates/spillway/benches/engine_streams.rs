@@ -6,6 +6,7 @@
 //! RSS are its own; the load is raw HTTP/1.1 streams that are read and discarded, so the client
 //! spends as little of the shared CPU as it can.
 
+#[allow(dead_code)]
 mod common;
 
 use common::{free_port, proc_stat};

@@ -9,12 +9,11 @@
 
 mod common;
 
-use common::{free_port, proc_stat};
+use common::{chat_request, free_port, proc_stat, streamed_request};
 use hdrhistogram::Histogram;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -44,55 +43,15 @@ async fn client(addr: String, model: &'static str, shared: Arc<Shared>) -> Histo
         return ttft;
     };
     let _ = s.set_nodelay(true);
-    let body = format!(
-        r#"{{"model":"{model}","messages":[{{"role":"user","content":"hello there"}}],"max_tokens":16,"stream":true}}"#
-    );
-    let req = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nauthorization: Bearer sk-bench\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let req = chat_request(model, "hello there", 16);
     let mut buf = vec![0u8; 64 * 1024];
     while !shared.stop.load(Ordering::Relaxed) {
-        let sent = Instant::now();
-        if s.write_all(req.as_bytes()).await.is_err() {
+        let Some(first) = streamed_request(&mut s, &req, &mut buf).await else {
             shared.errors.fetch_add(1, Ordering::Relaxed);
             return ttft;
-        }
-        let mut first = None;
-        let mut seen_headers = false;
-        let mut tail: Vec<u8> = Vec::new();
-        loop {
-            let n = match s.read(&mut buf).await {
-                Ok(0) | Err(_) => {
-                    shared.errors.fetch_add(1, Ordering::Relaxed);
-                    return ttft;
-                }
-                Ok(n) => n,
-            };
-            let chunk = &buf[..n];
-            if !seen_headers {
-                // Every answer must be a 200; anything else is counted as an error.
-                if !chunk.starts_with(b"HTTP/1.1 200") {
-                    shared.errors.fetch_add(1, Ordering::Relaxed);
-                    return ttft;
-                }
-                seen_headers = true;
-            }
-            if first.is_none() && chunk.windows(6).any(|w| w == b"data: ") {
-                first = Some(sent.elapsed());
-            }
-            tail.extend_from_slice(&chunk[n.saturating_sub(5)..]);
-            if tail.len() > 5 {
-                tail.drain(..tail.len() - 5);
-            }
-            if tail == b"0\r\n\r\n" {
-                break;
-            }
-        }
+        };
         if shared.measuring.load(Ordering::Relaxed) {
-            if let Some(f) = first {
-                let _ = ttft.record(f.as_micros().max(1) as u64);
-            }
+            let _ = ttft.record(first.as_micros().max(1) as u64);
             shared.done.fetch_add(1, Ordering::Relaxed);
         }
     }
