@@ -312,6 +312,9 @@ pub struct ClassConfig {
     pub queue_wait: Duration,
     #[serde(default)]
     pub slo: Option<Slo>,
+    /// The class's own replicas (e.g. long requests on their own endpoints); default: the route's.
+    #[serde(default)]
+    pub replicas: Option<Vec<String>>,
 }
 
 /// A fixed C, or one that follows the measured time to first token (see [`crate::admission`]).
@@ -507,20 +510,17 @@ impl Config {
             if route.replicas.is_empty() {
                 return Err(err(at("replicas"), "at least one replica is needed"));
             }
-            for (j, r) in route.replicas.iter_mut().enumerate() {
-                let parsed: hyper::Uri = r.parse().map_err(|e| {
-                    err(
-                        format!("routes[{i}].replicas[{j}]"),
-                        format!("'{r}' is not a URL: {e}"),
-                    )
-                })?;
-                if parsed.scheme_str() != Some("http") || parsed.authority().is_none() {
-                    return Err(err(
-                        format!("routes[{i}].replicas[{j}]"),
-                        format!("'{r}' must be http://host:port (TLS to replicas is not supported yet)"),
-                    ));
+            check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
+            for (k, class) in route.classes.iter_mut().enumerate() {
+                if let Some(list) = class.replicas.as_mut() {
+                    if list.is_empty() {
+                        return Err(err(
+                            format!("routes[{i}].classes[{k}].replicas"),
+                            "leave it out, or name at least one",
+                        ));
+                    }
+                    check_replicas(list, &format!("routes[{i}].classes[{k}].replicas"))?;
                 }
-                *r = r.trim_end_matches('/').to_owned();
             }
             let t = route.timeouts;
             if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero()
@@ -604,6 +604,7 @@ impl Config {
                     // Never longer than half the first-token budget the queue sits inside.
                     queue_wait: Duration::from_secs(2).min(t.first_token / 2),
                     slo: None,
+                    replicas: None,
                 });
             }
             let mut names = HashSet::new();
@@ -717,6 +718,23 @@ impl Config {
         }
         Ok(self)
     }
+}
+
+/// Replica base URLs must be plain `http://host:port`; a trailing slash is dropped.
+fn check_replicas(list: &mut [String], path: &str) -> Result<(), ConfigError> {
+    for (j, r) in list.iter_mut().enumerate() {
+        let parsed: hyper::Uri = r
+            .parse()
+            .map_err(|e| err(format!("{path}[{j}]"), format!("'{r}' is not a URL: {e}")))?;
+        if parsed.scheme_str() != Some("http") || parsed.authority().is_none() {
+            return Err(err(
+                format!("{path}[{j}]"),
+                format!("'{r}' must be http://host:port (TLS to replicas is not supported yet)"),
+            ));
+        }
+        *r = r.trim_end_matches('/').to_owned();
+    }
+    Ok(())
 }
 
 #[cfg(test)]

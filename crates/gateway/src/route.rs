@@ -26,6 +26,8 @@ pub struct Class {
     pub series: ClassSeries,
     /// `spillway_concurrency_limit` of this class, which an adaptive C moves.
     pub limit_gauge: IntGauge,
+    /// Indices into the route's replicas that this class may use.
+    pub pool: Vec<usize>,
 }
 
 /// One upstream replica and its live request count.
@@ -165,6 +167,22 @@ impl Route {
             Some(path) => Tokenizer::from_file(path)?,
             None => Tokenizer::Estimate,
         };
+        // Every replica of the route or of one of its classes, each once.
+        let mut urls = config.replicas.clone();
+        for url in config.classes.iter().flat_map(|c| c.replicas.iter().flatten()) {
+            if !urls.contains(url) {
+                urls.push(url.clone());
+            }
+        }
+        let pool_of = |c: &ClassConfig| -> Vec<usize> {
+            match &c.replicas {
+                Some(list) => list
+                    .iter()
+                    .filter_map(|u| urls.iter().position(|x| x == u))
+                    .collect(),
+                None => (0..config.replicas.len()).collect(),
+            }
+        };
         let classes = config
             .classes
             .iter()
@@ -206,6 +224,7 @@ impl Route {
                 admission.set_adaptive(adaptive);
                 limit_gauge.set(i64::from(admission.limits().concurrency));
                 Class {
+                    pool: pool_of(c),
                     config: c.clone(),
                     admission,
                     limit_gauge,
@@ -213,8 +232,7 @@ impl Route {
                 }
             })
             .collect();
-        let replicas = config
-            .replicas
+        let replicas = urls
             .iter()
             .map(|url| {
                 if let Some(kept) = previous.and_then(|p| p.replicas.iter().find(|r| &r.url == url)) {
@@ -317,14 +335,14 @@ impl Route {
             .map(|r| r.to.as_str())
     }
 
-    /// An eligible replica (healthy, not drained, not ejected) not in `tried`, by the route's
-    /// balancer; `None` when none is left.
-    pub fn pick(&self, tried: &[usize], prefix_key: u64) -> Option<ReplicaGuard> {
+    /// An eligible replica (healthy, not drained, not ejected) of `pool` (a class's replicas) not
+    /// in `tried`, by the route's balancer; `None` when none is left.
+    pub fn pick(&self, pool: &[usize], tried: &[usize], prefix_key: u64) -> Option<ReplicaGuard> {
         let now = Instant::now();
-        let n = self.replicas.len();
+        let n = pool.len().max(1);
         let start = self.next.fetch_add(1, Ordering::Relaxed) % n;
-        let eligible: Vec<usize> = (0..n)
-            .map(|k| (start + k) % n)
+        let eligible: Vec<usize> = (0..pool.len())
+            .map(|k| pool[(start + k) % n])
             .filter(|i| !tried.contains(i) && self.replicas[*i].eligible(now))
             .collect();
         let load = |i: &usize| self.replicas[*i].outstanding.load(Ordering::Relaxed);
@@ -445,9 +463,10 @@ impl Route {
     }
 
     /// Whether an eligible replica not in `tried` is left.
-    pub fn has_untried(&self, tried: &[usize]) -> bool {
+    pub fn has_untried(&self, pool: &[usize], tried: &[usize]) -> bool {
         let now = Instant::now();
-        (0..self.replicas.len()).any(|i| !tried.contains(&i) && self.replicas[i].eligible(now))
+        pool.iter()
+            .any(|i| !tried.contains(i) && self.replicas[*i].eligible(now))
     }
 
     /// Passive outlier detection: counts a request's outcome at `replica`, ejecting it after too

@@ -540,7 +540,8 @@ async fn serve(
     // Stage 9: retry only before any byte went to the client, only for a connection failure or a
     // busy replica, on another replica, within the attempts, the budget and the deadline.
     let upstream = loop {
-        let Some(replica) = route.pick(&tried, prepared.prefix_key) else {
+        let Some(replica) = route.pick(&route.classes[prepared.class].pool, &tried, prepared.prefix_key)
+        else {
             fail!(GatewayError::capacity(
                 503,
                 "no_healthy_replica",
@@ -584,7 +585,7 @@ async fn serve(
                 if let Some(r) = &replica {
                     r.busy.inc();
                 }
-                if !may_retry(&route, &tried, head_deadline) {
+                if !may_retry(&route, prepared.class, &tried, head_deadline) {
                     return upstream_error(r, ex, deadline).await;
                 }
                 drop(r);
@@ -608,7 +609,7 @@ async fn serve(
                         format!("lost the connection to replica {url}: {e}"),
                     )
                 };
-                if !e.is_connect() || !may_retry(&route, &tried, head_deadline) {
+                if !e.is_connect() || !may_retry(&route, prepared.class, &tried, head_deadline) {
                     fail!(err);
                 }
                 Some(err)
@@ -739,9 +740,9 @@ async fn serve(
 
 /// Whether another replica is left to try before the deadline (attempts and budget are checked
 /// after, so that a refused retry is counted against the budget only when one was possible).
-fn may_retry(route: &Route, tried: &[usize], deadline: Instant) -> bool {
+fn may_retry(route: &Route, class: usize, tried: &[usize], deadline: Instant) -> bool {
     route.config.retry.attempts.get() as usize > tried.len()
-        && route.has_untried(tried)
+        && route.has_untried(&route.classes[class].pool, tried)
         && Instant::now() < deadline
 }
 

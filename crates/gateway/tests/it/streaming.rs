@@ -299,3 +299,48 @@ routes:
     let e = spillway_gateway::Config::from_yaml(&bad).unwrap_err();
     assert_eq!(e.path, "routes[0].redirect[0].to");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_with_its_own_replicas_uses_only_them() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: interactive, concurrency: 8, queue: 8, queue_wait: 1s }
+      - { name: long, when: { max_tokens_over: 100 }, concurrency: 2, queue: 2, queue_wait: 1s, replicas: [{E1}] }
+"#;
+    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], yaml).await;
+    let url = format!("{}/v1/chat/completions", stack.url);
+    for tokens in [5, 200, 5, 200, 5] {
+        read_stream(
+            http()
+                .post(&url)
+                .json(&chat("chat", tokens, true))
+                .send()
+                .await
+                .unwrap(),
+        )
+        .await;
+    }
+    let lengths = |i: usize| -> Vec<u32> {
+        stack.engines[i]
+            .engine
+            .records()
+            .iter()
+            .map(|r| r.output_tokens)
+            .collect()
+    };
+    assert_eq!(
+        lengths(0),
+        vec![5, 5, 5],
+        "interactive stays on the route's replica"
+    );
+    assert_eq!(
+        lengths(1),
+        vec![200, 200],
+        "long requests run on their own replica"
+    );
+}
