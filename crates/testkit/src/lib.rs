@@ -4,7 +4,8 @@
 //! - [`tool`]: the path of an installed program, with a message that says how to get it;
 //! - [`promtool_check`]: runs the real `promtool check metrics` over an exposition;
 //! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
-//! - [`eventually`]: polls a condition on the runtime's clock.
+//! - [`eventually`]: polls a condition on the runtime's clock;
+//! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -94,4 +95,26 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     cond()
+}
+
+/// Saves a word-level Hugging Face tokenizer (whitespace pre-tokenizer, `[UNK]` for the rest) that
+/// knows `words`, as `dir/tokenizer.json`: a real tokenizer file, without downloading a model.
+pub fn word_tokenizer(dir: &std::path::Path, words: &[&str]) -> PathBuf {
+    use tokenizers::models::wordlevel::WordLevel;
+    use tokenizers::pre_tokenizers::whitespace::Whitespace;
+    let vocab = std::iter::once("[UNK]")
+        .chain(words.iter().copied())
+        .zip(0u32..)
+        .map(|(w, i)| (w.to_owned(), i))
+        .collect();
+    let model = WordLevel::builder()
+        .vocab(vocab)
+        .unk_token("[UNK]".into())
+        .build()
+        .expect("word-level model");
+    let mut tokenizer = tokenizers::Tokenizer::new(model);
+    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
+    let path = dir.join("tokenizer.json");
+    tokenizer.save(&path, false).expect("tokenizer.json written");
+    path
 }

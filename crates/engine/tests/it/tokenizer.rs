@@ -2,34 +2,15 @@
 
 use crate::support::{MODEL, http, start, tiny};
 use serde_json::json;
-use std::collections::HashMap;
-use tokenizers::models::wordlevel::WordLevel;
-use tokenizers::pre_tokenizers::whitespace::Whitespace;
-
-/// A word-level tokenizer built in code and saved as the `tokenizer.json` a model would ship.
-fn save_tokenizer(dir: &std::path::Path) -> std::path::PathBuf {
-    let vocab: HashMap<String, u32> = ["[UNK]", "the", "queue", "drains", "<|user|>", "<|end|>"]
-        .iter()
-        .zip(0u32..)
-        .map(|(w, i)| (w.to_string(), i))
-        .collect();
-    let model = WordLevel::builder()
-        .vocab(vocab.into_iter().collect())
-        .unk_token("[UNK]".into())
-        .build()
-        .unwrap();
-    let mut tokenizer = tokenizers::Tokenizer::new(model);
-    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
-    let path = dir.join("tokenizer.json");
-    tokenizer.save(&path, false).unwrap();
-    path
-}
 
 #[tokio::test]
 async fn prompts_are_counted_with_the_given_tokenizer() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = tiny();
-    cfg.tokenizer = Some(save_tokenizer(dir.path()));
+    cfg.tokenizer = Some(testkit::word_tokenizer(
+        dir.path(),
+        &["the", "queue", "drains", "<|user|>", "<|end|>"],
+    ));
     let e = start(cfg).await;
     // Whitespace pre-tokenization: four words, whatever their length; the estimate would say 8.
     let body = json!({"model": MODEL, "prompt": "the queue drains slowly", "max_tokens": 1});

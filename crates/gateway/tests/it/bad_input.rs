@@ -232,24 +232,8 @@ async fn over_cap_clamps_where_the_route_says_so_and_defaults_apply() {
 /// tokenizer counts four long words as four tokens, where the byte estimate would count many more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn input_tokens_are_counted_with_the_routes_tokenizer() {
-    use std::collections::HashMap;
-    use tokenizers::models::wordlevel::WordLevel;
-    use tokenizers::pre_tokenizers::whitespace::Whitespace;
     let dir = tempfile::tempdir().unwrap();
-    let vocab: HashMap<String, u32> = ["[UNK]", "extraordinarily"]
-        .iter()
-        .zip(0u32..)
-        .map(|(w, i)| (w.to_string(), i))
-        .collect();
-    let model = WordLevel::builder()
-        .vocab(vocab.into_iter().collect())
-        .unk_token("[UNK]".into())
-        .build()
-        .unwrap();
-    let mut tokenizer = tokenizers::Tokenizer::new(model);
-    tokenizer.with_pre_tokenizer(Some(Whitespace {}));
-    let path = dir.path().join("tokenizer.json");
-    tokenizer.save(&path, false).unwrap();
+    let path = testkit::word_tokenizer(dir.path(), &["extraordinarily"]);
     let yaml = format!(
         "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{{E0}}]\n    tokenizer: {}\n    limits: {{ max_input_tokens: 4 }}\n",
         path.display()
