@@ -255,12 +255,7 @@ async fn sheddable_is_shed_before_standard_waits_and_the_header_picks_a_class() 
 async fn the_slot_is_held_until_the_stream_ends() {
     let stack = Stack::start(vec![engine(tiny()).await], OVERLOAD).await;
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
-    let mut r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 400, true))
-        .send()
-        .await
-        .unwrap();
+    let mut r = stack.stream("chat", 400).await;
     assert_eq!(r.status(), 200);
     r.chunk().await.unwrap();
     assert_eq!(

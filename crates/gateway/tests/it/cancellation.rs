@@ -23,12 +23,7 @@ routes:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_leaves_mid_stream_aborts_the_engine_request() {
     let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
-    let mut r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 3000, true))
-        .send()
-        .await
-        .unwrap();
+    let mut r = stack.stream("chat", 3000).await;
     for _ in 0..3 {
         r.chunk().await.unwrap();
     }
@@ -63,12 +58,7 @@ async fn a_hung_engine_gets_a_clean_504_at_first_token_and_an_abort() {
     };
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let t = Instant::now();
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 50, true))
-        .send()
-        .await
-        .unwrap();
+    let r = stack.stream("chat", 50).await;
     let took = t.elapsed();
     assert_eq!(r.status(), 504, "not a 200 followed by a cut stream");
     assert!(
@@ -92,12 +82,7 @@ async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
         ..Faults::default()
     };
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 50, true))
-        .send()
-        .await
-        .unwrap();
+    let r = stack.stream("chat", 50).await;
     assert_eq!(r.status(), 200);
     let (body, _, _) = read_stream(r).await;
     let events = sse_data(&body);
@@ -153,12 +138,7 @@ async fn a_client_that_leaves_while_queued_leaves_the_queue() {
         .replace("concurrency: 8", "concurrency: 1")
         .replace("queue_wait: 200ms", "queue_wait: 400ms");
     let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
-    let holder = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 3000, true))
-        .send()
-        .await
-        .unwrap();
+    let holder = stack.stream("chat", 3000).await;
     assert_eq!(holder.status(), 200);
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     let url = format!("{}/v1/chat/completions", stack.url);

@@ -22,20 +22,10 @@ routes:
 async fn metrics_pass_promtool_and_never_take_labels_from_clients() {
     let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
     for _ in 0..3 {
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 5).await;
         assert!(read_stream(r).await.2);
     }
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("zzz-made-up-model", 5, true))
-        .send()
-        .await
-        .unwrap();
+    let r = stack.stream("zzz-made-up-model", 5).await;
     assert_eq!(r.status(), 404);
     let r = http()
         .post(format!("{}/v1/chat/completions", stack.url))

@@ -50,12 +50,7 @@ async fn admin_url(stack: &Stack) -> String {
 async fn a_reload_raises_c_under_load_without_dropping_a_stream() {
     let stack = stack().await;
     let url = format!("{}/v1/chat/completions", stack.url);
-    let first = http()
-        .post(&url)
-        .json(&chat("chat", 600, true))
-        .send()
-        .await
-        .unwrap();
+    let first = stack.stream("chat", 600).await;
     assert_eq!(first.status(), 200);
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     let waiting: Vec<_> = (0..2)
@@ -163,13 +158,7 @@ async fn a_drained_replica_finishes_its_streams_and_gets_no_new_ones() {
     let stack = stack().await;
     stack.gateway.reload(config(&stack, 8)).unwrap();
     let admin = admin_url(&stack).await;
-    let url = format!("{}/v1/chat/completions", stack.url);
-    let long = http()
-        .post(&url)
-        .json(&chat("chat", 500, true))
-        .send()
-        .await
-        .unwrap();
+    let long = stack.stream("chat", 500).await;
     let on = |i: usize| stack.engines[i].engine.snapshot().running;
     assert!(eventually(Duration::from_secs(1), || on(0) + on(1) == 1).await);
     let busy = if on(0) == 1 { 0 } else { 1 };
@@ -183,15 +172,7 @@ async fn a_drained_replica_finishes_its_streams_and_gets_no_new_ones() {
     assert_eq!(r.status(), 200);
     let before = stack.engines[busy].engine.records().len();
     for _ in 0..6 {
-        read_stream(
-            http()
-                .post(&url)
-                .json(&chat("chat", 3, true))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        read_stream(stack.stream("chat", 3).await).await;
     }
     let (body, _, _) = read_stream(long).await;
     assert!(

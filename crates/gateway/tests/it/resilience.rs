@@ -30,12 +30,7 @@ async fn a_replica_refusing_connections_costs_no_request() {
         .apply_faults(&serde_json::from_str(r#"{"refuse_connections": true}"#).unwrap())
         .unwrap();
     for _ in 0..20 {
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 5).await;
         assert_eq!(
             r.status(),
             200,
@@ -66,12 +61,7 @@ async fn a_total_outage_gets_fast_503s_and_no_retry_storm() {
     let mut statuses = Vec::new();
     for _ in 0..200 {
         let t = tokio::time::Instant::now();
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 5).await;
         statuses.push((r.status().as_u16(), t.elapsed()));
     }
     assert!(
@@ -98,15 +88,7 @@ async fn a_total_outage_gets_fast_503s_and_no_retry_storm() {
     );
     let r = http().get(format!("{}/ready", stack.url)).send().await.unwrap();
     assert_eq!(r.status(), 503);
-    let v: serde_json::Value = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 5, true))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = stack.stream("chat", 5).await.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_replica", "{v}");
 }
 
@@ -119,12 +101,7 @@ async fn a_loading_replica_gets_no_traffic_until_healthy() {
         .unwrap();
     tokio::time::sleep(Duration::from_millis(400)).await;
     for _ in 0..10 {
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 3, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 3).await;
         assert_eq!(r.status(), 200);
         read_stream(r).await;
     }
@@ -137,12 +114,7 @@ async fn a_loading_replica_gets_no_traffic_until_healthy() {
     assert!(back);
     tokio::time::sleep(Duration::from_millis(400)).await;
     for _ in 0..10 {
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 3, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 3).await;
         read_stream(r).await;
     }
     assert!(
@@ -159,12 +131,7 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
         .apply_faults(&serde_json::from_str(r#"{"fail_every": {"nth": 1, "status": 503}}"#).unwrap())
         .unwrap();
     for _ in 0..6 {
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 3, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 3).await;
         assert_eq!(r.status(), 200, "the busy replica's 503 is retried on the other");
         read_stream(r).await;
     }

@@ -21,12 +21,7 @@ routes:
 async fn streams_carry_usage_only_when_asked_and_the_public_model_name() {
     let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
     let url = format!("{}/v1/chat/completions", stack.url);
-    let r = http()
-        .post(&url)
-        .json(&chat("chat", 7, true))
-        .send()
-        .await
-        .unwrap();
+    let r = stack.stream("chat", 7).await;
     let (body, _, clean) = read_stream(r).await;
     assert!(clean && body.ends_with("data: [DONE]\n\n"));
     assert!(
@@ -124,12 +119,7 @@ async fn replica_failures_become_clean_errors() {
             ..Faults::default()
         };
         let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
+        let r = stack.stream("chat", 5).await;
         assert_eq!(r.status().as_u16(), want);
         if want == 503 {
             assert!(r.headers().contains_key("retry-after"));
@@ -146,12 +136,7 @@ async fn replica_failures_become_clean_errors() {
     let yaml = ROUTE.replace("{E0}", &format!("http://{closed}"));
     let stack = Stack::start(vec![], &yaml).await;
     let t = tokio::time::Instant::now();
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 5, true))
-        .send()
-        .await
-        .unwrap();
+    let r = stack.stream("chat", 5).await;
     assert_eq!(r.status(), 502);
     assert!(t.elapsed() < Duration::from_secs(1));
     let v: Value = r.json().await.unwrap();
@@ -197,13 +182,7 @@ async fn least_outstanding_spreads_streams_over_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_drains_ready_fails_new_requests_get_503_streams_finish() {
     let mut stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
-    let url = format!("{}/v1/chat/completions", stack.url);
-    let mut r = http()
-        .post(&url)
-        .json(&chat("chat", 300, true))
-        .send()
-        .await
-        .unwrap();
+    let mut r = stack.stream("chat", 300).await;
     r.chunk().await.unwrap();
     assert_eq!(
         http()
@@ -225,12 +204,7 @@ async fn shutdown_drains_ready_fails_new_requests_get_503_streams_finish() {
             .status(),
         503
     );
-    let refused = http()
-        .post(&url)
-        .json(&chat("chat", 5, true))
-        .send()
-        .await
-        .unwrap();
+    let refused = stack.stream("chat", 5).await;
     assert_eq!(refused.status(), 503);
     let v: Value = refused.json().await.unwrap();
     assert_eq!(v["error"]["code"], "draining");
@@ -261,25 +235,8 @@ routes:
     replicas: [{E1}]
 "#;
     let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], yaml).await;
-    let url = format!("{}/v1/chat/completions", stack.url);
-    read_stream(
-        http()
-            .post(&url)
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
-    read_stream(
-        http()
-            .post(&url)
-            .json(&chat("chat", 100, true))
-            .send()
-            .await
-            .unwrap(),
-    )
-    .await;
+    read_stream(stack.stream("chat", 5).await).await;
+    read_stream(stack.stream("chat", 100).await).await;
     let served: Vec<usize> = stack.engines.iter().map(|e| e.engine.records().len()).collect();
     assert_eq!(
         served,
@@ -313,17 +270,8 @@ routes:
       - { name: long, when: { max_tokens_over: 100 }, concurrency: 2, queue: 2, queue_wait: 1s, replicas: [{E1}] }
 "#;
     let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], yaml).await;
-    let url = format!("{}/v1/chat/completions", stack.url);
     for tokens in [5, 200, 5, 200, 5] {
-        read_stream(
-            http()
-                .post(&url)
-                .json(&chat("chat", tokens, true))
-                .send()
-                .await
-                .unwrap(),
-        )
-        .await;
+        read_stream(stack.stream("chat", tokens).await).await;
     }
     let lengths = |i: usize| -> Vec<u32> {
         stack.engines[i]

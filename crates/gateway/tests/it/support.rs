@@ -69,6 +69,16 @@ impl Stack {
         self.log.lock().unwrap().clone()
     }
 
+    /// POSTs a streamed chat completion for `model` to the gateway.
+    pub(crate) async fn stream(&self, model: &str, max_tokens: u32) -> reqwest::Response {
+        http()
+            .post(format!("{}/v1/chat/completions", self.url))
+            .json(&chat(model, max_tokens, true))
+            .send()
+            .await
+            .expect("the gateway answers")
+    }
+
     pub(crate) async fn metrics(&self) -> String {
         http()
             .get(format!("{}/metrics", self.url))
