@@ -76,6 +76,12 @@ impl Gateway {
         access: AccessLog,
         env: &dyn Fn(&str) -> Option<String>,
     ) -> Result<Arc<Gateway>, String> {
+        // `server.access_log: false` is decided here once, not per request.
+        let access = if config.server.access_log {
+            access
+        } else {
+            AccessLog::discard()
+        };
         let admin_token = match &config.admin {
             Some(a) => match env(&a.token_env) {
                 Some(t) if !t.is_empty() => Some(t),
@@ -354,10 +360,7 @@ async fn handle(
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let id = prepare::request_id(&headers);
-    let mut exchange = Exchange::new(g.metrics.clone(), g.access.clone(), id.clone(), false);
-    if !g.config.server.access_log {
-        exchange.access = AccessLog::discard();
-    }
+    let exchange = Exchange::new(g.metrics.clone(), g.access.clone(), id.clone(), false);
     let mut response = match serve(&g, api, &headers, body, exchange).await {
         Ok(r) => r,
         Err((e, mut exchange)) => {
@@ -771,9 +774,7 @@ async fn upstream_error(
     let replica = ex.replica.as_ref().map(|r| r.replica.clone());
     match status {
         429 | 503 => {
-            if let Some(r) = &replica {
-                r.busy.inc();
-            }
+            // Counted as busy by the attempt loop, which saw this answer first.
             let url = replica.map(|r| r.url.clone()).unwrap_or_default();
             Err((
                 GatewayError::capacity(

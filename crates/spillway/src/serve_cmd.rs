@@ -77,11 +77,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    let access = if config.server.access_log {
-        AccessLog::stdout()
-    } else {
-        AccessLog::discard()
-    };
+    let access = AccessLog::stdout();
     let listen = config.listen;
     let gateway = Gateway::new(config, access).map_err(anyhow::Error::msg)?;
     // Hot reload: on SIGHUP, when the file changes, and through the admin API.

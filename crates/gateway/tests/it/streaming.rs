@@ -126,6 +126,18 @@ async fn replica_failures_become_clean_errors() {
         }
         let v: Value = r.json().await.unwrap();
         assert_eq!(v["error"]["code"], code, "{v}");
+        let result = if want == 503 { "busy" } else { "error" };
+        let counted: f64 = stack
+            .metrics()
+            .await
+            .lines()
+            .filter(|l| {
+                l.starts_with("spillway_upstream_requests_total{")
+                    && l.contains(&format!("result=\"{result}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum();
+        assert_eq!(counted, 1.0, "one upstream answer, counted once as {result}");
     }
 
     // Nothing listening: 502 naming the replica, quickly.
