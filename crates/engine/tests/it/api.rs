@@ -1,6 +1,6 @@
 //! The OpenAI HTTP surface, as vLLM answers it: streams, whole answers, and every bad input.
 
-use crate::support::{MODEL, eventually, http, sse_data, start, tiny};
+use crate::support::{MODEL, eventually, http, post_json, sse_data, start, tiny};
 use protocol::openai::{
     ChatCompletionChunk, ChatCompletionResponse, CompletionChunk, CompletionResponse, ModelList,
 };
@@ -76,15 +76,7 @@ async fn streamed_completion_without_usage_has_no_usage_chunk() {
 async fn whole_answers_with_n_choices_and_usage() {
     let e = start(tiny()).await;
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5, "n": 2});
-    let r: ChatCompletionResponse = http()
-        .post(format!("{}/v1/chat/completions", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: ChatCompletionResponse = post_json(format!("{}/v1/chat/completions", e.url()), &body).await;
     assert_eq!(r.object, "chat.completion");
     assert_eq!(r.choices.len(), 2);
     assert!(
@@ -94,15 +86,7 @@ async fn whole_answers_with_n_choices_and_usage() {
     );
     assert_eq!(r.usage.unwrap().completion_tokens, 10);
     let body = json!({"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 3});
-    let r: CompletionResponse = http()
-        .post(format!("{}/v1/completions", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: CompletionResponse = post_json(format!("{}/v1/completions", e.url()), &body).await;
     assert_eq!(
         r.usage.unwrap().prompt_tokens,
         4,

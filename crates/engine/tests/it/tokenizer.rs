@@ -1,6 +1,6 @@
 //! `--tokenizer tokenizer.json`: prompts are counted with a real Hugging Face tokenizer.
 
-use crate::support::{MODEL, http, start, tiny};
+use crate::support::{MODEL, post_json, start, tiny};
 use serde_json::json;
 
 #[tokio::test]
@@ -14,15 +14,7 @@ async fn prompts_are_counted_with_the_given_tokenizer() {
     let e = start(cfg).await;
     // Whitespace pre-tokenization: four words, whatever their length; the estimate would say 8.
     let body = json!({"model": MODEL, "prompt": "the queue drains slowly", "max_tokens": 1});
-    let v: serde_json::Value = http()
-        .post(format!("{}/v1/completions", e.url()))
-        .json(&body)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let v: serde_json::Value = post_json(format!("{}/v1/completions", e.url()), &body).await;
     assert_eq!(v["usage"]["prompt_tokens"], 4, "{v}");
 }
 

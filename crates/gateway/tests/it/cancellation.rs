@@ -1,8 +1,7 @@
 //! Cancellation at every stage: a client that leaves, a hung engine, a stream that stalls, and a
 //! caller's own deadline — each drops the upstream request, which the engine counts as an abort.
 
-use crate::support::{Stack, chat, engine, eventually, http, read_stream, sse_data, tiny};
-use engine::Faults;
+use crate::support::{Stack, chat, engine, eventually, http, read_stream, sse_data, stalling, tiny};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -51,11 +50,7 @@ async fn a_client_that_leaves_mid_stream_aborts_the_engine_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_engine_gets_a_clean_504_at_first_token_and_an_abort() {
-    let mut cfg = tiny();
-    cfg.faults = Faults {
-        stall_after_tokens: Some(0),
-        ..Faults::default()
-    };
+    let cfg = stalling(0);
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let t = Instant::now();
     let r = stack.stream("chat", 50).await;
@@ -76,11 +71,7 @@ async fn a_hung_engine_gets_a_clean_504_at_first_token_and_an_abort() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
-    let mut cfg = tiny();
-    cfg.faults = Faults {
-        stall_after_tokens: Some(3),
-        ..Faults::default()
-    };
+    let cfg = stalling(3);
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let r = stack.stream("chat", 50).await;
     assert_eq!(r.status(), 200);
@@ -102,11 +93,7 @@ async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_deadline_shrinks_every_budget() {
-    let mut cfg = tiny();
-    cfg.faults = Faults {
-        stall_after_tokens: Some(0),
-        ..Faults::default()
-    };
+    let cfg = stalling(0);
     let stack = Stack::start(vec![engine(cfg).await], ROUTE).await;
     let t = Instant::now();
     let r = http()

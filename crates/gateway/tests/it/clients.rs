@@ -1,8 +1,7 @@
 //! The official `openai` Python client through the gateway: streams, whole answers, and the
 //! 429/503/504 errors it must be able to parse.
 
-use crate::support::{Stack, chat, engine, http, tiny};
-use engine::Faults;
+use crate::support::{Stack, chat, engine, http, stalling, tiny};
 
 const ROUTES: &str = r#"
 listen: 127.0.0.1:0
@@ -27,11 +26,7 @@ routes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_official_openai_client_gets_answers_and_parseable_errors() {
-    let mut hung = tiny();
-    hung.faults = Faults {
-        stall_after_tokens: Some(0),
-        ..Faults::default()
-    };
+    let hung = stalling(0);
     let stack = Stack::start(vec![engine(tiny()).await, engine(hung).await], ROUTES).await;
     // Hold the only slot of `tight` and `tight429` while the client runs.
     let mut holders = Vec::new();

@@ -1,7 +1,7 @@
 //! The relay: streams and whole answers as the client asked for them, replica failures mapped to
 //! clean errors, least-outstanding balance, and a drain that lets streams finish.
 
-use crate::support::{Stack, chat, engine, eventually, http, read_stream, sse_data, tiny};
+use crate::support::{Stack, chat, engine, eventually, http, post_json, read_stream, sse_data, tiny};
 use engine::{FailEvery, Faults};
 use serde_json::{Value, json};
 use std::num::NonZeroU32;
@@ -55,26 +55,14 @@ async fn whole_answers_and_legacy_completions_pass_through() {
     let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
     let mut req = chat("chat", 4, false);
     req["n"] = json!(2);
-    let r: Value = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&req)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(format!("{}/v1/chat/completions", stack.url), &req).await;
     assert_eq!(r["choices"].as_array().unwrap().len(), 2);
     assert_eq!(r["model"], "chat");
-    let r: Value = http()
-        .post(format!("{}/v1/completions", stack.url))
-        .json(&json!({"model": "chat", "prompt": "once", "max_tokens": 3}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let r: Value = post_json(
+        format!("{}/v1/completions", stack.url),
+        &json!({"model": "chat", "prompt": "once", "max_tokens": 3}),
+    )
+    .await;
     assert_eq!(r["usage"]["completion_tokens"], 3, "{r}");
     let models: Value = http()
         .get(format!("{}/v1/models", stack.url))

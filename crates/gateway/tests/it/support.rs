@@ -16,6 +16,16 @@ pub(crate) fn tiny() -> EngineConfig {
     c
 }
 
+/// The tiny engine whose requests stop after `tokens` tokens and hold their slot (0: hung).
+pub(crate) fn stalling(tokens: u32) -> EngineConfig {
+    let mut c = tiny();
+    c.faults = engine::Faults {
+        stall_after_tokens: Some(tokens),
+        ..engine::Faults::default()
+    };
+    c
+}
+
 pub(crate) async fn engine(config: EngineConfig) -> RunningEngine {
     engine::spawn_local(config).await.expect("engine starts")
 }
@@ -145,4 +155,20 @@ pub(crate) async fn read_stream(mut r: reqwest::Response) -> (String, Option<Dur
         }
     }
     (String::from_utf8_lossy(&body).into_owned(), first, clean)
+}
+
+/// POSTs `body` as JSON and parses the JSON answer (panics on any failure: a test helper).
+pub(crate) async fn post_json<T: serde::de::DeserializeOwned>(
+    url: impl reqwest::IntoUrl,
+    body: &impl serde::Serialize,
+) -> T {
+    http()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("a JSON answer")
 }
