@@ -513,6 +513,8 @@ impl Engine {
     /// The Prometheus text exposition of this replica.
     pub fn metrics_text(&self) -> Vec<u8> {
         let m = &self.inner.metrics;
+        // Control before core, never inside it: one lock order everywhere.
+        let faults = m.dcgm.as_ref().map(|_| lock(&self.inner.control).faults.clone());
         let core = lock(&self.inner.core);
         m.running.set(core.sched.num_running() as f64);
         m.waiting.set(core.sched.num_waiting() as f64);
@@ -533,7 +535,7 @@ impl Engine {
                 / 1_048_576.0)
                 .min((gpu.memory_mib - gpu.static_mib) as f64);
             let used = gpu.static_mib as f64 + kv_mib * core.sched.kv.usage();
-            let faults = lock(&self.inner.control).faults.clone();
+            let faults = faults.unwrap_or_default();
             d.gpu_util.set((util * 100.0).round());
             d.gr_engine_active.set(util);
             // Tensor pipes fill with batch size; memory traffic dominates small-batch decode.
