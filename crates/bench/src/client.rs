@@ -1,0 +1,511 @@
+//! One streamed request and what it measured: TTFT, every inter-token gap, end-to-end, tokens and
+//! how it ended (success, a status counted by code, a transport error, a broken stream).
+
+use std::borrow::Cow;
+use std::time::Duration;
+
+use bytes::Bytes;
+use eventsource_stream::Eventsource;
+use futures::{Stream, StreamExt};
+use http_body_util::{BodyDataStream, BodyExt, Full, Limited};
+use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::spec::ser_secs;
+use crate::workload::Prompt;
+
+/// The OpenAI endpoint a run drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Endpoint {
+    /// `/v1/chat/completions`
+    Chat,
+    /// `/v1/completions`
+    Completions,
+}
+
+/// Where and how to send: the target's base URL (without `/v1`), the model, an optional key.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub url: String,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub endpoint: Endpoint,
+    /// Send vLLM's `ignore_eos` so outputs run to `max_tokens` and lengths stay as asked.
+    pub ignore_eos: bool,
+    /// A request that has not finished after this long is abandoned and counted as a timeout.
+    pub timeout: Duration,
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    /// A non-200 answer before the stream began.
+    Status {
+        code: u16,
+    },
+    /// Connect, write or read failure.
+    Transport,
+    /// Not finished within the request timeout.
+    Timeout,
+    /// An SSE `error` event inside a 200 stream (a stalled or failed upstream).
+    StreamError,
+    /// The stream ended without `[DONE]` and without an error event.
+    Truncated,
+}
+
+impl Outcome {
+    /// The bucket the statistics count it in: 429, 503 and 504 apart, other statuses by class.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::Status { code: 429 } => "http_429",
+            Outcome::Status { code: 503 } => "http_503",
+            Outcome::Status { code: 504 } => "http_504",
+            Outcome::Status { code } if *code < 500 => "http_4xx",
+            Outcome::Status { .. } => "http_5xx",
+            Outcome::Transport => "transport",
+            Outcome::Timeout => "timeout",
+            Outcome::StreamError => "stream_error",
+            Outcome::Truncated => "truncated",
+        }
+    }
+}
+
+/// One request's measurements. Times are from when it was sent unless said otherwise.
+#[derive(Debug, Clone, Serialize)]
+pub struct Record {
+    /// When the load generator meant to send it, from the start of its level.
+    #[serde(serialize_with = "ser_secs")]
+    pub scheduled: Duration,
+    /// How late it was actually sent: the client's own distortion.
+    #[serde(serialize_with = "ser_secs")]
+    pub send_lag: Duration,
+    #[serde(serialize_with = "ser_opt_secs")]
+    pub ttft: Option<Duration>,
+    #[serde(serialize_with = "ser_secs")]
+    pub e2e: Duration,
+    /// Gaps between content chunks, in microseconds.
+    pub itl_us: Vec<u32>,
+    /// Prompt tokens as the server's `usage` counted them.
+    pub input_tokens: Option<u32>,
+    /// Completion tokens from `usage`, else the number of content chunks.
+    pub output_tokens: u32,
+    pub outcome: Outcome,
+    /// The response's `id`, to join with server-side records.
+    pub id: Option<String>,
+    /// Part of the long share of a long-mix level.
+    pub long: bool,
+    #[serde(skip)]
+    pub error: Option<String>,
+}
+
+impl Record {
+    pub fn ok(&self) -> bool {
+        self.outcome == Outcome::Ok
+    }
+
+    /// Time per output token after the first; `None` for fewer than two tokens.
+    pub fn tpot(&self) -> Option<Duration> {
+        let ttft = self.ttft?;
+        (self.output_tokens > 1).then(|| (self.e2e.saturating_sub(ttft)) / (self.output_tokens - 1))
+    }
+}
+
+fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_f64(d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A pooled HTTP/1.1 client shared by every load task.
+#[derive(Clone)]
+pub struct Client {
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    target: std::sync::Arc<Target>,
+    uri: hyper::Uri,
+}
+
+impl Client {
+    pub fn new(target: Target) -> Result<Client, String> {
+        let path = match target.endpoint {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        };
+        let base = target.url.trim_end_matches('/').trim_end_matches("/v1");
+        let uri: hyper::Uri = format!("{base}{path}")
+            .parse()
+            .map_err(|e| format!("--url {:?}: {e}", target.url))?;
+        if uri.scheme_str() != Some("http") {
+            return Err(format!(
+                "--url {:?}: only http:// targets are supported",
+                target.url
+            ));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        let http = HyperClient::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .build(connector);
+        Ok(Client {
+            http,
+            target: std::sync::Arc::new(target),
+            uri,
+        })
+    }
+
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    fn body(&self, prompt: &Prompt) -> Bytes {
+        let t = &*self.target;
+        let text: &str = &prompt.text;
+        let chat = [Message {
+            role: "user",
+            content: text,
+        }];
+        let body = RequestBody {
+            model: &t.model,
+            messages: (t.endpoint == Endpoint::Chat).then_some(&chat),
+            prompt: (t.endpoint == Endpoint::Completions).then_some(text),
+            max_tokens: prompt.max_tokens,
+            stream: true,
+            stream_options: StreamOptions { include_usage: true },
+            ignore_eos: t.ignore_eos.then_some(true),
+        };
+        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
+    }
+
+    /// Sends `prompt` now and measures it; `scheduled` is when it should have gone, `epoch` the start
+    /// of its level.
+    pub async fn send(&self, prompt: &Prompt, scheduled: Instant, epoch: Instant) -> Record {
+        let body = self.body(prompt);
+        let sent = Instant::now();
+        let mut req = hyper::Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/json");
+        if let Some(key) = &self.target.api_key {
+            req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let mut rec = Record {
+            scheduled: scheduled.saturating_duration_since(epoch),
+            send_lag: sent.saturating_duration_since(scheduled),
+            ttft: None,
+            e2e: Duration::ZERO,
+            itl_us: Vec::new(),
+            input_tokens: None,
+            output_tokens: 0,
+            outcome: Outcome::Transport,
+            id: None,
+            long: prompt.long,
+            error: None,
+        };
+        let req = match req.body(Full::new(body)) {
+            Ok(r) => r,
+            Err(e) => {
+                rec.error = Some(e.to_string());
+                return rec;
+            }
+        };
+        let exchange = async {
+            let resp = match self.http.request(req).await {
+                Ok(r) => r,
+                Err(e) => {
+                    rec.error = Some(error_chain(&e));
+                    return;
+                }
+            };
+            let status = resp.status();
+            if status != hyper::StatusCode::OK {
+                rec.outcome = Outcome::Status {
+                    code: status.as_u16(),
+                };
+                let body = Limited::new(resp.into_body(), 64 << 10).collect().await;
+                rec.error = Some(match body {
+                    Ok(b) => error_message(&b.to_bytes()),
+                    Err(_) => status.to_string(),
+                });
+                return;
+            }
+            read_stream(BodyDataStream::new(resp.into_body()), sent, &mut rec).await;
+        };
+        if tokio::time::timeout(self.target.timeout, exchange).await.is_err() {
+            rec.outcome = Outcome::Timeout;
+            rec.error = Some(format!(
+                "no complete answer within {}",
+                humantime::format_duration(self.target.timeout)
+            ));
+        }
+        rec.e2e = sent.elapsed();
+        rec
+    }
+}
+
+/// `{"error":{"message":..}}` (OpenAI), `{"detail":..}` / `{"message":..}` (others), else the text.
+pub fn error_message(body: &[u8]) -> String {
+    let v: Option<serde_json::Value> = serde_json::from_slice(body).ok();
+    let msg = v.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("message"))
+            .or_else(|| v.get("detail"))
+            .and_then(|m| m.as_str().map(str::to_owned))
+    });
+    msg.unwrap_or_else(|| {
+        String::from_utf8_lossy(&body[..body.len().min(300)])
+            .trim()
+            .to_owned()
+    })
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    s
+}
+
+#[derive(Serialize)]
+struct RequestBody<'a> {
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    messages: Option<&'a [Message<'a>; 1]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt: Option<&'a str>,
+    max_tokens: u32,
+    stream: bool,
+    stream_options: StreamOptions,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ignore_eos: Option<bool>,
+}
+
+#[derive(Serialize)]
+struct Message<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+#[derive(Serialize)]
+struct StreamOptions {
+    include_usage: bool,
+}
+
+#[derive(Deserialize)]
+struct Chunk<'a> {
+    #[serde(borrow, default)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Vec<Choice<'a>>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<serde_json::Value>,
+}
+
+#[derive(Deserialize)]
+struct Choice<'a> {
+    #[serde(borrow, default)]
+    delta: Option<Delta<'a>>,
+    #[serde(borrow, default)]
+    text: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(borrow, default)]
+    content: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    reasoning_content: Option<Cow<'a, str>>,
+}
+
+#[derive(Deserialize)]
+struct Usage {
+    prompt_tokens: Option<u32>,
+    completion_tokens: Option<u32>,
+}
+
+/// Reads an SSE body to its end, timing every chunk that carries output text. A chunk of only a role
+/// or only usage is not a token; comments and keep-alives are skipped by the SSE parser.
+pub async fn read_stream<S, E>(body: S, sent: Instant, rec: &mut Record)
+where
+    S: Stream<Item = Result<Bytes, E>> + Unpin,
+    E: std::fmt::Display,
+{
+    let mut events = body.eventsource();
+    let mut last = None::<Instant>;
+    let mut chunks = 0u32;
+    let mut usage_tokens = None;
+    let mut done = false;
+    while let Some(event) = events.next().await {
+        let now = Instant::now();
+        let event = match event {
+            Ok(e) => e,
+            Err(e) => {
+                rec.outcome = Outcome::Transport;
+                rec.error = Some(format!("reading the stream: {e}"));
+                rec.output_tokens = usage_tokens.unwrap_or(chunks);
+                return;
+            }
+        };
+        let data = event.data.trim();
+        if data == "[DONE]" {
+            done = true;
+            break;
+        }
+        let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+            continue;
+        };
+        if let Some(err) = chunk.error {
+            rec.outcome = Outcome::StreamError;
+            rec.error = Some(
+                err.get("message")
+                    .and_then(|m| m.as_str())
+                    .unwrap_or("error event")
+                    .to_owned(),
+            );
+            rec.output_tokens = usage_tokens.unwrap_or(chunks);
+            return;
+        }
+        if rec.id.is_none() {
+            rec.id = chunk.id.map(Cow::into_owned);
+        }
+        if let Some(u) = chunk.usage {
+            rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
+            usage_tokens = u.completion_tokens.or(usage_tokens);
+        }
+        let has_text = chunk.choices.iter().any(|c| {
+            let delta = c.delta.as_ref();
+            [
+                c.text.as_deref(),
+                delta.and_then(|d| d.content.as_deref()),
+                delta.and_then(|d| d.reasoning_content.as_deref()),
+            ]
+            .into_iter()
+            .flatten()
+            .any(|t| !t.is_empty())
+        });
+        if !has_text {
+            continue;
+        }
+        chunks += 1;
+        match last {
+            None => rec.ttft = Some(now.saturating_duration_since(sent)),
+            Some(prev) => rec
+                .itl_us
+                .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
+        }
+        last = Some(now);
+    }
+    rec.output_tokens = usage_tokens.unwrap_or(chunks);
+    if done {
+        rec.outcome = Outcome::Ok;
+    } else {
+        rec.outcome = Outcome::Truncated;
+        rec.error = Some("the stream ended without [DONE]".into());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blank() -> Record {
+        Record {
+            scheduled: Duration::ZERO,
+            send_lag: Duration::ZERO,
+            ttft: None,
+            e2e: Duration::ZERO,
+            itl_us: Vec::new(),
+            input_tokens: None,
+            output_tokens: 0,
+            outcome: Outcome::Transport,
+            id: None,
+            long: false,
+            error: None,
+        }
+    }
+
+    const STREAM: &str = ": connected\n\n\
+        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+        : keep-alive\n\n\
+        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\r\n\r\n\
+        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\u00e9\"}}]}\n\n\
+        :\n\n\
+        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"},\"finish_reason\":\"length\"}]}\n\n\
+        data: {\"id\":\"chatcmpl-7\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}\n\n\
+        data: [DONE]\n\n";
+
+    async fn parse_split(pieces: Vec<Vec<u8>>) -> Record {
+        let mut rec = blank();
+        let stream = futures::stream::iter(
+            pieces
+                .into_iter()
+                .map(|p| Ok::<_, std::io::Error>(Bytes::from(p))),
+        );
+        read_stream(stream, Instant::now(), &mut rec).await;
+        rec
+    }
+
+    #[tokio::test]
+    async fn chunks_split_anywhere_parse_the_same() {
+        let bytes = STREAM.as_bytes();
+        for a in 0..bytes.len() {
+            for b in [a + 1, a + 7, a + 40] {
+                let b = b.min(bytes.len());
+                let pieces = vec![bytes[..a].to_vec(), bytes[a..b].to_vec(), bytes[b..].to_vec()];
+                let rec = parse_split(pieces).await;
+                assert_eq!(rec.outcome, Outcome::Ok, "split at {a},{b}");
+                assert_eq!(rec.output_tokens, 3);
+                assert_eq!(rec.input_tokens, Some(12));
+                assert_eq!(rec.itl_us.len(), 2, "three content chunks give two gaps");
+                assert!(rec.ttft.is_some());
+                assert_eq!(rec.id.as_deref(), Some("chatcmpl-7"));
+            }
+        }
+        let one_byte_at_a_time = bytes.iter().map(|b| vec![*b]).collect();
+        assert_eq!(parse_split(one_byte_at_a_time).await.itl_us.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn error_events_and_cut_streams_are_failures() {
+        let err = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
+                   data: {\"error\":{\"message\":\"upstream stalled\",\"type\":\"timeout\"}}\n\n";
+        let rec = parse_split(vec![err.as_bytes().to_vec()]).await;
+        assert_eq!(rec.outcome, Outcome::StreamError);
+        assert_eq!(rec.error.as_deref(), Some("upstream stalled"));
+        assert_eq!(rec.output_tokens, 1);
+
+        let cut = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n";
+        let rec = parse_split(vec![cut.as_bytes().to_vec()]).await;
+        assert_eq!(rec.outcome, Outcome::Truncated);
+        assert_eq!(rec.output_tokens, 2, "counted from chunks without usage");
+    }
+
+    #[test]
+    fn statuses_are_bucketed_with_the_overload_codes_apart() {
+        let kinds: Vec<_> = [400, 404, 429, 500, 502, 503, 504]
+            .map(|code| Outcome::Status { code }.kind())
+            .to_vec();
+        assert_eq!(
+            kinds,
+            [
+                "http_4xx", "http_4xx", "http_429", "http_5xx", "http_5xx", "http_503", "http_504"
+            ]
+        );
+        assert_eq!(
+            error_message(br#"{"error":{"message":"The model `x` does not exist.","type":"NotFoundError"}}"#),
+            "The model `x` does not exist."
+        );
+        assert_eq!(error_message(b"upstream connect error"), "upstream connect error");
+    }
+}

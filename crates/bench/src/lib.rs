@@ -1,0 +1,27 @@
+//! `spillway bench`: an SLO load tester that finds the safe concurrency, against any
+//! OpenAI-compatible server (vLLM, the Spillway gateway, `spillway engine`).
+//!
+//! # Layout
+//! - [`spec`]: what a run is asked for — length distributions, SLO strings, arrivals, phases.
+//! - [`workload`]: the prompts: synthetic, or a ShareGPT / JSONL dataset, with a long share.
+//! - [`client`]: one streamed request and its measurements (TTFT, every ITL gap, tokens, outcome).
+//! - [`load`]: closed- and open-loop drivers for one level, with an optional burst.
+//! - [`watch`]: the server's queue through `/metrics`, and the client's own timer lateness.
+//! - [`stats`]: exact percentiles, throughput, goodput, SLO verdicts.
+//! - [`run`]: the phases (baseline, staircase + bisection, long mix, burst) and the safe load.
+//! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`run::Report`];
+//!   `progress` is the live line on stderr.
+
+pub mod client;
+pub mod html;
+pub mod load;
+mod progress;
+pub mod report;
+pub mod run;
+pub mod spec;
+pub mod stats;
+pub mod watch;
+pub mod workload;
+
+pub use client::{Endpoint, Target};
+pub use run::{BenchError, Options, Report, run};

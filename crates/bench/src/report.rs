@@ -1,0 +1,157 @@
+//! The run as text: one line per finished level while it runs, and the final table.
+
+use std::fmt::Write;
+
+use crate::run::{BurstReport, LevelReport, Report};
+
+/// A duration in seconds shown in the unit a reader expects: µs, ms or s.
+pub fn secs(v: f64) -> String {
+    if v < 1e-3 {
+        format!("{:.0}µs", v * 1e6)
+    } else if v < 1.0 {
+        format!("{:.1}ms", v * 1e3)
+    } else {
+        format!("{v:.2}s")
+    }
+}
+
+fn opt(v: Option<f64>) -> String {
+    v.map_or("-".into(), secs)
+}
+
+/// `staircase C=16: 412 req, ttft p95 12.1ms, itl p95 5.0ms, 31.2 req/s — pass`
+pub fn one_line(l: &LevelReport) -> String {
+    let s = &l.stats;
+    let mut line = format!(
+        "{:<9} {:<14} {:>6} req  ttft p95 {:>8}  itl p95 {:>8}  {:>8.1} req/s  {:>9.0} tok/s  errors {:>5.1}%  {}",
+        l.phase.name(),
+        l.load.to_string(),
+        s.requests,
+        opt(s.ttft.map(|p| p.p95)),
+        opt(s.itl.map(|p| p.p95)),
+        s.throughput_rps,
+        s.output_tokens_per_second,
+        s.error_rate * 100.0,
+        if l.pass { "pass" } else { "FAIL" },
+    );
+    if !l.reasons.is_empty() {
+        let _ = write!(line, " ({})", l.reasons.join("; "));
+    }
+    if let Some(d) = &l.distorted {
+        let _ = write!(line, " [DISTORTED: {d}]");
+    }
+    line
+}
+
+pub fn burst_line(b: &BurstReport) -> String {
+    format!(
+        "burst     {:<14} ×{} for {:.1}s: ttft recovered {}, queue recovered {} — {}",
+        b.load.to_string(),
+        b.factor,
+        b.burst_end - b.burst_start,
+        b.ttft_recovery_seconds
+            .map_or("never".into(), |s| format!("after {}", secs(s))),
+        match (b.baseline_waiting, b.queue_recovery_seconds) {
+            (None, _) => "unknown (no --metrics-url)".into(),
+            (Some(_), Some(s)) => format!("after {}", secs(s)),
+            (Some(_), None) => "never".into(),
+        },
+        if b.recovered {
+            "recovers"
+        } else {
+            "DOES NOT RECOVER"
+        }
+    )
+}
+
+/// The final table: every level, then the bursts, the self-check and the conclusion.
+pub fn table(r: &Report) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "spillway bench {} → {} ({}), SLO {}",
+        r.tool.version, r.parameters.url, r.parameters.model, r.parameters.slo
+    );
+    let _ = writeln!(
+        out,
+        "{:<9} {:<14} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6}  verdict",
+        "phase",
+        "load",
+        "req",
+        "ok%",
+        "ttft p50",
+        "ttft p95",
+        "ttft p99",
+        "itl p95",
+        "e2e p95",
+        "req/s",
+        "tok/s",
+        "goodput",
+        "waiting",
+        "lag95",
+    );
+    let levels = r.levels.iter().chain(r.bursts.iter().map(|b| &b.level));
+    for l in levels {
+        let s = &l.stats;
+        let _ = writeln!(
+            out,
+            "{:<9} {:<14} {:>6} {:>5.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>9.0} {:>7.0}% {:>7} {:>6}  {}{}",
+            l.phase.name(),
+            l.load.to_string(),
+            s.requests,
+            if s.requests == 0 {
+                0.0
+            } else {
+                100.0 * s.ok as f64 / s.requests as f64
+            },
+            opt(s.ttft.map(|p| p.p50)),
+            opt(s.ttft.map(|p| p.p95)),
+            opt(s.ttft.map(|p| p.p99)),
+            opt(s.itl.map(|p| p.p95)),
+            opt(s.e2e.map(|p| p.p95)),
+            s.throughput_rps,
+            s.output_tokens_per_second,
+            s.goodput_share * 100.0,
+            l.queue
+                .as_ref()
+                .map_or("-".into(), |q| format!("{:.1}", q.waiting_mean)),
+            opt(s.send_lag.map(|p| p.p95)),
+            if l.pass { "pass" } else { "FAIL" },
+            if l.distorted.is_some() { " (distorted)" } else { "" },
+        );
+        if !s.errors.is_empty() {
+            let errs: Vec<String> = s.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(out, "{:>26} errors: {}", "", errs.join(", "));
+        }
+        for reason in &l.reasons {
+            let _ = writeln!(out, "{:>26} {reason}", "");
+        }
+        if let (Some(short), Some(long)) = (&l.short, &l.long) {
+            let _ = writeln!(
+                out,
+                "{:>26} short requests: ttft p95 {}, itl p95 {} · long requests ({}): ttft p95 {}, e2e p95 {}",
+                "",
+                opt(short.ttft.map(|p| p.p95)),
+                opt(short.itl.map(|p| p.p95)),
+                long.requests,
+                opt(long.ttft.map(|p| p.p95)),
+                opt(long.e2e.map(|p| p.p95)),
+            );
+        }
+        if let Some(d) = &l.distorted {
+            let _ = writeln!(out, "{:>26} self-check: {d}", "");
+        }
+    }
+    for b in &r.bursts {
+        let _ = writeln!(out, "{}", burst_line(b));
+    }
+    if r.distorted_levels > 0 {
+        let _ = writeln!(
+            out,
+            "WARNING: {} level(s) flagged: the client's own lag may have inflated their latencies.",
+            r.distorted_levels
+        );
+    }
+    let _ = writeln!(out, "{}", r.summary);
+    out
+}

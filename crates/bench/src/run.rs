@@ -1,0 +1,738 @@
+//! The seed's four phases as one run — baseline, staircase with bisection, long mix, sustained load
+//! with a burst — and the safe load they find: the largest level whose SLOs hold *and* whose queue
+//! and TTFT recover after a burst.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::{Duration, SystemTime};
+
+use serde::Serialize;
+use tokio::time::Instant;
+
+use crate::client::{Client, Endpoint, Record, Target};
+use crate::load::{Burst, Driver, LevelRun, Sink, Stop};
+use crate::progress::Progress;
+use crate::spec::{Arrivals, LengthDist, Load, Metric, Phase, Slo, ser_secs};
+use crate::stats::{LevelStats, Percentiles, percentile};
+use crate::watch::{LoopLag, QueueSample, QueueSummary, QueueWatch};
+use crate::workload::{Workload, WorkloadInfo};
+
+/// Everything a run is asked to do.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub target: Target,
+    /// The name of the variable the key came from, for the report (never the key).
+    pub api_key_env: Option<String>,
+    /// Staircase levels; empty: 1, 2, 4, … up to `max_concurrency`.
+    pub loads: Vec<Load>,
+    pub arrivals: Arrivals,
+    pub stop: Stop,
+    pub workload: Workload,
+    pub input_len: LengthDist,
+    pub output_len: LengthDist,
+    pub dataset: Option<String>,
+    pub slo: Slo,
+    pub metrics_url: Option<String>,
+    pub phases: Vec<Phase>,
+    pub long_share: f64,
+    pub long_input: LengthDist,
+    pub long_output: LengthDist,
+    pub burst_factor: f64,
+    pub burst_length: Duration,
+    /// How long after a burst the queue and TTFT may take to recover.
+    pub recovery_timeout: Duration,
+    pub max_concurrency: u32,
+    pub max_in_flight: usize,
+    pub seed: u64,
+    pub keep_records: bool,
+    pub quiet: bool,
+}
+
+/// Every parameter, as the JSON report records it.
+#[derive(Debug, Serialize)]
+pub struct Parameters {
+    pub url: String,
+    pub model: String,
+    pub endpoint: Endpoint,
+    pub api_key_env: Option<String>,
+    pub ignore_eos: bool,
+    #[serde(serialize_with = "ser_secs")]
+    pub request_timeout: Duration,
+    pub loads: Vec<Load>,
+    pub arrivals: Arrivals,
+    #[serde(serialize_with = "ser_opt_secs")]
+    pub duration_per_level: Option<Duration>,
+    pub requests_per_level: Option<u64>,
+    pub input_len: LengthDist,
+    pub output_len: LengthDist,
+    pub dataset: Option<String>,
+    pub workload: WorkloadInfo,
+    pub slo: String,
+    pub metrics_url: Option<String>,
+    pub phases: Vec<Phase>,
+    pub long_share: f64,
+    pub long_input_len: LengthDist,
+    pub long_output_len: LengthDist,
+    pub burst_factor: f64,
+    #[serde(serialize_with = "ser_secs")]
+    pub burst_length: Duration,
+    #[serde(serialize_with = "ser_secs")]
+    pub recovery_timeout: Duration,
+    pub max_concurrency: u32,
+    pub max_in_flight: usize,
+    pub seed: u64,
+}
+
+fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_f64(d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// One level's results and its judgement.
+#[derive(Debug, Clone, Serialize)]
+pub struct LevelReport {
+    pub phase: Phase,
+    pub load: Load,
+    /// Offsets from the run's start, seconds.
+    #[serde(serialize_with = "ser_secs")]
+    pub start: Duration,
+    #[serde(serialize_with = "ser_secs")]
+    pub end: Duration,
+    pub stats: LevelStats,
+    /// Long mix only: the ordinary requests alone, and the long ones alone.
+    pub short: Option<LevelStats>,
+    pub long: Option<LevelStats>,
+    pub queue: Option<QueueSummary>,
+    /// How late this client's timers fired during the level (seconds).
+    pub client_loop_lag: Option<Percentiles>,
+    pub unsent: u64,
+    /// Set when the client's own lag was large enough to distort TTFT: the numbers are suspect.
+    pub distorted: Option<String>,
+    /// SLOs held and the queue drained.
+    pub pass: bool,
+    pub reasons: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub records: Option<Vec<Record>>,
+}
+
+/// One point of a burst's timeline.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct TimelinePoint {
+    /// From the level's start, seconds.
+    pub t: f64,
+    /// TTFT p95 over first tokens that arrived in the last second.
+    pub ttft_p95: Option<f64>,
+    /// First tokens in that second.
+    pub arrivals: usize,
+    pub waiting: Option<f64>,
+}
+
+/// The sustained-plus-burst phase at one load.
+#[derive(Debug, Clone, Serialize)]
+pub struct BurstReport {
+    pub load: Load,
+    pub factor: f64,
+    /// From the level's start, seconds.
+    pub burst_start: f64,
+    pub burst_end: f64,
+    pub timeline: Vec<TimelinePoint>,
+    /// The most requests waiting before the burst: the level the queue must return to.
+    pub baseline_waiting: Option<f64>,
+    /// From the end of the burst until rolling TTFT p95 stayed under the SLO; `None`: never.
+    pub ttft_recovery_seconds: Option<f64>,
+    pub queue_recovery_seconds: Option<f64>,
+    pub recovered: bool,
+    pub level: LevelReport,
+}
+
+/// The whole run, as written to JSON and rendered as text and HTML.
+#[derive(Debug, Serialize)]
+pub struct Report {
+    /// `spillway-bench/1`; see docs/bench-json.md.
+    pub schema: &'static str,
+    pub tool: Tool,
+    pub parameters: Parameters,
+    pub started_at: String,
+    pub finished_at: String,
+    pub levels: Vec<LevelReport>,
+    pub bursts: Vec<BurstReport>,
+    /// The first staircase level that failed.
+    pub knee: Option<Load>,
+    /// The largest level that passed the SLOs (and recovered from a burst, when that phase ran).
+    pub safe: Option<Load>,
+    pub summary: String,
+    /// Levels whose numbers the client's own lag may have distorted.
+    pub distorted_levels: usize,
+    #[serde(skip)]
+    pub slo: Slo,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Tool {
+    pub name: &'static str,
+    pub version: &'static str,
+}
+
+/// Why a run could not start or go on.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{0}")]
+    Setup(String),
+    #[error("target {url} is unreachable: {detail}")]
+    Unreachable { url: String, detail: String },
+    #[error("target {url} refused the first request ({status}): {message}")]
+    Rejected {
+        url: String,
+        status: u16,
+        message: String,
+    },
+}
+
+struct Ctx {
+    opts: Options,
+    driver: Driver,
+    watch: Option<QueueWatch>,
+    lag: LoopLag,
+    progress: Progress,
+    sink: Sink,
+    levels: Vec<LevelReport>,
+}
+
+/// Runs every requested phase against the target and reports.
+pub async fn run(opts: Options) -> Result<Report, BenchError> {
+    let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
+    let epoch = Instant::now();
+    let client = Client::new(opts.target.clone()).map_err(BenchError::Setup)?;
+    preflight(&client).await?;
+    let watch = match &opts.metrics_url {
+        Some(url) => Some(
+            QueueWatch::start(url, Duration::from_millis(100), epoch)
+                .await
+                .map_err(BenchError::Setup)?,
+        ),
+        None => None,
+    };
+    let driver = Driver {
+        client,
+        epoch,
+        arrivals: opts.arrivals,
+        max_in_flight: opts.max_in_flight,
+        seed: opts.seed,
+        levels: Arc::new(AtomicU64::new(0)),
+    };
+    let mut ctx = Ctx {
+        progress: Progress::new(opts.quiet),
+        lag: LoopLag::start(epoch),
+        sink: Sink::default(),
+        levels: Vec::new(),
+        watch,
+        driver,
+        opts,
+    };
+    let report = ctx.phases(started_at).await;
+    ctx.progress.finish();
+    Ok(report)
+}
+
+/// One small request first, so a target that is down or a wrong model fails the run at once with
+/// the server's own words.
+async fn preflight(client: &Client) -> Result<(), BenchError> {
+    let url = client.target().url.clone();
+    let prompt = crate::workload::Prompt {
+        text: "the".into(),
+        max_tokens: 2,
+        long: false,
+    };
+    let now = Instant::now();
+    let rec = client.send(&prompt, now, now).await;
+    let detail = rec.error.clone().unwrap_or_default();
+    match rec.outcome {
+        crate::client::Outcome::Ok => Ok(()),
+        crate::client::Outcome::Transport => Err(BenchError::Unreachable { url, detail }),
+        crate::client::Outcome::Status { code } if code != 429 && code != 503 => Err(BenchError::Rejected {
+            url,
+            status: code,
+            message: detail,
+        }),
+        // A busy target is a state to measure, not a reason to stop.
+        _ => Ok(()),
+    }
+}
+
+impl Ctx {
+    fn default_loads(&self) -> Vec<Load> {
+        if !self.opts.loads.is_empty() {
+            return self.opts.loads.clone();
+        }
+        std::iter::successors(Some(1u32), |c| c.checked_mul(2))
+            .take_while(|c| *c <= self.opts.max_concurrency)
+            .map(Load::Concurrency)
+            .collect()
+    }
+
+    async fn level(&mut self, phase: Phase, load: Load, workload: Option<Workload>) -> LevelReport {
+        let workload = workload.unwrap_or_else(|| self.opts.workload.clone());
+        let ticker = self.progress.level(phase, load, self.sink.clone());
+        let run = self
+            .driver
+            .run(load, self.opts.stop, &workload, None, self.sink.clone())
+            .await;
+        drop(ticker);
+        let report = self.judge(phase, load, run, phase == Phase::LongMix);
+        self.progress.println(crate::report::one_line(&report));
+        self.levels.push(report.clone());
+        report
+    }
+
+    fn judge(&self, phase: Phase, load: Load, run: LevelRun, split: bool) -> LevelReport {
+        let slo = &self.opts.slo;
+        let all: Vec<&Record> = run.records.iter().collect();
+        let wall = run.end.saturating_sub(run.start);
+        let stats = LevelStats::compute(&all, wall, slo);
+        let (short, long) = if split {
+            let (l, s): (Vec<&Record>, Vec<&Record>) = all.iter().partition(|r| r.long);
+            (
+                Some(LevelStats::compute(&s, wall, slo)),
+                Some(LevelStats::compute(&l, wall, slo)),
+            )
+        } else {
+            (None, None)
+        };
+        // Skip the first half second: the queue of the level before may still be draining.
+        let queue = self.watch.as_ref().and_then(|w| {
+            let from = (run.start + Duration::from_millis(500)).min(run.end);
+            QueueSummary::of(&w.between(from, run.end))
+        });
+        let lag = Percentiles::of(&self.lag.between(run.start, run.end));
+        let distorted = distortion(&stats, lag.as_ref(), run.unsent);
+        let mut reasons: Vec<String> = stats
+            .verdicts
+            .iter()
+            .filter(|v| !v.pass)
+            .map(|v| match v.observed {
+                Some(o) if v.target.starts_with("error_rate") => {
+                    format!("{} (observed {:.2}%)", v.target, o * 100.0)
+                }
+                Some(o) => format!("{} (observed {})", v.target, crate::report::secs(o)),
+                None => format!("{} (nothing measured)", v.target),
+            })
+            .collect();
+        if stats.ok == 0 {
+            reasons.push("no request succeeded".into());
+        }
+        if queue.as_ref().is_some_and(|q| !q.drains) {
+            reasons.push("the server's waiting queue did not drain".into());
+        }
+        LevelReport {
+            phase,
+            load,
+            start: run.start,
+            end: run.end,
+            stats,
+            short,
+            long,
+            queue,
+            client_loop_lag: lag,
+            unsent: run.unsent,
+            distorted,
+            pass: reasons.is_empty(),
+            reasons,
+            records: self.opts.keep_records.then_some(run.records),
+        }
+    }
+
+    async fn phases(&mut self, started_at: String) -> Report {
+        let phases = self.opts.phases.clone();
+        let loads = self.default_loads();
+        let lowest = loads
+            .iter()
+            .copied()
+            .min_by(|a, b| a.value().total_cmp(&b.value()))
+            .unwrap_or(Load::Concurrency(1));
+        let mut passed: Vec<Load> = Vec::new();
+        let mut knee = None;
+        if phases.contains(&Phase::Baseline) {
+            let base = match lowest {
+                Load::Concurrency(_) => Load::Concurrency(1),
+                rate => rate,
+            };
+            let r = self.level(Phase::Baseline, base, None).await;
+            if r.pass {
+                passed.push(base);
+            }
+        }
+        if phases.contains(&Phase::Staircase) {
+            let mut last_pass = None;
+            for load in loads.iter().copied() {
+                let r = self.level(Phase::Staircase, load, None).await;
+                if !r.pass {
+                    knee = Some(load);
+                    break;
+                }
+                last_pass = Some(load);
+                passed.push(load);
+            }
+            if let (Some(mut lo), Some(mut hi)) = (last_pass, knee) {
+                while let Some(mid) = midpoint(lo, hi) {
+                    let r = self.level(Phase::Staircase, mid, None).await;
+                    if r.pass {
+                        passed.push(mid);
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                knee = Some(hi);
+            }
+        } else {
+            passed.extend(loads.iter().copied());
+        }
+        passed.sort_by(|a, b| b.value().total_cmp(&a.value()));
+        passed.dedup();
+        let candidate = passed.first().copied();
+        if phases.contains(&Phase::LongMix) {
+            let at = candidate.unwrap_or(lowest);
+            let mixed = self.opts.workload.with_long(
+                self.opts.long_share,
+                self.opts.long_input,
+                self.opts.long_output,
+            );
+            self.level(Phase::LongMix, at, Some(mixed)).await;
+        }
+        let mut bursts = Vec::new();
+        let mut safe = candidate;
+        if phases.contains(&Phase::Burst) {
+            safe = None;
+            // The candidate first; if it does not recover, the next passing levels below it.
+            for load in passed.iter().copied().take(3) {
+                let b = self.burst(load).await;
+                let recovered = b.recovered;
+                bursts.push(b);
+                if recovered {
+                    safe = Some(load);
+                    break;
+                }
+            }
+        }
+        let distorted_levels = self
+            .levels
+            .iter()
+            .chain(bursts.iter().map(|b| &b.level))
+            .filter(|l| l.distorted.is_some())
+            .count();
+        let summary = summarize(&phases, candidate, knee, safe, &bursts, loads.last().copied());
+        let o = &self.opts;
+        Report {
+            schema: "spillway-bench/1",
+            tool: Tool {
+                name: "spillway bench",
+                version: env!("CARGO_PKG_VERSION"),
+            },
+            parameters: Parameters {
+                url: o.target.url.clone(),
+                model: o.target.model.clone(),
+                endpoint: o.target.endpoint,
+                api_key_env: o.api_key_env.clone(),
+                ignore_eos: o.target.ignore_eos,
+                request_timeout: o.target.timeout,
+                loads,
+                arrivals: o.arrivals,
+                duration_per_level: match o.stop {
+                    Stop::After(d) => Some(d),
+                    Stop::Requests(_) => None,
+                },
+                requests_per_level: match o.stop {
+                    Stop::Requests(n) => Some(n),
+                    Stop::After(_) => None,
+                },
+                input_len: o.input_len,
+                output_len: o.output_len,
+                dataset: o.dataset.clone(),
+                workload: o.workload.info(),
+                slo: o.slo.to_string(),
+                metrics_url: o.metrics_url.clone(),
+                phases: o.phases.clone(),
+                long_share: o.long_share,
+                long_input_len: o.long_input,
+                long_output_len: o.long_output,
+                burst_factor: o.burst_factor,
+                burst_length: o.burst_length,
+                recovery_timeout: o.recovery_timeout,
+                max_concurrency: o.max_concurrency,
+                max_in_flight: o.max_in_flight,
+                seed: o.seed,
+            },
+            started_at,
+            finished_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            levels: std::mem::take(&mut self.levels),
+            bursts,
+            knee,
+            safe,
+            summary,
+            distorted_levels,
+            slo: o.slo.clone(),
+        }
+    }
+
+    /// Sustained load at `load`, k × load for the burst window, then `load` again until the
+    /// recovery window ends; recovery read from the first-token timeline and the server's queue.
+    async fn burst(&mut self, load: Load) -> BurstReport {
+        let sustain = match self.opts.stop {
+            Stop::After(d) => d,
+            Stop::Requests(_) => Duration::from_secs(5),
+        };
+        let burst = Burst {
+            factor: self.opts.burst_factor,
+            start: sustain,
+            length: self.opts.burst_length,
+        };
+        let total = sustain + self.opts.burst_length + self.opts.recovery_timeout;
+        let workload = self.opts.workload.clone();
+        let ticker = self.progress.level(Phase::Burst, load, self.sink.clone());
+        let run = self
+            .driver
+            .run(
+                load,
+                Stop::After(total),
+                &workload,
+                Some(burst),
+                self.sink.clone(),
+            )
+            .await;
+        drop(ticker);
+        let level_start = run.start;
+        let samples = self
+            .watch
+            .as_ref()
+            .map(|w| w.between(run.start, run.end))
+            .unwrap_or_default();
+        let arrivals: Vec<(f64, f64)> = run
+            .records
+            .iter()
+            .filter(|r| r.ok())
+            .filter_map(|r| {
+                let ttft = r.ttft?;
+                Some((
+                    (r.scheduled + r.send_lag + ttft).as_secs_f64(),
+                    ttft.as_secs_f64(),
+                ))
+            })
+            .collect();
+        let level_len = run.end.saturating_sub(run.start).as_secs_f64();
+        let level = self.judge(Phase::Burst, load, run, false);
+        let (b_start, b_end) = (
+            burst.start.as_secs_f64(),
+            (burst.start + burst.length).as_secs_f64(),
+        );
+        let rel = |s: &QueueSample| s.at.saturating_sub(level_start).as_secs_f64();
+        let timeline = timeline(&arrivals, &samples, level_start, level_len);
+        let ttft_limit = self.opts.slo.limit(Metric::Ttft).map(|d| d.as_secs_f64());
+        let settle = level_len - 1.0;
+        let ttft_recovery = ttft_limit.map(|limit| {
+            recovery(
+                timeline
+                    .iter()
+                    .map(|p| (p.t, p.ttft_p95.is_none_or(|v| v <= limit))),
+                b_end,
+                settle,
+            )
+        });
+        let baseline_waiting = (!samples.is_empty()).then(|| {
+            samples
+                .iter()
+                .filter(|s| rel(s) >= 0.5 && rel(s) < b_start)
+                .map(|s| s.waiting)
+                .fold(0.0, f64::max)
+        });
+        let queue_recovery = baseline_waiting
+            .map(|base| recovery(samples.iter().map(|s| (rel(s), s.waiting <= base)), b_end, settle));
+        let recovered =
+            ttft_recovery.is_none_or(|r| r.is_some()) && queue_recovery.is_none_or(|r| r.is_some());
+        let report = BurstReport {
+            load,
+            factor: burst.factor,
+            burst_start: b_start,
+            burst_end: b_end,
+            timeline,
+            baseline_waiting,
+            ttft_recovery_seconds: ttft_recovery.flatten(),
+            queue_recovery_seconds: queue_recovery.flatten(),
+            recovered,
+            level,
+        };
+        self.progress.println(crate::report::burst_line(&report));
+        report
+    }
+}
+
+/// The next level to try between a pass and a failure; `None` when they are adjacent (concurrency)
+/// or within 10% (rate).
+pub fn midpoint(lo: Load, hi: Load) -> Option<Load> {
+    match (lo, hi) {
+        (Load::Concurrency(lo), Load::Concurrency(hi)) => {
+            (hi > lo + 1).then(|| Load::Concurrency(lo + (hi - lo) / 2))
+        }
+        (Load::Rate(lo), Load::Rate(hi)) => (hi > lo * 1.1).then(|| Load::Rate((lo + hi) / 2.0)),
+        _ => None,
+    }
+}
+
+/// Seconds after `from` at which `ok` became true and stayed true up to the end; `None` when it
+/// never did, or only after `settle` (too late to be sure it held).
+pub fn recovery(points: impl Iterator<Item = (f64, bool)>, from: f64, settle: f64) -> Option<f64> {
+    let mut since = Some(from);
+    for (t, ok) in points.filter(|(t, _)| *t >= from) {
+        match (ok, since) {
+            (false, _) => since = None,
+            (true, None) => since = Some(t),
+            (true, Some(_)) => {}
+        }
+    }
+    since.filter(|s| *s <= settle).map(|s| s - from)
+}
+
+/// A point every 250 ms: TTFT p95 over the first tokens of the preceding second, and the queue.
+fn timeline(
+    arrivals: &[(f64, f64)],
+    samples: &[QueueSample],
+    level_start: Duration,
+    len: f64,
+) -> Vec<TimelinePoint> {
+    let step = 0.25;
+    let mut out = Vec::new();
+    let mut t = step;
+    while t <= len + 1e-9 {
+        let mut window: Vec<f64> = arrivals
+            .iter()
+            .filter(|(at, _)| *at > t - 1.0 && *at <= t)
+            .map(|(_, ttft)| *ttft)
+            .collect();
+        window.sort_by(f64::total_cmp);
+        let waiting = samples
+            .iter()
+            .filter(|s| s.at.saturating_sub(level_start).as_secs_f64() <= t)
+            .next_back()
+            .map(|s| s.waiting);
+        out.push(TimelinePoint {
+            t,
+            ttft_p95: percentile(&window, 95.0),
+            arrivals: window.len(),
+            waiting,
+        });
+        t += step;
+    }
+    out
+}
+
+/// The self-check: a level is flagged when the client sent late or its timers fired late by more
+/// than 1 ms or 5% of the median TTFT, whichever is larger, or when it could not send every arrival.
+fn distortion(stats: &LevelStats, lag: Option<&Percentiles>, unsent: u64) -> Option<String> {
+    let ttft = stats.ttft.map_or(0.0, |t| t.p50);
+    let allowed = (0.05 * ttft).max(0.001);
+    let mut why = Vec::new();
+    if let Some(s) = stats.send_lag.filter(|s| s.p95 > allowed) {
+        why.push(format!(
+            "send lag p95 {} exceeds {}",
+            crate::report::secs(s.p95),
+            crate::report::secs(allowed)
+        ));
+    }
+    if let Some(l) = lag.filter(|l| l.p99 > allowed) {
+        why.push(format!(
+            "client timer lateness p99 {} exceeds {}",
+            crate::report::secs(l.p99),
+            crate::report::secs(allowed)
+        ));
+    }
+    if unsent > 0 {
+        why.push(format!("{unsent} arrivals not sent: --max-in-flight reached"));
+    }
+    (!why.is_empty()).then(|| why.join("; "))
+}
+
+fn summarize(
+    phases: &[Phase],
+    candidate: Option<Load>,
+    knee: Option<Load>,
+    safe: Option<Load>,
+    bursts: &[BurstReport],
+    highest: Option<Load>,
+) -> String {
+    let mut s = String::new();
+    match (knee, candidate) {
+        (Some(k), Some(c)) => s.push_str(&format!("SLOs hold up to {c}; first breach at {k}. ")),
+        (Some(k), None) => s.push_str(&format!("SLOs breached already at {k}. ")),
+        (None, Some(c)) if phases.contains(&Phase::Staircase) => s.push_str(&format!(
+            "SLOs held at every level tried, up to {c}; the knee is higher (raise --max-concurrency or add levels). "
+        )),
+        _ => {}
+    }
+    if phases.contains(&Phase::Burst) {
+        match (safe, bursts.first()) {
+            (Some(l), _) => s.push_str(&format!(
+                "Safe load: {l} (passes the SLOs and recovers after a burst)."
+            )),
+            (None, Some(_)) => {
+                s.push_str("No level tried recovered from the burst within the recovery timeout.")
+            }
+            (None, None) => s.push_str("No level passed the SLOs, so no burst was run."),
+        }
+    } else if let Some(l) = safe {
+        s.push_str(&format!(
+            "Candidate safe load: {l} (burst recovery not checked; add the burst phase)."
+        ));
+    } else if highest.is_some() && !phases.contains(&Phase::Staircase) {
+        s.push_str("No staircase was run; nothing to conclude about the safe load.");
+    }
+    s.trim_end().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bisection_narrows_to_adjacent_levels() {
+        let (mut lo, mut hi) = (Load::Concurrency(16), Load::Concurrency(32));
+        let truth = 19;
+        let mut tried = Vec::new();
+        while let Some(mid) = midpoint(lo, hi) {
+            tried.push(mid.value() as u32);
+            if mid.value() as u32 <= truth {
+                lo = mid
+            } else {
+                hi = mid
+            }
+        }
+        assert_eq!(tried, [24, 20, 18, 19]);
+        assert_eq!((lo, hi), (Load::Concurrency(19), Load::Concurrency(20)));
+        assert!(midpoint(Load::Rate(10.0), Load::Rate(10.5)).is_none());
+    }
+
+    #[test]
+    fn recovery_is_the_start_of_the_final_good_run() {
+        let pts = [
+            (1.0, false),
+            (2.0, false),
+            (3.0, true),
+            (4.0, false),
+            (5.0, true),
+            (6.0, true),
+        ];
+        assert_eq!(recovery(pts.into_iter(), 1.5, 10.0), Some(3.5));
+        assert_eq!(recovery(pts.into_iter(), 1.5, 5.0), Some(3.5), "settled by 5");
+        assert_eq!(
+            recovery(pts.into_iter(), 1.5, 4.0),
+            None,
+            "recovered too late to confirm"
+        );
+        assert_eq!(
+            recovery([(3.0, true)].into_iter(), 2.0, 10.0),
+            Some(0.0),
+            "never breached"
+        );
+        assert_eq!(recovery([(3.0, false)].into_iter(), 2.0, 10.0), None);
+    }
+}

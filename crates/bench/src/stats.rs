@@ -1,0 +1,314 @@
+//! Statistics over a level's records: exact percentiles (no histogram rounding), throughput,
+//! goodput and the SLO verdicts.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::client::Record;
+use crate::spec::{Metric, Slo};
+
+/// The `p`-th percentile (0–100) of sorted values, interpolating linearly between the two closest
+/// ranks (NumPy's default, which `vllm bench serve` reports).
+pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (p / 100.0).clamp(0.0, 1.0) * (sorted.len() - 1) as f64;
+    let (lo, hi) = (rank.floor() as usize, rank.ceil() as usize);
+    Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64))
+}
+
+/// The usual summary of one latency, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Percentiles {
+    pub count: usize,
+    pub mean: f64,
+    pub p50: f64,
+    pub p90: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// `None` for no values.
+    pub fn of(sorted: &[f64]) -> Option<Percentiles> {
+        let p = |q| percentile(sorted, q);
+        Some(Percentiles {
+            count: sorted.len(),
+            mean: sorted.iter().sum::<f64>() / sorted.len().max(1) as f64,
+            p50: p(50.0)?,
+            p90: p(90.0)?,
+            p95: p(95.0)?,
+            p99: p(99.0)?,
+            max: *sorted.last()?,
+        })
+    }
+}
+
+/// One SLO target against what a level measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    /// `ttft_p95<=1s`
+    pub target: String,
+    /// Seconds, or a share for the error rate; `None` when nothing was measured.
+    pub observed: Option<f64>,
+    pub limit: f64,
+    pub pass: bool,
+}
+
+/// Everything a level is judged and charted by.
+#[derive(Debug, Clone, Serialize)]
+pub struct LevelStats {
+    pub requests: usize,
+    pub ok: usize,
+    /// Failures by kind: `http_429`, `http_503`, `http_504`, `http_4xx`, `http_5xx`, `transport`,
+    /// `timeout`, `stream_error`, `truncated`.
+    pub errors: BTreeMap<&'static str, usize>,
+    pub error_rate: f64,
+    /// From the first scheduled send to the last answer, seconds.
+    pub wall_seconds: f64,
+    pub throughput_rps: f64,
+    pub output_tokens_per_second: f64,
+    /// Successful requests inside every latency SLO, per second.
+    pub goodput_rps: f64,
+    /// The same as a share of all requests.
+    pub goodput_share: f64,
+    pub ttft: Option<Percentiles>,
+    pub itl: Option<Percentiles>,
+    pub tpot: Option<Percentiles>,
+    pub e2e: Option<Percentiles>,
+    pub send_lag: Option<Percentiles>,
+    pub input_tokens_mean: Option<f64>,
+    pub output_tokens_mean: Option<f64>,
+    pub verdicts: Vec<Verdict>,
+    /// Every target met.
+    pub slo_pass: bool,
+}
+
+fn sorted(mut v: Vec<f64>) -> Vec<f64> {
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// The sorted values of one metric over the successful records.
+pub fn values(records: &[&Record], metric: Metric) -> Vec<f64> {
+    let ok = records.iter().filter(|r| r.ok());
+    sorted(match metric {
+        Metric::Ttft => ok.filter_map(|r| r.ttft).map(|d| d.as_secs_f64()).collect(),
+        Metric::Itl => ok
+            .flat_map(|r| r.itl_us.iter().map(|us| f64::from(*us) / 1e6))
+            .collect(),
+        Metric::Tpot => ok.filter_map(|r| r.tpot()).map(|d| d.as_secs_f64()).collect(),
+        Metric::E2e => ok.map(|r| r.e2e.as_secs_f64()).collect(),
+    })
+}
+
+/// Whether one request met every latency target, taken per request: its TTFT, its TPOT against the
+/// ITL and TPOT limits, its end-to-end time.
+pub fn within_slo(r: &Record, slo: &Slo) -> bool {
+    let under = |v: Option<Duration>, limit: Option<Duration>| match (v, limit) {
+        (_, None) => true,
+        (Some(v), Some(l)) => v <= l,
+        (None, Some(_)) => false,
+    };
+    let per_token = [slo.limit(Metric::Itl), slo.limit(Metric::Tpot)]
+        .into_iter()
+        .flatten()
+        .min();
+    r.ok()
+        && under(r.ttft, slo.limit(Metric::Ttft))
+        && (per_token.is_none() || r.output_tokens < 2 || under(r.tpot(), per_token))
+        && under(Some(r.e2e), slo.limit(Metric::E2e))
+}
+
+impl LevelStats {
+    pub fn compute(records: &[&Record], wall: Duration, slo: &Slo) -> LevelStats {
+        let requests = records.len();
+        let ok = records.iter().filter(|r| r.ok()).count();
+        let mut errors = BTreeMap::new();
+        for r in records.iter().filter(|r| !r.ok()) {
+            *errors.entry(r.outcome.kind()).or_insert(0) += 1;
+        }
+        let secs = wall.as_secs_f64().max(1e-9);
+        let error_rate = if requests == 0 {
+            0.0
+        } else {
+            (requests - ok) as f64 / requests as f64
+        };
+        let good = records.iter().filter(|r| within_slo(r, slo)).count();
+        let out_tokens: u64 = records
+            .iter()
+            .filter(|r| r.ok())
+            .map(|r| u64::from(r.output_tokens))
+            .sum();
+        let mean = |v: Vec<f64>| (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64);
+        let series = [Metric::Ttft, Metric::Itl, Metric::Tpot, Metric::E2e].map(|m| values(records, m));
+        let mut verdicts: Vec<Verdict> = slo
+            .latency
+            .iter()
+            .map(|t| {
+                let v = &series[t.metric as usize];
+                let observed = percentile(v, t.percentile);
+                let limit = t.limit.as_secs_f64();
+                Verdict {
+                    target: format!(
+                        "{}_p{}<={}",
+                        t.metric.name(),
+                        t.percentile,
+                        humantime::format_duration(t.limit)
+                    ),
+                    observed,
+                    limit,
+                    pass: observed.is_some_and(|o| o <= limit),
+                }
+            })
+            .collect();
+        if let Some(limit) = slo.error_rate {
+            verdicts.push(Verdict {
+                target: format!("error_rate<={}%", limit * 100.0),
+                observed: Some(error_rate),
+                limit,
+                pass: requests > 0 && error_rate <= limit,
+            });
+        }
+        let [ttft, itl, tpot, e2e] = series;
+        LevelStats {
+            requests,
+            ok,
+            errors,
+            error_rate,
+            wall_seconds: wall.as_secs_f64(),
+            throughput_rps: ok as f64 / secs,
+            output_tokens_per_second: out_tokens as f64 / secs,
+            goodput_rps: good as f64 / secs,
+            goodput_share: if requests == 0 {
+                0.0
+            } else {
+                good as f64 / requests as f64
+            },
+            ttft: Percentiles::of(&ttft),
+            itl: Percentiles::of(&itl),
+            tpot: Percentiles::of(&tpot),
+            e2e: Percentiles::of(&e2e),
+            send_lag: Percentiles::of(&sorted(
+                records.iter().map(|r| r.send_lag.as_secs_f64()).collect(),
+            )),
+            input_tokens_mean: mean(
+                records
+                    .iter()
+                    .filter_map(|r| r.input_tokens)
+                    .map(f64::from)
+                    .collect(),
+            ),
+            output_tokens_mean: mean(
+                records
+                    .iter()
+                    .filter(|r| r.ok())
+                    .map(|r| f64::from(r.output_tokens))
+                    .collect(),
+            ),
+            slo_pass: verdicts.iter().all(|v| v.pass),
+            verdicts,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::Outcome;
+
+    #[test]
+    fn percentiles_match_an_exact_computation() {
+        // Linear interpolation between closest ranks, worked by hand: for 1..=10, p95 sits at rank
+        // 0.95 * 9 = 8.55, between 9 and 10.
+        let v: Vec<f64> = (1..=10).map(f64::from).collect();
+        assert_eq!(percentile(&v, 50.0), Some(5.5));
+        assert!((percentile(&v, 95.0).unwrap() - 9.55).abs() < 1e-12);
+        assert_eq!(percentile(&v, 0.0), Some(1.0));
+        assert_eq!(percentile(&v, 100.0), Some(10.0));
+        assert_eq!(percentile(&[7.0], 99.0), Some(7.0));
+        assert_eq!(percentile(&[], 50.0), None);
+
+        // Against a brute-force definition on shuffled data: the value v with exactly
+        // floor(rank) values below it, plus the interpolated fraction of the next gap.
+        let mut x: u64 = 12345;
+        let mut data: Vec<f64> = (0..1001)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 33) as f64 / 1e3
+            })
+            .collect();
+        let unsorted = data.clone();
+        data.sort_by(f64::total_cmp);
+        for p in [1.0_f64, 10.0, 50.0, 90.0, 95.0, 99.0, 99.9] {
+            let rank: f64 = p / 100.0 * 1000.0;
+            let k = rank.floor() as usize;
+            let kth = |k: usize| {
+                *unsorted
+                    .iter()
+                    .find(|v| {
+                        unsorted.iter().filter(|w| w < v).count() <= k
+                            && unsorted.iter().filter(|w| w <= v).count() > k
+                    })
+                    .unwrap()
+            };
+            let exact = kth(k) + (kth((k + 1).min(1000)) - kth(k)) * (rank - k as f64);
+            assert!((percentile(&data, p).unwrap() - exact).abs() < 1e-9, "p{p}");
+        }
+    }
+
+    fn rec(ttft_ms: u64, gaps_ms: &[u32], outcome: Outcome) -> Record {
+        let ttft = Duration::from_millis(ttft_ms);
+        let e2e = ttft + Duration::from_millis(gaps_ms.iter().map(|g| u64::from(*g)).sum());
+        Record {
+            scheduled: Duration::ZERO,
+            send_lag: Duration::from_micros(50),
+            ttft: (outcome == Outcome::Ok).then_some(ttft),
+            e2e,
+            itl_us: gaps_ms.iter().map(|g| g * 1000).collect(),
+            input_tokens: Some(10),
+            output_tokens: gaps_ms.len() as u32 + 1,
+            outcome,
+            id: None,
+            long: false,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn level_stats_count_errors_apart_and_judge_each_target() {
+        let recs = [
+            rec(10, &[5, 5, 5], Outcome::Ok),
+            rec(20, &[5, 5, 5], Outcome::Ok),
+            rec(300, &[5, 5, 5], Outcome::Ok),
+            rec(10, &[50, 50, 50], Outcome::Ok),
+            rec(0, &[], Outcome::Status { code: 429 }),
+            rec(0, &[], Outcome::Status { code: 503 }),
+            rec(0, &[], Outcome::Status { code: 503 }),
+            rec(0, &[], Outcome::Transport),
+        ];
+        let refs: Vec<&Record> = recs.iter().collect();
+        let slo: Slo = "ttft_p50=100ms,itl_p95=20ms,error_rate=10%".parse().unwrap();
+        let s = LevelStats::compute(&refs, Duration::from_secs(2), &slo);
+        assert_eq!((s.requests, s.ok), (8, 4));
+        assert_eq!(s.errors.get("http_503"), Some(&2));
+        assert_eq!(s.errors.get("http_429"), Some(&1));
+        assert_eq!(s.errors.get("transport"), Some(&1));
+        assert_eq!(s.error_rate, 0.5);
+        assert_eq!(s.throughput_rps, 2.0);
+        assert_eq!(s.output_tokens_per_second, 8.0);
+        // Inside every SLO: the first two (the third's TTFT and the fourth's TPOT are over).
+        assert_eq!(s.goodput_rps, 1.0);
+        assert_eq!(s.ttft.unwrap().p50, 0.015);
+        assert_eq!(s.itl.unwrap().count, 12);
+        let pass: Vec<bool> = s.verdicts.iter().map(|v| v.pass).collect();
+        assert_eq!(pass, [true, false, false], "{:?}", s.verdicts);
+        assert!(!s.slo_pass);
+    }
+}

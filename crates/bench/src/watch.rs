@@ -1,0 +1,279 @@
+//! What the bench watches beside its own requests: the server's queue through `/metrics`, and its
+//! own event loop's lateness, which would distort every timestamp it takes.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client as HyperClient;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde::Serialize;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::spec::ser_secs;
+
+/// One reading of the server's scheduler.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QueueSample {
+    /// Since the start of the run.
+    #[serde(serialize_with = "ser_secs")]
+    pub at: Duration,
+    /// Requests waiting: `vllm:num_requests_waiting` summed over engines, or a Spillway gateway's
+    /// `spillway_queued` when no engine series is there.
+    pub waiting: f64,
+    pub running: Option<f64>,
+}
+
+/// Sums every series of `name` in Prometheus text; `None` when the name is absent.
+pub fn sum_series(text: &str, name: &str) -> Option<f64> {
+    let mut total = None;
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let series = line.split(['{', ' ']).next().unwrap_or("");
+        if series != name {
+            continue;
+        }
+        // The value follows the labels (which may hold spaces inside quotes); an optional timestamp
+        // may follow it.
+        let rest = line.rfind('}').map_or(&line[name.len()..], |i| &line[i + 1..]);
+        if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
+            *total.get_or_insert(0.0) += v;
+        }
+    }
+    total
+}
+
+fn queue_from(text: &str) -> Option<(f64, Option<f64>)> {
+    let waiting = sum_series(text, "vllm:num_requests_waiting");
+    let running = sum_series(text, "vllm:num_requests_running");
+    match waiting {
+        Some(w) => Some((w, running)),
+        None => Some((
+            sum_series(text, "spillway_queued")?,
+            sum_series(text, "spillway_in_flight"),
+        )),
+    }
+}
+
+/// Polls a `/metrics` URL in the background and keeps every sample.
+pub struct QueueWatch {
+    samples: Arc<Mutex<Vec<QueueSample>>>,
+    task: JoinHandle<()>,
+}
+
+impl QueueWatch {
+    /// Checks the URL once (so a wrong one fails the run at the start), then polls every `every`.
+    pub async fn start(url: &str, every: Duration, epoch: Instant) -> Result<QueueWatch, String> {
+        let uri: hyper::Uri = url.parse().map_err(|e| format!("--metrics-url {url:?}: {e}"))?;
+        let client = HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let first = scrape(&client, &uri)
+            .await
+            .map_err(|e| format!("--metrics-url {url}: {e}"))?;
+        if queue_from(&first).is_none() {
+            return Err(format!(
+                "--metrics-url {url}: no vllm:num_requests_waiting (nor spillway_queued) series there"
+            ));
+        }
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let sink = samples.clone();
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                let Ok(text) = scrape(&client, &uri).await else {
+                    continue;
+                };
+                if let Some((waiting, running)) = queue_from(&text) {
+                    let s = QueueSample {
+                        at: epoch.elapsed(),
+                        waiting,
+                        running,
+                    };
+                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                }
+            }
+        });
+        Ok(QueueWatch { samples, task })
+    }
+
+    /// The samples taken between two offsets from the run's start.
+    pub fn between(&self, from: Duration, to: Duration) -> Vec<QueueSample> {
+        self.samples
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|s| s.at >= from && s.at <= to)
+            .copied()
+            .collect()
+    }
+}
+
+impl Drop for QueueWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn scrape(
+    client: &HyperClient<HttpConnector, Full<Bytes>>,
+    uri: &hyper::Uri,
+) -> Result<String, String> {
+    let req = hyper::Request::get(uri.clone())
+        .body(Full::new(Bytes::new()))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(2), client.request(req))
+        .await
+        .map_err(|_| "no answer within 2s".to_string())?
+        .map_err(|e| format!("cannot connect ({e})"))?;
+    if !resp.status().is_success() {
+        return Err(format!("answered {}", resp.status()));
+    }
+    let body = tokio::time::timeout(
+        Duration::from_secs(2),
+        Limited::new(resp.into_body(), 16 << 20).collect(),
+    )
+    .await
+    .map_err(|_| "body not read within 2s".to_string())?
+    .map_err(|e| e.to_string())?
+    .to_bytes();
+    Ok(String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Whether a level's queue drained: it emptied at least once and did not end higher than it began.
+/// `None` without samples.
+#[derive(Debug, Clone, Serialize)]
+pub struct QueueSummary {
+    pub samples: usize,
+    pub waiting_mean: f64,
+    pub waiting_max: f64,
+    pub waiting_min: f64,
+    /// The waiting queue reached zero at least once, and its last third was not above its first third
+    /// by more than 2 requests or 25%.
+    pub drains: bool,
+}
+
+impl QueueSummary {
+    pub fn of(samples: &[QueueSample]) -> Option<QueueSummary> {
+        if samples.len() < 3 {
+            return None;
+        }
+        let w: Vec<f64> = samples.iter().map(|s| s.waiting).collect();
+        let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let third = w.len() / 3;
+        let (first, last) = (mean(&w[..third.max(1)]), mean(&w[w.len() - third.max(1)..]));
+        let min = w.iter().copied().fold(f64::INFINITY, f64::min);
+        let growing = last > first + 2.0_f64.max(first * 0.25);
+        Some(QueueSummary {
+            samples: w.len(),
+            waiting_mean: mean(&w),
+            waiting_max: w.iter().copied().fold(0.0, f64::max),
+            waiting_min: min,
+            drains: min == 0.0 && !growing,
+        })
+    }
+}
+
+/// Measures how late this process's timers fire: a task that asks to wake every millisecond and
+/// records by how much it overslept. A busy client wakes late for its sockets too.
+pub struct LoopLag {
+    lateness: Arc<Mutex<Vec<(Duration, Duration)>>>,
+    task: JoinHandle<()>,
+}
+
+impl LoopLag {
+    pub fn start(epoch: Instant) -> LoopLag {
+        let lateness = Arc::new(Mutex::new(Vec::new()));
+        let sink = lateness.clone();
+        let task = tokio::spawn(async move {
+            let period = Duration::from_millis(1);
+            loop {
+                let due = Instant::now() + period;
+                tokio::time::sleep_until(due).await;
+                let late = Instant::now().saturating_duration_since(due);
+                let mut v = sink.lock().unwrap_or_else(|e| e.into_inner());
+                if v.len() < 4_000_000 {
+                    v.push((epoch.elapsed(), late));
+                }
+            }
+        });
+        LoopLag { lateness, task }
+    }
+
+    /// Lateness samples (seconds) between two offsets from the run's start, sorted.
+    pub fn between(&self, from: Duration, to: Duration) -> Vec<f64> {
+        let mut v: Vec<f64> = self
+            .lateness
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|(at, _)| *at >= from && *at <= to)
+            .map(|(_, l)| l.as_secs_f64())
+            .collect();
+        v.sort_by(f64::total_cmp);
+        v
+    }
+}
+
+impl Drop for LoopLag {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_are_summed_over_labels() {
+        let text = "# HELP vllm:num_requests_waiting x\n# TYPE vllm:num_requests_waiting gauge\n\
+            vllm:num_requests_waiting{engine=\"0\",model_name=\"a b\"} 3.0\n\
+            vllm:num_requests_waiting{engine=\"1\",model_name=\"a b\"} 2 1700000000000\n\
+            vllm:num_requests_waiting_total 99\n\
+            vllm:num_requests_running{engine=\"0\"} 16\n";
+        assert_eq!(sum_series(text, "vllm:num_requests_waiting"), Some(5.0));
+        assert_eq!(queue_from(text), Some((5.0, Some(16.0))));
+        assert_eq!(
+            queue_from("spillway_queued{route=\"m\",class=\"c\"} 4\n"),
+            Some((4.0, None))
+        );
+        assert_eq!(queue_from("up 1\n"), None);
+    }
+
+    fn at(waiting: &[f64]) -> Vec<QueueSample> {
+        waiting
+            .iter()
+            .enumerate()
+            .map(|(i, w)| QueueSample {
+                at: Duration::from_millis(i as u64 * 100),
+                waiting: *w,
+                running: None,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_queue_drains_when_it_empties_and_does_not_grow() {
+        assert!(
+            QueueSummary::of(&at(&[0.0, 2.0, 0.0, 1.0, 0.0, 0.0]))
+                .unwrap()
+                .drains
+        );
+        assert!(
+            !QueueSummary::of(&at(&[1.0, 1.0, 2.0, 1.0, 1.0, 1.0]))
+                .unwrap()
+                .drains,
+            "never empty"
+        );
+        assert!(
+            !QueueSummary::of(&at(&[0.0, 2.0, 5.0, 9.0, 14.0, 20.0]))
+                .unwrap()
+                .drains,
+            "growing"
+        );
+        assert!(QueueSummary::of(&at(&[0.0])).is_none());
+    }
+}

@@ -1,0 +1,255 @@
+//! The prompts a run sends: synthetic text of a sampled length, or prompts read from a ShareGPT or
+//! JSONL dataset, with an optional share of long requests mixed in.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rand::Rng;
+use serde::Serialize;
+
+use crate::spec::LengthDist;
+
+/// One request to send.
+#[derive(Debug, Clone)]
+pub struct Prompt {
+    pub text: Arc<str>,
+    pub max_tokens: u32,
+    pub long: bool,
+}
+
+/// Short three-letter words: each `" xyz"` is four bytes, one token in common BPE vocabularies and
+/// in Spillway's own 4-bytes-per-token estimate, so a prompt of N words is about N tokens anywhere.
+const WORDS: [&str; 48] = [
+    "the", "and", "for", "are", "but", "not", "you", "all", "any", "can", "had", "her", "was", "one", "our",
+    "out", "day", "get", "has", "him", "his", "how", "man", "new", "now", "old", "see", "two", "way", "who",
+    "boy", "did", "its", "let", "put", "say", "she", "too", "use", "sun", "sea", "sky", "red", "big", "top",
+    "end", "run", "map",
+];
+
+/// Random words, `tokens` long: random so that no two prompts share a prefix the server could cache.
+pub fn synthetic_text<R: Rng + ?Sized>(tokens: u32, rng: &mut R) -> String {
+    let mut s = String::with_capacity(tokens as usize * 4);
+    for i in 0..tokens {
+        if i > 0 {
+            s.push(' ');
+        }
+        s.push_str(WORDS[rng.random_range(0..WORDS.len())]);
+    }
+    s
+}
+
+/// Dataset prompts with their intended output lengths.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    text: Arc<str>,
+    output: Option<u32>,
+}
+
+/// Where short (ordinary) requests come from.
+#[derive(Debug, Clone)]
+pub enum Source {
+    Synthetic {
+        input: LengthDist,
+        output: LengthDist,
+    },
+    Dataset {
+        entries: Arc<[Entry]>,
+        output: LengthDist,
+    },
+}
+
+/// The mix of requests a level sends.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    pub source: Source,
+    /// `(share, input, output)`: this share of requests are long ones of these lengths.
+    pub long: Option<(f64, LengthDist, LengthDist)>,
+}
+
+/// What the JSON report says about the prompts.
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkloadInfo {
+    pub source: String,
+    pub dataset_prompts: Option<usize>,
+}
+
+impl Workload {
+    pub fn next<R: Rng + ?Sized>(&self, rng: &mut R) -> Prompt {
+        if let Some((share, input, output)) = &self.long
+            && rng.random_bool(share.clamp(0.0, 1.0))
+        {
+            return Prompt {
+                text: synthetic_text(input.sample(rng), rng).into(),
+                max_tokens: output.sample(rng),
+                long: true,
+            };
+        }
+        match &self.source {
+            Source::Synthetic { input, output } => Prompt {
+                text: synthetic_text(input.sample(rng), rng).into(),
+                max_tokens: output.sample(rng),
+                long: false,
+            },
+            Source::Dataset { entries, output } => {
+                let e = &entries[rng.random_range(0..entries.len())];
+                Prompt {
+                    text: e.text.clone(),
+                    max_tokens: e.output.unwrap_or_else(|| output.sample(rng)),
+                    long: false,
+                }
+            }
+        }
+    }
+
+    /// The same workload with a long share, for the long-mix phase.
+    pub fn with_long(&self, share: f64, input: LengthDist, output: LengthDist) -> Workload {
+        Workload {
+            source: self.source.clone(),
+            long: Some((share, input, output)),
+        }
+    }
+
+    pub fn info(&self) -> WorkloadInfo {
+        match &self.source {
+            Source::Synthetic { .. } => WorkloadInfo {
+                source: "synthetic".into(),
+                dataset_prompts: None,
+            },
+            Source::Dataset { entries, .. } => WorkloadInfo {
+                source: "dataset".into(),
+                dataset_prompts: Some(entries.len()),
+            },
+        }
+    }
+}
+
+/// Reads a ShareGPT JSON file (an array of `{"conversations":[{"from":"human","value":..},
+/// {"from":"gpt","value":..}]}`; the reply's length, at four bytes a token, becomes the output length)
+/// or JSONL (one `{"prompt": "..", "output_len": N}` or a bare JSON string per line).
+pub fn load_dataset(path: &Path, output: LengthDist) -> Result<Source, String> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--dataset {shown}: {e}"))?;
+    let entries = if text.trim_start().starts_with('[') {
+        parse_sharegpt(&text).map_err(|e| format!("--dataset {shown}: {e}"))?
+    } else {
+        parse_jsonl(&text).map_err(|e| format!("--dataset {shown}: {e}"))?
+    };
+    if entries.is_empty() {
+        return Err(format!("--dataset {shown}: no usable prompts in the file"));
+    }
+    Ok(Source::Dataset {
+        entries: entries.into(),
+        output,
+    })
+}
+
+fn parse_sharegpt(text: &str) -> Result<Vec<Entry>, String> {
+    let items: Vec<serde_json::Value> =
+        serde_json::from_str(text).map_err(|e| format!("not valid ShareGPT JSON ({e})"))?;
+    let mut out = Vec::new();
+    for (i, item) in items.iter().enumerate() {
+        let turns = item
+            .get("conversations")
+            .and_then(|c| c.as_array())
+            .ok_or_else(|| format!("item {i}: no \"conversations\" array"))?;
+        fn value(t: &serde_json::Value) -> Option<&str> {
+            t.get("value").and_then(|v| v.as_str())
+        }
+        let Some(human) = turns
+            .iter()
+            .position(|t| matches!(t.get("from").and_then(|f| f.as_str()), Some("human" | "user")))
+        else {
+            continue;
+        };
+        let Some(prompt) = value(&turns[human]).filter(|p| !p.is_empty()) else {
+            continue;
+        };
+        let reply = turns.get(human + 1).and_then(value);
+        out.push(Entry {
+            text: prompt.into(),
+            output: reply.map(|r| (r.len() as u32).div_ceil(4).max(1)),
+        });
+    }
+    Ok(out)
+}
+
+fn parse_jsonl(text: &str) -> Result<Vec<Entry>, String> {
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let v: serde_json::Value =
+            serde_json::from_str(line).map_err(|e| format!("line {}: not JSON ({e})", i + 1))?;
+        let (prompt, output) = match &v {
+            serde_json::Value::String(s) => (s.as_str(), None),
+            serde_json::Value::Object(o) => {
+                let prompt = ["prompt", "text", "input"]
+                    .iter()
+                    .find_map(|k| o.get(*k).and_then(|p| p.as_str()))
+                    .ok_or_else(|| format!("line {}: no \"prompt\" string", i + 1))?;
+                let output = ["output_len", "max_tokens"]
+                    .iter()
+                    .find_map(|k| o.get(*k).and_then(|n| n.as_u64()))
+                    .map(|n| n.clamp(1, u64::from(u32::MAX)) as u32);
+                (prompt, output)
+            }
+            _ => {
+                return Err(format!(
+                    "line {}: expected a string or an object with \"prompt\"",
+                    i + 1
+                ));
+            }
+        };
+        out.push(Entry {
+            text: prompt.into(),
+            output,
+        });
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+
+    #[test]
+    fn synthetic_prompts_are_four_bytes_a_token_and_differ() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let a = synthetic_text(100, &mut rng);
+        let b = synthetic_text(100, &mut rng);
+        assert_eq!(a.len() + 1, 400);
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn datasets_parse_and_bad_ones_say_where() {
+        let fixed = LengthDist::Fixed { tokens: 9 };
+        let share = r#"[{"conversations":[{"from":"human","value":"Hi there"},{"from":"gpt","value":"Hello, how can I help?"}]},
+                        {"conversations":[{"from":"gpt","value":"orphan"}]}]"#;
+        let entries = parse_sharegpt(share).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].output, Some(6));
+        let jsonl = "{\"prompt\":\"a\",\"output_len\":5}\n\"b\"\n\n{\"text\":\"c\"}\n";
+        let entries = parse_jsonl(jsonl).unwrap();
+        assert_eq!(
+            entries.iter().map(|e| e.output).collect::<Vec<_>>(),
+            [Some(5), None, None]
+        );
+        assert!(
+            parse_jsonl("{\"prompt\":\"a\"}\n{oops")
+                .unwrap_err()
+                .contains("line 2")
+        );
+        assert!(
+            parse_jsonl("{\"q\":\"a\"}")
+                .unwrap_err()
+                .contains("no \"prompt\"")
+        );
+        assert!(parse_sharegpt("[{\"x\":1}]").unwrap_err().contains("item 0"));
+        let missing = load_dataset(Path::new("/nonexistent/prompts.jsonl"), fixed).unwrap_err();
+        assert!(missing.contains("/nonexistent/prompts.jsonl"), "{missing}");
+    }
+}
