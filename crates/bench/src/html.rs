@@ -331,9 +331,9 @@ pub fn render(r: &Report) -> Result<String, String> {
         esc(&r.summary)
     );
     if r.distorted_levels > 0 {
-        let _ = write!(
+        let _ = writeln!(
             h,
-            "<p class=\"warn\">{} level(s) flagged by the self-check: the client's own lag may have inflated their latencies.</p>\n",
+            "<p class=\"warn\">{} level(s) flagged by the self-check: the client's own lag may have inflated their latencies.</p>",
             r.distorted_levels
         );
     }
@@ -379,7 +379,7 @@ pub fn render(r: &Report) -> Result<String, String> {
     }
     h.push_str("</table>\n");
     for svg in load_charts(r)? {
-        let _ = write!(h, "<figure>{svg}</figure>\n");
+        let _ = writeln!(h, "<figure>{svg}</figure>");
     }
     for b in &r.bursts {
         let _ = write!(
@@ -389,7 +389,7 @@ pub fn render(r: &Report) -> Result<String, String> {
             esc(&crate::report::burst_line(b))
         );
         for svg in burst_charts(r, b)? {
-            let _ = write!(h, "<figure>{svg}</figure>\n");
+            let _ = writeln!(h, "<figure>{svg}</figure>");
         }
     }
     h.push_str("</body>\n</html>\n");

@@ -120,7 +120,14 @@ pub fn table(r: &Report) -> String {
             if l.distorted.is_some() { " (distorted)" } else { "" },
         );
         if !s.errors.is_empty() {
-            let errs: Vec<String> = s.errors.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let errs: Vec<String> = s
+                .errors
+                .iter()
+                .map(|(k, v)| match l.error_examples.get(k) {
+                    Some(e) => format!("{k} {v} (e.g. \"{e}\")"),
+                    None => format!("{k} {v}"),
+                })
+                .collect();
             let _ = writeln!(out, "{:>26} errors: {}", "", errs.join(", "));
         }
         for reason in &l.reasons {

@@ -27,6 +27,9 @@ pub struct Options {
     pub loads: Vec<Load>,
     pub arrivals: Arrivals,
     pub stop: Stop,
+    /// Requests scheduled this early in a level are sent but left out of its statistics (the first
+    /// wave opens connections and fills an empty server).
+    pub warmup: Duration,
     pub workload: Workload,
     pub input_len: LengthDist,
     pub output_len: LengthDist,
@@ -63,6 +66,8 @@ pub struct Parameters {
     #[serde(serialize_with = "ser_opt_secs")]
     pub duration_per_level: Option<Duration>,
     pub requests_per_level: Option<u64>,
+    #[serde(serialize_with = "ser_secs")]
+    pub warmup: Duration,
     pub input_len: LengthDist,
     pub output_len: LengthDist,
     pub dataset: Option<String>,
@@ -105,14 +110,18 @@ pub struct LevelReport {
     pub short: Option<LevelStats>,
     pub long: Option<LevelStats>,
     pub queue: Option<QueueSummary>,
-    /// How late this client's timers fired during the level (seconds).
+    /// How long a ready task waited for this client's runtime during the level (seconds).
     pub client_loop_lag: Option<Percentiles>,
     pub unsent: u64,
+    /// Sent during the warm-up and left out of the statistics.
+    pub warmup_requests: usize,
     /// Set when the client's own lag was large enough to distort TTFT: the numbers are suspect.
     pub distorted: Option<String>,
     /// SLOs held and the queue drained.
     pub pass: bool,
     pub reasons: Vec<String>,
+    /// The first error message of each kind, as the server worded it.
+    pub error_examples: std::collections::BTreeMap<&'static str, String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub records: Option<Vec<Record>>,
 }
@@ -288,8 +297,10 @@ impl Ctx {
 
     fn judge(&self, phase: Phase, load: Load, run: LevelRun, split: bool) -> LevelReport {
         let slo = &self.opts.slo;
-        let all: Vec<&Record> = run.records.iter().collect();
-        let wall = run.end.saturating_sub(run.start);
+        let warm = self.opts.warmup;
+        let all: Vec<&Record> = run.records.iter().filter(|r| r.scheduled >= warm).collect();
+        let warmup_requests = run.records.len() - all.len();
+        let wall = run.end.saturating_sub(run.start + warm);
         let stats = LevelStats::compute(&all, wall, slo);
         let (short, long) = if split {
             let (l, s): (Vec<&Record>, Vec<&Record>) = all.iter().partition(|r| r.long);
@@ -325,7 +336,16 @@ impl Ctx {
         if queue.as_ref().is_some_and(|q| !q.drains) {
             reasons.push("the server's waiting queue did not drain".into());
         }
+        let mut error_examples = std::collections::BTreeMap::new();
+        for r in run.records.iter().filter(|r| !r.ok()) {
+            if let Some(e) = &r.error {
+                error_examples
+                    .entry(r.outcome.kind())
+                    .or_insert_with(|| e.clone());
+            }
+        }
         LevelReport {
+            error_examples,
             phase,
             load,
             start: run.start,
@@ -336,6 +356,7 @@ impl Ctx {
             queue,
             client_loop_lag: lag,
             unsent: run.unsent,
+            warmup_requests,
             distorted,
             pass: reasons.is_empty(),
             reasons,
@@ -447,6 +468,7 @@ impl Ctx {
                     Stop::Requests(n) => Some(n),
                     Stop::After(_) => None,
                 },
+                warmup: o.warmup,
                 input_len: o.input_len,
                 output_len: o.output_len,
                 dataset: o.dataset.clone(),
@@ -521,7 +543,7 @@ impl Ctx {
             })
             .collect();
         let level_len = run.end.saturating_sub(run.start).as_secs_f64();
-        let level = self.judge(Phase::Burst, load, run, false);
+        let mut level = self.judge(Phase::Burst, load, run, false);
         let (b_start, b_end) = (
             burst.start.as_secs_f64(),
             (burst.start + burst.length).as_secs_f64(),
@@ -539,17 +561,43 @@ impl Ctx {
                 settle,
             )
         });
-        let baseline_waiting = (!samples.is_empty()).then(|| {
-            samples
-                .iter()
-                .filter(|s| rel(s) >= 0.5 && rel(s) < b_start)
-                .map(|s| s.waiting)
-                .fold(0.0, f64::max)
+        // The queue before the burst, skipping the level's first moments (or its first half, for a
+        // short one); a closed loop shows a request or two waiting between steps, so that is the bar.
+        let settle_in = (b_start / 2.0).min(0.5);
+        let before: Vec<f64> = samples
+            .iter()
+            .filter(|s| rel(s) >= settle_in && rel(s) < b_start)
+            .map(|s| s.waiting)
+            .collect();
+        let baseline_waiting = (!before.is_empty()).then(|| before.iter().copied().fold(0.0, f64::max));
+        // Back at the baseline once the smallest of the last three samples is: one sample caught
+        // between steps does not undo a recovery.
+        let queue_recovery = baseline_waiting.map(|base| {
+            let points = samples.iter().enumerate().map(|(i, s)| {
+                let low = samples[i.saturating_sub(2)..=i]
+                    .iter()
+                    .map(|s| s.waiting)
+                    .fold(f64::INFINITY, f64::min);
+                (rel(s), low <= base)
+            });
+            recovery(points, b_end, settle)
         });
-        let queue_recovery = baseline_waiting
-            .map(|base| recovery(samples.iter().map(|s| (rel(s), s.waiting <= base)), b_end, settle));
         let recovered =
             ttft_recovery.is_none_or(|r| r.is_some()) && queue_recovery.is_none_or(|r| r.is_some());
+        // A burst is meant to breach the SLOs for a while; the level is judged by its recovery.
+        level.pass = recovered;
+        level.reasons.clear();
+        let window = humantime::format_duration(self.opts.recovery_timeout);
+        if ttft_recovery == Some(None) {
+            level.reasons.push(format!(
+                "rolling TTFT p95 not back under the SLO within {window} of the burst"
+            ));
+        }
+        if queue_recovery == Some(None) {
+            level.reasons.push(format!(
+                "the waiting queue not back to its pre-burst level within {window}"
+            ));
+        }
         let report = BurstReport {
             load,
             factor: burst.factor,
@@ -612,8 +660,7 @@ fn timeline(
         window.sort_by(f64::total_cmp);
         let waiting = samples
             .iter()
-            .filter(|s| s.at.saturating_sub(level_start).as_secs_f64() <= t)
-            .next_back()
+            .rfind(|s| s.at.saturating_sub(level_start).as_secs_f64() <= t)
             .map(|s| s.waiting);
         out.push(TimelinePoint {
             t,
@@ -626,7 +673,7 @@ fn timeline(
     out
 }
 
-/// The self-check: a level is flagged when the client sent late or its timers fired late by more
+/// The self-check: a level is flagged when the client sent late or its runtime polled ready tasks late by more
 /// than 1 ms or 5% of the median TTFT, whichever is larger, or when it could not send every arrival.
 fn distortion(stats: &LevelStats, lag: Option<&Percentiles>, unsent: u64) -> Option<String> {
     let ttft = stats.ttft.map_or(0.0, |t| t.p50);
@@ -641,7 +688,7 @@ fn distortion(stats: &LevelStats, lag: Option<&Percentiles>, unsent: u64) -> Opt
     }
     if let Some(l) = lag.filter(|l| l.p99 > allowed) {
         why.push(format!(
-            "client timer lateness p99 {} exceeds {}",
+            "client scheduling delay p99 {} exceeds {}",
             crate::report::secs(l.p99),
             crate::report::secs(allowed)
         ));

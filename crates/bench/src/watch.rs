@@ -176,8 +176,9 @@ impl QueueSummary {
     }
 }
 
-/// Measures how late this process's timers fire: a task that asks to wake every millisecond and
-/// records by how much it overslept. A busy client wakes late for its sockets too.
+/// Measures how long a ready task waits before this process's runtime polls it: every 5 ms a probe
+/// yields to the scheduler and times its way back. A client whose runtime is that busy reads its
+/// sockets that late too, and every timestamp it takes is late by as much.
 pub struct LoopLag {
     lateness: Arc<Mutex<Vec<(Duration, Duration)>>>,
     task: JoinHandle<()>,
@@ -188,11 +189,13 @@ impl LoopLag {
         let lateness = Arc::new(Mutex::new(Vec::new()));
         let sink = lateness.clone();
         let task = tokio::spawn(async move {
-            let period = Duration::from_millis(1);
+            let mut tick = tokio::time::interval(Duration::from_millis(5));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                let due = Instant::now() + period;
-                tokio::time::sleep_until(due).await;
-                let late = Instant::now().saturating_duration_since(due);
+                tick.tick().await;
+                let before = Instant::now();
+                tokio::task::yield_now().await;
+                let late = before.elapsed();
                 let mut v = sink.lock().unwrap_or_else(|e| e.into_inner());
                 if v.len() < 4_000_000 {
                     v.push((epoch.elapsed(), late));

@@ -1,5 +1,6 @@
 //! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
 
+mod bench_cmd;
 mod engine_cmd;
 mod serve_cmd;
 
@@ -24,6 +25,9 @@ enum Command {
     /// class, queues at most Q for at most Wq, caps what one request may cost, nests its timeouts
     /// and says in /metrics where every request waited.
     Serve(serve_cmd::ServeArgs),
+    /// Load-test an OpenAI-compatible server against SLOs: baseline, staircase, long mix and burst
+    /// phases; finds the safe concurrency (the SLOs hold and the queue recovers after a burst).
+    Bench(bench_cmd::BenchArgs),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
 }
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Engine(args) => engine_cmd::run(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
+            Command::Bench(args) => bench_cmd::run(args).await,
             Command::Check(_) => unreachable!("handled before the runtime starts"),
         }
     });

@@ -1,0 +1,8 @@
+//! `spillway bench` against in-process engines whose behaviour is known by construction.
+
+extern crate spillway_bench as bench;
+
+mod accuracy;
+mod knee;
+mod report;
+mod support;

@@ -1,0 +1,115 @@
+//! The outputs: JSON whose statistics match its own records, and an HTML report that is valid,
+//! self-contained and holds its charts.
+
+use std::time::Duration;
+
+use bench::spec::Phase;
+
+use crate::support::{concurrency, fixed_step_engine, options};
+
+fn exact_percentile(mut v: Vec<f64>, p: f64) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let rank = p / 100.0 * (v.len() - 1) as f64;
+    let lo = rank.floor() as usize;
+    let hi = rank.ceil() as usize;
+    v[lo] + (v[hi] - v[lo]) * (rank - lo as f64)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_and_html_reports_hold_every_phase() {
+    let engine = engine::spawn_local(fixed_step_engine(8, Duration::from_millis(2)))
+        .await
+        .unwrap();
+    let mut opts = options(&engine.url(), 16, 8, "ttft_p95=500ms,itl_p95=200ms,error_rate=5%");
+    opts.loads = concurrency(&[2, 4]);
+    opts.stop = bench::load::Stop::After(Duration::from_millis(400));
+    opts.burst_length = Duration::from_millis(300);
+    opts.recovery_timeout = Duration::from_millis(1500);
+    opts.keep_records = true;
+    let report = bench::run(opts).await.unwrap();
+    let phases: Vec<Phase> = report.levels.iter().map(|l| l.phase).collect();
+    assert_eq!(
+        phases,
+        [
+            Phase::Baseline,
+            Phase::Staircase,
+            Phase::Staircase,
+            Phase::LongMix
+        ]
+    );
+    assert_eq!(report.bursts.len(), 1);
+
+    let json: serde_json::Value = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["schema"], "spillway-bench/1");
+    assert_eq!(json["tool"]["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(json["parameters"]["model"], "sim");
+    assert_eq!(
+        json["parameters"]["slo"],
+        "ttft_p95=500ms,itl_p95=200ms,error_rate=5%"
+    );
+    assert_eq!(json["safe"]["concurrency"], 4);
+    for level in json["levels"].as_array().unwrap() {
+        let records = level["records"].as_array().unwrap();
+        let ok: Vec<&serde_json::Value> = records.iter().filter(|r| r["outcome"]["kind"] == "ok").collect();
+        assert_eq!(level["stats"]["ok"].as_u64().unwrap() as usize, ok.len());
+        let ttft: Vec<f64> = ok.iter().map(|r| r["ttft"].as_f64().unwrap()).collect();
+        let itl: Vec<f64> = ok
+            .iter()
+            .flat_map(|r| {
+                r["itl_us"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g.as_f64().unwrap() / 1e6)
+            })
+            .collect();
+        for (stat, values) in [("ttft", ttft), ("itl", itl)] {
+            for p in [50.0, 90.0, 95.0, 99.0] {
+                let reported = level["stats"][stat][format!("p{}", p as u32)].as_f64().unwrap();
+                let exact = exact_percentile(values.clone(), p);
+                assert!(
+                    (reported - exact).abs() < 1e-9,
+                    "{stat} p{p}: {reported} vs {exact}"
+                );
+            }
+        }
+        // Every record carries its scheduled time and send lag (the self-check's inputs).
+        assert!(records.iter().all(|r| r["send_lag"].as_f64().unwrap() >= 0.0));
+    }
+    let long = &json["levels"][3];
+    assert!(long["short"]["requests"].as_u64().unwrap() > 0);
+    assert!(long["long"]["requests"].as_u64().unwrap() > 0);
+    assert!(json["bursts"][0]["timeline"].as_array().unwrap().len() > 4);
+
+    let html = bench::html::render(&report).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    // Self-contained: nothing to fetch, nothing to run.
+    for banned in [
+        "<script", "<link", "<img", "<iframe", " src=", "href=", "url(", "@import",
+    ] {
+        assert!(!html.contains(banned), "the report must not contain {banned:?}");
+    }
+    // Four charts against load, the burst's TTFT and queue timelines.
+    assert_eq!(html.matches("<svg").count(), 6, "charts");
+    for title in [
+        "Time to first token against load",
+        "Inter-token latency against load",
+        "Throughput and goodput against load",
+        "Burst at C=4",
+        "requests waiting in the server",
+    ] {
+        assert!(html.contains(title), "missing chart {title:?}");
+    }
+    assert!(
+        html.contains("safe (C=4)"),
+        "the safe load is marked on the charts"
+    );
+    let dir = std::env::temp_dir().join(format!("spillway-bench-report-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("report.html");
+    std::fs::write(&path, &html).unwrap();
+    // A real parser checks the page: every element closed in order, every SVG well-formed XML.
+    let out = testkit::run_python("check_html.py", &[path.to_str().unwrap()]).await;
+    assert!(out.contains("ok: 6 svg"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

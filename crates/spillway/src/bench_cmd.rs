@@ -1,0 +1,223 @@
+//! `spillway bench`: the SLO load tester, from command-line flags to the table, JSON and HTML.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use bench::load::Stop;
+use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
+use bench::workload::{Source, Workload, load_dataset};
+use bench::{Endpoint, Options, Target};
+use clap::{Args, ValueEnum};
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// The server's base URL (e.g. http://127.0.0.1:8000; a trailing /v1 is fine).
+    #[arg(long)]
+    url: String,
+    /// The model name to send.
+    #[arg(long)]
+    model: String,
+    /// Read the API key from this environment variable (sent as a bearer token, never printed).
+    #[arg(long, value_name = "VAR")]
+    api_key_env: Option<String>,
+    #[arg(long, value_enum, default_value_t = EndpointArg::Chat)]
+    endpoint: EndpointArg,
+    /// Closed loop: the staircase levels, e.g. 1,2,4,8 (default: doubling from 1 to
+    /// --max-concurrency).
+    #[arg(long, value_delimiter = ',', conflicts_with = "rate")]
+    concurrency: Vec<u32>,
+    /// Open loop: the staircase levels in requests per second, e.g. 2,4,6.
+    #[arg(long, value_delimiter = ',')]
+    rate: Vec<f64>,
+    /// Open-loop arrival process: poisson, constant or gamma:B (B < 1 is burstier).
+    #[arg(long, default_value = "poisson", value_parser = parse_arrivals)]
+    arrivals: Arrivals,
+    /// How long each level sends for (requests in flight then finish).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, conflicts_with = "requests")]
+    duration: Duration,
+    /// Leave requests sent this early in each level out of its statistics (connection set-up, an
+    /// empty server filling up).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Instead of --duration: how many requests each level sends.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Prompt lengths in tokens: N, fixed:N, uniform:A-B, normal:MEAN,SD or lognormal:MEAN,SD.
+    #[arg(long, default_value = "512", value_parser = parse_len)]
+    input_len: LengthDist,
+    /// Output lengths in tokens (sent as max_tokens, with ignore_eos), same forms as --input-len.
+    #[arg(long, default_value = "128", value_parser = parse_len)]
+    output_len: LengthDist,
+    /// Prompts from a file: ShareGPT JSON, or JSONL of {"prompt": .., "output_len": N} or strings.
+    #[arg(long)]
+    dataset: Option<PathBuf>,
+    /// The objectives every level is judged by: METRIC_pNN=DURATION (ttft, itl, tpot, e2e) and
+    /// error_rate=N%.
+    #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%", value_parser = parse_slo)]
+    slo: Slo,
+    /// The server's Prometheus /metrics (vLLM's or Spillway's), to watch its waiting queue.
+    #[arg(long)]
+    metrics_url: Option<String>,
+    /// Which phases to run: baseline, staircase, long-mix, burst, or all.
+    #[arg(long, default_value = "all")]
+    phases: String,
+    /// Long mix: the share of long requests.
+    #[arg(long, default_value_t = 0.1)]
+    long_share: f64,
+    #[arg(long, default_value = "4096", value_parser = parse_len)]
+    long_input_len: LengthDist,
+    #[arg(long, default_value = "512", value_parser = parse_len)]
+    long_output_len: LengthDist,
+    /// Burst: k × the load ...
+    #[arg(long, default_value_t = 2.0)]
+    burst_factor: f64,
+    /// ... for this long, after a sustained period as long as one level.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    burst_length: Duration,
+    /// How long after the burst the queue and TTFT may take to recover.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    recovery_timeout: Duration,
+    /// The top of the default staircase.
+    #[arg(long, default_value_t = 1024)]
+    max_concurrency: u32,
+    /// Open loop: the most requests in flight before arrivals are dropped (and the level flagged).
+    #[arg(long, default_value_t = 10_000)]
+    max_in_flight: usize,
+    /// Abandon a request after this long (counted as a timeout).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+    /// Send vLLM's ignore_eos so every output runs to its length (false for servers that reject it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    ignore_eos: bool,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Write the result as JSON (schema in docs/bench-json.md).
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Include every request's record in the JSON.
+    #[arg(long)]
+    records: bool,
+    /// Write a self-contained HTML report with charts.
+    #[arg(long)]
+    html: Option<PathBuf>,
+    /// No live progress line.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum EndpointArg {
+    Chat,
+    Completions,
+}
+
+fn parse_len(s: &str) -> Result<LengthDist, String> {
+    s.parse()
+}
+
+fn parse_slo(s: &str) -> Result<Slo, String> {
+    s.parse()
+}
+
+fn parse_arrivals(s: &str) -> Result<Arrivals, String> {
+    s.parse()
+}
+
+fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
+    let api_key = match &a.api_key_env {
+        Some(var) => Some(
+            std::env::var(var).with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
+        ),
+        None => None,
+    };
+    if let Some(bad) = a.rate.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
+        bail!("--rate {bad}: rates must be positive numbers of requests per second");
+    }
+    if a.concurrency.contains(&0) {
+        bail!("--concurrency: levels must be at least 1");
+    }
+    if !(0.0..=1.0).contains(&a.long_share) {
+        bail!("--long-share {}: a share between 0 and 1", a.long_share);
+    }
+    if !(a.burst_factor.is_finite() && a.burst_factor >= 1.0) {
+        bail!("--burst-factor {}: at least 1", a.burst_factor);
+    }
+    if a.requests == Some(0) || a.duration.is_zero() {
+        bail!("each level must send something: --duration and --requests must be above zero");
+    }
+    let mut loads: Vec<Load> = if a.rate.is_empty() {
+        a.concurrency.iter().map(|c| Load::Concurrency(*c)).collect()
+    } else {
+        a.rate.iter().map(|r| Load::Rate(*r)).collect()
+    };
+    loads.sort_by(|x, y| x.value().total_cmp(&y.value()));
+    loads.dedup();
+    let source = match &a.dataset {
+        Some(path) => load_dataset(path, a.output_len).map_err(anyhow::Error::msg)?,
+        None => Source::Synthetic {
+            input: a.input_len,
+            output: a.output_len,
+        },
+    };
+    let phases = Phase::parse_list(&a.phases).map_err(anyhow::Error::msg)?;
+    let opts = Options {
+        target: Target {
+            url: a.url,
+            model: a.model,
+            api_key,
+            endpoint: match a.endpoint {
+                EndpointArg::Chat => Endpoint::Chat,
+                EndpointArg::Completions => Endpoint::Completions,
+            },
+            ignore_eos: a.ignore_eos,
+            timeout: a.timeout,
+        },
+        api_key_env: a.api_key_env,
+        loads,
+        arrivals: a.arrivals,
+        stop: match a.requests {
+            Some(n) => Stop::Requests(n),
+            None => Stop::After(a.duration),
+        },
+        warmup: a.warmup,
+        workload: Workload { source, long: None },
+        input_len: a.input_len,
+        output_len: a.output_len,
+        dataset: a.dataset.map(|d| d.display().to_string()),
+        slo: a.slo,
+        metrics_url: a.metrics_url,
+        phases,
+        long_share: a.long_share,
+        long_input: a.long_input_len,
+        long_output: a.long_output_len,
+        burst_factor: a.burst_factor,
+        burst_length: a.burst_length,
+        recovery_timeout: a.recovery_timeout,
+        max_concurrency: a.max_concurrency.max(1),
+        max_in_flight: a.max_in_flight.max(1),
+        seed: a.seed,
+        keep_records: a.records,
+        quiet: a.quiet,
+    };
+    Ok((opts, a.json, a.html))
+}
+
+pub(crate) async fn run(args: BenchArgs) -> Result<()> {
+    let (opts, json, html) = options(args)?;
+    let report = bench::run(opts).await?;
+    print!("{}", bench::report::table(&report));
+    if let Some(path) = json {
+        let file =
+            std::fs::File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;
+        serde_json::to_writer_pretty(std::io::BufWriter::new(file), &report)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    if let Some(path) = html {
+        let page = bench::html::render(&report).map_err(anyhow::Error::msg)?;
+        std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
+        eprintln!("wrote {}", path.display());
+    }
+    Ok(())
+}
