@@ -27,7 +27,7 @@ enum Command {
     Serve(serve_cmd::ServeArgs),
     /// Load-test an OpenAI-compatible server against SLOs: baseline, staircase, long mix and burst
     /// phases; finds the safe concurrency (the SLOs hold and the queue recovers after a burst).
-    Bench(bench_cmd::BenchArgs),
+    Bench(Box<bench_cmd::BenchArgs>),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
 }
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Engine(args) => engine_cmd::run(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
-            Command::Bench(args) => bench_cmd::run(args).await,
+            Command::Bench(args) => bench_cmd::run(*args).await,
             Command::Check(_) => unreachable!("handled before the runtime starts"),
         }
     });
