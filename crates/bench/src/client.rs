@@ -166,6 +166,35 @@ impl Client {
         &self.target
     }
 
+    /// The model ids `GET /v1/models` lists, to name the right one when a request named a wrong one.
+    pub async fn models(&self) -> Option<Vec<String>> {
+        let base = self.target.url.trim_end_matches('/').trim_end_matches("/v1");
+        let mut req = hyper::Request::get(format!("{base}/v1/models"));
+        if let Some(key) = &self.target.api_key {
+            req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let resp = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.http.request(req.body(Full::default()).ok()?),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        let body = Limited::new(resp.into_body(), 1 << 20)
+            .collect()
+            .await
+            .ok()?
+            .to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).ok()?;
+        Some(
+            v.get("data")?
+                .as_array()?
+                .iter()
+                .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+                .collect(),
+        )
+    }
+
     fn body(&self, prompt: &Prompt) -> Bytes {
         let t = &*self.target;
         let text: &str = &prompt.text;

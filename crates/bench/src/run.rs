@@ -260,11 +260,19 @@ async fn preflight(client: &Client) -> Result<(), BenchError> {
     match rec.outcome {
         crate::client::Outcome::Ok => Ok(()),
         crate::client::Outcome::Transport => Err(BenchError::Unreachable { url, detail }),
-        crate::client::Outcome::Status { code } if code != 429 && code != 503 => Err(BenchError::Rejected {
-            url,
-            status: code,
-            message: detail,
-        }),
+        crate::client::Outcome::Status { code } if code != 429 && code != 503 => {
+            let mut message = detail;
+            if code == 404
+                && let Some(models) = client.models().await.filter(|m| !m.is_empty())
+            {
+                message.push_str(&format!(" (the target serves: {})", models.join(", ")));
+            }
+            Err(BenchError::Rejected {
+                url,
+                status: code,
+                message,
+            })
+        }
         // A busy target is a state to measure, not a reason to stop.
         _ => Ok(()),
     }

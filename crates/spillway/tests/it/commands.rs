@@ -3,50 +3,8 @@
 
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-/// Polls `cond` every 20 ms, up to `tries` times (a blocking test: no runtime clock to use).
-fn wait_until(tries: u32, mut cond: impl FnMut() -> bool) -> bool {
-    for _ in 0..tries {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    cond()
-}
-
-const BIN: &str = env!("CARGO_BIN_EXE_spillway");
-
-/// Two consecutive free ports (a port and the next one).
-fn free_port_pair() -> u16 {
-    for _ in 0..100 {
-        let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = a.local_addr().unwrap().port();
-        if port < u16::MAX && std::net::TcpListener::bind(("127.0.0.1", port + 1)).is_ok() {
-            return port;
-        }
-    }
-    panic!("no two consecutive free ports");
-}
-
-fn get(port: u16, path: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
-}
-
-struct Kill(std::process::Child);
-
-impl Drop for Kill {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::support::{BIN, Kill, free_port_pair, get, wait_until};
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {

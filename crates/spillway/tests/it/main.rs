@@ -1,3 +1,5 @@
 //! The `spillway` command line, run as a user runs it.
 
+mod bench;
 mod commands;
+mod support;
