@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job on the embedded default, until `spillway demo` exists: two simulated vLLM replicas,
-# the Spillway gateway in front of them, a streamed completion, a burst that meets a bounded queue
+# The main job on the embedded default, until `spillway demo` exists: `spillway bench` finds the
+# safe concurrency of one simulated vLLM replica; then two replicas with the Spillway gateway in
+# front of them, a streamed completion, a burst that meets a bounded queue
 # (fast 503s with Retry-After instead of a pile-up), a hung replica caught at the first-token
 # budget, and the metrics that say where requests waited.
 set -euo pipefail
@@ -16,6 +17,17 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 
 "$bin" engine --listen "127.0.0.1:$port" --replicas 2 --preset tiny --model sim --max-num-seqs 16 >"$work/engine.log" 2>&1 &
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/health" >/dev/null && break; sleep 0.1; done
+
+echo
+echo "== spillway bench: the safe concurrency of one replica (it runs 16 sequences at most)"
+echo "   SLO: TTFT p99 under 20 ms; staircase 1, 2, 4, ... then bisection; a 2x burst must recover"
+mkdir -p target/demo
+"$bin" bench --url "http://127.0.0.1:$port" --model sim --input-len 64 --output-len 32 --duration 1s \
+  --max-concurrency 32 --phases baseline,staircase,burst --burst-length 1s --recovery-timeout 3s \
+  --slo ttft_p99=20ms,error_rate=1% --metrics-url "http://127.0.0.1:$port/metrics" \
+  --json target/demo/bench.json --html target/demo/bench.html --quiet 2>&1 | sed 's/^/   /'
+echo "   report: target/demo/bench.html (charts), target/demo/bench.json"
 cat >"$work/spillway.yaml" <<YAML
 listen: 127.0.0.1:$gw_port
 server: { drain_delay: 0s }

@@ -43,17 +43,24 @@ pub fn one_line(l: &LevelReport) -> String {
     line
 }
 
+fn after(s: f64) -> String {
+    if s == 0.0 {
+        "at once".into()
+    } else {
+        format!("after {}", secs(s))
+    }
+}
+
 pub fn burst_line(b: &BurstReport) -> String {
     format!(
         "burst     {:<14} ×{} for {:.1}s: ttft recovered {}, queue recovered {} — {}",
         b.load.to_string(),
         b.factor,
         b.burst_end - b.burst_start,
-        b.ttft_recovery_seconds
-            .map_or("never".into(), |s| format!("after {}", secs(s))),
+        b.ttft_recovery_seconds.map_or("never".into(), after),
         match (b.baseline_waiting, b.queue_recovery_seconds) {
             (None, _) => "unknown (no --metrics-url)".into(),
-            (Some(_), Some(s)) => format!("after {}", secs(s)),
+            (Some(_), Some(s)) => after(s),
             (Some(_), None) => "never".into(),
         },
         if b.recovered {

@@ -382,6 +382,7 @@ impl Ctx {
             .unwrap_or(Load::Concurrency(1));
         let mut passed: Vec<Load> = Vec::new();
         let mut knee = None;
+        let mut baseline = None;
         if phases.contains(&Phase::Baseline) {
             let base = match lowest {
                 Load::Concurrency(_) => Load::Concurrency(1),
@@ -391,12 +392,17 @@ impl Ctx {
             if r.pass {
                 passed.push(base);
             }
+            baseline = Some((base, r.pass));
         }
         if phases.contains(&Phase::Staircase) {
             let mut last_pass = None;
             for load in loads.iter().copied() {
-                let r = self.level(Phase::Staircase, load, None).await;
-                if !r.pass {
+                // The staircase's first step is often the baseline's level: that run counts for both.
+                let pass = match baseline {
+                    Some((base, pass)) if base == load => pass,
+                    _ => self.level(Phase::Staircase, load, None).await.pass,
+                };
+                if !pass {
                     knee = Some(load);
                     break;
                 }

@@ -9,6 +9,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -64,7 +65,9 @@ pub struct QueueWatch {
 }
 
 impl QueueWatch {
-    /// Checks the URL once (so a wrong one fails the run at the start), then polls every `every`.
+    /// Checks the URL once (so a wrong one fails the run at the start), then polls every `every`
+    /// ± 20%, at random: a fixed period can alias with a closed loop's own rhythm and see the same
+    /// moment of every cycle.
     pub async fn start(url: &str, every: Duration, epoch: Instant) -> Result<QueueWatch, String> {
         let uri: hyper::Uri = url.parse().map_err(|e| format!("--metrics-url {url:?}: {e}"))?;
         let client = HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
@@ -79,10 +82,9 @@ impl QueueWatch {
         let samples = Arc::new(Mutex::new(Vec::new()));
         let sink = samples.clone();
         let task = tokio::spawn(async move {
-            let mut tick = tokio::time::interval(every);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
             loop {
-                tick.tick().await;
+                tokio::time::sleep(every.mul_f64(rng.random_range(0.8..1.2))).await;
                 let Ok(text) = scrape(&client, &uri).await else {
                     continue;
                 };
@@ -142,16 +144,18 @@ async fn scrape(
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-/// Whether a level's queue drained: it emptied at least once and did not end higher than it began.
-/// `None` without samples.
+/// Whether a level's queue drained: empty in at least a quarter of the samples, and not growing.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueSummary {
     pub samples: usize,
     pub waiting_mean: f64,
     pub waiting_max: f64,
     pub waiting_min: f64,
-    /// The waiting queue reached zero at least once, and its last third was not above its first third
-    /// by more than 2 requests or 25%.
+    /// Share of samples with nobody waiting.
+    pub empty_share: f64,
+    /// The waiting queue was empty in at least a quarter of the samples (a server with spare capacity
+    /// schedules what arrives at its next step; one at capacity always has someone waiting), and its
+    /// last third was not above its first third by more than 2 requests or 25%.
     pub drains: bool,
 }
 
@@ -166,12 +170,14 @@ impl QueueSummary {
         let (first, last) = (mean(&w[..third.max(1)]), mean(&w[w.len() - third.max(1)..]));
         let min = w.iter().copied().fold(f64::INFINITY, f64::min);
         let growing = last > first + 2.0_f64.max(first * 0.25);
+        let empty_share = w.iter().filter(|v| **v == 0.0).count() as f64 / w.len() as f64;
         Some(QueueSummary {
             samples: w.len(),
             waiting_mean: mean(&w),
             waiting_max: w.iter().copied().fold(0.0, f64::max),
             waiting_min: min,
-            drains: min == 0.0 && !growing,
+            empty_share,
+            drains: empty_share >= 0.25 && !growing,
         })
     }
 }

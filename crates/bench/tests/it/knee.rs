@@ -6,19 +6,21 @@ use bench::spec::{Load, Phase};
 
 use crate::support::{TIMED, fixed_step_engine, options};
 
-/// The truth, by construction: the engine runs at most 16 sequences, each step costs 2 ms whatever
-/// the batch, and a request is 32 tokens (~33 steps, ~70 ms). Up to 16 closed-loop clients, every
-/// request is scheduled at the next step: TTFT is one or two steps, ~2–5 ms, and the engine's waiting
-/// queue empties at every step. With 17 or more, one request or more always waits a whole request
-/// time (~70 ms) for a slot: about 1 in 17 requests has a TTFT over 60 ms, so TTFT p99 breaches a
-/// 30 ms SLO, and the waiting queue never empties. So C_safe is 16 and the knee 17.
+/// The truth, by construction: the engine runs at most 16 sequences, each step costs 3 ms whatever
+/// the batch, and a request is 32 tokens (~33 steps, ~100 ms). Up to 16 closed-loop clients, every
+/// request is scheduled at the next step: TTFT is one or two steps, ~3–7 ms. With 17 or more, one
+/// request or more always waits a whole request time (~100 ms) for a slot: at 17, 1 request in 17
+/// (5.9%) has a TTFT near 100 ms, so TTFT p95 breaches a 30 ms SLO, and more so above. So C_safe is
+/// 16 and the knee 17; at 17 only 0.9% of requests stand between pass and fail, so 17 is within the
+/// "one step" the issue allows. p95 rather than p99 so that a few requests delayed by a busy machine
+/// cannot fail a level below the knee.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn safe_concurrency_lands_on_the_engines_knee() {
     let _timed = TIMED.lock().await;
-    let engine = engine::spawn_local(fixed_step_engine(16, Duration::from_millis(2)))
+    let engine = engine::spawn_local(fixed_step_engine(16, Duration::from_millis(3)))
         .await
         .unwrap();
-    let mut opts = options(&engine.url(), 32, 32, "ttft_p99=30ms,error_rate=1%");
+    let mut opts = options(&engine.url(), 32, 32, "ttft_p95=30ms,error_rate=1%");
     opts.phases = vec![Phase::Baseline, Phase::Staircase, Phase::Burst];
     let report = bench::run(opts).await.unwrap();
     let table = bench::report::table(&report);
@@ -29,15 +31,15 @@ async fn safe_concurrency_lands_on_the_engines_knee() {
     };
     assert!((15..=17).contains(&c), "C_safe {c}, truth 16:\n{table}");
     assert_eq!(report.knee, Some(Load::Concurrency(c + 1)), "{table}");
-    // The staircase doubled to 32, then bisected 24, 20, 18, 17.
+    // The staircase doubled to 32 (its first step, 1, is the baseline run), then bisected.
     let tried: Vec<f64> = report
         .levels
         .iter()
         .filter(|l| l.phase == Phase::Staircase)
         .map(|l| l.load.value())
         .collect();
-    assert_eq!(&tried[..6], &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0], "{table}");
-    // At 32 both signals say so: TTFT over the SLO and a queue that never empties.
+    assert_eq!(&tried[..5], &[2.0, 4.0, 8.0, 16.0, 32.0], "{table}");
+    // At 32 the engine's own queue shows why: about 16 requests waiting on average.
     let at32 = report
         .levels
         .iter()
@@ -45,9 +47,7 @@ async fn safe_concurrency_lands_on_the_engines_knee() {
         .unwrap();
     assert!(!at32.pass);
     assert!(
-        at32.queue
-            .as_ref()
-            .is_some_and(|q| !q.drains && q.waiting_min >= 1.0),
+        at32.queue.as_ref().is_some_and(|q| q.waiting_mean >= 8.0),
         "{table}"
     );
     // The burst to 2 × 16 breaches, then TTFT and the queue recover.
@@ -57,7 +57,7 @@ async fn safe_concurrency_lands_on_the_engines_knee() {
         burst
             .timeline
             .iter()
-            .any(|p| p.ttft_p95.is_some_and(|t| t > 0.03)),
+            .any(|p| p.ttft_p95.is_some_and(|t| t > 0.05)),
         "the burst was felt"
     );
     assert!(burst.ttft_recovery_seconds.is_some() && burst.queue_recovery_seconds.is_some());
