@@ -31,14 +31,40 @@ print(f'C={sys.argv[3]:<6} {st["requests"]:>10} {st["throughput_rps"]:>12.0f} {1
 PY
 done
 if [ "${2:-}" = "--guidellm" ]; then
-  venv=target/compare-venv
+  venv=${GUIDELLM_VENV:-target/compare-venv}
   [ -x "$venv/bin/guidellm" ] || { python3 -m venv "$venv"; "$venv/bin/pip" install --quiet --disable-pip-version-check guidellm; }
   echo "guidellm: $("$venv/bin/pip" show guidellm 2>/dev/null | grep -i '^version')"
+  # GuideLLM's synthetic prompts need a tokenizer and the hub is out of reach: a local word-level one.
+  "$venv/bin/python" - "$work/tok" <<'PY'
+import json, os, sys
+from tokenizers import Tokenizer, models, pre_tokenizers
+d = sys.argv[1]; os.makedirs(d, exist_ok=True)
+words = ["[UNK]"] + "the and for are but not you all any can had her was one our out day get has him his how".split()
+t = Tokenizer(models.WordLevel(vocab={w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+t.pre_tokenizer = pre_tokenizers.Whitespace()
+t.save(os.path.join(d, "tokenizer.json"))
+json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]"}, open(os.path.join(d, "tokenizer_config.json"), "w"))
+PY
+  /usr/bin/time -f '%U %S' -o "$work/gstart" "$venv/bin/guidellm" run --help >/dev/null
+  echo "guidellm start-up alone: $(awk '{print $1 + $2}' "$work/gstart") s CPU"
   for c in "${cs[@]}"; do
-    /usr/bin/time -f '%U %S' -o "$work/gtime" "$venv/bin/guidellm" benchmark run --target "http://127.0.0.1:$port" \
-      --model sim --processor "${GUIDELLM_PROCESSOR:-gpt2}" --rate-type concurrent --rate "$c" --max-seconds 10 \
-      --data "prompt_tokens=32,output_tokens=16" --output-path "$work/g$c.json" >"$work/g$c.log" 2>&1 || {
+    /usr/bin/time -f '%U %S' -o "$work/gtime" "$venv/bin/guidellm" run \
+      --backend "kind=openai_http,target=http://127.0.0.1:$port,model=sim" \
+      --profile "kind=concurrent,streams=$c" --constraint kind=max_duration,seconds=10 \
+      --tokenizer "kind=hf_auto,model=$work/tok" --data kind=synthetic_text,prompt_tokens=32,output_tokens=16 \
+      --output "kind=json,path=$work/g$c.json" --disable-console-interactive >"$work/g$c.log" 2>&1 || {
       echo "guidellm C=$c failed: $(tail -3 "$work/g$c.log")"; continue; }
-    echo "guidellm C=$c: CPU $(cat "$work/gtime") s; $(grep -iE 'req/s|requests per' "$work/g$c.log" | tail -2)"
+    python3 - "$work/g$c.log" "$work/gtime" "$c" <<'PY'
+import re, sys
+log = open(sys.argv[1]).read(); u, s = map(float, open(sys.argv[2]).read().split()[-2:])
+row = [l for l in log.splitlines() if l.startswith(f"| concurrent@{sys.argv[3]} ")]
+# Server throughput table: concurrency median, mean, requests per second, ...
+thr = [l for l in row if len(l.split("|")) == 9][-1].split("|")
+lat = [l for l in row if len(l.split("|")) > 15][-1].split("|")
+print(f"guidellm C={sys.argv[3]:<6} req/s {float(thr[4]):>8.0f}  in flight median {thr[2].strip()}  "
+      f"ttft p50 {lat[6].strip()}ms  CPU {u + s:.1f} s in all ({1e6 * (u + s) / (float(thr[4]) * 10):.0f} µs/req)")
+for w in re.findall(r"⚠ ([^\n]*)", log):
+    print(f"   warning: {w.strip()}")
+PY
   done
 fi
