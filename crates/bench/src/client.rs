@@ -272,7 +272,9 @@ impl Client {
                 humantime::format_duration(self.target.timeout)
             ));
         }
-        rec.e2e = sent.elapsed();
+        if rec.e2e.is_zero() {
+            rec.e2e = sent.elapsed();
+        }
         rec
     }
 }
@@ -389,6 +391,10 @@ where
         let data = event.data.trim();
         if data == "[DONE]" {
             done = true;
+            rec.e2e = now.saturating_duration_since(sent);
+            // Read on to the end of the body: a connection dropped mid-body cannot go back to the
+            // pool, and the next request would pay for a new one.
+            while let Some(Ok(_)) = events.next().await {}
             break;
         }
         let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {

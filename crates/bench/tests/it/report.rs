@@ -17,6 +17,7 @@ fn exact_percentile(mut v: Vec<f64>, p: f64) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn json_and_html_reports_hold_every_phase() {
+    let _timed = crate::support::TIMED.lock().await;
     let engine = engine::spawn_local(fixed_step_engine(8, Duration::from_millis(2)))
         .await
         .unwrap();
