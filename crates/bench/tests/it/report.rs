@@ -114,3 +114,81 @@ async fn json_and_html_reports_hold_every_phase() {
     assert!(out.contains("ok: 6 svg"), "{out}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Open loop: arrivals follow the schedule whatever the answers do, and each record says when it
+/// was due and how late it went.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn open_loop_sends_on_schedule() {
+    let _timed = crate::support::TIMED.lock().await;
+    let engine = engine::spawn_local(fixed_step_engine(64, Duration::from_millis(2)))
+        .await
+        .unwrap();
+    for (arrivals, rate) in [
+        (bench::spec::Arrivals::Constant, 200.0),
+        (bench::spec::Arrivals::Poisson, 300.0),
+    ] {
+        let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
+        opts.target.endpoint = bench::Endpoint::Completions;
+        opts.phases = vec![Phase::Staircase];
+        opts.loads = vec![bench::spec::Load::Rate(rate)];
+        opts.arrivals = arrivals;
+        opts.stop = bench::load::Stop::After(Duration::from_secs(2));
+        opts.keep_records = true;
+        let report = bench::run(opts).await.unwrap();
+        let level = &report.levels[0];
+        let records = level.records.as_ref().unwrap();
+        let n = records.len() as f64;
+        assert!(
+            (n - 2.0 * rate).abs() < 0.15 * 2.0 * rate,
+            "{arrivals:?}: {n} arrivals in 2 s at {rate}/s"
+        );
+        assert_eq!(level.stats.ok, records.len(), "{}", bench::report::table(&report));
+        let mut due: Vec<f64> = records.iter().map(|r| r.scheduled.as_secs_f64()).collect();
+        due.sort_by(f64::total_cmp);
+        let gaps: Vec<f64> = due.windows(2).map(|w| w[1] - w[0]).collect();
+        let mean = gaps.iter().sum::<f64>() / gaps.len() as f64;
+        assert!(
+            (mean - 1.0 / rate).abs() < 0.15 / rate,
+            "{arrivals:?}: mean gap {mean}"
+        );
+        let spread = gaps.iter().map(|g| (g - mean).powi(2)).sum::<f64>() / gaps.len() as f64;
+        match arrivals {
+            // Equal gaps; Poisson gaps have a standard deviation equal to their mean.
+            bench::spec::Arrivals::Constant => assert!(spread.sqrt() < 0.2 * mean, "sd {}", spread.sqrt()),
+            _ => assert!(
+                (spread.sqrt() / mean - 1.0).abs() < 0.25,
+                "sd/mean {}",
+                spread.sqrt() / mean
+            ),
+        }
+        let lag = level.stats.send_lag.unwrap();
+        assert!(lag.p50 < 0.002, "median send lag {} s", lag.p50);
+        assert_eq!(level.unsent, 0);
+    }
+}
+
+/// The self-check: a client that cannot send what the schedule asks says so in the level itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_falls_behind_flags_its_level() {
+    let engine = engine::spawn_local(fixed_step_engine(64, Duration::from_millis(50)))
+        .await
+        .unwrap();
+    let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
+    opts.phases = vec![Phase::Staircase];
+    opts.loads = vec![bench::spec::Load::Rate(100.0)];
+    opts.arrivals = bench::spec::Arrivals::Constant;
+    opts.stop = bench::load::Stop::After(Duration::from_secs(1));
+    opts.max_in_flight = 2;
+    let report = bench::run(opts).await.unwrap();
+    let level = &report.levels[0];
+    assert!(level.unsent > 50, "{} unsent", level.unsent);
+    let flag = level.distorted.as_deref().unwrap_or_default();
+    assert!(flag.contains("arrivals not sent"), "{flag:?}");
+    assert_eq!(report.distorted_levels, 1);
+    assert!(bench::report::table(&report).contains("WARNING: 1 level(s) flagged"));
+    assert!(
+        bench::html::render(&report)
+            .unwrap()
+            .contains("flagged by the self-check")
+    );
+}
