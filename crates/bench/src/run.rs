@@ -322,7 +322,13 @@ impl Ctx {
         // Skip the first half second: the queue of the level before may still be draining.
         let queue = self.watch.as_ref().and_then(|w| {
             let from = (run.start + Duration::from_millis(500)).min(run.end);
-            QueueSummary::of(&w.between(from, run.end))
+            QueueSummary::of(
+                &w.between(from, run.end),
+                match load {
+                    Load::Concurrency(c) => Some(c),
+                    Load::Rate(_) => None,
+                },
+            )
         });
         let lag = Percentiles::of(&self.lag.between(run.start, run.end));
         let distorted = distortion(&stats, lag.as_ref(), run.unsent);

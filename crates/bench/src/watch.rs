@@ -144,23 +144,26 @@ async fn scrape(
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-/// Whether a level's queue drained: empty in at least a quarter of the samples, and not growing.
+/// Whether a level's queue drained.
+///
+/// An engine that steps like vLLM always shows a few requests waiting for its next step, even far
+/// from capacity, so "someone is waiting" is no sign of saturation. A queue counts as not draining
+/// when it grows over the level (its last third above its first by more than 2 requests and 25%) or,
+/// in a closed loop of C clients, when even its 25th percentile holds at least max(2, C/10)
+/// requests: a backlog that persists, not arrivals waiting one step.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueSummary {
     pub samples: usize,
     pub waiting_mean: f64,
     pub waiting_max: f64,
     pub waiting_min: f64,
-    /// Share of samples with nobody waiting.
-    pub empty_share: f64,
-    /// The waiting queue was empty in at least a quarter of the samples (a server with spare capacity
-    /// schedules what arrives at its next step; one at capacity always has someone waiting), and its
-    /// last third was not above its first third by more than 2 requests or 25%.
+    pub waiting_p25: f64,
     pub drains: bool,
 }
 
 impl QueueSummary {
-    pub fn of(samples: &[QueueSample]) -> Option<QueueSummary> {
+    /// `concurrency`: the closed loop's C (`None` for open loop, where only growth counts).
+    pub fn of(samples: &[QueueSample], concurrency: Option<u32>) -> Option<QueueSummary> {
         if samples.len() < 3 {
             return None;
         }
@@ -168,16 +171,18 @@ impl QueueSummary {
         let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let third = w.len() / 3;
         let (first, last) = (mean(&w[..third.max(1)]), mean(&w[w.len() - third.max(1)..]));
-        let min = w.iter().copied().fold(f64::INFINITY, f64::min);
         let growing = last > first + 2.0_f64.max(first * 0.25);
-        let empty_share = w.iter().filter(|v| **v == 0.0).count() as f64 / w.len() as f64;
+        let mut sorted = w.clone();
+        sorted.sort_by(f64::total_cmp);
+        let p25 = crate::stats::percentile(&sorted, 25.0).unwrap_or(0.0);
+        let backlog = concurrency.is_some_and(|c| p25 >= (f64::from(c) / 10.0).max(2.0));
         Some(QueueSummary {
             samples: w.len(),
             waiting_mean: mean(&w),
-            waiting_max: w.iter().copied().fold(0.0, f64::max),
-            waiting_min: min,
-            empty_share,
-            drains: empty_share >= 0.25 && !growing,
+            waiting_max: sorted[sorted.len() - 1],
+            waiting_min: sorted[0],
+            waiting_p25: p25,
+            drains: !growing && !backlog,
         })
     }
 }
@@ -265,24 +270,22 @@ mod tests {
     }
 
     #[test]
-    fn a_queue_drains_when_it_empties_and_does_not_grow() {
+    fn a_queue_drains_unless_it_grows_or_holds_a_backlog() {
+        let drains = |w: &[f64], c| QueueSummary::of(&at(w), c).unwrap().drains;
+        assert!(drains(&[0.0, 2.0, 0.0, 1.0, 0.0, 0.0], Some(8)));
         assert!(
-            QueueSummary::of(&at(&[0.0, 2.0, 0.0, 1.0, 0.0, 0.0]))
-                .unwrap()
-                .drains
+            drains(&[1.0, 1.0, 2.0, 1.0, 1.0, 1.0], Some(8)),
+            "arrivals waiting one step"
         );
         assert!(
-            !QueueSummary::of(&at(&[1.0, 1.0, 2.0, 1.0, 1.0, 1.0]))
-                .unwrap()
-                .drains,
-            "never empty"
+            !drains(&[16.0, 15.0, 0.0, 16.0, 17.0, 16.0], Some(32)),
+            "a backlog of C/2"
         );
         assert!(
-            !QueueSummary::of(&at(&[0.0, 2.0, 5.0, 9.0, 14.0, 20.0]))
-                .unwrap()
-                .drains,
-            "growing"
+            drains(&[16.0, 15.0, 0.0, 16.0, 17.0, 16.0], None),
+            "open loop: only growth counts"
         );
-        assert!(QueueSummary::of(&at(&[0.0])).is_none());
+        assert!(!drains(&[0.0, 2.0, 5.0, 9.0, 14.0, 20.0], None), "growing");
+        assert!(QueueSummary::of(&at(&[0.0]), None).is_none());
     }
 }

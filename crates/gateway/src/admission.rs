@@ -3,9 +3,12 @@
 //!
 //! C may be adaptive: [`Admission::adapt`] moves it by AIMD on the time from admission to the
 //! first token (the upstream's TTFT, without the gateway's own queue, which C itself causes) against
-//! the class's TTFT objective. Each interval with at least 5 samples: p90 above the objective →
-//! C × 0.8 (at least `min`); p90 under 0.8 × the objective while C was reached → C + ⌈√C⌉ (at most
-//! `max`); otherwise C stays.
+//! the class's TTFT objective. Each interval with at least 5 samples: p95 above the objective →
+//! C × 0.8 (at least `min`), remembering the C that breached; p95 under 0.8 × the objective while C
+//! was reached → C + ⌈√C⌉ (at most `max`), but only + 1 where that step would reach the C that last
+//! breached (a fast climb from far below, a careful one near the knee; reaching that C without a
+//! breach forgets it); otherwise C stays. Only requests admitted since C last changed are samples
+//! of it: one admitted under the old C would blame the new one for its wait.
 //!
 //! A [`Permit`] is the slot; it is released when dropped, which the server arranges to happen when
 //! the response body ends or is dropped, not when headers are sent.
@@ -135,6 +138,10 @@ struct Adaptive {
     samples: Vec<Duration>,
     /// The most requests in flight since the last adjustment.
     peak: u32,
+    /// The C at which p95 last went over the objective: climb by one near it.
+    breached_at: Option<u32>,
+    /// When C last changed: only requests admitted since then are samples of it.
+    changed_at: Instant,
 }
 
 /// Bounds and objective of an adaptive C.
@@ -224,8 +231,10 @@ impl Permit {
     /// The first token arrived at `now`: a sample for an adaptive C.
     pub fn first_token(&self, now: Instant) {
         let mut s = self.admission.lock();
+        // A request admitted before C last changed measures the old C, not this one.
         if let Some(a) = s.adaptive.as_mut()
             && a.samples.len() < 4096
+            && self.granted_at >= a.changed_at
         {
             a.samples.push(now.saturating_duration_since(self.granted_at));
         }
@@ -316,6 +325,8 @@ impl Admission {
             slo: b.slo,
             samples: Vec::new(),
             peak: 0,
+            breached_at: None,
+            changed_at: Instant::now(),
         });
         if let Some(b) = bounds {
             let c = s.limits.concurrency.clamp(b.min, b.max);
@@ -343,14 +354,26 @@ impl Admission {
                 return current;
             }
             samples.sort_unstable();
-            let p90 = samples[(samples.len() * 9 / 10).min(samples.len() - 1)];
-            let next = if p90 > a.slo {
+            let p95 = samples[(samples.len() * 95 / 100).min(samples.len() - 1)];
+            let next = if p95 > a.slo {
+                a.breached_at = Some(current);
                 ((f64::from(current) * 0.8) as u32).max(a.min)
-            } else if p90 < a.slo.mul_f64(0.8) && peak >= current {
-                (current + (f64::from(current).sqrt().ceil() as u32)).min(a.max)
+            } else if p95 < a.slo.mul_f64(0.8) && peak >= current {
+                if a.breached_at.is_some_and(|b| current >= b) {
+                    a.breached_at = None;
+                }
+                let sqrt = f64::from(current).sqrt().ceil() as u32;
+                let step = match a.breached_at {
+                    Some(b) if current + sqrt >= b => 1,
+                    _ => sqrt,
+                };
+                (current + step).min(a.max)
             } else {
                 current
             };
+            if next != current {
+                a.changed_at = Instant::now();
+            }
             (current, next)
         };
         if next != current {

@@ -277,4 +277,12 @@ async fn adaptive_c_falls_over_the_objective_and_rises_under_it_when_reached() {
         round(10, c, 1).await;
     }
     assert_eq!(a.limits().concurrency, 32, "never above max");
+    // A breach at 32 → 25; climbing back, + ceil(sqrt(C)) while that stays below 32, then + 1.
+    assert_eq!(round(300, 32, 1).await, 25);
+    let mut climb = Vec::new();
+    for _ in 0..4 {
+        let c = a.limits().concurrency as usize;
+        climb.push(round(10, c, 1).await);
+    }
+    assert_eq!(climb, [30, 31, 32, 32], "careful near the C that breached");
 }

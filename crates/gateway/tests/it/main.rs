@@ -1,5 +1,6 @@
 //! Integration tests of the gateway, with simulated engines in-process as the upstream.
 
+mod adaptive;
 mod admission;
 mod bad_input;
 mod balance;
