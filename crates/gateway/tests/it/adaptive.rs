@@ -146,7 +146,7 @@ routes:
             .await
     });
     let mut limits: Vec<(f64, u32)> = Vec::new();
-    let mut sample_until = async |until: f64, limits: &mut Vec<(f64, u32)>| {
+    let sample_until = async |until: f64, limits: &mut Vec<(f64, u32)>| {
         while epoch.elapsed().as_secs_f64() < until {
             limits.push((epoch.elapsed().as_secs_f64(), gate.limits().concurrency));
             tokio::time::sleep(Duration::from_millis(100)).await;
