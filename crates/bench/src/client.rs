@@ -107,6 +107,23 @@ pub struct Record {
 }
 
 impl Record {
+    /// A request sent but not (yet) answered: a transport failure until the exchange says otherwise.
+    pub fn unanswered(scheduled: Duration, send_lag: Duration, long: bool) -> Record {
+        Record {
+            scheduled,
+            send_lag,
+            ttft: None,
+            e2e: Duration::ZERO,
+            itl_us: Vec::new(),
+            input_tokens: None,
+            output_tokens: 0,
+            outcome: Outcome::Transport,
+            id: None,
+            long,
+            error: None,
+        }
+    }
+
     pub fn ok(&self) -> bool {
         self.outcome == Outcome::Ok
     }
@@ -223,19 +240,11 @@ impl Client {
         if let Some(key) = &self.target.api_key {
             req = req.header(AUTHORIZATION, format!("Bearer {key}"));
         }
-        let mut rec = Record {
-            scheduled: scheduled.saturating_duration_since(epoch),
-            send_lag: sent.saturating_duration_since(scheduled),
-            ttft: None,
-            e2e: Duration::ZERO,
-            itl_us: Vec::new(),
-            input_tokens: None,
-            output_tokens: 0,
-            outcome: Outcome::Transport,
-            id: None,
-            long: prompt.long,
-            error: None,
-        };
+        let mut rec = Record::unanswered(
+            scheduled.saturating_duration_since(epoch),
+            sent.saturating_duration_since(scheduled),
+            prompt.long,
+        );
         let req = match req.body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => {
@@ -455,19 +464,7 @@ mod tests {
     use super::*;
 
     fn blank() -> Record {
-        Record {
-            scheduled: Duration::ZERO,
-            send_lag: Duration::ZERO,
-            ttft: None,
-            e2e: Duration::ZERO,
-            itl_us: Vec::new(),
-            input_tokens: None,
-            output_tokens: 0,
-            outcome: Outcome::Transport,
-            id: None,
-            long: false,
-            error: None,
-        }
+        Record::unanswered(Duration::ZERO, Duration::ZERO, false)
     }
 
     const STREAM: &str = ": connected\n\n\

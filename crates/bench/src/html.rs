@@ -337,14 +337,12 @@ pub fn render(r: &Report) -> Result<String, String> {
             r.distorted_levels
         );
     }
-    h.push_str(
-        "<table>\n<tr><th>phase</th><th>load</th><th>requests</th><th>ok</th><th>TTFT p50</th><th>TTFT p95</th>\
-         <th>TTFT p99</th><th>ITL p95</th><th>e2e p95</th><th>req/s</th><th>tok/s</th><th>goodput</th>\
-         <th>waiting</th><th>send lag p95</th><th>verdict</th></tr>\n",
-    );
-    let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{:.1} ms", v * 1e3));
+    h.push_str("<table>\n<tr>");
+    for c in crate::report::COLUMNS {
+        let _ = write!(h, "<th>{}</th>", esc(c));
+    }
+    h.push_str("<th>verdict</th></tr>\n");
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
-        let s = &l.stats;
         let verdict = if l.pass {
             "<span class=\"pass\">pass</span>".to_string()
         } else {
@@ -353,29 +351,12 @@ pub fn render(r: &Report) -> Result<String, String> {
         let flag = l.distorted.as_ref().map_or(String::new(), |d| {
             format!(" <span class=\"warn\">distorted: {}</span>", esc(d))
         });
-        let _ = writeln!(
-            h,
-            "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>\
-             <td>{}</td><td>{}</td><td>{:.1}</td><td>{:.0}</td><td>{:.0}%</td><td>{}</td><td>{}</td><td class=\"l\">{}{}</td></tr>",
-            l.phase.name(),
-            esc(&l.load.to_string()),
-            s.requests,
-            s.ok,
-            ms(s.ttft.map(|p| p.p50)),
-            ms(s.ttft.map(|p| p.p95)),
-            ms(s.ttft.map(|p| p.p99)),
-            ms(s.itl.map(|p| p.p95)),
-            ms(s.e2e.map(|p| p.p95)),
-            s.throughput_rps,
-            s.output_tokens_per_second,
-            s.goodput_share * 100.0,
-            l.queue
-                .as_ref()
-                .map_or("-".into(), |q| format!("{:.1}", q.waiting_mean)),
-            ms(s.send_lag.map(|p| p.p95)),
-            verdict,
-            flag
-        );
+        h.push_str("<tr>");
+        for (i, cell) in crate::report::cells(l).iter().enumerate() {
+            let class = if i < 2 { " class=\"l\"" } else { "" };
+            let _ = write!(h, "<td{class}>{}</td>", esc(cell));
+        }
+        let _ = writeln!(h, "<td class=\"l\">{verdict}{flag}</td></tr>");
     }
     h.push_str("</table>\n");
     for svg in load_charts(r)? {

@@ -71,6 +71,40 @@ pub fn burst_line(b: &BurstReport) -> String {
     )
 }
 
+/// The columns of a level that the table and the HTML report both show.
+pub(crate) const COLUMNS: [&str; 14] = [
+    "phase", "load", "req", "ok%", "ttft p50", "ttft p95", "ttft p99", "itl p95", "e2e p95", "req/s",
+    "tok/s", "goodput", "waiting", "lag95",
+];
+
+/// One level's values for [`COLUMNS`].
+pub(crate) fn cells(l: &LevelReport) -> [String; 14] {
+    let s = &l.stats;
+    let ok = if s.requests == 0 {
+        0.0
+    } else {
+        100.0 * s.ok as f64 / s.requests as f64
+    };
+    [
+        l.phase.name().to_string(),
+        l.load.to_string(),
+        s.requests.to_string(),
+        format!("{ok:.1}"),
+        opt(s.ttft.map(|p| p.p50)),
+        opt(s.ttft.map(|p| p.p95)),
+        opt(s.ttft.map(|p| p.p99)),
+        opt(s.itl.map(|p| p.p95)),
+        opt(s.e2e.map(|p| p.p95)),
+        format!("{:.1}", s.throughput_rps),
+        format!("{:.0}", s.output_tokens_per_second),
+        format!("{:.0}%", s.goodput_share * 100.0),
+        l.queue
+            .as_ref()
+            .map_or("-".into(), |q| format!("{:.1}", q.waiting_mean)),
+        opt(s.send_lag.map(|p| p.p95)),
+    ]
+}
+
 /// The final table: every level, then the bursts, the self-check and the conclusion.
 pub fn table(r: &Report) -> String {
     let mut out = String::new();
@@ -79,50 +113,27 @@ pub fn table(r: &Report) -> String {
         "spillway bench {} → {} ({}), SLO {}",
         r.tool.version, r.parameters.url, r.parameters.model, r.parameters.slo
     );
-    let _ = writeln!(
-        out,
-        "{:<9} {:<14} {:>6} {:>5} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8} {:>9} {:>8} {:>7} {:>6}  verdict",
-        "phase",
-        "load",
-        "req",
-        "ok%",
-        "ttft p50",
-        "ttft p95",
-        "ttft p99",
-        "itl p95",
-        "e2e p95",
-        "req/s",
-        "tok/s",
-        "goodput",
-        "waiting",
-        "lag95",
-    );
+    let widths = [9, 14, 6, 5, 9, 9, 9, 9, 9, 8, 9, 8, 7, 6];
+    let line = |cells: &[String]| {
+        let mut row = String::new();
+        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+            let _ = if i < 2 {
+                write!(row, "{cell:<w$} ")
+            } else {
+                write!(row, "{cell:>w$} ")
+            };
+        }
+        row
+    };
+    let header: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
+    let _ = writeln!(out, "{} verdict", line(&header));
     let levels = r.levels.iter().chain(r.bursts.iter().map(|b| &b.level));
     for l in levels {
         let s = &l.stats;
         let _ = writeln!(
             out,
-            "{:<9} {:<14} {:>6} {:>5.1} {:>9} {:>9} {:>9} {:>9} {:>9} {:>8.1} {:>9.0} {:>7.0}% {:>7} {:>6}  {}{}",
-            l.phase.name(),
-            l.load.to_string(),
-            s.requests,
-            if s.requests == 0 {
-                0.0
-            } else {
-                100.0 * s.ok as f64 / s.requests as f64
-            },
-            opt(s.ttft.map(|p| p.p50)),
-            opt(s.ttft.map(|p| p.p95)),
-            opt(s.ttft.map(|p| p.p99)),
-            opt(s.itl.map(|p| p.p95)),
-            opt(s.e2e.map(|p| p.p95)),
-            s.throughput_rps,
-            s.output_tokens_per_second,
-            s.goodput_share * 100.0,
-            l.queue
-                .as_ref()
-                .map_or("-".into(), |q| format!("{:.1}", q.waiting_mean)),
-            opt(s.send_lag.map(|p| p.p95)),
+            "{} {}{}",
+            line(&cells(l)),
             if l.pass { "pass" } else { "FAIL" },
             if l.distorted.is_some() { " (distorted)" } else { "" },
         );
