@@ -348,9 +348,12 @@ pub fn render(r: &Report) -> Result<String, String> {
         } else {
             format!("<span class=\"fail\">fail</span> {}", esc(&l.reasons.join("; ")))
         };
-        let flag = l.distorted.as_ref().map_or(String::new(), |d| {
-            format!(" <span class=\"warn\">distorted: {}</span>", esc(d))
-        });
+        let mut flag = String::new();
+        for (what, note) in [("distorted", &l.distorted), ("too short", &l.too_short)] {
+            if let Some(n) = note {
+                let _ = write!(flag, " <span class=\"warn\">{what}: {}</span>", esc(n));
+            }
+        }
         h.push_str("<tr>");
         for (i, cell) in crate::report::cells(l).iter().enumerate() {
             let class = if i < 2 { " class=\"l\"" } else { "" };

@@ -40,6 +40,9 @@ pub fn one_line(l: &LevelReport) -> String {
     if let Some(d) = &l.distorted {
         let _ = write!(line, " [DISTORTED: {d}]");
     }
+    if let Some(t) = &l.too_short {
+        let _ = write!(line, " [TOO SHORT: {t}]");
+    }
     line
 }
 
@@ -165,6 +168,9 @@ pub fn table(r: &Report) -> String {
         }
         if let Some(d) = &l.distorted {
             let _ = writeln!(out, "{:>26} self-check: {d}", "");
+        }
+        if let Some(t) = &l.too_short {
+            let _ = writeln!(out, "{:>26} too short: {t}", "");
         }
     }
     for b in &r.bursts {

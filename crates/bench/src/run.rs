@@ -117,6 +117,8 @@ pub struct LevelReport {
     pub warmup_requests: usize,
     /// Set when the client's own lag was large enough to distort TTFT: the numbers are suspect.
     pub distorted: Option<String>,
+    /// Set when the level measured too few requests to stand for a steady state.
+    pub too_short: Option<String>,
     /// SLOs held and the queue drained.
     pub pass: bool,
     pub reasons: Vec<String>,
@@ -332,6 +334,15 @@ impl Ctx {
         });
         let lag = Percentiles::of(&self.lag.between(run.start, run.end));
         let distorted = distortion(&stats, lag.as_ref(), run.unsent);
+        // A closed loop needs each client to have gone round a few times; fewer, and the level
+        // measured its first wave, not its steady state.
+        let too_short = match load {
+            Load::Concurrency(c) if stats.requests < 2 * c as usize => Some(format!(
+                "only {} requests measured for {c} clients: lengthen --duration (or shorten --warmup) for a steady state",
+                stats.requests
+            )),
+            _ => None,
+        };
         let mut reasons: Vec<String> = stats
             .verdicts
             .iter()
@@ -372,6 +383,7 @@ impl Ctx {
             unsent: run.unsent,
             warmup_requests,
             distorted,
+            too_short,
             pass: reasons.is_empty(),
             reasons,
             records: self.opts.keep_records.then_some(run.records),

@@ -192,3 +192,22 @@ async fn a_client_that_falls_behind_flags_its_level() {
             .contains("flagged by the self-check")
     );
 }
+
+/// A closed-loop level that saw only its first wave says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_level_of_one_wave_is_marked_too_short() {
+    let engine = engine::spawn_local(fixed_step_engine(64, Duration::from_millis(2)))
+        .await
+        .unwrap();
+    let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
+    opts.phases = vec![Phase::Staircase];
+    opts.loads = concurrency(&[8]);
+    opts.stop = bench::load::Stop::Requests(8);
+    let report = bench::run(opts).await.unwrap();
+    let note = report.levels[0].too_short.as_deref().unwrap_or_default();
+    assert!(
+        note.contains("only 8 requests measured for 8 clients"),
+        "{note:?}"
+    );
+    assert!(bench::report::table(&report).contains("too short:"));
+}
