@@ -594,14 +594,16 @@ impl Ctx {
             )
         });
         // The queue before the burst, skipping the level's first moments (or its first half, for a
-        // short one); a closed loop shows a request or two waiting between steps, so that is the bar.
+        // short one); a closed loop shows a request or two waiting between steps, so its most is the
+        // bar.
         let settle_in = (b_start / 2.0).min(0.5);
         let before: Vec<f64> = samples
             .iter()
             .filter(|s| rel(s) >= settle_in && rel(s) < b_start)
             .map(|s| s.waiting)
             .collect();
-        let baseline_waiting = (!before.is_empty()).then(|| before.iter().copied().fold(0.0, f64::max));
+        // At least one: a request waiting for the next step is no backlog.
+        let baseline_waiting = (!before.is_empty()).then(|| before.iter().copied().fold(1.0, f64::max));
         // Back at the baseline once the smallest of the last three samples is: one sample caught
         // between steps does not undo a recovery.
         let queue_recovery = baseline_waiting.map(|base| {

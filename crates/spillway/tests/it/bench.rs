@@ -3,9 +3,12 @@
 
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, free_port_pair, get, wait_until};
+use crate::support::{BIN, Kill, PORTS, free_port_pair, try_get, wait_until};
 
-fn engine(port: u16) -> Kill {
+/// An engine on free ports (the next port stays free: nothing listens there).
+fn engine() -> (Kill, u16) {
+    let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let port = free_port_pair();
     let child = Command::new(BIN)
         .args([
             "engine",
@@ -19,12 +22,12 @@ fn engine(port: u16) -> Kill {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
+    let child = Kill(child);
     let up = wait_until(1000, || {
-        std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
-            && get(port, "/health").starts_with("HTTP/1.1 200")
+        try_get(port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
     });
     assert!(up, "engine did not start");
-    Kill(child)
+    (child, port)
 }
 
 fn bench(args: &[&str]) -> (Option<i32>, String, String) {
@@ -38,8 +41,7 @@ fn bench(args: &[&str]) -> (Option<i32>, String, String) {
 
 #[test]
 fn a_short_run_writes_the_table_json_and_html() {
-    let port = free_port_pair();
-    let _engine = engine(port);
+    let (_engine, port) = engine();
     let dir = std::env::temp_dir().join(format!("spillway-bench-cli-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (json, html) = (dir.join("r.json"), dir.join("r.html"));
@@ -53,7 +55,7 @@ fn a_short_run_writes_the_table_json_and_html() {
         "--concurrency",
         "1,2",
         "--duration",
-        "400ms",
+        "1s",
         "--input-len",
         "uniform:8-16",
         "--output-len",
@@ -63,7 +65,7 @@ fn a_short_run_writes_the_table_json_and_html() {
         "--burst-length",
         "300ms",
         "--recovery-timeout",
-        "1s",
+        "2s",
         "--slo",
         "ttft_p95=2s,itl_p95=1s",
         "--metrics-url",
@@ -91,8 +93,7 @@ fn a_short_run_writes_the_table_json_and_html() {
 
 #[test]
 fn bad_targets_and_inputs_get_one_clear_line() {
-    let port = free_port_pair();
-    let _engine = engine(port);
+    let (_engine, port) = engine();
     let url = format!("http://127.0.0.1:{port}");
     let dir = std::env::temp_dir().join(format!("spillway-bench-bad-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -4,10 +4,11 @@
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, free_port_pair, get, wait_until};
+use crate::support::{BIN, Kill, PORTS, free_port_pair, get, wait_until};
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
+    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port_pair();
     let mut child = Kill(
         Command::new(BIN)
@@ -30,6 +31,7 @@ fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
         assert!(get(p, "/health").starts_with("HTTP/1.1 200"));
         assert!(get(p, "/v1/models").contains("\"id\":\"m\""));
     }
+    drop(ports);
     let status = Command::new("kill")
         .args(["-TERM", &child.0.id().to_string()])
         .status()

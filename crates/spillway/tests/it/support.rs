@@ -16,7 +16,11 @@ pub(crate) fn wait_until(tries: u32, mut cond: impl FnMut() -> bool) -> bool {
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_spillway");
 
-/// Two consecutive free ports (a port and the next one).
+/// Held from choosing ports until the server on them is up: tests run in parallel, and two that
+/// chose at the same moment would get the same free ports.
+pub(crate) static PORTS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Two consecutive free ports (a port and the next one); hold [`PORTS`] until they are taken.
 pub(crate) fn free_port_pair() -> u16 {
     for _ in 0..100 {
         let a = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -29,12 +33,17 @@ pub(crate) fn free_port_pair() -> u16 {
 }
 
 pub(crate) fn get(port: u16, path: &str) -> String {
+    try_get(port, path).unwrap()
+}
+
+/// `GET path`, or the error; for polling a server that may not be up yet.
+pub(crate) fn try_get(port: u16, path: &str) -> std::io::Result<String> {
     use std::io::{Read, Write};
-    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")?;
     let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out
+    s.read_to_string(&mut out)?;
+    Ok(out)
 }
 
 pub(crate) struct Kill(pub(crate) std::process::Child);
