@@ -30,8 +30,13 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 mkdir -p target
 set +e
-cargo test --workspace --locked 2>&1 | tee target/test-output.log
-status=${PIPESTATUS[0]}
+# Output goes to a file and is followed until cargo exits: a pipe through tee would wait for any
+# process a failed test leaked, however long it lives.
+cargo test --workspace --locked --no-fail-fast >target/test-output.log 2>&1 &
+cargo_pid=$!
+tail -n +1 -f --pid="$cargo_pid" target/test-output.log
+wait "$cargo_pid"
+status=$?
 set -e
 # cargo prints one result line per test binary (the last is often a crate's empty doc tests):
 # close with the totals.

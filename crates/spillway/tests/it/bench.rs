@@ -19,6 +19,7 @@ fn engine() -> (Kill, u16) {
             "--max-num-seqs",
             "4",
         ])
+        .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
         .unwrap();

@@ -21,6 +21,7 @@ fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
                 "--model",
                 "m",
             ])
+            .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
