@@ -172,11 +172,6 @@ fn load_charts(r: &Report) -> Result<Vec<String>, String> {
             .filter_map(|l| Some((l.load.value(), f(l)? * 1e3)))
             .collect()
     };
-    let slo_line = |m: Metric, name: &str| -> Vec<(String, f64)> {
-        r.parameters_slo_limit(m)
-            .map(|v| vec![(format!("{name} SLO"), v * 1e3)])
-            .unwrap_or_default()
-    };
     let ttft = Chart {
         title: "Time to first token against load",
         x_desc: axis,
@@ -195,7 +190,7 @@ fn load_charts(r: &Report) -> Result<Vec<String>, String> {
                 points: ms(|l| Some(l.stats.ttft?.p99)),
             },
         ],
-        hlines: slo_line(Metric::Ttft, "TTFT"),
+        hlines: r.slo_lines(Metric::Ttft),
         vlines: markers(r),
         shade: None,
     };
@@ -213,7 +208,7 @@ fn load_charts(r: &Report) -> Result<Vec<String>, String> {
                 points: ms(|l| Some(l.stats.itl?.p95)),
             },
         ],
-        hlines: slo_line(Metric::Itl, "ITL"),
+        hlines: r.slo_lines(Metric::Itl),
         vlines: markers(r),
         shade: None,
     };
@@ -265,10 +260,7 @@ fn burst_charts(r: &Report, b: &BurstReport) -> Result<Vec<String>, String> {
                 .filter_map(|p| Some((p.t, p.ttft_p95? * 1e3)))
                 .collect(),
         }],
-        hlines: r
-            .parameters_slo_limit(Metric::Ttft)
-            .map(|v| vec![("TTFT SLO".to_string(), v * 1e3)])
-            .unwrap_or_default(),
+        hlines: r.slo_lines(Metric::Ttft),
         vlines: Vec::new(),
         shade: Some((b.burst_start, b.burst_end)),
     };
@@ -300,8 +292,22 @@ fn burst_charts(r: &Report, b: &BurstReport) -> Result<Vec<String>, String> {
 }
 
 impl Report {
-    fn parameters_slo_limit(&self, m: Metric) -> Option<f64> {
-        self.slo.limit(m).map(|d| d.as_secs_f64())
+    /// The SLO targets on `m` as chart lines in milliseconds, labelled `SLO ttft p95 ≤ 1s`.
+    fn slo_lines(&self, m: Metric) -> Vec<(String, f64)> {
+        self.slo
+            .latency
+            .iter()
+            .filter(|t| t.metric == m)
+            .map(|t| {
+                let label = format!(
+                    "SLO {} p{} ≤ {}",
+                    m.name(),
+                    t.percentile,
+                    humantime::format_duration(t.limit)
+                );
+                (label, t.limit.as_secs_f64() * 1e3)
+            })
+            .collect()
     }
 }
 
