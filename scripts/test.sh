@@ -32,7 +32,8 @@ mkdir -p target
 set +e
 # Output goes to a file and is followed until cargo exits: a pipe through tee would wait for any
 # process a failed test leaked, however long it lives.
-cargo test --workspace --locked --no-fail-fast >target/test-output.log 2>&1 &
+: >target/test-output.log
+cargo test --workspace --locked --no-fail-fast >>target/test-output.log 2>&1 &
 cargo_pid=$!
 tail -n +1 -f --pid="$cargo_pid" target/test-output.log
 wait "$cargo_pid"
