@@ -39,6 +39,9 @@ pub struct Target {
     pub ignore_eos: bool,
     /// A request that has not finished after this long is abandoned and counted as a timeout.
     pub timeout: Duration,
+    /// A PEM file of certificates to trust for https:// besides the usual public roots (a private
+    /// CA, a self-signed test server).
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 /// How a request ended.
@@ -142,10 +145,50 @@ fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::O
     }
 }
 
+/// HTTP, or HTTPS with rustls.
+pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// Plain HTTP and HTTPS (rustls, TLS 1.2 and 1.3) trusting the Mozilla roots plus `ca_cert`'s
+/// certificates, if given.
+pub fn connector(ca_cert: Option<&std::path::Path>) -> Result<Connector, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_cert {
+        let shown = path.display();
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("--ca-cert {shown}: {e}"))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+        if certs.is_empty() {
+            return Err(format!("--ca-cert {shown}: no PEM certificate in the file"));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let mut http = HttpConnector::new();
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    http.set_connect_timeout(Some(Duration::from_secs(10)));
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
+}
+
 /// A pooled HTTP/1.1 client shared by every load task.
 #[derive(Clone)]
 pub struct Client {
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<Connector, Full<Bytes>>,
     target: std::sync::Arc<Target>,
     uri: hyper::Uri,
 }
@@ -160,18 +203,15 @@ impl Client {
         let uri: hyper::Uri = format!("{base}{path}")
             .parse()
             .map_err(|e| format!("--url {:?}: {e}", target.url))?;
-        if uri.scheme_str() != Some("http") {
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
             return Err(format!(
-                "--url {:?}: only http:// targets are supported",
+                "--url {:?}: expected an http:// or https:// URL",
                 target.url
             ));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(10)));
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
-            .build(connector);
+            .build(connector(target.ca_cert.as_deref())?);
         Ok(Client {
             http,
             target: std::sync::Arc::new(target),

@@ -65,6 +65,7 @@ pub struct Parameters {
     pub ignore_eos: bool,
     #[serde(serialize_with = "ser_secs")]
     pub request_timeout: Duration,
+    pub ca_cert: Option<String>,
     pub loads: Vec<Load>,
     pub arrivals: Arrivals,
     #[serde(serialize_with = "ser_opt_secs")]
@@ -223,9 +224,14 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
     preflight(&client).await?;
     let watch = match &opts.metrics_url {
         Some(url) => Some(
-            QueueWatch::start(url, Duration::from_millis(100), epoch)
-                .await
-                .map_err(BenchError::Setup)?,
+            QueueWatch::start(
+                url,
+                Duration::from_millis(100),
+                epoch,
+                opts.target.ca_cert.as_deref(),
+            )
+            .await
+            .map_err(BenchError::Setup)?,
         ),
         None => None,
     };
@@ -494,6 +500,7 @@ impl Ctx {
                 api_key_env: o.api_key_env.clone(),
                 ignore_eos: o.target.ignore_eos,
                 request_timeout: o.target.timeout,
+                ca_cert: o.target.ca_cert.as_ref().map(|p| p.display().to_string()),
                 loads,
                 arrivals: o.arrivals,
                 duration_per_level: match o.stop {

@@ -7,7 +7,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper_util::client::legacy::Client as HyperClient;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
@@ -68,9 +67,14 @@ impl QueueWatch {
     /// Checks the URL once (so a wrong one fails the run at the start), then polls every `every`
     /// ± 20%, at random: a fixed period can alias with a closed loop's own rhythm and see the same
     /// moment of every cycle.
-    pub async fn start(url: &str, every: Duration, epoch: Instant) -> Result<QueueWatch, String> {
+    pub async fn start(
+        url: &str,
+        every: Duration,
+        epoch: Instant,
+        ca_cert: Option<&std::path::Path>,
+    ) -> Result<QueueWatch, String> {
         let uri: hyper::Uri = url.parse().map_err(|e| format!("--metrics-url {url:?}: {e}"))?;
-        let client = HyperClient::builder(TokioExecutor::new()).build(HttpConnector::new());
+        let client = HyperClient::builder(TokioExecutor::new()).build(crate::client::connector(ca_cert)?);
         let first = scrape(&client, &uri)
             .await
             .map_err(|e| format!("--metrics-url {url}: {e}"))?;
@@ -120,7 +124,7 @@ impl Drop for QueueWatch {
 }
 
 async fn scrape(
-    client: &HyperClient<HttpConnector, Full<Bytes>>,
+    client: &HyperClient<crate::client::Connector, Full<Bytes>>,
     uri: &hyper::Uri,
 ) -> Result<String, String> {
     let req = hyper::Request::get(uri.clone())

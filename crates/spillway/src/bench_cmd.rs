@@ -23,6 +23,10 @@ pub(crate) struct BenchArgs {
     api_key_env: Option<String>,
     #[arg(long, value_enum, default_value_t = EndpointArg::Chat)]
     endpoint: EndpointArg,
+    /// For https://: also trust the certificates in this PEM file (a private CA, a self-signed
+    /// server); the Mozilla roots are always trusted.
+    #[arg(long, value_name = "PEM")]
+    ca_cert: Option<PathBuf>,
     /// Closed loop: the staircase levels, e.g. 1,2,4,8 (default: doubling from 1 to
     /// --max-concurrency).
     #[arg(long, value_delimiter = ',', conflicts_with = "rate")]
@@ -172,6 +176,7 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
             },
             ignore_eos: a.ignore_eos,
             timeout: a.timeout,
+            ca_cert: a.ca_cert,
         },
         api_key_env: a.api_key_env,
         loads,

@@ -6,3 +6,4 @@ mod accuracy;
 mod knee;
 mod report;
 mod support;
+mod tls;

@@ -37,6 +37,7 @@ pub(crate) fn options(url: &str, input: u32, output: u32, slo: &str) -> Options 
             endpoint: Endpoint::Chat,
             ignore_eos: true,
             timeout: Duration::from_secs(60),
+            ca_cert: None,
         },
         api_key_env: None,
         loads: Vec::new(),

@@ -25,6 +25,7 @@ fn target(url: &str, model: &str) -> bench::Target {
         endpoint: bench::Endpoint::Chat,
         ignore_eos: true,
         timeout: Duration::from_secs(60),
+        ca_cert: None,
     }
 }
 
