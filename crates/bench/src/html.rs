@@ -382,6 +382,22 @@ pub fn render(r: &Report) -> Result<String, String> {
             let _ = writeln!(h, "<figure>{svg}</figure>");
         }
     }
-    h.push_str("</body>\n</html>\n");
+    // Every parameter of the run, as the JSON has them, so the page stands on its own.
+    h.push_str("<h2>Parameters</h2>\n<table>\n");
+    if let Ok(serde_json::Value::Object(params)) = serde_json::to_value(&r.parameters) {
+        for (k, v) in params {
+            let v = match v {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            let _ = writeln!(
+                h,
+                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                esc(&k),
+                esc(&v)
+            );
+        }
+    }
+    h.push_str("</table>\n</body>\n</html>\n");
     Ok(h)
 }

@@ -110,6 +110,10 @@ async fn json_and_html_reports_hold_every_phase() {
     ] {
         assert!(html.contains(title), "missing chart {title:?}");
     }
+    assert!(
+        html.contains("<td class=\"l\">burst_factor</td><td class=\"l\">2.0</td>"),
+        "parameters listed"
+    );
     let safe = report.safe.expect("a safe load");
     assert!(
         html.contains(&format!("safe ({safe})")),
