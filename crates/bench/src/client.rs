@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::spec::ser_secs;
+use crate::spec::{ser_opt_secs, ser_secs};
 use crate::workload::Prompt;
 
 /// The OpenAI endpoint a run drives.
@@ -135,13 +135,6 @@ impl Record {
     pub fn tpot(&self) -> Option<Duration> {
         let ttft = self.ttft?;
         (self.output_tokens > 1).then(|| (self.e2e.saturating_sub(ttft)) / (self.output_tokens - 1))
-    }
-}
-
-fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_f64(d.as_secs_f64()),
-        None => s.serialize_none(),
     }
 }
 

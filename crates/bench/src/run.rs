@@ -16,7 +16,7 @@ use tokio::time::Instant;
 use crate::client::{Client, Endpoint, Record, Target};
 use crate::load::{Driver, LevelRun, Sink, Stop};
 use crate::progress::Progress;
-use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo, ser_secs};
+use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo, ser_opt_secs, ser_secs};
 use crate::stats::{LevelStats, Percentiles};
 use crate::watch::{LoopLag, QueueSummary, QueueWatch};
 use crate::workload::{Workload, WorkloadInfo};
@@ -91,13 +91,6 @@ pub struct Parameters {
     pub max_concurrency: u32,
     pub max_in_flight: usize,
     pub seed: u64,
-}
-
-fn ser_opt_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_f64(d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
 }
 
 /// One level's results and its judgement.

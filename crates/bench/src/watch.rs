@@ -27,32 +27,14 @@ pub struct QueueSample {
     pub running: Option<f64>,
 }
 
-/// Sums every series of `name` in Prometheus text; `None` when the name is absent.
-pub fn sum_series(text: &str, name: &str) -> Option<f64> {
-    let mut total = None;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let series = line.split(['{', ' ']).next().unwrap_or("");
-        if series != name {
-            continue;
-        }
-        // The value follows the labels (which may hold spaces inside quotes); an optional timestamp
-        // may follow it.
-        let rest = line.rfind('}').map_or(&line[name.len()..], |i| &line[i + 1..]);
-        if let Some(v) = rest.split_whitespace().next().and_then(|v| v.parse::<f64>().ok()) {
-            *total.get_or_insert(0.0) += v;
-        }
-    }
-    total
-}
-
 fn queue_from(text: &str) -> Option<(f64, Option<f64>)> {
-    let waiting = sum_series(text, "vllm:num_requests_waiting");
-    let running = sum_series(text, "vllm:num_requests_running");
+    let waiting = protocol::prom::sum(text, "vllm:num_requests_waiting");
+    let running = protocol::prom::sum(text, "vllm:num_requests_running");
     match waiting {
         Some(w) => Some((w, running)),
         None => Some((
-            sum_series(text, "spillway_queued")?,
-            sum_series(text, "spillway_in_flight"),
+            protocol::prom::sum(text, "spillway_queued")?,
+            protocol::prom::sum(text, "spillway_in_flight"),
         )),
     }
 }
@@ -252,7 +234,6 @@ mod tests {
             vllm:num_requests_waiting{engine=\"1\",model_name=\"a b\"} 2 1700000000000\n\
             vllm:num_requests_waiting_total 99\n\
             vllm:num_requests_running{engine=\"0\"} 16\n";
-        assert_eq!(sum_series(text, "vllm:num_requests_waiting"), Some(5.0));
         assert_eq!(queue_from(text), Some((5.0, Some(16.0))));
         assert_eq!(
             queue_from("spillway_queued{route=\"m\",class=\"c\"} 4\n"),

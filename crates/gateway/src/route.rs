@@ -80,20 +80,12 @@ fn rendezvous(key: u64, replica: &str) -> u64 {
 /// `vllm:num_requests_waiting` (summed over engines) and `vllm:kv_cache_usage_perc` (the highest)
 /// from a Prometheus text exposition; `None` if the waiting count is missing.
 pub fn parse_engine_load(text: &str) -> Option<(f64, f64)> {
-    let value = |line: &str| line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
-    let mut waiting = None;
-    let mut kv: f64 = 0.0;
-    for line in text.lines().filter(|l| !l.starts_with('#')) {
-        let name = line.split(['{', ' ']).next().unwrap_or("");
-        match name {
-            "vllm:num_requests_waiting" => *waiting.get_or_insert(0.0) += value(line).unwrap_or(0.0),
-            "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" => {
-                kv = kv.max(value(line).unwrap_or(0.0))
-            }
-            _ => {}
-        }
-    }
-    waiting.map(|w| (w, kv))
+    let waiting = protocol::prom::sum(text, "vllm:num_requests_waiting")?;
+    let kv = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
+        .into_iter()
+        .filter_map(|name| protocol::prom::max(text, name))
+        .fold(0.0, f64::max);
+    Some((waiting, kv))
 }
 
 impl Replica {

@@ -6,9 +6,11 @@
 //! - [`error`]: the OpenAI error body `{"error":{"message","type","param","code"}}` and the parse
 //!   errors that map onto it, naming the offending field.
 //! - [`sse`]: Server-Sent Events framing for streamed completions.
+//! - [`prom`]: values read out of a Prometheus text exposition (an engine's or a gateway's `/metrics`).
 
 pub mod error;
 pub mod openai;
+pub mod prom;
 pub mod sse;
 
 pub use error::{ApiError, ErrorBody};

@@ -35,7 +35,7 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     rate: Vec<f64>,
     /// Open-loop arrival process: poisson, constant or gamma:B (B < 1 is burstier).
-    #[arg(long, default_value = "poisson", value_parser = parse_arrivals)]
+    #[arg(long, default_value = "poisson")]
     arrivals: Arrivals,
     /// How long each level sends for (requests in flight then finish).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration, conflicts_with = "requests")]
@@ -48,17 +48,17 @@ pub(crate) struct BenchArgs {
     #[arg(long)]
     requests: Option<u64>,
     /// Prompt lengths in tokens: N, fixed:N, uniform:A-B, normal:MEAN,SD or lognormal:MEAN,SD.
-    #[arg(long, default_value = "512", value_parser = parse_len)]
+    #[arg(long, default_value = "512")]
     input_len: LengthDist,
     /// Output lengths in tokens (sent as max_tokens, with ignore_eos), same forms as --input-len.
-    #[arg(long, default_value = "128", value_parser = parse_len)]
+    #[arg(long, default_value = "128")]
     output_len: LengthDist,
     /// Prompts from a file: ShareGPT JSON, or JSONL of {"prompt": .., "output_len": N} or strings.
     #[arg(long)]
     dataset: Option<PathBuf>,
     /// The objectives every level is judged by: METRIC_pNN=DURATION (ttft, itl, tpot, e2e) and
     /// error_rate=N%.
-    #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%", value_parser = parse_slo)]
+    #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%")]
     slo: Slo,
     /// The server's Prometheus /metrics (vLLM's or Spillway's), to watch its waiting queue.
     #[arg(long)]
@@ -69,9 +69,9 @@ pub(crate) struct BenchArgs {
     /// Long mix: the share of long requests.
     #[arg(long, default_value_t = 0.1)]
     long_share: f64,
-    #[arg(long, default_value = "4096", value_parser = parse_len)]
+    #[arg(long, default_value = "4096")]
     long_input_len: LengthDist,
-    #[arg(long, default_value = "512", value_parser = parse_len)]
+    #[arg(long, default_value = "512")]
     long_output_len: LengthDist,
     /// Burst: k × the load ...
     #[arg(long, default_value_t = 2.0)]
@@ -114,18 +114,6 @@ pub(crate) struct BenchArgs {
 enum EndpointArg {
     Chat,
     Completions,
-}
-
-fn parse_len(s: &str) -> Result<LengthDist, String> {
-    s.parse()
-}
-
-fn parse_slo(s: &str) -> Result<Slo, String> {
-    s.parse()
-}
-
-fn parse_arrivals(s: &str) -> Result<Arrivals, String> {
-    s.parse()
 }
 
 fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
