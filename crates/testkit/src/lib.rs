@@ -118,3 +118,30 @@ pub fn word_tokenizer(dir: &std::path::Path, words: &[&str]) -> PathBuf {
     tokenizer.save(&path, false).expect("tokenizer.json written");
     path
 }
+
+/// POSTs `body` as JSON and parses the JSON answer (panics on any failure: a test helper).
+pub async fn post_json<T: serde::de::DeserializeOwned>(
+    url: impl reqwest::IntoUrl,
+    body: &impl serde::Serialize,
+) -> T {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("client")
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .expect("request sent")
+        .json()
+        .await
+        .expect("a JSON answer")
+}
+
+/// Asserts that `body` is an OpenAI error body whose message mentions `needle`.
+pub fn assert_error_mentions(body: &serde_json::Value, needle: &str) {
+    let message = body["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("not an OpenAI error body: {body}"));
+    assert!(message.contains(needle), "{needle:?} not in {body}");
+}

@@ -57,18 +57,4 @@ pub(crate) fn sse_data(body: &str) -> Vec<String> {
 
 pub(crate) use testkit::eventually;
 
-/// POSTs `body` as JSON and parses the JSON answer (panics on any failure: a test helper).
-pub(crate) async fn post_json<T: serde::de::DeserializeOwned>(
-    url: impl reqwest::IntoUrl,
-    body: &impl serde::Serialize,
-) -> T {
-    http()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .expect("request sent")
-        .json()
-        .await
-        .expect("a JSON answer")
-}
+pub(crate) use testkit::post_json;

@@ -157,18 +157,4 @@ pub(crate) async fn read_stream(mut r: reqwest::Response) -> (String, Option<Dur
     (String::from_utf8_lossy(&body).into_owned(), first, clean)
 }
 
-/// POSTs `body` as JSON and parses the JSON answer (panics on any failure: a test helper).
-pub(crate) async fn post_json<T: serde::de::DeserializeOwned>(
-    url: impl reqwest::IntoUrl,
-    body: &impl serde::Serialize,
-) -> T {
-    http()
-        .post(url)
-        .json(body)
-        .send()
-        .await
-        .expect("request sent")
-        .json()
-        .await
-        .expect("a JSON answer")
-}
+pub(crate) use testkit::post_json;
