@@ -42,7 +42,7 @@ impl Ctx {
             .as_ref()
             .map(|w| w.between(run.start, run.end))
             .unwrap_or_default();
-        let arrivals: Vec<(f64, f64)> = run
+        let mut arrivals: Vec<(f64, f64)> = run
             .records
             .iter()
             .filter(|r| r.ok())
@@ -54,6 +54,7 @@ impl Ctx {
                 ))
             })
             .collect();
+        arrivals.sort_by(|a, b| a.0.total_cmp(&b.0));
         let level_len = run.end.saturating_sub(run.start).as_secs_f64();
         let mut level = self.judge(Phase::Burst, load, run, false);
         let (b_start, b_end) = (
@@ -144,6 +145,7 @@ pub fn recovery(points: impl Iterator<Item = (f64, bool)>, from: f64, settle: f6
 }
 
 /// A point every 250 ms: TTFT p95 over the first tokens of the preceding second, and the queue.
+/// `arrivals` are (first token at, TTFT) sorted by time; `samples` are in time order.
 fn timeline(
     arrivals: &[(f64, f64)],
     samples: &[QueueSample],
@@ -154,16 +156,12 @@ fn timeline(
     let mut out = Vec::new();
     let mut t = step;
     while t <= len + 1e-9 {
-        let mut window: Vec<f64> = arrivals
-            .iter()
-            .filter(|(at, _)| *at > t - 1.0 && *at <= t)
-            .map(|(_, ttft)| *ttft)
-            .collect();
+        let from = arrivals.partition_point(|(at, _)| *at <= t - 1.0);
+        let to = arrivals.partition_point(|(at, _)| *at <= t);
+        let mut window: Vec<f64> = arrivals[from..to].iter().map(|(_, ttft)| *ttft).collect();
         window.sort_by(f64::total_cmp);
-        let waiting = samples
-            .iter()
-            .rfind(|s| s.at.saturating_sub(level_start).as_secs_f64() <= t)
-            .map(|s| s.waiting);
+        let seen = samples.partition_point(|s| s.at.saturating_sub(level_start).as_secs_f64() <= t);
+        let waiting = seen.checked_sub(1).map(|i| samples[i].waiting);
         out.push(TimelinePoint {
             t,
             ttft_p95: percentile(&window, 95.0),
