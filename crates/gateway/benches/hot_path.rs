@@ -4,7 +4,8 @@
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use spillway_gateway::admission::{Admission, Limits};
 use spillway_gateway::config::Priority;
-use spillway_gateway::relay::{EventSplitter, classify};
+use protocol::sse::EventSplitter;
+use spillway_gateway::relay::classify;
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;

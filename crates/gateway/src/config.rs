@@ -35,6 +35,41 @@ pub struct AdminConfig {
     pub token_env: String,
 }
 
+/// An admin token shorter than this is refused: the admin API can drain replicas and reload.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
+impl AdminConfig {
+    /// The admin token, read through `env`: it must be set and at least [`MIN_ADMIN_TOKEN`] long.
+    pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+        match env(&self.token_env) {
+            None => Err(err(
+                "admin.token_env",
+                format!("the environment variable {} holding the admin token is not set", self.token_env),
+            )),
+            Some(t) if t.chars().count() < MIN_ADMIN_TOKEN => Err(err(
+                "admin.token_env",
+                format!(
+                    "the admin token in {} is {} characters; use at least {MIN_ADMIN_TOKEN}",
+                    self.token_env,
+                    t.chars().count()
+                ),
+            )),
+            Some(t) => Ok(t),
+        }
+    }
+}
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsExposure {
+    /// On the public listener (and the admin one, if any).
+    #[default]
+    Public,
+    /// Only on the admin listener, for deployments whose clients must not read the gateway's state.
+    Admin,
+}
+
 /// Limits of the HTTP server itself.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -50,6 +85,23 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Write one JSON access-log line per request to standard output.
     pub access_log: bool,
+    /// A connection must deliver a complete request head within this long of connecting or of
+    /// its previous response; a slow or idle keep-alive connection is closed when it runs out
+    /// (nginx's `client_header_timeout` and `keepalive_timeout`, Envoy's `request_headers_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// The whole request body must arrive within this long of its head (nginx's
+    /// `client_body_timeout`); past it the request gets 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Client connections held at most; more are answered 503 (`/health`, `/ready` and `/metrics`
+    /// still answered) and closed. Default: derived from the open-files limit, leaving room for
+    /// one upstream connection per client connection and a reserve.
+    pub max_connections: Option<usize>,
+    /// Request heads larger than this get 431.
+    pub max_header_bytes: usize,
+    /// `public` (default) or `admin`: where `/metrics` is served.
+    pub metrics: MetricsExposure,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +111,11 @@ impl Default for ServerConfig {
             drain_delay: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             access_log: true,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            max_connections: None,
+            max_header_bytes: 32 * 1024,
+            metrics: MetricsExposure::Public,
         }
     }
 }
@@ -319,10 +376,37 @@ pub struct ClassConfig {
 
 /// A fixed C, or one that follows the measured time to first token (see [`crate::admission`]).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[serde(try_from = "RawConcurrency")]
 pub enum Concurrency {
     Fixed(NonZeroU32),
     Adaptive { adaptive: AdaptiveConfig },
+}
+
+/// What `concurrency:` may hold, read loosely so that a wrong value gets a message naming the
+/// allowed ones instead of serde's "did not match any variant".
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawConcurrency {
+    Fixed(u64),
+    Adaptive { adaptive: AdaptiveConfig },
+    Other(serde::de::IgnoredAny),
+}
+
+impl TryFrom<RawConcurrency> for Concurrency {
+    type Error = String;
+
+    fn try_from(raw: RawConcurrency) -> Result<Self, String> {
+        const ALLOWED: &str = "a number of requests from 1 up, or { adaptive: { min, max } } with min and max from 1 up";
+        match raw {
+            RawConcurrency::Fixed(n) => u32::try_from(n)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .map(Concurrency::Fixed)
+                .ok_or_else(|| format!("{n} is not allowed: use {ALLOWED}")),
+            RawConcurrency::Adaptive { adaptive } => Ok(Concurrency::Adaptive { adaptive }),
+            RawConcurrency::Other(_) => Err(format!("use {ALLOWED}")),
+        }
+    }
 }
 
 impl Concurrency {
@@ -474,7 +558,7 @@ pub struct ConfigError {
     pub message: String,
 }
 
-fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(crate) fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError {
         path: path.into(),
         message: message.into(),
@@ -715,6 +799,35 @@ impl Config {
         }
         if self.server.max_body_bytes < 1024 {
             return Err(err("server.max_body_bytes", "must be at least 1024"));
+        }
+        if self.server.max_header_bytes < 1024 {
+            return Err(err("server.max_header_bytes", "must be at least 1024"));
+        }
+        if self.server.header_timeout.is_zero() || self.server.body_timeout.is_zero() {
+            return Err(err(
+                "server",
+                "header_timeout and body_timeout must be more than zero",
+            ));
+        }
+        if self.server.max_connections == Some(0) {
+            return Err(err("server.max_connections", "must be at least 1"));
+        }
+        if let Some(a) = &self.admin {
+            // Port 0 asks for any free port: two of those never collide.
+            if a.listen == self.listen && a.listen.port() != 0 {
+                return Err(err(
+                    "admin.listen",
+                    format!("{} is also the public listener: the admin API needs its own", a.listen),
+                ));
+            }
+            if a.token_env.is_empty() {
+                return Err(err("admin.token_env", "name the environment variable holding the token"));
+            }
+        } else if self.server.metrics == MetricsExposure::Admin {
+            return Err(err(
+                "server.metrics",
+                "'admin' serves /metrics on the admin listener, but there is no admin section",
+            ));
         }
         Ok(self)
     }

@@ -1,38 +1,44 @@
 //! `spillway serve`: the admission-controlled, OpenAI-compatible streaming gateway.
 //!
 //! # Layout
-//! The request path, in order (DESIGN §1):
-//! - [`prepare`]: parse and validate (400/413), cost caps (input tokens, `max_tokens`, `n`),
-//!   class and priority — pure functions;
-//! - [`tenant`]: who is asking (401/403), by SHA-256 of the bearer key;
-//! - [`admission`]: C in flight (fixed or adaptive), Q waiting, Wq at most, priority lanes,
-//!   predictive rejection and `Retry-After` (503/429);
-//! - [`route`]: class rules, routing rules, replica pools, the balancers, health checks and
-//!   outlier ejection;
-//! - [`server`]: the upstream call under nested budgets (504/502), retried under [`retry`]'s
-//!   budget before the first byte, the held response head, and [`relay`], which streams SSE through
-//!   chunk by chunk;
-//! - [`outcome`]: one [`outcome::Exchange`] per request, finished once on drop into [`metrics`] and
-//!   the [`access_log`]; it owns the admission permit, so the slot is held until the body ends.
+//! [`server`]'s `serve()` is the request path, one call per stage, in this order:
+//! 1. read the body (413/408) and parse it — [`prepare`] (400);
+//! 2. who is asking — `tenant` (401), before any model is named;
+//! 3. which route serves the model — `table` (404/403, routing rules);
+//! 4. cap the cost, pick the class and priority — [`prepare`] (400 naming the limit);
+//! 5. a slot in the class — [`admission`] (503/429 with `Retry-After`);
+//! 6. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
+//!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
+//!    and `adaptive` parts) and `retry` keeping retries within a budget;
+//! 7. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
+//! 8. the end — `outcome`: one `Ending` per request, written into `metrics` and the
+//!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
+//!    until the body ends.
 //!
-//! [`config`] is the YAML the whole thing runs from, [`table`] the routes and tenants built from it
-//! (swapped whole on a reload); [`admin`] the operator's API (state, drain, reload); [`error`] the
-//! one place failures become status codes and OpenAI error bodies.
+//! Around it: [`config`] (the YAML), `gateway` (the shared state, reloads, the drain),
+//! `listener` (connections: limits, header and idle timeouts, the drain's end), [`admin`] (the
+//! operator's API) and [`error`] (the one place failures become status codes and OpenAI bodies).
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod error;
-pub mod metrics;
-pub mod outcome;
-pub mod prepare;
+mod gateway;
+mod listener;
+mod metrics;
+mod outcome;
+pub(crate) mod prepare;
 pub mod relay;
-pub mod retry;
-pub mod route;
-pub mod server;
-pub mod table;
-pub mod tenant;
+mod retry;
+mod route;
+mod server;
+mod table;
+mod tenant;
+mod upstream;
 
 pub use config::Config;
-pub use server::{Gateway, router, run};
+pub use error::GatewayError;
+pub use gateway::Gateway;
+pub use listener::run;
+pub use server::router;

@@ -34,14 +34,14 @@ impl Window {
 
 /// The retry budget of one route.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     ratio: f64,
     min_per_second: u32,
     window: Mutex<Window>,
 }
 
 impl RetryBudget {
-    pub fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
+    pub(crate) fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
         RetryBudget {
             ratio,
             min_per_second,
@@ -59,7 +59,7 @@ impl RetryBudget {
     }
 
     /// Counts a request's first attempt.
-    pub fn request(&self) {
+    pub(crate) fn request(&self) {
         let mut w = self.lock();
         w.advance(Instant::now());
         let i = w.index;
@@ -67,7 +67,7 @@ impl RetryBudget {
     }
 
     /// Takes one retry from the budget; false (and nothing taken) when it is spent.
-    pub fn try_retry(&self) -> bool {
+    pub(crate) fn try_retry(&self) -> bool {
         let mut w = self.lock();
         w.advance(Instant::now());
         let requests: u32 = w.requests.iter().sum();
@@ -83,7 +83,7 @@ impl RetryBudget {
 }
 
 /// The wait before retry number `retry` (1-based): uniformly random up to `min(max, base × 2^(retry-1))`.
-pub fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
+pub(crate) fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
     let ceiling = base
         .saturating_mul(1u32.checked_shl(retry.saturating_sub(1)).unwrap_or(u32::MAX))
         .min(max);

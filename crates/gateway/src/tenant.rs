@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 /// A team, as requests carry it through the pipeline.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant {
+pub(crate) struct Tenant {
     pub team: String,
     pub models: Vec<String>,
     pub priority: Priority,
@@ -15,7 +15,7 @@ pub struct Tenant {
 
 impl Tenant {
     /// The single tenant of a gateway with no `tenants:` section.
-    pub fn anonymous() -> Tenant {
+    pub(crate) fn anonymous() -> Tenant {
         Tenant {
             team: "anonymous".into(),
             models: Vec::new(),
@@ -23,20 +23,20 @@ impl Tenant {
         }
     }
 
-    pub fn may_use(&self, model: &str) -> bool {
+    pub(crate) fn may_use(&self, model: &str) -> bool {
         self.models.is_empty() || self.models.iter().any(|m| m == model)
     }
 }
 
 /// The configured keys; empty means every request is the anonymous tenant.
 #[derive(Debug, Default)]
-pub struct Tenants {
+pub(crate) struct Tenants {
     keys: Vec<([u8; 32], usize)>,
     tenants: Vec<Tenant>,
 }
 
 impl Tenants {
-    pub fn new(config: &[TenantConfig]) -> Tenants {
+    pub(crate) fn new(config: &[TenantConfig]) -> Tenants {
         let mut t = Tenants::default();
         for (i, c) in config.iter().enumerate() {
             t.tenants.push(Tenant {
@@ -56,12 +56,12 @@ impl Tenants {
         t
     }
 
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         self.tenants.is_empty()
     }
 
     /// The tenant of a request's `Authorization` header value.
-    pub fn identify(&self, authorization: Option<&str>) -> Result<Tenant, GatewayError> {
+    pub(crate) fn identify(&self, authorization: Option<&str>) -> Result<Tenant, GatewayError> {
         if self.is_open() {
             return Ok(Tenant::anonymous());
         }
@@ -69,31 +69,22 @@ impl Tenants {
             .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
             .map(str::trim)
             .filter(|k| !k.is_empty())
-            .ok_or_else(|| {
-                GatewayError::client(
-                    401,
-                    "missing_api_key",
-                    "missing API key: send 'Authorization: Bearer <key>'",
-                    None,
-                )
-            })?;
+            .ok_or(GatewayError::MissingKey)?;
         let digest: [u8; 32] = Sha256::digest(key.as_bytes()).into();
         // Compare against every key, always all of them, without early exit.
         let mut found = usize::MAX;
         for (candidate, tenant) in &self.keys {
-            let diff = candidate
-                .iter()
-                .zip(digest.iter())
-                .fold(0u8, |acc, (a, b)| acc | (a ^ b));
-            if diff == 0 {
+            if digests_equal(candidate, &digest) {
                 found = *tenant;
             }
         }
-        self.tenants
-            .get(found)
-            .cloned()
-            .ok_or_else(|| GatewayError::client(401, "invalid_api_key", "invalid API key", None))
+        self.tenants.get(found).cloned().ok_or(GatewayError::InvalidKey)
     }
+}
+
+/// Compares two digests in time that does not depend on where they differ.
+pub(crate) fn digests_equal(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]
@@ -117,12 +108,12 @@ mod tests {
         assert_eq!(tenant.team, "search");
         assert!(tenant.may_use("corp-chat") && !tenant.may_use("other"));
         assert_eq!(
-            t.identify(Some("Bearer nope")).unwrap_err().code,
+            t.identify(Some("Bearer nope")).unwrap_err().code(),
             "invalid_api_key"
         );
-        assert_eq!(t.identify(None).unwrap_err().status, 401);
+        assert_eq!(t.identify(None).unwrap_err().status(), 401);
         assert_eq!(
-            t.identify(Some("Basic dGVzdA==")).unwrap_err().code,
+            t.identify(Some("Basic dGVzdA==")).unwrap_err().code(),
             "missing_api_key"
         );
     }

@@ -151,6 +151,8 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
         .engine
         .apply_faults(&serde_json::from_str(r#"{"clear": true}"#).unwrap())
         .unwrap();
+    // A replica that answered 503 gets no first attempts for its Retry-After (1 s without one).
+    tokio::time::sleep(Duration::from_millis(1100)).await;
     // Two long streams, one per replica; crash replica 0 mid-stream.
     let start = |url: String| async move {
         http()
@@ -185,17 +187,20 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
         "the other replica's stream is untouched"
     );
     let m = stack.metrics().await;
-    assert_eq!(
-        counter(&m, "spillway_retries_total"),
-        6.0,
-        "six retries for the busy replica, none after the crash"
+    // The first busy answer is retried; then the busy replica gets no first attempts for its
+    // Retry-After (1 s), so the next five go straight to the other (two more if this machine
+    // took over a second for the six).
+    let retries = counter(&m, "spillway_retries_total");
+    assert!(
+        (1.0..=3.0).contains(&retries),
+        "{retries} retries: one per busy answer, none after the crash"
     );
     let busy: f64 = m
         .lines()
         .filter(|l| l.starts_with("spillway_upstream_requests_total{") && l.contains("result=\"busy\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
-    assert_eq!(busy, 6.0, "each busy answer counted once");
+    assert_eq!(busy, retries, "each busy answer counted once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
