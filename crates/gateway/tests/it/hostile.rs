@@ -245,7 +245,7 @@ routes:
     assert_eq!(r.status(), 400);
     let r = post(json!({"model": "chat", "prompt": "x", "n": 4, "max_tokens": 4})).await;
     assert_eq!(r.status(), 200, "n = 4 is at the cap");
-    assert_eq!(stack.engines[0].engine.records().len(), 1, "only the last one went upstream");
+    assert_eq!(stack.engines[0].engine.records().len(), 4, "only the last one went upstream (its 4 sequences)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
