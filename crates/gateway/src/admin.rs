@@ -75,7 +75,7 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
                     })
                 })
                 .collect();
-            let replicas: Vec<_> = r.replicas.iter().enumerate().map(|(i, x)| x.state(i)).collect();
+            let replicas = g.replica_states(&r.config.model);
             serde_json::json!({ "model": r.config.model, "classes": classes, "replicas": replicas })
         })
         .collect();

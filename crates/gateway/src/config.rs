@@ -44,7 +44,10 @@ impl AdminConfig {
         match env(&self.token_env) {
             None => Err(err(
                 "admin.token_env",
-                format!("the environment variable {} holding the admin token is not set", self.token_env),
+                format!(
+                    "the environment variable {} holding the admin token is not set",
+                    self.token_env
+                ),
             )),
             Some(t) if t.chars().count() < MIN_ADMIN_TOKEN => Err(err(
                 "admin.token_env",
@@ -396,7 +399,8 @@ impl TryFrom<RawConcurrency> for Concurrency {
     type Error = String;
 
     fn try_from(raw: RawConcurrency) -> Result<Self, String> {
-        const ALLOWED: &str = "a number of requests from 1 up, or { adaptive: { min, max } } with min and max from 1 up";
+        const ALLOWED: &str =
+            "a number of requests from 1 up, or { adaptive: { min, max } } with min and max from 1 up";
         match raw {
             RawConcurrency::Fixed(n) => u32::try_from(n)
                 .ok()
@@ -817,11 +821,17 @@ impl Config {
             if a.listen == self.listen && a.listen.port() != 0 {
                 return Err(err(
                     "admin.listen",
-                    format!("{} is also the public listener: the admin API needs its own", a.listen),
+                    format!(
+                        "{} is also the public listener: the admin API needs its own",
+                        a.listen
+                    ),
                 ));
             }
             if a.token_env.is_empty() {
-                return Err(err("admin.token_env", "name the environment variable holding the token"));
+                return Err(err(
+                    "admin.token_env",
+                    "name the environment variable holding the token",
+                ));
             }
         } else if self.server.metrics == MetricsExposure::Admin {
             return Err(err(

@@ -127,11 +127,24 @@ impl GatewayError {
     pub(crate) fn origin(&self) -> Source {
         use GatewayError::*;
         match self {
-            BadRequest { .. } | BodyTooLarge { .. } | BodyTimeout(_) | HeadersTooLarge { .. }
-            | ModelNotFound(_) | NotFound(_) | MethodNotAllowed(_) | MissingKey | InvalidKey
-            | AdminToken | ModelNotAllowed { .. } => Source::Client,
-            Draining | TooManyConnections(_) | Overloaded { .. } | NoHealthyReplica(_)
-            | UpstreamBusy { .. } | FirstTokenTimeout(_) | DeadlineExceeded(_) => Source::Capacity,
+            BadRequest { .. }
+            | BodyTooLarge { .. }
+            | BodyTimeout(_)
+            | HeadersTooLarge { .. }
+            | ModelNotFound(_)
+            | NotFound(_)
+            | MethodNotAllowed(_)
+            | MissingKey
+            | InvalidKey
+            | AdminToken
+            | ModelNotAllowed { .. } => Source::Client,
+            Draining
+            | TooManyConnections(_)
+            | Overloaded { .. }
+            | NoHealthyReplica(_)
+            | UpstreamBusy { .. }
+            | FirstTokenTimeout(_)
+            | DeadlineExceeded(_) => Source::Capacity,
             UpstreamConnect { .. } | Upstream { .. } => Source::Upstream,
         }
     }
@@ -286,7 +299,12 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["error"]["code"], "queue_full");
         assert_eq!(v["error"]["type"], "service_unavailable_error");
-        assert!(v["error"]["message"].as_str().unwrap().contains("the queue is full (2 waiting)"));
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("the queue is full (2 waiting)")
+        );
         assert!(v["error"]["param"].is_null());
     }
 
@@ -330,6 +348,9 @@ mod tests {
             kind(GatewayError::FirstTokenTimeout(Duration::from_secs(1))),
             "timeout_error"
         );
-        assert_eq!(kind(GatewayError::upstream("upstream_error", "x")), "upstream_error");
+        assert_eq!(
+            kind(GatewayError::upstream("upstream_error", "x")),
+            "upstream_error"
+        );
     }
 }

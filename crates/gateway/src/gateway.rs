@@ -107,7 +107,10 @@ impl Gateway {
             || config.server != self.config.server
             || config.admin != self.config.admin
         {
-            return Err(err("config", "'listen', 'server' and 'admin' cannot change without a restart"));
+            return Err(err(
+                "config",
+                "'listen', 'server' and 'admin' cannot change without a restart",
+            ));
         }
         let previous = self.table();
         let table = Table::build(&config, &self.metrics, Some(&previous))?;
@@ -172,6 +175,14 @@ impl Gateway {
             .map(|c| c.admission.clone())
     }
 
+    /// The admin view of a route's replicas (health, drain, ejection, busy, load), so tests and
+    /// operators can wait on state rather than on time.
+    pub fn replica_states(&self, model: &str) -> Vec<serde_json::Value> {
+        self.table().route(model).map_or_else(Vec::new, |r| {
+            r.replicas.iter().enumerate().map(|(i, x)| x.state(i)).collect()
+        })
+    }
+
     pub(crate) fn refresh_gauges(&self) {
         for r in &self.table().routes {
             r.refresh_gauges();
@@ -189,4 +200,3 @@ impl Gateway {
         }
     }
 }
-

@@ -144,7 +144,10 @@ pub async fn run(
     );
     let drain = graceful.shutdown();
     let mut drain = std::pin::pin!(drain);
-    if tokio::time::timeout(server.drain_timeout, &mut drain).await.is_err() {
+    if tokio::time::timeout(server.drain_timeout, &mut drain)
+        .await
+        .is_err()
+    {
         tracing::warn!(
             in_flight = gateway.in_flight(),
             "drain timeout: cutting the streams still open"
@@ -180,19 +183,18 @@ impl Drop for Connection {
 fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
     let mut router = Router::new()
         .route("/health", get(|| async { StatusCode::OK }))
-        .route(
-            "/ready",
-            get(|| async { StatusCode::SERVICE_UNAVAILABLE }),
-        );
+        .route("/ready", get(|| async { StatusCode::SERVICE_UNAVAILABLE }));
     if gateway.config.server.metrics == MetricsExposure::Public {
         router = router.route("/metrics", get(crate::server::metrics));
     }
     router
         .fallback(move || async move { GatewayError::TooManyConnections(max) })
-        .layer(axum::middleware::map_response(|mut r: axum::response::Response| async move {
-            r.headers_mut()
-                .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            r
-        }))
+        .layer(axum::middleware::map_response(
+            |mut r: axum::response::Response| async move {
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
+            },
+        ))
         .with_state(gateway)
 }

@@ -151,7 +151,9 @@ impl Exchange {
     /// The request fails with `e` before any byte of an answer went out.
     pub(crate) fn fail(&mut self, e: &GatewayError) {
         let ending = match e {
-            GatewayError::FirstTokenTimeout(_) | GatewayError::DeadlineExceeded(_) => Ending::Cut(Cut::Deadline),
+            GatewayError::FirstTokenTimeout(_) | GatewayError::DeadlineExceeded(_) => {
+                Ending::Cut(Cut::Deadline)
+            }
             _ if self.replica.is_none() => Ending::Refused(e.code()),
             _ => Ending::Failed(e.code()),
         };

@@ -49,7 +49,8 @@ impl Parsed {
         if let Parsed::Chat(c) = &parsed
             && c.messages.is_empty()
         {
-            return Err(GatewayError::bad_request("invalid_request",
+            return Err(GatewayError::bad_request(
+                "invalid_request",
                 "'messages' must not be empty",
                 Some("messages"),
             ));
@@ -241,7 +242,10 @@ pub(crate) fn prepare(
             (1, None) => (format!("n = {n}"), "n"),
             (1, Some(b)) => (format!("best_of = {b}"), "best_of"),
             (p, None) => (format!("{sequences} sequences ({p} prompts × n = {n})"), "prompt"),
-            (p, Some(b)) => (format!("{sequences} sequences ({p} prompts × best_of = {b})"), "prompt"),
+            (p, Some(b)) => (
+                format!("{sequences} sequences ({p} prompts × best_of = {b})"),
+                "prompt",
+            ),
         };
         return Err(GatewayError::bad_request(
             "n_over_cap",
@@ -258,7 +262,8 @@ pub(crate) fn prepare(
         } else {
             "prompt"
         };
-        return Err(GatewayError::bad_request("input_too_long",
+        return Err(GatewayError::bad_request(
+            "input_too_long",
             format!(
                 "the input is {input_tokens} tokens, over this model's limit of {cap} (max_input_tokens)"
             ),
@@ -267,7 +272,8 @@ pub(crate) fn prepare(
     }
     let mut max_tokens = parsed.max_tokens();
     if max_tokens == Some(0) {
-        return Err(GatewayError::bad_request("invalid_request",
+        return Err(GatewayError::bad_request(
+            "invalid_request",
             "'max_tokens' must be at least 1",
             Some("max_tokens"),
         ));
@@ -277,7 +283,8 @@ pub(crate) fn prepare(
     {
         match limits.over_cap {
             OverCap::Reject => {
-                return Err(GatewayError::bad_request("max_tokens_over_cap",
+                return Err(GatewayError::bad_request(
+                    "max_tokens_over_cap",
                     format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
                     Some("max_tokens"),
                 ));
@@ -325,7 +332,8 @@ pub(crate) fn prepare(
         }
     }
     .map_err(|e| {
-        GatewayError::bad_request("invalid_request",
+        GatewayError::bad_request(
+            "invalid_request",
             format!("cannot re-encode the request: {e}"),
             None,
         )
@@ -348,7 +356,8 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
         return Ok(tenant.priority);
     };
     let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
-        GatewayError::bad_request("invalid_priority",
+        GatewayError::bad_request(
+            "invalid_priority",
             format!("{PRIORITY_HEADER} must be critical, standard or sheddable"),
             None,
         )
@@ -369,7 +378,8 @@ pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, G
         .ok()
         .filter(|d| !d.is_zero());
     parsed.map(Some).ok_or_else(|| {
-        GatewayError::bad_request("invalid_deadline",
+        GatewayError::bad_request(
+            "invalid_deadline",
             format!(
                 "{DEADLINE_HEADER} must be a positive duration such as 5s, 1500ms or 1500 (milliseconds)"
             ),

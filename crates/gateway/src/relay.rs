@@ -131,7 +131,11 @@ pub(crate) struct Opened {
 
 /// Waits for the upstream's first chunk carrying an event, at most until `deadline` (the end of
 /// the `budget` for the first token).
-pub(crate) async fn open(mut upstream: Incoming, deadline: Instant, budget: Duration) -> Result<Opened, GatewayError> {
+pub(crate) async fn open(
+    mut upstream: Incoming,
+    deadline: Instant,
+    budget: Duration,
+) -> Result<Opened, GatewayError> {
     let mut splitter = EventSplitter::default();
     let mut first = Vec::new();
     while first.is_empty() {
@@ -236,7 +240,10 @@ impl Relay {
 
     /// The relay as a response body stream.
     pub(crate) fn into_stream(self) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-        futures::stream::unfold(self, |mut r| async move { r.next().await.map(|item| (Ok(item), r)) })
+        futures::stream::unfold(
+            self,
+            |mut r| async move { r.next().await.map(|item| (Ok(item), r)) },
+        )
     }
 
     /// Handles one complete event at `now`, appending what the client gets to `out`.
@@ -331,7 +338,10 @@ impl Relay {
                     ));
                 }
                 Err(_) => {
-                    let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.config.idle);
+                    let msg = format!(
+                        "no chunk from the replica for {:?} (stream_idle)",
+                        self.config.idle
+                    );
                     return Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg));
                 }
             }

@@ -12,8 +12,8 @@ mod scrape;
 pub(crate) use replica::{Observation, Replica, ReplicaGuard};
 
 use crate::admission::{AdaptiveLimits, Admission, Limits};
-use crate::config::{ClassConfig, Concurrency, RouteConfig};
 use crate::config::ConfigError;
+use crate::config::{ClassConfig, Concurrency, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -57,9 +57,15 @@ impl Route {
     /// Builds a route; on a reload, `previous` (the route of the same model) hands over its live
     /// state: each class keeps its admission gate (with the new limits) and each replica that stays
     /// keeps its health, ejection and in-flight count.
-    pub(crate) fn new(config: RouteConfig, metrics: &Metrics, previous: Option<&Route>) -> Result<Route, ConfigError> {
+    pub(crate) fn new(
+        config: RouteConfig,
+        metrics: &Metrics,
+        previous: Option<&Route>,
+    ) -> Result<Route, ConfigError> {
         let tokenizer = match &config.tokenizer {
-            Some(path) => Tokenizer::from_file(path).map_err(|e| crate::config::err(format!("routes.{}.tokenizer", config.model), e.to_string()))?,
+            Some(path) => Tokenizer::from_file(path).map_err(|e| {
+                crate::config::err(format!("routes.{}.tokenizer", config.model), e.to_string())
+            })?,
             None => Tokenizer::Estimate,
         };
         // Every replica of the route or of one of its classes, each once.
@@ -88,10 +94,12 @@ impl Route {
             .collect();
         let replicas = urls
             .iter()
-            .map(|url| match previous.and_then(|p| p.replicas.iter().find(|r| &r.url == url)) {
-                Some(kept) => kept.clone(),
-                None => Arc::new(Replica::new(&config.model, url, metrics)),
-            })
+            .map(
+                |url| match previous.and_then(|p| p.replicas.iter().find(|r| &r.url == url)) {
+                    Some(kept) => kept.clone(),
+                    None => Arc::new(Replica::new(&config.model, url, metrics)),
+                },
+            )
             .collect();
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
@@ -145,7 +153,12 @@ impl Route {
     }
 
     /// The route a routing rule sends this request to, if any.
-    pub(crate) fn redirect(&self, max_tokens: Option<u32>, input_tokens: u32, headers: &HeaderMap) -> Option<&str> {
+    pub(crate) fn redirect(
+        &self,
+        max_tokens: Option<u32>,
+        input_tokens: u32,
+        headers: &HeaderMap,
+    ) -> Option<&str> {
         self.config
             .redirect
             .iter()

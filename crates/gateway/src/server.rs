@@ -37,7 +37,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     router
         .fallback(|| async {
             GatewayError::NotFound(
-                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions and /v1/models".into(),
+                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions and /v1/models"
+                    .into(),
             )
         })
         .method_not_allowed_fallback(|| async {
@@ -123,6 +124,8 @@ async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
 }
 
 /// What the stages produced, before the exchange becomes part of the response.
+// Lives for one `match` on the stack; boxing the stream would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 enum Answer {
     /// A non-streamed answer, read whole.
     Whole(Bytes),
@@ -323,7 +326,11 @@ fn server_timing(ex: &Exchange) -> String {
     let _ = write!(out, "queue;dur={:.1}", ms(queue));
     if let Some(start) = ex.upstream_start {
         let end = ex.upstream_first_byte.unwrap_or_else(Instant::now);
-        let _ = write!(out, ", upstream;dur={:.1}", ms(end.saturating_duration_since(start)));
+        let _ = write!(
+            out,
+            ", upstream;dur={:.1}",
+            ms(end.saturating_duration_since(start))
+        );
     }
     if ex.record.retries > 0 {
         let _ = write!(out, ", retry;desc={}", ex.record.retries);

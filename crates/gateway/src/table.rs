@@ -19,7 +19,11 @@ pub(crate) struct Table {
 
 impl Table {
     /// Builds a table; with `previous`, routes that stay keep their live state (see [`Route::new`]).
-    pub(crate) fn build(config: &Config, metrics: &Metrics, previous: Option<&Table>) -> Result<Table, ConfigError> {
+    pub(crate) fn build(
+        config: &Config,
+        metrics: &Metrics,
+        previous: Option<&Table>,
+    ) -> Result<Table, ConfigError> {
         let routes: Vec<Arc<Route>> = config
             .routes
             .iter()
@@ -53,7 +57,9 @@ impl Table {
         headers: &HeaderMap,
     ) -> Result<Arc<Route>, GatewayError> {
         let Some(route) = self.route(parsed.model()) else {
-            return Err(GatewayError::ModelNotFound(parsed.model().chars().take(100).collect()));
+            return Err(GatewayError::ModelNotFound(
+                parsed.model().chars().take(100).collect(),
+            ));
         };
         if !tenant.may_use(&route.config.model) {
             return Err(GatewayError::ModelNotAllowed {

@@ -115,7 +115,12 @@ async fn attempt(
         .header("x-request-id", id)
         .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
         .body(Full::new(prepared.body.clone()))
-        .map_err(|e| GatewayError::upstream("bad_upstream_url", format!("cannot build the upstream request: {e}")))?;
+        .map_err(|e| {
+            GatewayError::upstream(
+                "bad_upstream_url",
+                format!("cannot build the upstream request: {e}"),
+            )
+        })?;
     let response = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
@@ -195,10 +200,13 @@ async fn attempt(
 
 /// Reads the replica's own 4xx body (bounded) to relay it as it is.
 pub(crate) async fn error_body(response: hyper::Response<Incoming>, deadline: Instant) -> bytes::Bytes {
-    tokio::time::timeout_at(deadline, Limited::new(response.into_body(), MAX_ERROR_BODY).collect())
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|b| b.to_bytes())
-        .unwrap_or_default()
+    tokio::time::timeout_at(
+        deadline,
+        Limited::new(response.into_body(), MAX_ERROR_BODY).collect(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .map(|b| b.to_bytes())
+    .unwrap_or_default()
 }

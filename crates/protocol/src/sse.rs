@@ -48,7 +48,8 @@ impl EventSplitter {
     }
 }
 
-static LF: std::sync::LazyLock<memmem::Finder<'static>> = std::sync::LazyLock::new(|| memmem::Finder::new(b"\n\n"));
+static LF: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\n\n"));
 static CRLF: std::sync::LazyLock<memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memmem::Finder::new(b"\r\n\r\n"));
 

@@ -336,7 +336,9 @@ async fn the_drain_rate_ignores_idle_time_between_holds() {
     let mut waiting = Vec::new();
     for _ in 0..5 {
         let a = a.clone();
-        waiting.push(tokio::spawn(async move { a.acquire(Priority::Standard, far()).await }));
+        waiting.push(tokio::spawn(
+            async move { a.acquire(Priority::Standard, far()).await },
+        ));
         tokio::task::yield_now().await;
     }
     assert_eq!(a.queued(), 5, "nobody refused");

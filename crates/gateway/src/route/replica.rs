@@ -165,7 +165,12 @@ impl Replica {
 
     /// The one place the gateway's view of this replica changes. Returns the ejection time when
     /// this observation ejected it; `may_eject` says whether the route can spare one more replica.
-    pub(crate) fn observe(&self, what: Observation, outlier: &OutlierConfig, may_eject: bool) -> Option<Duration> {
+    pub(crate) fn observe(
+        &self,
+        what: Observation,
+        outlier: &OutlierConfig,
+        may_eject: bool,
+    ) -> Option<Duration> {
         let now = Instant::now();
         let g = &self.gauges;
         match what {
@@ -244,6 +249,7 @@ impl Replica {
             "busy": self.is_busy(now),
             "reachable": self.is_reachable(),
             "outstanding": self.outstanding(),
+            "engine_waiting": lock(&self.engine_load).map(|(_, waiting, _)| waiting),
         })
     }
 }

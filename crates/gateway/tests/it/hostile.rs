@@ -58,15 +58,24 @@ async fn slow_heads_slow_bodies_and_idle_connections_are_closed() {
         .unwrap();
 
     let (sent, closed) = read_until_closed(&mut partial).await;
-    assert!(closed, "a partial head is closed after header_timeout (got {sent:?})");
+    assert!(
+        closed,
+        "a partial head is closed after header_timeout (got {sent:?})"
+    );
     let (sent, closed) = read_until_closed(&mut body).await;
     assert!(closed, "an unfinished body ends the connection");
     assert!(sent.starts_with("HTTP/1.1 408"), "{sent}");
     assert!(sent.contains("\"code\":\"body_timeout\""), "{sent}");
     let (sent, closed) = read_until_closed(&mut idle).await;
     assert!(sent.starts_with("HTTP/1.1 200"), "{sent}");
-    assert!(closed, "an idle keep-alive connection is closed after header_timeout");
-    assert!(stack.engines[0].engine.records().is_empty(), "nothing reached the replica");
+    assert!(
+        closed,
+        "an idle keep-alive connection is closed after header_timeout"
+    );
+    assert!(
+        stack.engines[0].engine.records().is_empty(),
+        "nothing reached the replica"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -143,7 +152,10 @@ routes:
         }
         read_stream(r).await;
     }
-    assert_eq!(failed, 0, "the idle replica takes the load while the busy one backs off");
+    assert_eq!(
+        failed, 0,
+        "the idle replica takes the load while the busy one backs off"
+    );
     let metrics = stack.metrics().await;
     let busy_answers: f64 = metrics
         .lines()
@@ -245,7 +257,11 @@ routes:
     assert_eq!(r.status(), 400);
     let r = post(json!({"model": "chat", "prompt": "x", "n": 4, "max_tokens": 4})).await;
     assert_eq!(r.status(), 200, "n = 4 is at the cap");
-    assert_eq!(stack.engines[0].engine.records().len(), 4, "only the last one went upstream (its 4 sequences)");
+    assert_eq!(
+        stack.engines[0].engine.records().len(),
+        4,
+        "only the last one went upstream (its 4 sequences)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,8 +281,17 @@ tenants:
     let stack = Stack::start(vec![engine(tiny()).await], yaml).await;
     let url = format!("{}/v1/chat/completions", stack.url);
     for model in ["chat", "no-such-model"] {
-        let r = http().post(&url).json(&chat(model, 2, false)).send().await.unwrap();
-        assert_eq!(r.status(), 401, "{model}: unknown and known models look the same without a key");
+        let r = http()
+            .post(&url)
+            .json(&chat(model, 2, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            r.status(),
+            401,
+            "{model}: unknown and known models look the same without a key"
+        );
     }
     let r = http()
         .post(&url)
@@ -277,9 +302,17 @@ tenants:
         .unwrap();
     assert_eq!(r.status(), 404);
     let public = http().get(format!("{}/metrics", stack.url)).send().await.unwrap();
-    assert_eq!(public.status(), 404, "metrics: admin keeps /metrics off the public listener");
+    assert_eq!(
+        public.status(),
+        404,
+        "metrics: admin keeps /metrics off the public listener"
+    );
     let admin = stack.gateway.admin_addr.get().copied().expect("admin listens");
-    let private = http().get(format!("http://{admin}/metrics")).send().await.unwrap();
+    let private = http()
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(private.status(), 200);
     assert!(private.text().await.unwrap().contains("spillway_requests_total"));
 }
@@ -313,7 +346,10 @@ routes:
     check(r, 431, "headers_too_large").await;
     let r = http().get(&url).send().await.unwrap();
     check(r, 405, "method_not_allowed").await;
-    let h2 = reqwest::Client::builder().http2_prior_knowledge().build().unwrap();
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
     let r = h2
         .post(&url)
         .header("content-type", "application/json")

@@ -111,7 +111,11 @@ async fn a_loading_replica_gets_no_traffic_until_healthy() {
         .engine
         .apply_faults(&serde_json::from_str(r#"{"loading": "1s"}"#).unwrap())
         .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let healthy = |stack: &Stack| stack.gateway.replica_states("chat")[1]["healthy"] == true;
+    assert!(
+        eventually(Duration::from_secs(3), || !healthy(&stack)).await,
+        "the health checks take the loading replica out"
+    );
     for _ in 0..10 {
         let r = stack.stream("chat", 3).await;
         assert_eq!(r.status(), 200);
@@ -122,9 +126,8 @@ async fn a_loading_replica_gets_no_traffic_until_healthy() {
         0,
         "no request went to the loading replica"
     );
-    let back = eventually(Duration::from_secs(3), || stack.engines[1].engine.healthy()).await;
-    assert!(back);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let back = eventually(Duration::from_secs(5), || healthy(&stack)).await;
+    assert!(back, "and bring it back once it is healthy");
     for _ in 0..10 {
         let r = stack.stream("chat", 3).await;
         read_stream(r).await;

@@ -141,3 +141,76 @@ fn check_accepts_the_shipped_example_and_names_the_bad_field() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent.yaml"));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn check_validates_the_admin_section_and_names_allowed_values() {
+    let dir = std::env::temp_dir().join(format!("spillway-check-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let route = "routes:\n  - model: m\n    replicas: [http://127.0.0.1:9]\n";
+    let admin = write(
+        "admin.yaml",
+        &format!(
+            "listen: 127.0.0.1:8080\nadmin: {{ listen: 127.0.0.1:8081, token_env: SPILLWAY_CHECK_TOKEN }}\n{route}"
+        ),
+    );
+    let check = |path: &std::path::Path, token: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["check", path.to_str().unwrap()]);
+        cmd.env_remove("SPILLWAY_CHECK_TOKEN");
+        if let Some(t) = token {
+            cmd.env("SPILLWAY_CHECK_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, text) = check(&admin, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("SPILLWAY_CHECK_TOKEN holding the admin token is not set"),
+        "{text}"
+    );
+    let (code, text) = check(&admin, Some("short"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("use at least 16"), "{text}");
+    let (code, text) = check(&admin, Some("a-long-enough-admin-token"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("admin API on 127.0.0.1:8081"), "{text}");
+    let same = write(
+        "same.yaml",
+        &format!("listen: 127.0.0.1:8080\nadmin: {{ listen: 127.0.0.1:8080, token_env: X }}\n{route}"),
+    );
+    let (code, text) = check(&same, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("admin.listen: 127.0.0.1:8080 is also the public listener"),
+        "{text}"
+    );
+    let zero = write(
+        "zero.yaml",
+        "listen: 127.0.0.1:8080\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:9]\n    classes:\n      - { name: a, concurrency: 0, queue: 1, queue_wait: 1s }\n",
+    );
+    let (code, text) = check(&zero, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("0 is not allowed: use a number of requests from 1 up"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("routes[0].classes[0].concurrency").count(),
+        1,
+        "the path is said once: {text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
