@@ -66,6 +66,8 @@ impl Gateway {
             None => None,
         };
         let metrics = Arc::new(Metrics::new());
+        // Registered once per gateway: the counter belongs to its access log.
+        let _ = metrics.registry.register(Box::new(access.dropped()));
         let table = Table::build(&config, &metrics, None)?;
         Ok(Arc::new(Gateway {
             table: RwLock::new(Arc::new(table)),

@@ -269,7 +269,7 @@ impl Drop for Exchange {
         if let Some(r) = &self.replica {
             self.record.replica = Some(r.replica.url.clone());
         }
-        self.access.write(&self.record);
+        self.access.write(std::mem::take(&mut self.record));
     }
 }
 

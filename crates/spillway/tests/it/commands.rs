@@ -4,7 +4,8 @@
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, get, wait_until};
+use crate::support::{BIN, Kill, PORTS, free_port_pair, get, try_get, wait_until};
+use std::time::Duration;
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
@@ -212,5 +213,78 @@ fn check_validates_the_admin_section_and_names_allowed_values() {
         1,
         "the path is said once: {text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Standard output into a pipe that nobody reads fills after a few hundred access-log lines; the
+/// gateway must go on serving (the log drops lines instead of blocking a worker).
+#[test]
+fn a_stuck_access_log_reader_does_not_stop_the_gateway() {
+    use std::io::{Read, Write};
+    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let engine_port = free_port_pair();
+    let _engine = Kill(
+        Command::new(BIN)
+            .args([
+                "engine",
+                "--listen",
+                &format!("127.0.0.1:{engine_port}"),
+                "--preset",
+                "zero",
+                "--model",
+                "m",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let engine_up = wait_until(1000, || {
+        try_get(engine_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    assert!(engine_up, "the engine starts");
+    let gateway_port = free_port_pair();
+    let dir = std::env::temp_dir().join(format!("spillway-stuck-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gw.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{gateway_port}\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:{engine_port}]\n    health: {{ enabled: false }}\n"
+        ),
+    )
+    .unwrap();
+    // stdout is a pipe this test never reads.
+    let gateway = Kill(
+        Command::new(BIN)
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let up = wait_until(1000, || {
+        try_get(gateway_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    assert!(up, "the gateway starts");
+    drop(ports);
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
+    for i in 0..2000 {
+        let mut s = TcpStream::connect(("127.0.0.1", gateway_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let read = s.read_to_string(&mut answer);
+        assert!(
+            read.is_ok() && answer.starts_with("HTTP/1.1 200"),
+            "request {i} was not served ({read:?}): {answer}"
+        );
+    }
+    drop(gateway);
     let _ = std::fs::remove_dir_all(&dir);
 }
