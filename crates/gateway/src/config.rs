@@ -526,6 +526,15 @@ pub struct TenantConfig {
     pub models: Vec<String>,
     #[serde(default)]
     pub priority: Priority,
+    /// Requests of this team in flight at once, at most.
+    #[serde(default)]
+    pub max_parallel: Option<NonZeroU32>,
+    /// Requests per minute (sliding 60 s), at most.
+    #[serde(default)]
+    pub rpm: Option<NonZeroU32>,
+    /// Tokens per minute (prompt + completion; `max_tokens` reserved at admission, settled at the end).
+    #[serde(default)]
+    pub tpm: Option<std::num::NonZeroU64>,
 }
 
 /// Queue priority: `critical` before `standard`; `sheddable` never waits.

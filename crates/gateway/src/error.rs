@@ -63,6 +63,14 @@ pub enum GatewayError {
         limits: Limits,
         rejection: Rejection,
     },
+    /// A team over one of its quotas.
+    #[error("{}", GatewayError::quota_message(team, *kind, *limit, *retry_after))]
+    QuotaExceeded {
+        team: String,
+        kind: crate::quota::QuotaKind,
+        limit: u64,
+        retry_after: Duration,
+    },
     #[error("model '{0}' has no healthy replica to try")]
     NoHealthyReplica(String),
     /// Every replica tried answered 429/503: backpressure, retryable elsewhere.
@@ -141,6 +149,7 @@ impl GatewayError {
             Draining
             | TooManyConnections(_)
             | Overloaded { .. }
+            | QuotaExceeded { .. }
             | NoHealthyReplica(_)
             | UpstreamBusy { .. }
             | FirstTokenTimeout(_)
@@ -161,6 +170,7 @@ impl GatewayError {
             BodyTooLarge { .. } => 413,
             HeadersTooLarge { .. } => 431,
             Overloaded { status, .. } => *status,
+            QuotaExceeded { .. } => 429,
             Draining | TooManyConnections(_) | NoHealthyReplica(_) | UpstreamBusy { .. } => 503,
             FirstTokenTimeout(_) | DeadlineExceeded(_) => 504,
             UpstreamConnect { .. } | Upstream { .. } => 502,
@@ -185,11 +195,20 @@ impl GatewayError {
             Draining => "draining",
             TooManyConnections(_) => "too_many_connections",
             Overloaded { rejection, .. } => rejection.reason(),
+            QuotaExceeded { .. } => "rate_limit_exceeded",
             NoHealthyReplica(_) => "no_healthy_replica",
             UpstreamBusy { .. } => "upstream_busy",
             FirstTokenTimeout(_) => "first_token_timeout",
             DeadlineExceeded(_) => "deadline_exceeded",
             UpstreamConnect { .. } => "upstream_connect",
+        }
+    }
+
+    /// The metric's `reason` (and the log's `outcome`): the code, or for a quota which one.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            GatewayError::QuotaExceeded { kind, .. } => kind.reason(),
+            _ => self.code(),
         }
     }
 
@@ -220,7 +239,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             Overloaded { rejection, .. } => Some(rejection.retry_after()),
-            UpstreamBusy { retry_after, .. } => Some(*retry_after),
+            UpstreamBusy { retry_after, .. } | QuotaExceeded { retry_after, .. } => Some(*retry_after),
             Draining | TooManyConnections(_) | NoHealthyReplica(_) => Some(Duration::from_secs(1)),
             _ => None,
         }

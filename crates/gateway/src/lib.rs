@@ -2,16 +2,18 @@
 //!
 //! # Layout
 //! [`server`]'s `serve()` is the request path, one call per stage, in this order:
-//! 1. read the body (413/408) and parse it — [`prepare`] (400);
+//! 1. read the body (413/408) and parse it — `prepare` (400);
 //! 2. who is asking — `tenant` (401), before any model is named;
 //! 3. which route serves the model — `table` (404/403, routing rules);
-//! 4. cap the cost, pick the class and priority — [`prepare`] (400 naming the limit);
-//! 5. a slot in the class — [`admission`] (503/429 with `Retry-After`);
-//! 6. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
+//! 4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
+//! 5. the team's quota — `quota` (429 with `Retry-After` and OpenAI's `x-ratelimit-*`), counted
+//!    in a sliding `window`;
+//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`);
+//! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
 //!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
 //!    and `adaptive` parts) and `retry` keeping retries within a budget;
-//! 7. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
-//! 8. the end — `outcome`: one `Ending` per request, written into `metrics` and the
+//! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
+//! 9. the end — `outcome`: one `Ending` per request, written into `metrics` and the
 //!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
 //!    until the body ends.
 //!
@@ -29,6 +31,7 @@ mod listener;
 mod metrics;
 mod outcome;
 pub(crate) mod prepare;
+mod quota;
 pub mod relay;
 mod retry;
 mod route;
@@ -36,9 +39,12 @@ mod server;
 mod table;
 mod tenant;
 mod upstream;
+mod window;
 
 pub use config::Config;
 pub use error::GatewayError;
 pub use gateway::Gateway;
 pub use listener::run;
+pub use quota::QuotaKind;
 pub use server::router;
+pub use tenant::{key_sha256, new_key};

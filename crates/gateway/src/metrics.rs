@@ -60,8 +60,6 @@ pub(crate) struct ClassSeries {
     pub ttft: Histogram,
     pub itl: Histogram,
     pub duration: Histogram,
-    pub prompt_tokens: IntCounter,
-    pub completion_tokens: IntCounter,
     pub goodput: IntCounter,
     pub slo_requests: IntCounter,
 }
@@ -111,13 +109,13 @@ impl Metrics {
         Metrics {
             requests: counter(
                 "spillway_requests_total",
-                "Requests answered, by final HTTP status.",
-                &["route", "class", "status"],
+                "Requests answered, by team and final HTTP status.",
+                &["route", "class", "team", "status"],
             ),
             rejections: counter(
                 "spillway_rejections_total",
-                "Requests refused before reaching a replica, by reason.",
-                &["route", "class", "reason"],
+                "Requests refused before reaching a replica, by team and reason.",
+                &["route", "class", "team", "reason"],
             ),
             cancellations: counter(
                 "spillway_cancellations_total",
@@ -146,13 +144,13 @@ impl Metrics {
             ),
             prompt_tokens: counter(
                 "spillway_prompt_tokens_total",
-                "Prompt tokens of completed requests.",
-                rc,
+                "Prompt tokens of completed requests, by team.",
+                &["route", "class", "team"],
             ),
             completion_tokens: counter(
                 "spillway_completion_tokens_total",
-                "Completion tokens relayed to clients.",
-                rc,
+                "Completion tokens relayed to clients, by team.",
+                &["route", "class", "team"],
             ),
             wasted_tokens: counter(
                 "spillway_wasted_tokens_total",
@@ -233,8 +231,6 @@ impl Metrics {
             ttft: self.ttft.with_label_values(l),
             itl: self.itl.with_label_values(l),
             duration: self.duration.with_label_values(l),
-            prompt_tokens: self.prompt_tokens.with_label_values(l),
-            completion_tokens: self.completion_tokens.with_label_values(l),
             goodput: self.goodput.with_label_values(l),
             slo_requests: self.slo_requests.with_label_values(l),
         }

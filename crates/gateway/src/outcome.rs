@@ -80,6 +80,10 @@ pub(crate) struct Exchange {
     last_chunk: Option<Instant>,
     chunks: u32,
     pub(crate) usage: Option<(u32, u32)>,
+    /// The team's quota slot, settled with the real usage when this is dropped.
+    quota: Option<crate::quota::QuotaPermit>,
+    /// The team's windows for the `x-ratelimit-*` headers.
+    pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
 }
 
 impl Exchange {
@@ -106,6 +110,8 @@ impl Exchange {
             last_chunk: None,
             chunks: 0,
             usage: None,
+            quota: None,
+            rate_headers: None,
         }
     }
 
@@ -114,6 +120,12 @@ impl Exchange {
         self.record.class.clone_from(&class.config.name);
         self.series = Some(class.series.clone());
         self.slo = class.config.slo;
+    }
+
+    /// The team's quota let the request through (`None`: the team has no quota).
+    pub(crate) fn quota_admitted(&mut self, permit: Option<crate::quota::QuotaPermit>) {
+        self.rate_headers = permit.as_ref().map(|p| p.headers);
+        self.quota = permit;
     }
 
     /// The request holds a slot until this record is dropped.
@@ -154,8 +166,8 @@ impl Exchange {
             GatewayError::FirstTokenTimeout(_) | GatewayError::DeadlineExceeded(_) => {
                 Ending::Cut(Cut::Deadline)
             }
-            _ if self.replica.is_none() => Ending::Refused(e.code()),
-            _ => Ending::Failed(e.code()),
+            _ if self.replica.is_none() => Ending::Refused(e.reason()),
+            _ => Ending::Failed(e.reason()),
         };
         self.end(ending, e.status());
     }
@@ -227,6 +239,11 @@ impl Drop for Exchange {
             Some((p, c)) => (Some(p), Some(c)),
             None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
         };
+        if let Some(q) = self.quota.as_mut() {
+            // What the request really cost; without usage, what the stream showed of it.
+            q.settle(u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0)));
+        }
+        let team = self.record.team.as_str();
         match ending {
             Ending::Cut(cut) => {
                 let l = [labels[0], labels[1], cut.reason()];
@@ -238,21 +255,25 @@ impl Drop for Exchange {
             }
             Ending::Refused(reason) => {
                 m.rejections
-                    .with_label_values(&[labels[0], labels[1], reason])
+                    .with_label_values(&[labels[0], labels[1], team, reason])
                     .inc();
             }
             Ending::Finished | Ending::Failed(_) | Ending::UpstreamRejected => {}
         }
         m.requests
-            .with_label_values(&[labels[0], labels[1], status_label(self.record.status)])
+            .with_label_values(&[labels[0], labels[1], team, status_label(self.record.status)])
             .inc();
         let duration = now - self.arrival;
         if let Some(s) = &self.series {
             s.duration.observe(duration.as_secs_f64());
             if ending == Ending::Finished {
                 if let Some((p, c)) = self.usage {
-                    s.prompt_tokens.inc_by(u64::from(p));
-                    s.completion_tokens.inc_by(u64::from(c));
+                    m.prompt_tokens
+                        .with_label_values(&[labels[0], labels[1], team])
+                        .inc_by(u64::from(p));
+                    m.completion_tokens
+                        .with_label_values(&[labels[0], labels[1], team])
+                        .inc_by(u64::from(c));
                 }
                 s.slo_requests.inc();
                 if self.met_slo() {

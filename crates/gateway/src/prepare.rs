@@ -194,6 +194,10 @@ pub(crate) struct Prepared {
     pub stream: bool,
     pub client_wants_usage: bool,
     pub input_tokens: u32,
+    /// After the caps and the default; `None` when neither gives one.
+    pub max_tokens: Option<u32>,
+    /// Sequences it generates: prompts × `n` (or `best_of`).
+    pub sequences: u32,
     pub body: Bytes,
     /// A hash of the prompt's first 512 bytes, for prefix affinity.
     pub prefix_key: u64,
@@ -344,6 +348,8 @@ pub(crate) fn prepare(
         stream,
         client_wants_usage,
         input_tokens,
+        max_tokens,
+        sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
         body: Bytes::from(body),
         prefix_key,
     })

@@ -9,6 +9,7 @@ use crate::outcome::{Ending, Exchange};
 use crate::prepare::{self, Api, Parsed, Prepared};
 use crate::relay::{self, Opened, Relay, RelayConfig};
 use crate::route::{Class, Observation, Route};
+use crate::tenant::Tenant;
 use crate::upstream::{self, Budgets};
 use axum::Router;
 use axum::body::Body;
@@ -175,6 +176,7 @@ async fn serve(
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
+    charge_quota(&tenant, &prepared, ex)?;
     admit(&route, class, &prepared, &budgets, ex).await?;
     let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
     answer(g, &route, upstream, &prepared, &budgets, ex).await
@@ -194,6 +196,24 @@ async fn read_body(body: Body, server: &ServerConfig) -> Result<Bytes, GatewayEr
             None,
         )),
         Err(_) => Err(GatewayError::BodyTimeout(server.body_timeout)),
+    }
+}
+
+/// Stage 5: the team's quota, before the class queue, so a team over it never takes a queue
+/// place. The request is charged what it may cost at most: its prompt and `max_tokens` for each
+/// sequence it generates.
+fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Exchange) -> Result<(), GatewayError> {
+    let tokens = u64::from(prepared.input_tokens)
+        + u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences);
+    match tenant.quota.admit(tokens) {
+        Ok(permit) => {
+            ex.quota_admitted(permit);
+            Ok(())
+        }
+        Err(e) => {
+            ex.rate_headers = tenant.quota.headers();
+            Err(e)
+        }
     }
 }
 
@@ -281,6 +301,7 @@ async fn answer(
 /// The response for what the stages produced; the exchange ends here, or lives on in the stream.
 fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
     let timing = server_timing(&ex);
+    let rate = ex.rate_headers.take();
     let mut response = match answer {
         Ok(Answer::Whole(body)) => {
             ex.whole_answer(Instant::now(), relay::parse_usage(&body));
@@ -311,8 +332,14 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
             e.into_response()
         }
     };
+    let headers = response.headers_mut();
     if let Ok(v) = HeaderValue::from_str(&timing) {
-        response.headers_mut().insert("server-timing", v);
+        headers.insert("server-timing", v);
+    }
+    for (name, value) in rate.iter().flat_map(|r| r.pairs()) {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
     }
     response
 }

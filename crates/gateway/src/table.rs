@@ -38,7 +38,7 @@ impl Table {
             .map(|(i, r)| (r.config.model.clone(), i))
             .collect();
         Ok(Table {
-            tenants: Tenants::new(&config.tenants),
+            tenants: Tenants::new(&config.tenants, previous.map(|p| &p.tenants)),
             routes,
             by_model,
         })

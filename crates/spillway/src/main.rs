@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod engine_cmd;
+mod key_cmd;
 mod serve_cmd;
 
 use clap::{Parser, Subcommand};
@@ -30,6 +31,9 @@ enum Command {
     Bench(Box<bench_cmd::BenchArgs>),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
+    /// Make a new API key and print it with its key_sha256 for the configuration; or, with --hash,
+    /// hash a key read from standard input.
+    Key(key_cmd::KeyArgs),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +47,15 @@ fn main() -> ExitCode {
         .init();
     if let Command::Check(args) = &cli.command {
         return serve_cmd::check(args);
+    }
+    if let Command::Key(args) = &cli.command {
+        return match key_cmd::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("spillway: {e:#}");
+                ExitCode::from(2)
+            }
+        };
     }
     // A proxy or engine holding thousands of streams needs a descriptor each: take the hard limit.
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
@@ -66,7 +79,7 @@ fn main() -> ExitCode {
             Command::Engine(args) => engine_cmd::run(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Bench(args) => bench_cmd::run(*args).await,
-            Command::Check(_) => unreachable!("handled before the runtime starts"),
+            Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
         }
     });
     match result {

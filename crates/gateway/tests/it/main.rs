@@ -9,6 +9,7 @@ mod clients;
 mod hostile;
 mod observability;
 mod operations;
+mod quotas;
 mod resilience;
 mod streaming;
 mod support;

@@ -288,3 +288,39 @@ fn a_stuck_access_log_reader_does_not_stop_the_gateway() {
     drop(gateway);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn key_makes_a_key_once_and_hashes_one_from_stdin() {
+    use std::io::Write;
+    let out = Command::new(BIN).arg("key").output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("{name} missing: {stdout}"))
+    };
+    let (key, hash) = (field("key:"), field("key_sha256:"));
+    assert!(key.starts_with("sk-spw-") && key.len() == 71, "{key}");
+    let mut child = Command::new(BIN)
+        .args(["key", "--hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{key}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        hash,
+        "the same hash as printed"
+    );
+    let again = Command::new(BIN).arg("key").output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&again.stdout).contains(&key),
+        "a new key each time"
+    );
+}
