@@ -15,8 +15,9 @@ pub const PLAN_SCHEMA: &str = "spillway-plan/1";
 pub const TAIL_MARGIN: f64 = 1.5;
 /// A gap this many times the 99th-percentile gap is a stall, not a slow token.
 pub const IDLE_FACTOR: f64 = 10.0;
-/// The shortest stream-idle budget: one scheduler hiccup must not end a healthy stream.
-pub const MIN_STREAM_IDLE: Duration = Duration::from_secs(1);
+/// The shortest stream-idle budget: a long prefill batched beside a stream, or a preemption, pauses
+/// it for seconds with nothing wrong, and cutting a healthy stream loses what it already said.
+pub const MIN_STREAM_IDLE: Duration = Duration::from_secs(5);
 /// What is assumed for a tail nobody measured (each use says so).
 pub const ASSUMED_TTFT_TAIL: Duration = Duration::from_secs(5);
 pub const ASSUMED_ITL_TAIL: Duration = Duration::from_secs(1);
@@ -195,7 +196,7 @@ pub fn dur(d: Duration) -> String {
     if d >= Duration::from_secs(1) {
         format!("{}s", num(d.as_secs_f64()))
     } else {
-        format!("{}ms", num(d.as_secs_f64() * 1e3))
+        format!("{}ms", num((d.as_secs_f64() * 1e4).round() / 10.0))
     }
 }
 
@@ -518,13 +519,19 @@ fn budgets(
             ft
         }
     };
-    if wq + ttft >= first_token {
-        let room = first_token.saturating_sub(ttft);
+    // Only a measured tail can make a budget impossible; an assumed one only sizes a derived budget.
+    let measured_ttft = m.ttft_tail.as_ref().map_or(Duration::ZERO, |t| t.value);
+    if wq + measured_ttft >= first_token {
+        let room = first_token.saturating_sub(measured_ttft);
+        let after = if measured_ttft.is_zero() {
+            String::new()
+        } else {
+            format!(" after the engine's TTFT p99 {}", dur(measured_ttft))
+        };
         return Err(PlanError::WaitBudget(format!(
-            "--wait-budget {} cannot fit the first-token budget {}: after the engine's TTFT p99 {} only {} is left for the queue; shorten --wait-budget below {} or raise --first-token",
+            "--wait-budget {} cannot fit the first-token budget {}:{after} only {} is left for the queue; shorten --wait-budget below {} or raise --first-token",
             dur(wq),
             dur(first_token),
-            dur(ttft),
             dur(room),
             dur(room)
         )));

@@ -77,14 +77,20 @@ pub(super) fn backend_traffic_policy(plan: &Plan) -> Result<Object<PolicySpec>, 
     dns_label(&n.namespace, "--namespace")?;
     let b = &plan.budgets;
     let mut annotations = BTreeMap::new();
+    let spread = if plan.gateway_replicas == 1 {
+        String::new()
+    } else {
+        format!(
+            " per proxy (C {} and Q {} over {} proxies)",
+            plan.concurrency, plan.queue, plan.gateway_replicas
+        )
+    };
     annotations.insert(
         "spillway.dev/plan",
         format!(
-            "C {} and Q {} per proxy ({} in all over {} proxies), Wq {}; from spillway plan",
+            "C {} and Q {}{spread}, Wq {}; from spillway plan",
             plan.per_gateway.concurrency,
             plan.per_gateway.queue,
-            plan.concurrency,
-            plan.gateway_replicas,
             crate::arith::dur(b.queue_wait)
         ),
     );
