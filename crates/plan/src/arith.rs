@@ -279,7 +279,11 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     );
     let c = match d.pinned.concurrency {
         Some(pinned) => {
-            line("C", format!("C = {pinned}, pinned with --concurrency ({c_text})"), c_from);
+            line(
+                "C",
+                format!("C = {pinned}, pinned with --concurrency ({c_text})"),
+                c_from,
+            );
             pinned
         }
         None => {
@@ -304,7 +308,11 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     let q_from = format!("throughput: above; Wq {}: --wait-budget", dur(wq));
     let q = match d.pinned.queue {
         Some(pinned) => {
-            line("Q", format!("Q = {pinned}, pinned with --queue ({q_text})"), q_from);
+            line(
+                "Q",
+                format!("Q = {pinned}, pinned with --queue ({q_text})"),
+                q_from,
+            );
             pinned
         }
         None => {
@@ -577,11 +585,9 @@ fn budgets(
             (model, total)
         }
         None => {
-            let total = Duration::from_secs(
-                (caller.as_secs_f64() * TOTAL_SHARE_OF_CALLER).floor() as u64,
-            )
-            .max(first_token)
-            .max(stream_idle);
+            let total = Duration::from_secs((caller.as_secs_f64() * TOTAL_SHARE_OF_CALLER).floor() as u64)
+                .max(first_token)
+                .max(stream_idle);
             let model = total.saturating_sub(wq);
             line(
                 "total",
@@ -705,7 +711,13 @@ mod tests {
         d.gateway_replicas = 3;
         let p = plan(&m, &d).unwrap();
         assert_eq!((p.concurrency, p.queue), (24, 12));
-        assert_eq!(p.per_gateway, Share { concurrency: 8, queue: 4 });
+        assert_eq!(
+            p.per_gateway,
+            Share {
+                concurrency: 8,
+                queue: 4
+            }
+        );
     }
 
     #[test]
@@ -716,8 +728,20 @@ mod tests {
         d.pinned.litellm_cap = Some(20);
         let p = plan(&m, &d).unwrap();
         assert_eq!(p.binding, Layer::Litellm, "{}", p.binding_why);
-        assert!(p.warnings.iter().any(|w| w.contains("at or above the measured knee")), "{:?}", p.warnings);
-        assert!(p.warnings.iter().any(|w| w.contains("above the safe concurrency 15")), "{:?}", p.warnings);
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("at or above the measured knee")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("above the safe concurrency 15")),
+            "{:?}",
+            p.warnings
+        );
     }
 
     #[test]
@@ -726,8 +750,22 @@ mod tests {
         d.pinned.queue = Some(120);
         d.tenant_quotas = vec![("search".into(), 30)];
         let p = plan(&m, &d).unwrap();
-        assert!(p.warnings.iter().any(|w| w.contains("Q 120 takes 20s to drain")), "{:?}", p.warnings);
-        assert!(p.warnings.iter().any(|w| w.contains("tenant search's max_parallel 30")), "{:?}", p.warnings);
-        assert!(!p.warnings.iter().any(|w| w.contains("LiteLLM's cap")), "{:?}", p.warnings);
+        assert!(
+            p.warnings.iter().any(|w| w.contains("Q 120 takes 20s to drain")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("tenant search's max_parallel 30")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            !p.warnings.iter().any(|w| w.contains("LiteLLM's cap")),
+            "{:?}",
+            p.warnings
+        );
     }
 }

@@ -122,7 +122,7 @@ pub(crate) struct Human(pub(crate) Duration);
 impl Serialize for Human {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let ms = self.0.as_millis();
-        if ms % 1000 == 0 {
+        if ms.is_multiple_of(1000) {
             s.collect_str(&format_args!("{}s", ms / 1000))
         } else {
             s.collect_str(&format_args!("{ms}ms"))

@@ -113,11 +113,7 @@ impl Measurement {
 
     /// From the JSON `spillway bench --json` wrote (`file` names it in messages), measured against
     /// `measured_replicas` replicas behind the bench's target.
-    pub fn from_bench_json(
-        text: &str,
-        file: &str,
-        measured_replicas: u32,
-    ) -> Result<Measurement, PlanError> {
+    pub fn from_bench_json(text: &str, file: &str, measured_replicas: u32) -> Result<Measurement, PlanError> {
         let not_bench = |detail: String| PlanError::NotBench {
             file: file.to_owned(),
             detail,
@@ -136,9 +132,9 @@ impl Measurement {
         let Some(safe) = run.safe else {
             return Err(PlanError::NoSafeLoad {
                 file: file.to_owned(),
-                knee: run
-                    .knee
-                    .map_or(String::new(), |k| format!(" (the first, {}, already failed)", show(k))),
+                knee: run.knee.map_or(String::new(), |k| {
+                    format!(" (the first, {}, already failed)", show(k))
+                }),
             });
         };
         let level = run
@@ -184,7 +180,9 @@ impl Measurement {
             ));
         }
         if let Some(t) = &level.too_short {
-            caveats.push(format!("the bench's safe level was too short to be a steady state ({t})"));
+            caveats.push(format!(
+                "the bench's safe level was too short to be a steady state ({t})"
+            ));
         }
         if !run.bursts.iter().any(|b| b.load == safe && b.recovered) {
             caveats.push(
@@ -193,12 +191,17 @@ impl Measurement {
             );
         }
         let tail = |p: Option<Percentiles>, what: &str| {
-            p.map(|p| Sourced::new(Duration::from_secs_f64(p.p99.max(0.0)), format!("{what} p99, {at}")))
+            p.map(|p| {
+                Sourced::new(
+                    Duration::from_secs_f64(p.p99.max(0.0)),
+                    format!("{what} p99, {at}"),
+                )
+            })
         };
         let slo = match run.parameters.as_ref().map(|p| p.slo.as_str()) {
-            Some(text) => Some(
-                Objectives::parse(text).map_err(|e| not_bench(format!("parameters.slo: {e}")))?,
-            ),
+            Some(text) => {
+                Some(Objectives::parse(text).map_err(|e| not_bench(format!("parameters.slo: {e}")))?)
+            }
             None => None,
         };
         Ok(Measurement {
@@ -321,9 +324,18 @@ mod tests {
         assert_eq!(m.throughput.value, 12.5);
         assert_eq!(m.throughput_replicas, 2);
         assert_eq!(m.knee.as_ref().map(|k| k.value), Some(8.5));
-        assert_eq!(m.ttft_tail.as_ref().map(|t| t.value), Some(Duration::from_millis(300)));
-        assert_eq!(m.e2e_tail.as_ref().map(|t| t.value), Some(Duration::from_millis(1300)));
-        assert_eq!(m.slo.as_ref().and_then(|s| s.itl), Some(Duration::from_millis(50)));
+        assert_eq!(
+            m.ttft_tail.as_ref().map(|t| t.value),
+            Some(Duration::from_millis(300))
+        );
+        assert_eq!(
+            m.e2e_tail.as_ref().map(|t| t.value),
+            Some(Duration::from_millis(1300))
+        );
+        assert_eq!(
+            m.slo.as_ref().and_then(|s| s.itl),
+            Some(Duration::from_millis(50))
+        );
         assert_eq!(m.model.as_deref(), Some("m"));
         assert!(m.caveats.is_empty(), "{:?}", m.caveats);
     }
@@ -339,11 +351,22 @@ mod tests {
     fn another_schema_and_no_safe_load_are_named() {
         let other = r#"{"schema":"guidellm/2"}"#;
         let e = Measurement::from_bench_json(other, "x.json", 1).unwrap_err();
-        assert!(e.to_string().contains(r#"schema "guidellm/2" is not spillway-bench/1"#), "{e}");
+        assert!(
+            e.to_string()
+                .contains(r#"schema "guidellm/2" is not spillway-bench/1"#),
+            "{e}"
+        );
         let none = bench_json("null", r#"{"concurrency":1}"#, "[]");
         let e = Measurement::from_bench_json(&none, "x.json", 1).unwrap_err();
-        assert!(e.to_string().contains("no level passed its SLOs (the first, C=1, already failed)"), "{e}");
+        assert!(
+            e.to_string()
+                .contains("no level passed its SLOs (the first, C=1, already failed)"),
+            "{e}"
+        );
         let e = Measurement::from_bench_json("[1, 2]", "x.json", 1).unwrap_err();
-        assert!(e.to_string().starts_with("x.json: not a spillway bench result"), "{e}");
+        assert!(
+            e.to_string().starts_with("x.json: not a spillway bench result"),
+            "{e}"
+        );
     }
 }

@@ -64,7 +64,11 @@ pub(crate) struct PlanArgs {
     #[arg(long, value_name = "TEAM=N")]
     tenant_max_parallel: Vec<String>,
     /// Which files to emit: spillway, envoy, litellm, vllm, kserve.
-    #[arg(long, value_delimiter = ',', default_value = "spillway,envoy,litellm,vllm,kserve")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "spillway,envoy,litellm,vllm,kserve"
+    )]
     emit: Vec<Target>,
     /// Write the files here (created if missing); without it they follow the plan on stdout.
     #[arg(long, value_name = "DIR")]
@@ -145,7 +149,9 @@ fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
             .to_owned()
     });
     let upstreams = if a.upstreams.is_empty() {
-        (0..a.replicas.min(1000)).map(|i| format!("http://127.0.0.1:{}", 8000 + i)).collect()
+        (0..a.replicas.min(1000))
+            .map(|i| format!("http://127.0.0.1:{}", 8000 + i))
+            .collect()
     } else {
         a.upstreams
     };

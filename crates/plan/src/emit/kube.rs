@@ -226,8 +226,7 @@ pub(super) fn vllm_command(plan: &Plan) -> String {
 
 fn shell_word(s: &str) -> String {
     if !s.is_empty()
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "-_./:@=+".contains(c))
     {
         s.to_owned()
@@ -240,7 +239,8 @@ fn shell_word(s: &str) -> String {
 fn dns_label(s: &str, flag: &str) -> Result<(), PlanError> {
     let ok = !s.is_empty()
         && s.len() <= 63
-        && s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && s.chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
         && !s.starts_with('-')
         && !s.ends_with('-');
     if ok {

@@ -55,7 +55,9 @@ fn target(url: &str) -> bench::Target {
 
 fn bench_options(url: &str) -> Options {
     let input_len = LengthDist::Fixed { tokens: 16 };
-    let output_len = LengthDist::Fixed { tokens: OUTPUT_TOKENS };
+    let output_len = LengthDist::Fixed {
+        tokens: OUTPUT_TOKENS,
+    };
     Options {
         target: target(url),
         api_key_env: None,
@@ -93,7 +95,9 @@ fn bench_options(url: &str) -> Options {
 
 /// `GET path` over a fresh connection: the gateway's /metrics while it is under load.
 async fn get(addr: &str, path: &str) -> String {
-    let mut s = tokio::net::TcpStream::connect(addr).await.expect("the gateway accepts");
+    let mut s = tokio::net::TcpStream::connect(addr)
+        .await
+        .expect("the gateway accepts");
     s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").as_bytes())
         .await
         .unwrap();
@@ -236,18 +240,35 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
     );
     println!("{summary}");
 
-    assert_eq!(gauge(&metrics, "spillway_concurrency_limit"), f64::from(c), "{summary}");
+    assert_eq!(
+        gauge(&metrics, "spillway_concurrency_limit"),
+        f64::from(c),
+        "{summary}"
+    );
     assert_eq!(gauge(&metrics, "spillway_queue_limit"), f64::from(q), "{summary}");
     assert!(engine.max_running >= 1, "{summary}");
-    assert!(engine.max_running <= c as usize, "the engine ran more than C: {summary}");
-    assert!(most_queued <= f64::from(q), "the queue held more than Q: {summary}");
-    assert!(admitted.len() >= c as usize && rejected > 0, "ten times C overloads the gateway: {summary}");
+    assert!(
+        engine.max_running <= c as usize,
+        "the engine ran more than C: {summary}"
+    );
+    assert!(
+        most_queued <= f64::from(q),
+        "the queue held more than Q: {summary}"
+    );
+    assert!(
+        admitted.len() >= c as usize && rejected > 0,
+        "ten times C overloads the gateway: {summary}"
+    );
     // Overload is answered by rejections, not by admitted requests timing out (a little slack for a
     // busy machine).
     assert!(failed.len() * 50 <= admitted.len(), "{summary}");
     let slo: Slo = SLO.parse().unwrap();
     let stats = LevelStats::compute(&admitted, wall, &slo);
     for v in &stats.verdicts {
-        assert!(v.pass, "admitted requests miss {} (observed {:?}): {summary}", v.target, v.observed);
+        assert!(
+            v.pass,
+            "admitted requests miss {} (observed {:?}): {summary}",
+            v.target, v.observed
+        );
     }
 }

@@ -50,7 +50,10 @@ fn deadlines_that_cannot_nest_are_refused() {
     // total = 2s + 1.5 × 24s = 38s, not under the caller's 30s.
     let e = plan(&seed_measurement(true), &d).unwrap_err();
     assert!(matches!(e, PlanError::Nesting(_)), "{e}");
-    assert!(one_line(&e).starts_with("deadlines cannot nest: the gateway's total 38s"), "{e}");
+    assert!(
+        one_line(&e).starts_with("deadlines cannot nest: the gateway's total 38s"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -74,7 +77,10 @@ fn impossible_figures_are_refused() {
     assert!(Measurement::from_figures(&f, 2).is_err());
     let mut d = seed_deployment();
     d.replicas = 0;
-    assert!(matches!(plan(&seed_measurement(false), &d), Err(PlanError::Input(_))));
+    assert!(matches!(
+        plan(&seed_measurement(false), &d),
+        Err(PlanError::Input(_))
+    ));
     // One replica at C_safe 1 with headroom 0.8 leaves no whole slot.
     let mut f = crate::support::seed_figures(false);
     f.c_safe = 1;

@@ -9,7 +9,9 @@ use spillway_plan::{Target, plan, report};
 use crate::support::{seed_deployment, seed_measurement};
 
 fn check(name: &str, actual: &str) {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/golden/seed").join(name);
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/seed")
+        .join(name);
     if std::env::var_os("SPILLWAY_BLESS").is_some() {
         std::fs::write(&path, actual).unwrap();
         return;

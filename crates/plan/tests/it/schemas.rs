@@ -78,7 +78,10 @@ fn the_backend_traffic_policy_validates_against_envoy_gateways_crd() {
         d.gateway_replicas = gateways;
         let p = plan(&seed_measurement(true), &d).unwrap();
         let policy = render(&p, Target::Envoy).unwrap();
-        validate(&dir.join("envoy-gateway.backendtrafficpolicies.crd.yaml"), &policy.text);
+        validate(
+            &dir.join("envoy-gateway.backendtrafficpolicies.crd.yaml"),
+            &policy.text,
+        );
         let object: Value = serde_yaml_ng::from_str(&policy.text).unwrap();
         for target in object["spec"]["targetRefs"].as_array().unwrap() {
             assert_eq!(target["group"], "gateway.networking.k8s.io");

@@ -17,13 +17,29 @@ fn the_seeds_numbers_come_out() {
     assert_eq!(p.max_num_seqs, 12);
     assert_eq!(p.binding, Layer::Gateway, "{}", p.binding_why);
     let text: Vec<&str> = p.lines.iter().map(|l| l.text.as_str()).collect();
-    assert!(text.contains(&"C = floor(C_safe × R × headroom) = floor(15 × 2 × 0.8) = floor(24) = 24"), "{text:#?}");
-    assert!(text[2].starts_with("Q = ceil(throughput × Wq) = ceil(6 × 2) = 12"), "{text:#?}");
-    assert!(text.iter().any(|l| l.starts_with("LiteLLM max_parallel_requests = C + Q = 24 + 12 = 36")));
-    assert!(text.iter().any(|l| l.starts_with("--max-num-seqs = ceil(C / R) = ceil(24 / 2) = 12")));
+    assert!(
+        text.contains(&"C = floor(C_safe × R × headroom) = floor(15 × 2 × 0.8) = floor(24) = 24"),
+        "{text:#?}"
+    );
+    assert!(
+        text[2].starts_with("Q = ceil(throughput × Wq) = ceil(6 × 2) = 12"),
+        "{text:#?}"
+    );
+    assert!(
+        text.iter()
+            .any(|l| l.starts_with("LiteLLM max_parallel_requests = C + Q = 24 + 12 = 36"))
+    );
+    assert!(
+        text.iter()
+            .any(|l| l.starts_with("--max-num-seqs = ceil(C / R) = ceil(24 / 2) = 12"))
+    );
     // Each line says where its inputs came from.
     let c = p.lines.iter().find(|l| l.name == "C").unwrap();
-    assert!(c.from.contains("--c-safe") && c.from.contains("--replicas"), "{}", c.from);
+    assert!(
+        c.from.contains("--c-safe") && c.from.contains("--replicas"),
+        "{}",
+        c.from
+    );
     assert!(p.warnings.is_empty(), "{:?}", p.warnings);
 }
 
@@ -49,7 +65,10 @@ fn every_file_carries_the_same_numbers_and_parses() {
     assert_eq!(envoy["spec"]["targetRefs"][0]["name"], "corp-chat");
     assert_eq!(envoy["metadata"]["namespace"], "ai-serving");
     let litellm = yaml(Target::Litellm);
-    assert_eq!(litellm["model_list"][0]["litellm_params"]["max_parallel_requests"], 36);
+    assert_eq!(
+        litellm["model_list"][0]["litellm_params"]["max_parallel_requests"],
+        36
+    );
     let kserve = yaml(Target::Kserve);
     let args = kserve["spec"]["predictor"]["model"]["args"].as_array().unwrap();
     assert!(args.iter().any(|a| a == "--max-num-seqs=12"), "{args:?}");
@@ -71,5 +90,8 @@ fn three_gateways_with_their_own_counters_each_take_a_third() {
     assert_eq!(envoy["spec"]["circuitBreaker"]["maxParallelRequests"], 8);
     // LiteLLM sees all of them at once: its cap stays C + Q.
     assert_eq!(p.litellm_max_parallel, 36);
-    assert!(p.lines.iter().any(|l| l.text.contains("Redis")), "the shared-counter mode is named");
+    assert!(
+        p.lines.iter().any(|l| l.text.contains("Redis")),
+        "the shared-counter mode is named"
+    );
 }

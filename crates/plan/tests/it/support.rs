@@ -15,7 +15,9 @@ pub(crate) fn seed_names(replicas: u32) -> Names {
         namespace: "ai-serving".into(),
         route: "corp-chat".into(),
         listen: "0.0.0.0:8080".into(),
-        upstreams: (0..replicas).map(|i| format!("http://127.0.0.1:{}", 8000 + i)).collect(),
+        upstreams: (0..replicas)
+            .map(|i| format!("http://127.0.0.1:{}", 8000 + i))
+            .collect(),
         api_base: "http://corp-chat.ai-serving.svc.cluster.local/v1".into(),
         class: "interactive".into(),
         max_model_len: Some(8192),

@@ -23,7 +23,16 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
-const SEED: [&str; 8] = ["--c-safe", "15", "--throughput", "6", "--replicas", "2", "--model", "corp-chat"];
+const SEED: [&str; 8] = [
+    "--c-safe",
+    "15",
+    "--throughput",
+    "6",
+    "--replicas",
+    "2",
+    "--model",
+    "corp-chat",
+];
 
 #[test]
 fn a_bench_result_becomes_files_that_spillway_check_accepts() {
@@ -77,7 +86,10 @@ fn a_bench_result_becomes_files_that_spillway_check_accepts() {
         stdout.contains("C = floor(C_safe × R × headroom) = floor(2 × 3 × 0.8) = floor(4.8) = 4"),
         "{stdout}"
     );
-    assert!(stdout.contains("recovery after a burst was not checked"), "{stdout}");
+    assert!(
+        stdout.contains("recovery after a burst was not checked"),
+        "{stdout}"
+    );
     for file in [
         "spillway.yaml",
         "envoy-backendtrafficpolicy.yaml",
@@ -85,14 +97,21 @@ fn a_bench_result_becomes_files_that_spillway_check_accepts() {
         "vllm-args.txt",
         "kserve-inferenceservice.yaml",
     ] {
-        assert!(stdout.contains(&format!("wrote {}", out.join(file).display())), "{stdout}");
+        assert!(
+            stdout.contains(&format!("wrote {}", out.join(file).display())),
+            "{stdout}"
+        );
     }
     let check = Command::new(BIN)
         .args(["check", out.join("spillway.yaml").to_str().unwrap()])
         .output()
         .unwrap();
     let said = String::from_utf8_lossy(&check.stdout);
-    assert!(check.status.success(), "{said}{}", String::from_utf8_lossy(&check.stderr));
+    assert!(
+        check.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
     assert!(said.contains("class interactive: C = 4, Q = "), "{said}");
     assert!(said.contains("m → 3 replica(s)"), "{said}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -147,9 +166,18 @@ fn bad_input_gets_one_line_and_exit_code_2() {
         v
     };
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--bench", other, "--replicas", "2"], "schema \"guidellm/1\" is not spillway-bench/1"),
-        (vec!["--bench", failing, "--replicas", "2"], "no level passed its SLOs"),
-        (with_seed(&["--headroom", "1.5"]), "--headroom 1.5: must be above 0 and at most 1"),
+        (
+            vec!["--bench", other, "--replicas", "2"],
+            "schema \"guidellm/1\" is not spillway-bench/1",
+        ),
+        (
+            vec!["--bench", failing, "--replicas", "2"],
+            "no level passed its SLOs",
+        ),
+        (
+            with_seed(&["--headroom", "1.5"]),
+            "--headroom 1.5: must be above 0 and at most 1",
+        ),
         (with_seed(&["--headroom", "0"]), "--headroom 0: must be above 0"),
         (
             with_seed(&["--wait-budget", "2s", "--first-token", "1s"]),
@@ -159,13 +187,20 @@ fn bad_input_gets_one_line_and_exit_code_2() {
             with_seed(&["--e2e-p99", "50s", "--caller-deadline", "30s"]),
             "deadlines cannot nest",
         ),
-        (vec!["--c-safe", "15", "--throughput", "6", "--replicas", "2"], "--model"),
+        (
+            vec!["--c-safe", "15", "--throughput", "6", "--replicas", "2"],
+            "--model",
+        ),
     ];
     for (args, needle) in cases {
         let (code, stdout, stderr) = plan(&args);
         assert_eq!(code, Some(2), "{args:?}: {stdout}{stderr}");
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
-        assert_eq!(stderr.trim_end().lines().count(), 1, "{args:?}: one line, not\n{stderr}");
+        assert_eq!(
+            stderr.trim_end().lines().count(),
+            1,
+            "{args:?}: one line, not\n{stderr}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
