@@ -619,6 +619,11 @@ fn budgets(
     let litellm_timeout = total + gap;
     let litellm_stream_timeout = first_token + gap;
     let connect = CONNECT.min(first_token / 2);
+    let ttft_shown = if m.ttft_tail.is_some() {
+        dur(ttft)
+    } else {
+        format!("{} (assumed)", dur(ttft))
+    };
     line(
         "nesting",
         format!(
@@ -630,7 +635,7 @@ fn budgets(
             dur(litellm_stream_timeout),
             dur(first_token),
             dur(wq),
-            dur(ttft),
+            ttft_shown,
             dur(connect)
         ),
         "LiteLLM = the gateway's budget + min(1s, half the room left under the caller)".into(),

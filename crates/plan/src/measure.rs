@@ -341,6 +341,20 @@ mod tests {
     }
 
     #[test]
+    fn an_open_loop_safe_rate_becomes_a_concurrency_by_littles_law() {
+        let text = r#"{"schema":"spillway-bench/1","parameters":{"model":"m","slo":"ttft_p95=1s"},
+            "levels":[{"phase":"staircase","load":{"rate":6.0},"pass":true,
+              "stats":{"throughput_rps":6.0,"ttft":null,"itl":null,
+                "e2e":{"count":10,"mean":2.5,"p50":2.4,"p90":3.0,"p95":3.1,"p99":3.2,"max":3.5}}}],
+            "bursts":[],"knee":{"rate":8.0},"safe":{"rate":6.0}}"#;
+        let m = Measurement::from_bench_json(text, "r.json", 1).unwrap();
+        // 6 req/s × 2.5 s in the system = 15 in flight.
+        assert_eq!(m.c_safe.value, 15);
+        assert!(m.c_safe.from.contains("Little's law"), "{}", m.c_safe.from);
+        assert_eq!(m.knee, None, "a rate knee says nothing about concurrency");
+    }
+
+    #[test]
     fn a_safe_load_no_burst_confirmed_is_a_caveat() {
         let text = bench_json(r#"{"concurrency":16}"#, "null", "[]");
         let m = Measurement::from_bench_json(&text, "r.json", 1).unwrap();
