@@ -7,6 +7,7 @@
 //!   needs, or figures measured with another tool;
 //! - [`arith`]: the deployment, the formulas and the checks, giving a [`Plan`]: every figure, each
 //!   line of arithmetic with where its inputs came from, the binding layer and the warnings;
+//!   `arith::budgets` derives the nested timeouts;
 //! - [`emit`]: the plan as files for each control point — Spillway's config, an Envoy Gateway
 //!   `BackendTrafficPolicy`, a LiteLLM `model_list`, vLLM's arguments and a KServe
 //!   `InferenceService` — serialized from typed structs;
