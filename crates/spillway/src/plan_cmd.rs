@@ -89,7 +89,7 @@ pub(crate) struct PlanArgs {
     #[arg(long, default_value = "default")]
     namespace: String,
     /// The HTTPRoute the Envoy Gateway policy targets, also the InferenceService's name (default:
-    /// the model name, lower-cased).
+    /// the model name, lower-cased, other characters as '-').
     #[arg(long)]
     route: Option<String>,
     /// Where Spillway listens.
