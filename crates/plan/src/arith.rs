@@ -328,7 +328,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         line(
             "per gateway",
             format!(
-                "per gateway: C / G = floor({c} / {g}) = {}, Q / G = floor({q} / {g}) = {}: each process counts only its own requests, so {g} of them would otherwise admit {g} × C. Shared counters (Spillway's Redis mode) make the split unnecessary",
+                "per gateway: C / G = floor({c} / {g}) = {}, Q / G = floor({q} / {g}) = {}: each process counts only its own requests, so {g} of them would otherwise admit {g} × C. With counters shared through Redis (Spillway's shared-limit mode) each gateway enforces the whole C and Q: plan with --gateway-replicas 1 then",
                 share.concurrency, share.queue
             ),
             format!("G {g}: --gateway-replicas"),
