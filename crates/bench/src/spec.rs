@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rand::Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// A request-length distribution in tokens: `128`, `fixed:128`, `uniform:64-256`, `normal:200,50`
 /// (mean, standard deviation) or `lognormal:200,100` (the mean and standard deviation of the
@@ -283,7 +283,7 @@ impl FromStr for Arrivals {
 }
 
 /// One load level: closed-loop concurrency or open-loop rate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Load {
     Concurrency(u32),
@@ -327,7 +327,7 @@ impl fmt::Display for Load {
 }
 
 /// The seed's four phases, run in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Baseline,

@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod engine_cmd;
 mod key_cmd;
+mod plan_cmd;
 mod serve_cmd;
 
 use clap::{Parser, Subcommand};
@@ -29,6 +30,10 @@ enum Command {
     /// Load-test an OpenAI-compatible server against SLOs: baseline, staircase, long mix and burst
     /// phases; finds the safe concurrency (the SLOs hold and the queue recovers after a burst).
     Bench(Box<bench_cmd::BenchArgs>),
+    /// Turn one measurement into consistent limits for every control point: C, Q, Wq and nested
+    /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM
+    /// and KServe.
+    Plan(Box<plan_cmd::PlanArgs>),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
     /// Make a new API key and print it with its key_sha256 for the configuration; or, with --hash,
@@ -79,6 +84,7 @@ fn main() -> ExitCode {
             Command::Engine(args) => engine_cmd::run(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Bench(args) => bench_cmd::run(*args).await,
+            Command::Plan(args) => plan_cmd::run(*args),
             Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
         }
     });
