@@ -25,6 +25,9 @@ use tokio::time::Instant;
 const RESERVED_FDS: u64 = 128;
 /// After the drain runs out, how long cut streams get to flush their error event.
 const CUT_GRACE: Duration = Duration::from_millis(500);
+/// A connection over the limit must send its request head within this long: it holds a
+/// descriptor the gateway is short of.
+const OVER_LIMIT_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Client connections allowed by default: half of what the open-files limit leaves after a
 /// reserve, since each client stream also holds an upstream connection.
@@ -60,20 +63,11 @@ pub async fn run(
     };
     let app = crate::server::router(gateway.clone());
     let overloaded = overloaded_router(gateway.clone(), max);
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(server.header_timeout)
-        // Heads a little over the limit get the gateway's own 431 (in the OpenAI shape); hyper
-        // answers far larger ones itself.
-        .max_buf_size((server.max_header_bytes * 4).max(16 * 1024));
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
-        .keep_alive_interval(Some(Duration::from_secs(30)));
-    let builder = Arc::new(builder);
+    let builder = Arc::new(connection_builder(&server, server.header_timeout));
+    let over_limit_builder = Arc::new(connection_builder(
+        &server,
+        server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
+    ));
     let graceful = GracefulShutdown::new();
     let open = Arc::new(AtomicUsize::new(0));
     let metrics = gateway.metrics.clone();
@@ -115,21 +109,20 @@ pub async fn run(
         let _ = tcp.set_nodelay(true);
         let count = open.fetch_add(1, Ordering::Relaxed) + 1;
         metrics.connections.set(count as i64);
-        let service = if count > max {
+        let (service, builder) = if count > max {
             metrics.connections_over_limit.inc();
             warn(
                 "over server.max_connections: answering 503 and closing",
                 format!("{count} open, limit {max}"),
             );
-            overloaded.clone()
+            (overloaded.clone(), over_limit_builder.clone())
         } else {
-            app.clone()
+            (app.clone(), builder.clone())
         };
         let conn = Connection {
             open: open.clone(),
             gauge: metrics.connections.clone(),
         };
-        let builder = builder.clone();
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _conn = conn;
@@ -156,6 +149,27 @@ pub async fn run(
         let _ = tokio::time::timeout(CUT_GRACE, drain).await;
     }
     Ok(())
+}
+
+/// HTTP/1 and HTTP/2 on one port, with the server's limits on heads.
+fn connection_builder(
+    server: &crate::config::ServerConfig,
+    header_timeout: Duration,
+) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // Heads a little over the limit get the gateway's own 431 (in the OpenAI shape); hyper
+        // answers far larger ones itself.
+        .max_buf_size((server.max_header_bytes * 4).max(16 * 1024));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    builder
 }
 
 async fn sleep_until(at: Option<Instant>) {
