@@ -192,6 +192,12 @@ impl Client {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
         };
+        if !target.url.contains("://") {
+            return Err(format!(
+                "--url {:?}: the scheme is missing; write http://{} (or https://)",
+                target.url, target.url
+            ));
+        }
         let base = target.url.trim_end_matches('/').trim_end_matches("/v1");
         let uri: hyper::Uri = format!("{base}{path}")
             .parse()
@@ -218,6 +224,21 @@ impl Client {
 
     /// The model ids `GET /v1/models` lists, to name the right one when a request named a wrong one.
     pub async fn models(&self) -> Option<Vec<String>> {
+        Some(self.model_cards().await?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// The context length (`max_model_len`, as vLLM and `spillway engine` publish it in
+    /// `/v1/models`) of the target's model; `None` when the server does not say.
+    pub async fn max_model_len(&self) -> Option<u32> {
+        self.model_cards()
+            .await?
+            .into_iter()
+            .find(|(id, _)| *id == self.target.model)
+            .and_then(|(_, len)| len)
+    }
+
+    /// Every model `GET /v1/models` lists, with its `max_model_len` when given.
+    async fn model_cards(&self) -> Option<Vec<(String, Option<u32>)>> {
         let base = self.target.url.trim_end_matches('/').trim_end_matches("/v1");
         let mut req = hyper::Request::get(format!("{base}/v1/models"));
         if let Some(key) = &self.target.api_key {
@@ -240,7 +261,14 @@ impl Client {
             v.get("data")?
                 .as_array()?
                 .iter()
-                .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+                .filter_map(|m| {
+                    let id = m.get("id")?.as_str()?.to_owned();
+                    let len = m
+                        .get("max_model_len")
+                        .and_then(serde_json::Value::as_u64)
+                        .and_then(|v| u32::try_from(v).ok());
+                    Some((id, len))
+                })
                 .collect(),
         )
     }

@@ -55,6 +55,11 @@ impl QueueWatch {
         epoch: Instant,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<QueueWatch, String> {
+        if !url.contains("://") {
+            return Err(format!(
+                "--metrics-url {url:?}: the scheme is missing; write http://{url} (or https://)"
+            ));
+        }
         let uri: hyper::Uri = url.parse().map_err(|e| format!("--metrics-url {url:?}: {e}"))?;
         let client = HyperClient::builder(TokioExecutor::new()).build(crate::client::connector(ca_cert)?);
         let first = scrape(&client, &uri)
