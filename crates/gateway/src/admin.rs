@@ -101,12 +101,21 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     };
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
-        return GatewayError::NotFound(format!("no route '{}'", target.route)).into_response();
+        return GatewayError::Admin {
+            status: 404,
+            code: "route_not_found",
+            message: format!("no route '{}'", target.route),
+        }
+        .into_response();
     };
     let url = target.replica.trim_end_matches('/');
     let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| r.url == url) else {
-        return GatewayError::NotFound(format!("route '{}' has no replica {url}", target.route))
-            .into_response();
+        return GatewayError::Admin {
+            status: 404,
+            code: "replica_not_found",
+            message: format!("route '{}' has no replica {url}", target.route),
+        }
+        .into_response();
     };
     replica.set_drained(drained);
     tracing::info!(route = %target.route, replica = %url, drained, "replica drain changed by the admin API");
@@ -126,8 +135,12 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let Some(path) = g.config_path() else {
-        return GatewayError::bad_request("no_config_file", "this gateway was not started from a file", None)
-            .into_response();
+        return GatewayError::Admin {
+            status: 409,
+            code: "no_config_file",
+            message: "this gateway was not started from a file".into(),
+        }
+        .into_response();
     };
     match reload_file(&g, &path) {
         Ok(()) => (

@@ -48,6 +48,13 @@ pub enum GatewayError {
     InvalidKey,
     #[error("missing or wrong admin token")]
     AdminToken,
+    /// An admin request that cannot be carried out (unknown route or replica, no file to reload).
+    #[error("{message}")]
+    Admin {
+        status: u16,
+        code: &'static str,
+        message: String,
+    },
     #[error("team '{team}' may not use model '{model}'")]
     ModelNotAllowed { team: String, model: String },
     #[error("the gateway is shutting down; retry on another instance")]
@@ -145,6 +152,7 @@ impl GatewayError {
             | MissingKey
             | InvalidKey
             | AdminToken
+            | Admin { .. }
             | ModelNotAllowed { .. } => Source::Client,
             Draining
             | TooManyConnections(_)
@@ -162,6 +170,7 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             BadRequest { .. } => 400,
+            Admin { status, .. } => *status,
             MissingKey | InvalidKey | AdminToken => 401,
             ModelNotAllowed { .. } => 403,
             ModelNotFound(_) | NotFound(_) => 404,
@@ -181,7 +190,7 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            BadRequest { code, .. } | Upstream { code, .. } => code,
+            BadRequest { code, .. } | Upstream { code, .. } | Admin { code, .. } => code,
             BodyTooLarge { .. } => "body_too_large",
             BodyTimeout(_) => "body_timeout",
             HeadersTooLarge { .. } => "headers_too_large",
