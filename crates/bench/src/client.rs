@@ -1,6 +1,7 @@
 //! One streamed request and what it measured: TTFT, every inter-token gap, end-to-end, tokens and
 //! how it ended (success, a status counted by code, a transport error, a broken stream).
 
+use crate::run::BenchError;
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -143,28 +144,31 @@ pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Plain HTTP and HTTPS (rustls, TLS 1.2 and 1.3) trusting the Mozilla roots plus `ca_cert`'s
 /// certificates, if given.
-pub fn connector(ca_cert: Option<&std::path::Path>) -> Result<Connector, String> {
+pub fn connector(ca_cert: Option<&std::path::Path>) -> Result<Connector, BenchError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_cert {
-        let shown = path.display();
+        let bad = |reason: String| BenchError::CaCert {
+            path: path.display().to_string(),
+            reason,
+        };
         let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("--ca-cert {shown}: {e}"))?
+            .map_err(|e| bad(e.to_string()))?
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+            .map_err(|e| bad(e.to_string()))?;
         if certs.is_empty() {
-            return Err(format!("--ca-cert {shown}: no PEM certificate in the file"));
+            return Err(bad("no PEM certificate in the file".into()));
         }
         for cert in certs {
-            roots.add(cert).map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
         }
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| BenchError::Setup(format!("TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     let mut http = HttpConnector::new();
@@ -187,26 +191,25 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(target: Target) -> Result<Client, String> {
+    pub fn new(target: Target) -> Result<Client, BenchError> {
         let path = match target.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
         };
+        let bad = |reason: String| BenchError::Url {
+            url: target.url.clone(),
+            reason,
+        };
         if !target.url.contains("://") {
-            return Err(format!(
-                "--url {:?}: the scheme is missing; write http://{} (or https://)",
-                target.url, target.url
-            ));
+            return Err(bad(format!(
+                "the scheme is missing; write http://{} (or https://)",
+                target.url
+            )));
         }
         let base = target.url.trim_end_matches('/').trim_end_matches("/v1");
-        let uri: hyper::Uri = format!("{base}{path}")
-            .parse()
-            .map_err(|e| format!("--url {:?}: {e}", target.url))?;
+        let uri: hyper::Uri = format!("{base}{path}").parse().map_err(|e| bad(format!("{e}")))?;
         if !matches!(uri.scheme_str(), Some("http" | "https")) {
-            return Err(format!(
-                "--url {:?}: expected an http:// or https:// URL",
-                target.url
-            ));
+            return Err(bad("expected an http:// or https:// URL".into()));
         }
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))

@@ -197,6 +197,18 @@ pub struct Tool {
 pub enum BenchError {
     #[error("{0}")]
     Setup(String),
+    /// `--url` cannot be used.
+    #[error("--url {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    /// `--ca-cert` cannot be read or holds no certificate.
+    #[error("--ca-cert {path}: {reason}")]
+    CaCert { path: String, reason: String },
+    /// `--dataset` cannot be read or has no usable prompt.
+    #[error("--dataset {path}: {reason}")]
+    Dataset { path: String, reason: String },
+    /// `--metrics-url` cannot be read or has no queue series.
+    #[error("--metrics-url {url}: {reason}")]
+    Metrics { url: String, reason: String },
     #[error("target {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("target {url} refused the first request ({status}): {message}")]
@@ -223,7 +235,7 @@ struct Ctx {
 pub async fn run(opts: Options) -> Result<Report, BenchError> {
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
-    let client = Client::new(opts.target.clone()).map_err(BenchError::Setup)?;
+    let client = Client::new(opts.target.clone())?;
     preflight(&client).await?;
     let max_model_len = client.max_model_len().await;
     let fitted = fit(&opts, max_model_len)?;
@@ -235,8 +247,7 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
                 epoch,
                 opts.target.ca_cert.as_deref(),
             )
-            .await
-            .map_err(BenchError::Setup)?,
+            .await?,
         ),
         None => None,
     };

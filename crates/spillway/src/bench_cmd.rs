@@ -161,7 +161,7 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
     loads.sort_by(|x, y| x.value().total_cmp(&y.value()));
     loads.dedup();
     let source = match &a.dataset {
-        Some(path) => load_dataset(path, a.output_len).map_err(anyhow::Error::msg)?,
+        Some(path) => load_dataset(path, a.output_len)?,
         None => Source::Synthetic {
             input: a.input_len,
             output: a.output_len,
