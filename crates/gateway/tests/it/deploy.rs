@@ -402,3 +402,134 @@ async fn every_series_the_dashboard_and_rules_name_is_exposed() {
         missing.join("\n")
     );
 }
+
+/// A child process killed when the test ends, however it ends.
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn prom_query(api: &str, q: &str) -> Vec<Json> {
+    let v: Json = match http()
+        .get(format!("{api}/query"))
+        .query(&[("query", q)])
+        .send()
+        .await
+    {
+        Ok(r) => r.json().await.unwrap_or_default(),
+        Err(_) => return Vec::new(),
+    };
+    v["data"]["result"].as_array().cloned().unwrap_or_default()
+}
+
+fn value(sample: &Json) -> f64 {
+    sample["value"][1]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_prometheus_evaluates_every_rule_without_error_and_a_healthy_stack_raises_no_alert() {
+    let prometheus = testkit::tool("prometheus");
+    let mut config = tiny();
+    config.dcgm = true;
+    let stack = Stack::start(vec![engine(config).await], ROUTE).await;
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let files: Vec<String> = rule_files()
+        .iter()
+        .map(|p| format!("'{}'", p.display()))
+        .collect();
+    let gateway_target = stack.url.trim_start_matches("http://").to_owned();
+    let engine_target = stack.engines[0].addr.to_string();
+    let file = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &file,
+        format!(
+            "global: {{ scrape_interval: 1s, evaluation_interval: 1s }}\nrule_files: [{}]\nscrape_configs:\n  - job_name: spillway\n    static_configs: [{{ targets: ['{gateway_target}'] }}]\n  - job_name: engine\n    static_configs: [{{ targets: ['{engine_target}'] }}]\n",
+            files.join(", ")
+        ),
+    )
+    .expect("written");
+    // Prometheus takes no listener from us: a port the OS just handed out is the best there is.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let _server = Child(
+        std::process::Command::new(prometheus)
+            .arg(format!("--config.file={}", file.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("prometheus starts"),
+    );
+    let api = format!("http://127.0.0.1:{port}/api/v1");
+
+    // Steady, healthy traffic until the recorded rates of both layers have values.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let wanted = [
+        "route_class:spillway_requests:rate5m",
+        "route_class:spillway_goodput_ratio:rate5m",
+        "route_class:spillway_saturation_signals:sum",
+        "model:vllm_generation_tokens:rate5m",
+    ];
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no recorded values within 60 s"
+        );
+        assert!(read_stream(stack.stream("chat", 5).await).await.2);
+        let mut all = true;
+        for name in wanted {
+            all &= !prom_query(&api, name).await.is_empty();
+        }
+        if all {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let v: Json = http()
+        .get(format!("{api}/rules"))
+        .send()
+        .await
+        .expect("prometheus answers")
+        .json()
+        .await
+        .expect("JSON");
+    let groups = v["data"]["groups"].as_array().expect("rule groups");
+    let mut evaluated = 0;
+    for g in groups {
+        for r in g["rules"].as_array().expect("rules") {
+            let name = r["name"].as_str().unwrap_or_default();
+            assert_eq!(r["health"], "ok", "{name}: {}", r["lastError"]);
+            evaluated += 1;
+        }
+    }
+    assert_eq!(evaluated, rules().len(), "every rule loaded");
+
+    let requests = prom_query(&api, "route_class:spillway_requests:rate5m{route=\"chat\"}").await;
+    assert!(value(&requests[0]) > 0.0, "{requests:?}");
+    let goodput = prom_query(&api, "route_class:spillway_goodput_ratio:rate5m").await;
+    assert_eq!(value(&goodput[0]), 1.0, "every request met the SLO: {goodput:?}");
+    let signals = prom_query(&api, "route_class:spillway_saturation_signals:sum").await;
+    assert_eq!(
+        value(&signals[0]),
+        0.0,
+        "healthy: no saturation signal: {signals:?}"
+    );
+    let tokens = prom_query(&api, "model:vllm_generation_tokens:rate5m").await;
+    assert!(value(&tokens[0]) > 0.0, "{tokens:?}");
+    let alerts = prom_query(&api, "ALERTS").await;
+    assert!(alerts.is_empty(), "a healthy stack raises no alert: {alerts:?}");
+}
