@@ -309,6 +309,27 @@ async fn the_dashboard_has_the_four_rows_and_promql_that_promtool_parses() {
     for v in ["model", "route", "class"] {
         assert!(vars.contains(&v), "no ${v} variable: {vars:?}");
     }
+    // Grafana places panels by gridPos: unique ids, inside the 24 columns, no two overlapping.
+    let panels = d["panels"].as_array().expect("panels");
+    let cells: Vec<(u64, [u64; 4])> = panels
+        .iter()
+        .map(|p| {
+            let g = &p["gridPos"];
+            let n = |k: &str| g[k].as_u64().unwrap_or_else(|| panic!("gridPos.{k} of {p}"));
+            (p["id"].as_u64().expect("an id"), [n("x"), n("y"), n("w"), n("h")])
+        })
+        .collect();
+    for (i, (id, [x, y, w, h])) in cells.iter().enumerate() {
+        assert!(x + w <= 24, "panel {id} is wider than the grid");
+        for (other, [x2, y2, w2, h2]) in &cells[i + 1..] {
+            assert_ne!(id, other, "two panels with id {id}");
+            let apart = x + w <= *x2 || x2 + w2 <= *x || y + h <= *y2 || y2 + h2 <= *y;
+            assert!(apart, "panels {id} and {other} overlap");
+        }
+    }
+    for p in panels.iter().filter(|p| p["type"] != "row") {
+        assert_eq!(p["datasource"]["uid"], "${datasource}", "{}", p["title"]);
+    }
     let queries = dashboard_queries(&d);
     assert!(queries.len() > 30, "{} queries", queries.len());
     // promtool parses PromQL only inside rule files: each query becomes a recording rule.
