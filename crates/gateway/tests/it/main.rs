@@ -6,6 +6,7 @@ mod bad_input;
 mod balance;
 mod cancellation;
 mod clients;
+mod deploy;
 mod hostile;
 mod observability;
 mod operations;
