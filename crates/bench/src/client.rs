@@ -6,7 +6,6 @@ use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -445,15 +444,17 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let mut events = body.eventsource();
+    let mut body = body;
+    let mut splitter = protocol::sse::EventSplitter::default();
+    let mut events = Vec::new();
     let mut last = None::<Instant>;
     let mut chunks = 0u32;
     let mut usage_tokens = None;
     let mut done = false;
-    while let Some(event) = events.next().await {
+    'read: while let Some(piece) = body.next().await {
         let now = Instant::now();
-        let event = match event {
-            Ok(e) => e,
+        let piece = match piece {
+            Ok(p) => p,
             Err(e) => {
                 rec.outcome = Outcome::Transport;
                 rec.error = Some(format!("reading the stream: {e}"));
@@ -461,58 +462,64 @@ where
                 return;
             }
         };
-        let data = event.data.trim();
-        if data == "[DONE]" {
-            done = true;
-            rec.e2e = now.saturating_duration_since(sent);
-            // Read on to the end of the body: a connection dropped mid-body cannot go back to the
-            // pool, and the next request would pay for a new one.
-            while let Some(Ok(_)) = events.next().await {}
-            break;
+        splitter.feed(&piece, |e| events.push(e));
+        for event in events.drain(..) {
+            let Some(data) = protocol::sse::data(&event) else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                done = true;
+                rec.e2e = now.saturating_duration_since(sent);
+                // Read on to the end of the body: a connection dropped mid-body cannot go back to
+                // the pool, and the next request would pay for a new one.
+                while let Some(Ok(_)) = body.next().await {}
+                break 'read;
+            }
+            let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+                continue;
+            };
+            if let Some(err) = chunk.error {
+                rec.outcome = Outcome::StreamError;
+                rec.error = Some(
+                    err.get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or("error event")
+                        .to_owned(),
+                );
+                rec.output_tokens = usage_tokens.unwrap_or(chunks);
+                return;
+            }
+            if rec.id.is_none() {
+                rec.id = chunk.id.map(Cow::into_owned);
+            }
+            if let Some(u) = chunk.usage {
+                rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
+                usage_tokens = u.completion_tokens.or(usage_tokens);
+            }
+            let has_text = chunk.choices.iter().any(|c| {
+                let delta = c.delta.as_ref();
+                [
+                    c.text.as_deref(),
+                    delta.and_then(|d| d.content.as_deref()),
+                    delta.and_then(|d| d.reasoning_content.as_deref()),
+                ]
+                .into_iter()
+                .flatten()
+                .any(|t| !t.is_empty())
+            });
+            if !has_text {
+                continue;
+            }
+            chunks += 1;
+            match last {
+                None => rec.ttft = Some(now.saturating_duration_since(sent)),
+                Some(prev) => rec
+                    .itl_us
+                    .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
+            }
+            last = Some(now);
         }
-        let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
-            continue;
-        };
-        if let Some(err) = chunk.error {
-            rec.outcome = Outcome::StreamError;
-            rec.error = Some(
-                err.get("message")
-                    .and_then(|m| m.as_str())
-                    .unwrap_or("error event")
-                    .to_owned(),
-            );
-            rec.output_tokens = usage_tokens.unwrap_or(chunks);
-            return;
-        }
-        if rec.id.is_none() {
-            rec.id = chunk.id.map(Cow::into_owned);
-        }
-        if let Some(u) = chunk.usage {
-            rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
-            usage_tokens = u.completion_tokens.or(usage_tokens);
-        }
-        let has_text = chunk.choices.iter().any(|c| {
-            let delta = c.delta.as_ref();
-            [
-                c.text.as_deref(),
-                delta.and_then(|d| d.content.as_deref()),
-                delta.and_then(|d| d.reasoning_content.as_deref()),
-            ]
-            .into_iter()
-            .flatten()
-            .any(|t| !t.is_empty())
-        });
-        if !has_text {
-            continue;
-        }
-        chunks += 1;
-        match last {
-            None => rec.ttft = Some(now.saturating_duration_since(sent)),
-            Some(prev) => rec
-                .itl_us
-                .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
-        }
-        last = Some(now);
     }
     rec.output_tokens = usage_tokens.unwrap_or(chunks);
     if done {
