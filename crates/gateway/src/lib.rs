@@ -48,3 +48,63 @@ pub use listener::run;
 pub use quota::QuotaKind;
 pub use server::router;
 pub use tenant::{key_sha256, new_key};
+
+/// Entry points for the fuzz targets in `fuzz/`: the request path's pure stages, outside a server.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::config::Config;
+    use crate::error::GatewayError;
+    use axum::http::HeaderMap;
+
+    /// A route built from a configuration, to run requests through its parsing and caps.
+    pub struct FuzzRoute(crate::route::Route, std::sync::Arc<crate::tenant::Tenants>);
+
+    /// What stages 1–4 made of a request: the body sent upstream and its `max_tokens`.
+    pub struct Prepared {
+        pub body: bytes::Bytes,
+        pub max_tokens: Option<u32>,
+    }
+
+    impl FuzzRoute {
+        /// The first route of `config`.
+        pub fn new(config: &Config) -> Result<FuzzRoute, crate::config::ConfigError> {
+            let metrics = crate::metrics::Metrics::new();
+            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None)?;
+            Ok(FuzzRoute(
+                route,
+                std::sync::Arc::new(crate::tenant::Tenants::new(&[], None)),
+            ))
+        }
+
+        /// Parses `body` for the chat or completions endpoint and applies the caps and the class rules.
+        pub fn prepare(
+            &self,
+            chat: bool,
+            headers: &HeaderMap,
+            body: &[u8],
+        ) -> Result<Prepared, GatewayError> {
+            let api = if chat {
+                crate::prepare::Api::Chat
+            } else {
+                crate::prepare::Api::Completions
+            };
+            let parsed = crate::prepare::Parsed::parse(api, body)?;
+            let tenant = self.1.identify(None)?;
+            let p = crate::prepare::prepare(parsed, &self.0, &tenant, true, headers)?;
+            Ok(Prepared {
+                body: p.body,
+                max_tokens: p.max_tokens,
+            })
+        }
+    }
+
+    /// The caller's deadline header, parsed.
+    pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
+        crate::prepare::caller_deadline(headers)
+    }
+
+    /// The request ID the gateway would use.
+    pub fn request_id(headers: &HeaderMap) -> String {
+        crate::prepare::request_id(headers)
+    }
+}
