@@ -4,6 +4,7 @@
 # formatting and lints, then runs the suite. CI calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 
 apt_missing=()
 command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
@@ -28,6 +29,7 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+tests_from=$SECONDS
 mkdir -p target
 set +e
 # Output goes to a file and is followed until cargo exits: a pipe through tee would wait for any
@@ -43,4 +45,6 @@ set -e
 # close with the totals.
 grep -E '^test result: ' target/test-output.log \
   | awk '{ passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }'
+t=$((SECONDS - tests_from))
+echo "took $((SECONDS / 60))m $((SECONDS % 60))s in all; cargo test (build and run) $((t / 60))m $((t % 60))s"
 exit "$status"

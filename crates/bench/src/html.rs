@@ -16,11 +16,12 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
 ];
-const KNEE: RGBColor = RGBColor(200, 0, 0);
+const KNEE: RGBColor = RGBColor(148, 0, 211);
 const SAFE: RGBColor = RGBColor(0, 130, 0);
 const LIMIT: RGBColor = RGBColor(0, 0, 0);
 const BURST: RGBColor = RGBColor(255, 200, 120);
 const GAP: RGBColor = RGBColor(190, 190, 190);
+const BEFORE: RGBColor = RGBColor(130, 130, 130);
 /// Drawn at this size and scaled by the page to its width (the SVG keeps its viewBox).
 const WIDTH: u32 = 1000;
 const PANEL_HEIGHT: u32 = 340;
@@ -55,6 +56,10 @@ struct Panel {
 /// One SVG: panels stacked on one x axis (a burst's TTFT and queue share its time axis).
 struct Figure {
     x_desc: &'static str,
+    /// Where the axis starts when the data starts later (a timeline starts at 0).
+    x_min: Option<f64>,
+    /// Room on both sides, as a share of the range, so a marker on the last level is not clipped.
+    x_pad: f64,
     panels: Vec<Panel>,
 }
 
@@ -107,11 +112,14 @@ impl Panel {
         bands
     }
 
+    /// Draws the panel; its series take colours from `first_color` on, so that the panels of one
+    /// figure never share a colour (their legend is one).
     fn draw(
         &self,
         area: &DrawingArea<SVGBackend<'_>, Shift>,
         x_desc: &str,
         x: (f64, f64),
+        first_color: usize,
     ) -> Result<Vec<(String, Key)>, String> {
         let e = |e: DrawingAreaErrorKind<_>| e.to_string();
         let (x0, x1) = x;
@@ -144,17 +152,22 @@ impl Panel {
             let bands = self.gap_bands();
             if !bands.is_empty() {
                 chart
-                    .draw_series(
-                        bands
-                            .iter()
-                            .map(|(a, b)| Rectangle::new([(*a, 0.0), (*b, y1)], GAP.mix(0.35).filled())),
-                    )
+                    .draw_series(bands.iter().map(|(a, b)| {
+                        // A gap from the first point on is a gap from the axis' start.
+                        let first = self
+                            .series
+                            .first()
+                            .and_then(|s| s.points.first())
+                            .map_or(*a, |p| p.0);
+                        let a = if *a <= first { x0 } else { *a };
+                        Rectangle::new([(a, 0.0), (*b, y1)], GAP.mix(0.35).filled())
+                    }))
                     .map_err(e)?;
                 keys.push((label.to_string(), Key::Band(GAP)));
             }
         }
         for (i, s) in self.series.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
+            let color = COLORS[(first_color + i) % COLORS.len()];
             // Consecutive points with a value, each run its own line: a gap stays a gap.
             for run in s.points.split(|p| p.1.is_none()).filter(|r| !r.is_empty()) {
                 let pts: Vec<(f64, f64)> = run.iter().filter_map(|(x, y)| Some((*x, (*y)?))).collect();
@@ -195,12 +208,19 @@ impl Figure {
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), (c, d)| {
                 (a.min(c), b.max(d))
             });
+        if let Some(min) = self.x_min {
+            x0 = x0.min(min);
+        }
         if !x0.is_finite() {
             (x0, x1) = (0.0, 1.0);
         }
         if x1 <= x0 {
-            x1 = x0 + 1.0;
+            // One level: centred, half its value either side (or one unit at zero).
+            let w = if x0 > 0.0 { x0 / 2.0 } else { 1.0 };
+            (x0, x1) = (x0 - w, x0 + w);
         }
+        let pad = (x1 - x0) * self.x_pad;
+        let (x0, x1) = (x0 - pad, x1 + pad);
         let mut svg = String::new();
         let mut keys: Vec<(String, Key)> = Vec::new();
         {
@@ -208,8 +228,11 @@ impl Figure {
             let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
             root.fill(&WHITE).map_err(|e| e.to_string())?;
             let areas = root.split_evenly((self.panels.len().max(1), 1));
+            let mut first_color = 0;
             for (panel, area) in self.panels.iter().zip(&areas) {
-                for key in panel.draw(area, self.x_desc, (x0, x1))? {
+                let drawn = panel.draw(area, self.x_desc, (x0, x1), first_color)?;
+                first_color += panel.series.len();
+                for key in drawn {
                     if !keys.iter().any(|k| k.0 == key.0) {
                         keys.push(key);
                     }
@@ -337,6 +360,8 @@ fn load_charts(r: &Report) -> Result<Vec<String>, String> {
         .map(|p| {
             Figure {
                 x_desc: axis,
+                x_min: None,
+                x_pad: 0.03,
                 panels: vec![p],
             }
             .html()
@@ -379,7 +404,7 @@ fn burst_chart(r: &Report, b: &BurstReport) -> Result<String, String> {
             dots: false,
             hlines: b
                 .baseline_waiting
-                .map(|w| vec![("most waiting before the burst".to_string(), w, LIMIT)])
+                .map(|w| vec![("most waiting before the burst".to_string(), w, BEFORE)])
                 .unwrap_or_default(),
             vlines: Vec::new(),
             shade: Some((b.burst_start, b.burst_end)),
@@ -388,6 +413,8 @@ fn burst_chart(r: &Report, b: &BurstReport) -> Result<String, String> {
     }
     Figure {
         x_desc: "seconds from the start of the level",
+        x_min: Some(0.0),
+        x_pad: 0.0,
         panels,
     }
     .html()
@@ -480,7 +507,7 @@ pub fn render(r: &Report) -> Result<String, String> {
     for c in crate::report::COLUMNS {
         let _ = write!(h, "<th>{}</th>", esc(c));
     }
-    h.push_str("<th>verdict</th></tr>\n");
+    h.push_str("<th class=\"l\">verdict</th></tr>\n");
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
         h.push_str("<tr>");
         for (i, cell) in crate::report::cells(l).iter().enumerate() {
@@ -493,7 +520,8 @@ pub fn render(r: &Report) -> Result<String, String> {
     if !r.bursts.is_empty() {
         h.push_str(
             "<p>A burst row's verdict is its recovery: the burst is meant to breach the SLOs while it \
-             lasts, so its latencies may exceed them and the row still pass.</p>\n",
+             lasts, so its latencies may exceed them; the row says whether TTFT and the server's \
+             queue came back.</p>\n",
         );
     }
     for fig in load_charts(r)? {

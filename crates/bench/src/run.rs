@@ -375,16 +375,29 @@ impl Ctx {
             )),
             _ => None,
         };
-        let mut reasons: Vec<String> = stats
-            .verdicts
-            .iter()
-            .filter(|v| !v.pass)
-            .map(|v| match v.observed {
+        // The long mix asks what long requests do to the others: its latency targets are judged on
+        // the short requests alone (a long prompt's own prefill is expected to take longer), its
+        // error rate on every request.
+        let is_error_rate = |v: &&crate::stats::Verdict| v.target.starts_with("error_rate");
+        let judged: Vec<(&str, &crate::stats::Verdict)> = match &short {
+            Some(short) => short
+                .verdicts
+                .iter()
+                .filter(|v| !is_error_rate(v))
+                .map(|v| ("short requests: ", v))
+                .chain(stats.verdicts.iter().filter(is_error_rate).map(|v| ("", v)))
+                .collect(),
+            None => stats.verdicts.iter().map(|v| ("", v)).collect(),
+        };
+        let mut reasons: Vec<String> = judged
+            .into_iter()
+            .filter(|(_, v)| !v.pass)
+            .map(|(whose, v)| match v.observed {
                 Some(o) if v.target.starts_with("error_rate") => {
-                    format!("{} (observed {:.2}%)", v.target, o * 100.0)
+                    format!("{whose}{} (observed {:.2}%)", v.target, o * 100.0)
                 }
-                Some(o) => format!("{} (observed {})", v.target, crate::report::secs(o)),
-                None => format!("{} (nothing measured)", v.target),
+                Some(o) => format!("{whose}{} (observed {})", v.target, crate::report::secs(o)),
+                None => format!("{whose}{} (nothing measured)", v.target),
             })
             .collect();
         if stats.ok == 0 {
@@ -617,7 +630,11 @@ fn summarize(
         (Some(k), Some(c)) => s.push_str(&format!("SLOs hold up to {c}; first breach at {k}. ")),
         (Some(k), None) => s.push_str(&format!("SLOs breached already at {k}. ")),
         (None, Some(c)) if phases.contains(&Phase::Staircase) => s.push_str(&format!(
-            "SLOs held at every level tried, up to {c}; the knee is higher (raise --max-concurrency or add levels). "
+            "SLOs held at every level tried, up to {c}; the knee is higher ({}). ",
+            match c {
+                Load::Concurrency(_) => "raise --max-concurrency or add --concurrency levels",
+                Load::Rate(_) => "add higher --rate levels",
+            }
         )),
         _ => {}
     }

@@ -11,8 +11,10 @@ use std::process::ExitCode;
 
 /// Spillway keeps LLM serving inside its SLOs: a bounded wait in front of the model servers, fast
 /// and honest rejections when it is full, and measurements of where each request waited.
+// The about text is the doc comment above, not the package description (which names commands
+// still to come): `--help` lists only what exists.
 #[derive(Parser, Debug)]
-#[command(name = "spillway", version, about, long_about = None, propagate_version = true)]
+#[command(name = "spillway", version, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
