@@ -35,7 +35,11 @@ set +e
 # Output goes to a file and is followed until cargo exits: a pipe through tee would wait for any
 # process a failed test leaked, however long it lives.
 : >target/test-output.log
-cargo test --workspace --locked --no-fail-fast >>target/test-output.log 2>&1 &
+# Then the few timing-bound tests (#[ignore]d in a plain `cargo test`), alone, one at a time, so
+# that nothing else competes for the cores they measure.
+( cargo test --workspace --locked --no-fail-fast >>target/test-output.log 2>&1 \
+    && echo "== timing-bound tests, alone" >>target/test-output.log \
+    && cargo test --workspace --locked --no-fail-fast -- --ignored --test-threads 1 >>target/test-output.log 2>&1 ) &
 cargo_pid=$!
 tail -n +1 -f --pid="$cargo_pid" target/test-output.log
 wait "$cargo_pid"

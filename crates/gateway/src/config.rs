@@ -604,162 +604,7 @@ impl Config {
             if !models.insert(route.model.clone()) {
                 return Err(err(at("model"), format!("'{}' is routed twice", route.model)));
             }
-            if route.replicas.is_empty() {
-                return Err(err(at("replicas"), "at least one replica is needed"));
-            }
-            check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
-            for (k, class) in route.classes.iter_mut().enumerate() {
-                if let Some(list) = class.replicas.as_mut() {
-                    if list.is_empty() {
-                        return Err(err(
-                            format!("routes[{i}].classes[{k}].replicas"),
-                            "leave it out, or name at least one",
-                        ));
-                    }
-                    check_replicas(list, &format!("routes[{i}].classes[{k}].replicas"))?;
-                }
-            }
-            let t = route.timeouts;
-            if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero()
-            {
-                return Err(err(at("timeouts"), "every timeout must be more than zero"));
-            }
-            if t.connect >= t.first_token {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "connect ({:?}) must be less than first_token ({:?})",
-                        t.connect, t.first_token
-                    ),
-                ));
-            }
-            if t.first_token > t.total {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "first_token ({:?}) must not exceed total ({:?})",
-                        t.first_token, t.total
-                    ),
-                ));
-            }
-            if t.stream_idle > t.total {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "stream_idle ({:?}) must not exceed total ({:?})",
-                        t.stream_idle, t.total
-                    ),
-                ));
-            }
-            let b = route.retry.budget;
-            if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
-                return Err(err(
-                    at("retry.budget.ratio"),
-                    format!("must be between 0 and 1, not {}", b.ratio),
-                ));
-            }
-            if route.retry.backoff.base > route.retry.backoff.max {
-                return Err(err(at("retry.backoff"), "base must not exceed max"));
-            }
-            let o = route.outlier;
-            if o.max_ejected_percent > 100 || o.base_ejection > o.max_ejection {
-                return Err(err(
-                    at("outlier"),
-                    "max_ejected_percent is 0–100 and base_ejection ≤ max_ejection",
-                ));
-            }
-            let h = &route.health;
-            if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {
-                return Err(err(
-                    at("health"),
-                    "interval and timeout must be above zero, timeout ≤ interval",
-                ));
-            }
-            if !h.path.starts_with('/') {
-                return Err(err(at("health.path"), "must start with '/'"));
-            }
-            if route.overflow_status != 503 && route.overflow_status != 429 {
-                return Err(err(
-                    at("overflow_status"),
-                    format!("must be 503 or 429, not {}", route.overflow_status),
-                ));
-            }
-            if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
-                && d > c
-            {
-                return Err(err(
-                    at("limits.max_tokens"),
-                    format!("default ({d}) exceeds cap ({c})"),
-                ));
-            }
-            if route.classes.is_empty() {
-                route.classes.push(ClassConfig {
-                    name: "default".into(),
-                    when: None,
-                    concurrency: Concurrency::Fixed(NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN)),
-                    queue: 64,
-                    // Never longer than half the first-token budget the queue sits inside.
-                    queue_wait: Duration::from_secs(2).min(t.first_token / 2),
-                    slo: None,
-                    replicas: None,
-                });
-            }
-            let mut names = HashSet::new();
-            for (k, class) in route.classes.iter().enumerate() {
-                let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
-                if class.name.is_empty()
-                    || !class
-                        .name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-                {
-                    return Err(err(at("name"), "use letters, digits, '-' and '_'"));
-                }
-                if !names.insert(class.name.clone()) {
-                    return Err(err(at("name"), format!("'{}' appears twice", class.name)));
-                }
-                if k == 0 && class.when.is_some() {
-                    return Err(err(
-                        at("when"),
-                        "the first class is the default and takes no 'when'",
-                    ));
-                }
-                if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
-                    return Err(err(at("when"), "every class after the first needs a rule"));
-                }
-                if let Concurrency::Adaptive { adaptive: a } = class.concurrency {
-                    if a.min > a.max
-                        || a.initial.is_some_and(|i| i < a.min || i > a.max)
-                        || a.interval.is_zero()
-                    {
-                        return Err(err(
-                            at("concurrency.adaptive"),
-                            "needs min ≤ initial ≤ max and an interval above zero",
-                        ));
-                    }
-                    if class.slo.and_then(|s| s.ttft).is_none() {
-                        return Err(err(
-                            at("slo.ttft"),
-                            "an adaptive concurrency follows the TTFT objective: set slo.ttft",
-                        ));
-                    }
-                }
-                if class.queue > 0 && class.queue_wait.is_zero() {
-                    return Err(err(
-                        at("queue_wait"),
-                        "a class with a queue needs a queue_wait above zero",
-                    ));
-                }
-                if class.queue_wait >= t.first_token {
-                    return Err(err(
-                        at("queue_wait"),
-                        format!(
-                            "{:?} must be less than the route's first_token budget ({:?}): the queue is inside it",
-                            class.queue_wait, t.first_token
-                        ),
-                    ));
-                }
-            }
+            validate_route(i, route)?;
         }
         for (i, route) in self.routes.iter().enumerate() {
             for (k, r) in route.redirect.iter().enumerate() {
@@ -775,6 +620,13 @@ impl Config {
                 }
             }
         }
+        self.validate_tenants(&models)?;
+        self.validate_listeners()?;
+        Ok(self)
+    }
+
+    /// Teams: names, unique well-formed key digests, models that some route serves.
+    fn validate_tenants(&mut self, models: &HashSet<String>) -> Result<(), ConfigError> {
         let mut keys = HashSet::new();
         for (i, tenant) in self.tenants.iter_mut().enumerate() {
             if tenant.team.is_empty() {
@@ -810,6 +662,11 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The server's own limits and the admin listener.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
         if self.server.max_body_bytes < 1024 {
             return Err(err("server.max_body_bytes", "must be at least 1024"));
         }
@@ -848,10 +705,167 @@ impl Config {
                 "'admin' serves /metrics on the admin listener, but there is no admin section",
             ));
         }
-        Ok(self)
+        Ok(())
     }
 }
 
+/// One route's replicas, budgets, retries, health, caps and classes (its model is checked by the caller).
+fn validate_route(i: usize, route: &mut RouteConfig) -> Result<(), ConfigError> {
+    let at = |field: &str| format!("routes[{i}].{field}");
+    if route.replicas.is_empty() {
+        return Err(err(at("replicas"), "at least one replica is needed"));
+    }
+    check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
+    for (k, class) in route.classes.iter_mut().enumerate() {
+        if let Some(list) = class.replicas.as_mut() {
+            if list.is_empty() {
+                return Err(err(
+                    format!("routes[{i}].classes[{k}].replicas"),
+                    "leave it out, or name at least one",
+                ));
+            }
+            check_replicas(list, &format!("routes[{i}].classes[{k}].replicas"))?;
+        }
+    }
+    let t = route.timeouts;
+    if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero() {
+        return Err(err(at("timeouts"), "every timeout must be more than zero"));
+    }
+    if t.connect >= t.first_token {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "connect ({:?}) must be less than first_token ({:?})",
+                t.connect, t.first_token
+            ),
+        ));
+    }
+    if t.first_token > t.total {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "first_token ({:?}) must not exceed total ({:?})",
+                t.first_token, t.total
+            ),
+        ));
+    }
+    if t.stream_idle > t.total {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "stream_idle ({:?}) must not exceed total ({:?})",
+                t.stream_idle, t.total
+            ),
+        ));
+    }
+    let b = route.retry.budget;
+    if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
+        return Err(err(
+            at("retry.budget.ratio"),
+            format!("must be between 0 and 1, not {}", b.ratio),
+        ));
+    }
+    if route.retry.backoff.base > route.retry.backoff.max {
+        return Err(err(at("retry.backoff"), "base must not exceed max"));
+    }
+    let o = route.outlier;
+    if o.max_ejected_percent > 100 || o.base_ejection > o.max_ejection {
+        return Err(err(
+            at("outlier"),
+            "max_ejected_percent is 0–100 and base_ejection ≤ max_ejection",
+        ));
+    }
+    let h = &route.health;
+    if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {
+        return Err(err(
+            at("health"),
+            "interval and timeout must be above zero, timeout ≤ interval",
+        ));
+    }
+    if !h.path.starts_with('/') {
+        return Err(err(at("health.path"), "must start with '/'"));
+    }
+    if route.overflow_status != 503 && route.overflow_status != 429 {
+        return Err(err(
+            at("overflow_status"),
+            format!("must be 503 or 429, not {}", route.overflow_status),
+        ));
+    }
+    if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
+        && d > c
+    {
+        return Err(err(
+            at("limits.max_tokens"),
+            format!("default ({d}) exceeds cap ({c})"),
+        ));
+    }
+    if route.classes.is_empty() {
+        route.classes.push(ClassConfig {
+            name: "default".into(),
+            when: None,
+            concurrency: Concurrency::Fixed(NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN)),
+            queue: 64,
+            // Never longer than half the first-token budget the queue sits inside.
+            queue_wait: Duration::from_secs(2).min(t.first_token / 2),
+            slo: None,
+            replicas: None,
+        });
+    }
+    let mut names = HashSet::new();
+    for (k, class) in route.classes.iter().enumerate() {
+        let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
+        if class.name.is_empty()
+            || !class
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(err(at("name"), "use letters, digits, '-' and '_'"));
+        }
+        if !names.insert(class.name.clone()) {
+            return Err(err(at("name"), format!("'{}' appears twice", class.name)));
+        }
+        if k == 0 && class.when.is_some() {
+            return Err(err(
+                at("when"),
+                "the first class is the default and takes no 'when'",
+            ));
+        }
+        if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
+            return Err(err(at("when"), "every class after the first needs a rule"));
+        }
+        if let Concurrency::Adaptive { adaptive: a } = class.concurrency {
+            if a.min > a.max || a.initial.is_some_and(|i| i < a.min || i > a.max) || a.interval.is_zero() {
+                return Err(err(
+                    at("concurrency.adaptive"),
+                    "needs min ≤ initial ≤ max and an interval above zero",
+                ));
+            }
+            if class.slo.and_then(|s| s.ttft).is_none() {
+                return Err(err(
+                    at("slo.ttft"),
+                    "an adaptive concurrency follows the TTFT objective: set slo.ttft",
+                ));
+            }
+        }
+        if class.queue > 0 && class.queue_wait.is_zero() {
+            return Err(err(
+                at("queue_wait"),
+                "a class with a queue needs a queue_wait above zero",
+            ));
+        }
+        if class.queue_wait >= t.first_token {
+            return Err(err(
+                at("queue_wait"),
+                format!(
+                    "{:?} must be less than the route's first_token budget ({:?}): the queue is inside it",
+                    class.queue_wait, t.first_token
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 /// Replica base URLs must be plain `http://host:port`; a trailing slash is dropped.
 fn check_replicas(list: &mut [String], path: &str) -> Result<(), ConfigError> {
     for (j, r) in list.iter_mut().enumerate() {
