@@ -2,5 +2,6 @@
 
 mod bench;
 mod commands;
+mod deploy;
 mod plan;
 mod support;
