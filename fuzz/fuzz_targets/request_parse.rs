@@ -5,23 +5,20 @@
 use axum::http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use spillway_gateway::config::Config;
-use spillway_gateway::metrics::Metrics;
-use spillway_gateway::prepare::{Api, Parsed, caller_deadline, prepare, request_id};
-use spillway_gateway::route::Route;
-use spillway_gateway::tenant::Tenant;
+use spillway_gateway::fuzzing::{FuzzRoute, caller_deadline, request_id};
 use std::sync::LazyLock;
 
-static ROUTE: LazyLock<Route> = LazyLock::new(|| {
+static ROUTE: LazyLock<FuzzRoute> = LazyLock::new(|| {
     let config = Config::from_yaml(
         "listen: 127.0.0.1:1\nroutes:\n  - model: m\n    upstream_model: up\n    replicas: [http://127.0.0.1:2]\n    limits: { max_input_tokens: 500, max_tokens: { default: 16, cap: 64 }, max_n: 2, over_cap: clamp }\n    classes:\n      - { name: a, concurrency: 1, queue: 1, queue_wait: 1s }\n      - { name: b, when: { max_tokens_over: 8, input_tokens_over: 100, header: { name: x-c, value: b } }, concurrency: 1, queue: 1, queue_wait: 1s }\n",
     )
     .expect("fuzz config");
-    Route::new(config.routes[0].clone(), &Metrics::new(), None).expect("route")
+    FuzzRoute::new(&config).expect("route")
 });
 
 fuzz_target!(|data: &[u8]| {
     let (head, body) = data.split_at(data.len().min(2));
-    let api = if head.first().is_some_and(|b| b & 1 == 1) { Api::Chat } else { Api::Completions };
+    let chat = head.first().is_some_and(|b| b & 1 == 1);
     let mut headers = HeaderMap::new();
     if let Some(&b) = head.get(1) {
         let value = String::from_utf8_lossy(&body[..body.len().min(usize::from(b % 40))]).into_owned();
@@ -35,12 +32,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = caller_deadline(&headers);
     let id = request_id(&headers);
     assert!(!id.is_empty() && id.len() <= 128);
-    if let Ok(parsed) = Parsed::parse(api, body) {
-        if let Ok(p) = prepare(parsed, &ROUTE, &Tenant::anonymous(), true, &headers) {
-            // What goes upstream is valid JSON naming the upstream model, within the caps.
-            let v: serde_json::Value = serde_json::from_slice(&p.body).expect("re-encoded body is JSON");
-            assert_eq!(v["model"], "up");
-            assert!(p.max_tokens.is_none_or(|m| m <= 64));
-        }
+    if let Ok(p) = ROUTE.prepare(chat, &headers, body) {
+        // What goes upstream is valid JSON naming the upstream model, within the caps.
+        let v: serde_json::Value = serde_json::from_slice(&p.body).expect("re-encoded body is JSON");
+        assert_eq!(v["model"], "up");
+        assert!(p.max_tokens.is_none_or(|m| m <= 64));
     }
 });

@@ -4,7 +4,8 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use spillway_gateway::relay::{EventSplitter, Rename, classify, parse_usage};
+use spillway_protocol::sse::{EventSplitter, data as event_data};
+use spillway_gateway::relay::{Rename, classify, parse_usage};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&cuts, stream)) = data.split_first() else { return };
@@ -16,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
         s.feed(piece, |e| {
             let _ = classify(&e);
             let _ = parse_usage(&e);
+            let _ = event_data(&e);
             let renamed = rename.apply(e.clone());
             assert!(renamed.len() + 2 >= e.len());
             out.extend_from_slice(&e);
