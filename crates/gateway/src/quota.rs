@@ -8,6 +8,7 @@ use crate::config::TenantConfig;
 use crate::error::GatewayError;
 use crate::window::SlidingWindow;
 use std::num::{NonZeroU32, NonZeroU64};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -94,6 +95,8 @@ impl State {
 /// One team's live quota state; kept across reloads while the team stays.
 pub(crate) struct Quota {
     team: String,
+    /// No limit set: the common case skips the lock every request would otherwise share.
+    unlimited: AtomicBool,
     state: Mutex<State>,
 }
 
@@ -175,6 +178,7 @@ impl Quota {
         let now = Instant::now();
         Arc::new(Quota {
             team: team.to_owned(),
+            unlimited: AtomicBool::new(limits.is_unlimited()),
             state: Mutex::new(State {
                 limits,
                 in_flight: 0,
@@ -189,7 +193,9 @@ impl Quota {
     }
 
     pub(crate) fn set_limits(&self, limits: QuotaLimits) {
-        self.lock().limits = limits;
+        let mut s = self.lock();
+        s.limits = limits;
+        self.unlimited.store(limits.is_unlimited(), Ordering::Relaxed);
     }
 
     /// The windows as they stand, for the headers of a refused request.
@@ -204,6 +210,9 @@ impl Quota {
 
     /// Admits a request that may cost `tokens`, or says which quota it is over and when to retry.
     pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Option<QuotaPermit>, GatewayError> {
+        if self.unlimited.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let now = Instant::now();
         let mut s = self.lock();
         if s.limits.is_unlimited() {
