@@ -473,7 +473,7 @@ pub fn render(r: &Report) -> Result<String, String> {
          <title>spillway bench: {}</title>\n<style>\n\
          body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222}}\n\
          table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}}\n\
-         th{{background:#f3f3f3}}td.l{{text-align:left}}td.v{{text-align:left;min-width:16em}}\n\
+         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.v{{text-align:left;min-width:16em}}\n\
          .fail{{color:#b00;font-weight:bold}}.pass{{color:#070;font-weight:bold}}\n\
          .warn{{background:#fff3cd;padding:.5em}}.flag{{background:#fff3cd;margin-top:3px;padding:1px 4px}}\n\
          figure{{margin:1.5em 0}}figure svg{{display:block;width:100%;height:auto}}\n\

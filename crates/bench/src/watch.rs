@@ -144,7 +144,9 @@ async fn scrape(
 /// from capacity, so "someone is waiting" is no sign of saturation. A queue counts as not draining
 /// when it grows over the level (its last third above its first by more than 2 requests and 25%) or,
 /// in a closed loop of C clients, when even its 25th percentile holds at least max(2, C/10)
-/// requests: a backlog that persists, not arrivals waiting one step.
+/// requests: a backlog that persists, not arrivals waiting one step. The backlog rule needs at least
+/// [`BACKLOG_SAMPLES`] samples: a closed loop's clients can fall into waves that all arrive at one
+/// step, and a handful of samples that happen to meet those waves is no persistent backlog.
 #[derive(Debug, Clone, Serialize)]
 pub struct QueueSummary {
     pub samples: usize,
@@ -154,6 +156,9 @@ pub struct QueueSummary {
     pub waiting_p25: f64,
     pub drains: bool,
 }
+
+/// The fewest samples the backlog rule judges by (about 1.5 s of a level at 10 samples a second).
+pub const BACKLOG_SAMPLES: usize = 10;
 
 impl QueueSummary {
     /// `concurrency`: the closed loop's C (`None` for open loop, where only growth counts).
@@ -169,7 +174,8 @@ impl QueueSummary {
         let mut sorted = w.clone();
         sorted.sort_by(f64::total_cmp);
         let p25 = crate::stats::percentile(&sorted, 25.0).unwrap_or(0.0);
-        let backlog = concurrency.is_some_and(|c| p25 >= (f64::from(c) / 10.0).max(2.0));
+        let backlog =
+            w.len() >= BACKLOG_SAMPLES && concurrency.is_some_and(|c| p25 >= (f64::from(c) / 10.0).max(2.0));
         Some(QueueSummary {
             samples: w.len(),
             waiting_mean: mean(&w),
@@ -270,9 +276,11 @@ mod tests {
             drains(&[1.0, 1.0, 2.0, 1.0, 1.0, 1.0], Some(8)),
             "arrivals waiting one step"
         );
+        let backlog = [16.0, 15.0, 0.0, 16.0, 17.0, 16.0, 15.0, 16.0, 16.0, 17.0];
+        assert!(!drains(&backlog, Some(32)), "a backlog of C/2");
         assert!(
-            !drains(&[16.0, 15.0, 0.0, 16.0, 17.0, 16.0], Some(32)),
-            "a backlog of C/2"
+            drains(&backlog[..6], Some(32)),
+            "six samples are too few to call a backlog"
         );
         assert!(
             drains(&[16.0, 15.0, 0.0, 16.0, 17.0, 16.0], None),
