@@ -368,3 +368,6 @@ pub(crate) fn apply(
         busy,
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -124,12 +124,15 @@ pub struct Distribution {
     pub p99: Option<f64>,
 }
 
+/// A series' identity: its name and its sorted labels.
+type SeriesId<'a> = (&'a str, &'a [(String, String)]);
+
 /// Two snapshots and the arithmetic between them.
 #[derive(Debug)]
 pub struct Window<'a> {
     pub start: &'a Snapshot,
     pub end: &'a Snapshot,
-    before: HashMap<(&'a str, &'a [(String, String)]), f64>,
+    before: HashMap<SeriesId<'a>, f64>,
     up_at_start: HashSet<&'a str>,
 }
 
