@@ -510,45 +510,73 @@ impl Engine {
         }
     }
 
+    /// What the simulated GPU would report to DCGM now: activity over the last second, memory
+    /// held by the weights and the KV cache, and the XID/ECC faults in force.
+    pub fn gpu_reading(&self) -> GpuReading {
+        // Control before core, never inside it: one lock order everywhere.
+        let faults = lock(&self.inner.control).faults.clone();
+        let core = lock(&self.inner.core);
+        let now = Instant::now();
+        let window = Duration::from_secs(1);
+        let busy: Duration = core
+            .busy
+            .iter()
+            .filter(|(end, _)| now.saturating_duration_since(*end) < window)
+            .map(|(_, d)| *d)
+            .sum();
+        let util = (busy.as_secs_f64() / window.as_secs_f64()).min(1.0);
+        let running = core.sched.num_running() as f64;
+        let gpu = &self.inner.config.gpu;
+        let kv_mib = (f64::from(self.inner.config.kv_cache_tokens) * gpu.kv_bytes_per_token as f64
+            / 1_048_576.0)
+            .min((gpu.memory_mib - gpu.static_mib) as f64);
+        let used = gpu.static_mib as f64 + kv_mib * core.sched.kv.usage();
+        GpuReading {
+            util,
+            // Tensor pipes fill with batch size; memory traffic dominates small-batch decode.
+            tensor_active: util * (running / (running + 32.0)).max(0.05),
+            dram_active: util * 0.6,
+            fb_used_mib: used.round(),
+            fb_free_mib: (gpu.memory_mib as f64 - used).round(),
+            xid: faults.xid,
+            ecc_dbe: faults.ecc_dbe,
+        }
+    }
+
     /// The Prometheus text exposition of this replica.
     pub fn metrics_text(&self) -> Vec<u8> {
         let m = &self.inner.metrics;
-        // Control before core, never inside it: one lock order everywhere.
-        let faults = m.dcgm.as_ref().map(|_| lock(&self.inner.control).faults.clone());
+        let gpu = m.dcgm.as_ref().map(|_| self.gpu_reading());
         let core = lock(&self.inner.core);
         m.running.set(core.sched.num_running() as f64);
         m.waiting.set(core.sched.num_waiting() as f64);
         m.kv_usage.set(core.sched.kv.usage());
-        if let Some(d) = &m.dcgm {
-            let now = Instant::now();
-            let window = Duration::from_secs(1);
-            let busy: Duration = core
-                .busy
-                .iter()
-                .filter(|(end, _)| now.saturating_duration_since(*end) < window)
-                .map(|(_, d)| *d)
-                .sum();
-            let util = (busy.as_secs_f64() / window.as_secs_f64()).min(1.0);
-            let running = core.sched.num_running() as f64;
-            let gpu = &self.inner.config.gpu;
-            let kv_mib = (f64::from(self.inner.config.kv_cache_tokens) * gpu.kv_bytes_per_token as f64
-                / 1_048_576.0)
-                .min((gpu.memory_mib - gpu.static_mib) as f64);
-            let used = gpu.static_mib as f64 + kv_mib * core.sched.kv.usage();
-            let faults = faults.unwrap_or_default();
-            d.gpu_util.set((util * 100.0).round());
-            d.gr_engine_active.set(util);
-            // Tensor pipes fill with batch size; memory traffic dominates small-batch decode.
-            d.tensor_active.set(util * (running / (running + 32.0)).max(0.05));
-            d.dram_active.set(util * 0.6);
-            d.fb_used.set(used.round());
-            d.fb_free.set((gpu.memory_mib as f64 - used).round());
-            d.xid.set(f64::from(faults.xid));
-            d.ecc_dbe.set(faults.ecc_dbe as f64);
-        }
         drop(core);
+        if let (Some(d), Some(r)) = (&m.dcgm, gpu) {
+            d.gpu_util.set((r.util * 100.0).round());
+            d.gr_engine_active.set(r.util);
+            d.tensor_active.set(r.tensor_active);
+            d.dram_active.set(r.dram_active);
+            d.fb_used.set(r.fb_used_mib);
+            d.fb_free.set(r.fb_free_mib);
+            d.xid.set(f64::from(r.xid));
+            d.ecc_dbe.set(r.ecc_dbe as f64);
+        }
         m.encode()
     }
+}
+
+/// One GPU's DCGM readings (see [`Engine::gpu_reading`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuReading {
+    /// Share of the last second the GPU was busy (0–1).
+    pub util: f64,
+    pub tensor_active: f64,
+    pub dram_active: f64,
+    pub fb_used_mib: f64,
+    pub fb_free_mib: f64,
+    pub xid: u32,
+    pub ecc_dbe: u64,
 }
 
 /// Steps are the engine's clock, so the core thread should preempt the threads writing streams:

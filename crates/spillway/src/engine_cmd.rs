@@ -54,6 +54,10 @@ pub(crate) struct EngineArgs {
     /// Also expose DCGM-exporter-like GPU metrics on /metrics.
     #[arg(long)]
     dcgm: bool,
+    /// Also serve the replicas' GPUs, one per replica (gpu="0", "1", …), on a listener of their
+    /// own shaped like dcgm-exporter (its metric names and gpu/UUID/modelName/Hostname labels).
+    #[arg(long, value_name = "ADDR")]
+    dcgm_listen: Option<SocketAddr>,
     /// Use the runtime's 1 ms timer for steps instead of the precise wait (less CPU, ~1 ms late).
     #[arg(long)]
     coarse_timer: bool,
@@ -155,8 +159,32 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
         );
         running.push(replica);
     }
+    let (stop_dcgm, dcgm_stopped) = tokio::sync::oneshot::channel::<()>();
+    let dcgm = match args.dcgm_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for DCGM metrics"))?;
+            let engines = running.iter().map(|r| r.engine.clone()).collect();
+            let hostname = std::env::var("HOSTNAME").unwrap_or_else(|_| "spillway-engine".into());
+            tracing::info!(url = %format!("http://{addr}/metrics"), "DCGM exporter ready");
+            Some(tokio::spawn(engine::server::serve_dcgm(
+                listener,
+                engines,
+                hostname,
+                async move {
+                    let _ = dcgm_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
     shutdown_signal().await;
     tracing::info!("shutting down");
+    let _ = stop_dcgm.send(());
+    if let Some(task) = dcgm {
+        let _ = task.await;
+    }
     for r in running {
         r.shutdown().await;
     }
