@@ -291,5 +291,6 @@ pub fn name_regex() -> String {
         }
     }
     names.push("up".into());
+    names.push("process_start_time_seconds".into());
     names.join("|")
 }

@@ -196,14 +196,23 @@ impl<'a> Window<'a> {
         total
     }
 
-    /// Every instance with a counter that went down: a restarted process.
+    /// Every instance with a counter that went down or a `process_start_time_seconds` that
+    /// changed: a restarted process.
     pub fn restarted_instances(&self) -> Vec<String> {
         let mut out: Vec<String> = self
             .end
             .series
             .iter()
-            .filter(|s| s.name.ends_with("_total") || s.name.ends_with("_count"))
-            .filter(|s| matches!(self.series_increase(s), Some((_, true))))
+            .filter(|s| {
+                if s.name == "process_start_time_seconds" {
+                    self.before
+                        .get(&(s.name.as_str(), s.labels.as_slice()))
+                        .is_some_and(|b| *b != s.value)
+                } else {
+                    (s.name.ends_with("_total") || s.name.ends_with("_count"))
+                        && matches!(self.series_increase(s), Some((_, true)))
+                }
+            })
             .filter_map(|s| s.label("instance").map(str::to_owned))
             .collect();
         out.sort();
@@ -352,6 +361,9 @@ mod tests {
         assert_eq!(w.increase("c_total", |_| true), Some(7.0));
         assert_eq!(w.increase("c_total", |s| s.label("k") == Some("y")), Some(3.0));
         assert_eq!(w.restarted_instances(), ["e:1"]);
+        let a = snap(0.0, "e:2", "process_start_time_seconds 100\n");
+        let b = snap(5.0, "e:2", "process_start_time_seconds 103\n");
+        assert_eq!(Window::new(&a, &b).restarted_instances(), ["e:2"]);
         let mut down = Snapshot::new(0.0);
         down.add_down("e:1");
         let w = Window::new(&down, &b);
