@@ -177,6 +177,49 @@ pub fn text(v: &Verdict, style: Style) -> String {
         v.summary
     );
     rows(&mut out, &v.rows);
+    let c = &v.cluster;
+    if !c.conditions.is_empty() || !c.restarts.is_empty() {
+        let conditions: Vec<String> = c
+            .conditions
+            .iter()
+            .map(|k| {
+                let state = if k.ready {
+                    "True".to_owned()
+                } else {
+                    format!("False ({})", k.reason.as_deref().unwrap_or("no reason"))
+                };
+                format!("{}={state}", k.kind)
+            })
+            .collect();
+        let restarts: Vec<String> = c
+            .restarts
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{} ×{} ({})",
+                    r.pod,
+                    r.container,
+                    r.count,
+                    r.reason.as_deref().unwrap_or("?")
+                )
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "kubernetes      {} {}; restarts: {}",
+            c.service.as_deref().unwrap_or("InferenceService"),
+            if conditions.is_empty() {
+                "–".into()
+            } else {
+                conditions.join(", ")
+            },
+            if restarts.is_empty() {
+                "none".into()
+            } else {
+                restarts.join(", ")
+            }
+        );
+    }
     let s = &v.saturation;
     let moving: Vec<&str> = [
         (!s.slo.is_empty()).then_some("SLO breached"),

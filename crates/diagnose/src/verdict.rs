@@ -189,6 +189,8 @@ pub struct Verdict {
     pub healthy_evidence: Vec<Evidence>,
     /// What could not be seen, and so was not judged.
     pub blind_spots: Vec<String>,
+    /// The InferenceService's conditions and the pods' restarts, when given.
+    pub cluster: Cluster,
 }
 
 impl Verdict {
@@ -215,17 +217,31 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
     let seen_layer = |l: Layer| found.iter().any(|f| f.layer == l && f.name.is_some());
     let decidable =
         rows.infrastructure.targets_up > 0 && (seen_layer(Layer::Engine) || seen_layer(Layer::Gateway));
-    let status =
-        if !outcome.findings.is_empty() || !outcome.breaches.is_empty() || outcome.saturation.declared {
-            Status::Incident
-        } else if !decidable {
-            Status::Unknown
-        } else if !outcome.busy.is_empty() {
-            Status::BusyButHealthy
-        } else {
-            Status::Healthy
-        };
+    let not_ready: Vec<String> = cluster
+        .not_ready()
+        .map(|c| format!("{}={}", c.kind, c.reason.as_deref().unwrap_or("False")))
+        .collect();
+    let status = if !outcome.findings.is_empty()
+        || !outcome.breaches.is_empty()
+        || outcome.saturation.declared
+        || !not_ready.is_empty()
+    {
+        Status::Incident
+    } else if !decidable {
+        Status::Unknown
+    } else if !outcome.busy.is_empty() {
+        Status::BusyButHealthy
+    } else {
+        Status::Healthy
+    };
+    let service = cluster.service.as_deref().unwrap_or("the InferenceService");
     let summary = match status {
+        Status::Incident if outcome.findings.is_empty() && !not_ready.is_empty() => {
+            format!(
+                "{service} is not ready ({}): read its conditions and pod events first",
+                not_ready.join(", ")
+            )
+        }
         Status::Incident => match outcome.findings.first() {
             Some(f) => format!(
                 "{}suspect first: {} — {}",
@@ -258,6 +274,7 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         slo_breaches: outcome.breaches,
         healthy_evidence: outcome.busy,
         blind_spots,
+        cluster: cluster.clone(),
     }
 }
 
