@@ -2,4 +2,5 @@
 
 mod bench;
 mod commands;
+mod diagnose;
 mod support;
