@@ -290,12 +290,22 @@ pub(crate) fn apply(
     let xid = infra.xid.filter(|v| *v > 0.0);
     let ecc = infra.ecc_dbe.filter(|l| l.end > 0.0);
     if xid.is_some() || ecc.is_some() {
+        // One line per sick GPU, with its labels: which GPU to take out of the route.
         let mut ev = Vec::new();
-        if let Some(v) = xid {
-            ev.push(c.ev(Key::Xid, "last", v, "xid", ">", Some(0.0)));
-        }
-        if let Some(l) = ecc {
-            ev.push(c.ev(Key::EccDbe, "end", l.end, "errors", ">", Some(0.0)));
+        for (key, stat, unit) in [(Key::Xid, "last", "xid"), (Key::EccDbe, "end", "errors")] {
+            let Some(name) = r.name(key) else { continue };
+            for s in r.w.end.series.iter().filter(|s| s.name == name && s.value > 0.0) {
+                let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                ev.push(Evidence {
+                    series: format!("{name}{{{}}}", labels.join(",")),
+                    stat,
+                    value: s.value,
+                    unit,
+                    op: ">",
+                    threshold: Some(0.0),
+                    window_secs: c.secs,
+                });
+            }
         }
         for i in &infra.restarted {
             ev.push(Evidence {

@@ -341,10 +341,9 @@ fn xid_and_ecc_with_a_restart_come_first() {
     );
     assert_eq!(suspects(&v)[0], Suspect::GpuFault);
     let ev = &v.findings[0].evidence;
-    assert!(
-        ev.iter()
-            .any(|e| e.series == "DCGM_FI_DEV_XID_ERRORS" && e.value == 79.0)
-    );
+    assert!(ev.iter().any(|e| e.series.starts_with("DCGM_FI_DEV_XID_ERRORS{")
+        && e.series.contains("UUID=\"GPU-1\"")
+        && e.value == 79.0));
     assert!(
         ev.iter().any(|e| e.stat == "restart" && e.series.contains("e:1")),
         "{ev:#?}"
