@@ -22,9 +22,7 @@ impl Style {
 }
 
 fn num(v: f64) -> String {
-    if v == 0.0 {
-        "0".into()
-    } else if v.abs() >= 100.0 {
+    if (v.fract() == 0.0 && v.abs() < 1e15) || v.abs() >= 100.0 {
         format!("{v:.0}")
     } else if v.abs() >= 1.0 {
         format!("{v:.2}")

@@ -57,6 +57,8 @@ struct Inner {
     control: Mutex<Control>,
     listener: watch::Sender<ListenerState>,
     stopping: AtomicBool,
+    /// When the API server finishes the work it has been given (`None`: never busy yet).
+    frontend_free_at: Mutex<Option<Instant>>,
 }
 
 /// The running step loop of an engine; dropping it stops the loop.
@@ -228,6 +230,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             listener,
             stopping: AtomicBool::new(false),
+            frontend_free_at: Mutex::new(None),
             config,
         });
         let task = if inner.config.core_thread {
@@ -264,6 +267,33 @@ impl Engine {
 
     pub fn tokenize(&self, text: &str) -> Vec<u32> {
         self.inner.tokenizer.encode(text)
+    }
+
+    /// The API server's costs now: the preset's, or a fault's.
+    fn frontend_cost(&self) -> crate::cost::FrontendCost {
+        lock(&self.inner.control)
+            .faults
+            .frontend
+            .unwrap_or(self.inner.config.frontend)
+    }
+
+    /// Waits for the API server to take this request in: its turn on the server's serial
+    /// timeline (behind the tokens it is still writing), then `per_request` of its own.
+    pub async fn frontend_admit(&self) {
+        let cost = self.frontend_cost();
+        if cost.is_zero() {
+            return;
+        }
+        let ready = {
+            let mut free = lock(&self.inner.frontend_free_at);
+            let now = Instant::now();
+            let ready = free.map_or(now, |f| f.max(now)) + cost.per_request;
+            *free = Some(ready);
+            ready
+        };
+        if ready > Instant::now() {
+            tokio::time::sleep_until(ready).await;
+        }
     }
 
     /// Admits a request, or refuses it as vLLM would (length limits, loading, injected failures).
@@ -646,7 +676,13 @@ async fn step_loop(inner: Arc<Inner>) {
             }
             continue;
         }
-        let slow = lock(&inner.control).faults.slow_factor;
+        let (slow, frontend) = {
+            let control = lock(&inner.control);
+            (
+                control.faults.slow_factor,
+                control.faults.frontend.unwrap_or(inner.config.frontend),
+            )
+        };
         let duration = cost.step_time(&shape).mul_f64(slow);
         let now = Instant::now();
         // Back-to-back steps start when the previous one ended on the model's clock, so timer
@@ -672,13 +708,19 @@ async fn step_loop(inner: Arc<Inner>) {
         }
         let woke = Instant::now();
         gpu_free_at = Some(deadline);
-        finish_step(
+        let generated = finish_step(
             &inner,
             &shape,
             duration,
             woke,
             woke.saturating_duration_since(deadline),
         );
+        // The API server detokenizes and writes the step's tokens, one after another.
+        if !frontend.per_output_token.is_zero() && generated > 0 {
+            let mut free = lock(&inner.frontend_free_at);
+            let start = free.map_or(deadline, |f| f.max(deadline));
+            *free = Some(start + frontend.per_output_token * u32::try_from(generated).unwrap_or(u32::MAX));
+        }
     }
 }
 
@@ -694,7 +736,8 @@ async fn sleep_precise(deadline: Instant) {
     }
 }
 
-fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instant, late: Duration) {
+/// Records a finished step; returns the tokens it generated.
+fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instant, late: Duration) -> u64 {
     let m = &inner.metrics;
     let mut guard = lock(&inner.core);
     let core = &mut *guard;
@@ -727,10 +770,12 @@ fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instan
     {
         core.busy.pop_front();
     }
+    let generated = core.out.generated;
     record_finished(m, core);
     m.running.set(core.sched.num_running() as f64);
     m.waiting.set(core.sched.num_waiting() as f64);
     m.kv_usage.set(core.sched.kv.usage());
+    generated
 }
 
 fn record_finished(m: &Metrics, core: &mut Core) {

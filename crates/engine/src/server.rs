@@ -352,6 +352,9 @@ async fn respond(
     prepared: Result<(GenerateParams, bool, bool, String), ApiError>,
 ) -> Response {
     let request_id = headers.get("x-request-id").cloned();
+    if prepared.is_ok() {
+        engine.frontend_admit().await;
+    }
     let mut response = match prepared
         .and_then(|(params, stream, usage, model)| engine.submit(params).map(|g| (g, stream, usage, model)))
     {

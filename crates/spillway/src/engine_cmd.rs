@@ -73,6 +73,10 @@ pub(crate) struct EngineArgs {
     /// Fault: every step takes this many times its modelled cost (a degraded GPU).
     #[arg(long, value_name = "FACTOR")]
     fault_slow: Option<f64>,
+    /// Fault: a CPU-starved API server whose serial work costs PER_REQUEST for each request and
+    /// PER_TOKEN for each output token, e.g. 40ms,1ms (the presets' costs nothing).
+    #[arg(long, value_name = "PER_REQUEST,PER_TOKEN", value_parser = parse_frontend)]
+    fault_frontend: Option<engine::cost::FrontendCost>,
     /// Fault: refuse connections from the start.
     #[arg(long)]
     fault_refuse_connections: bool,
@@ -90,6 +94,17 @@ fn parse_fail_every(s: &str) -> Result<FailEvery, String> {
         return Err(format!("status must be 400–599, got {status}"));
     }
     Ok(FailEvery { nth, status })
+}
+
+fn parse_frontend(s: &str) -> Result<engine::cost::FrontendCost, String> {
+    let (r, t) = s
+        .split_once(',')
+        .ok_or("expected PER_REQUEST,PER_TOKEN, e.g. 40ms,1ms")?;
+    let d = |v: &str| humantime::parse_duration(v.trim()).map_err(|e| format!("'{v}': {e}"));
+    Ok(engine::cost::FrontendCost {
+        per_request: d(r)?,
+        per_output_token: d(t)?,
+    })
 }
 
 impl EngineArgs {
@@ -123,6 +138,7 @@ impl EngineArgs {
         };
         c.faults.fail_every = self.fault_fail_every;
         c.faults.refuse_connections = self.fault_refuse_connections;
+        c.faults.frontend = self.fault_frontend;
         if let Some(f) = self.fault_slow {
             c.faults.slow_factor = f;
         }

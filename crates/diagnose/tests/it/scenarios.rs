@@ -177,3 +177,38 @@ routes:
     assert_eq!(v.exit_code(), 0);
     let _ = thresholds();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_growing_behind_a_starved_api_server() {
+    let mut cfg = tiny();
+    // The API server takes 50 ms of CPU per request: 20 a second, while 40 arrive and the GPU
+    // needs ~5 ms for each.
+    cfg.faults.frontend = Some(engine::cost::FrontendCost {
+        per_request: Duration::from_millis(50),
+        per_output_token: Duration::ZERO,
+    });
+    let e = engine::spawn_local(cfg).await.unwrap();
+    let d = dcgm(&[&e]).await;
+    let g = gateway(
+        &e,
+        &format!(
+            "listen: 127.0.0.1:0
+routes:
+  - model: {MODEL}
+    replicas: [{{E0}}]
+    timeouts: {{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }}
+    classes:
+      - {{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }}
+"
+        ),
+    )
+    .await;
+    let _load = open(&g.url, 40.0, 16, 4);
+    let v = diagnose_scraped(&[&g.url, &e.url(), &d.url]).await;
+    assert_eq!(first(&v), Some(Suspect::ProcessHealth));
+    let waiting = v.rows.engine.waiting.map(|l| l.end);
+    assert!(
+        waiting < Some(1.0),
+        "the engine's own queue stays empty: {waiting:?}"
+    );
+}
