@@ -44,9 +44,9 @@ async fn long_prompts_are_prefill_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decode_contention() {
     let mut cfg = tiny();
-    // Every running sequence adds 1.5 ms to a step: 24 of them make ~37 ms between tokens.
+    // Every running sequence adds 3 ms to a step: 24 of them make ~73 ms between tokens.
     cfg.cost = CostModel {
-        decode_seq: Duration::from_micros(1500),
+        decode_seq: Duration::from_micros(3000),
         ..cfg.cost
     };
     let e = engine::spawn_local(cfg).await.unwrap();

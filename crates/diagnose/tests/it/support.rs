@@ -19,9 +19,12 @@ pub(crate) fn thresholds() -> Thresholds {
     }
 }
 
+/// The tiny preset with its step loop on a thread of its own, as `spillway engine` runs it, so that
+/// the load's HTTP work on the test's runtime does not make steps late (and the GPU look idle).
 pub(crate) fn tiny() -> EngineConfig {
     let mut c = EngineConfig::preset(Preset::Tiny);
     c.model = MODEL.into();
+    c.core_thread = true;
     c
 }
 
@@ -93,13 +96,16 @@ async fn one(client: &reqwest::Client, url: &str, prompt_tokens: usize, max_toke
     }
 }
 
-/// `clients` clients, each sending its next request when the last one ends.
+/// `clients` clients, each sending its next request when the last one ends. Their first requests
+/// are 10 ms apart: clients started in the same instant would stay in lockstep, and the GPU would
+/// idle between their waves.
 pub(crate) fn closed(url: &str, clients: usize, prompt_tokens: usize, max_tokens: u32) -> Load {
     let mut set = JoinSet::new();
     let c = client();
-    for _ in 0..clients {
+    for i in 0..clients {
         let (c, url) = (c.clone(), url.to_owned());
         set.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10) * i as u32).await;
             loop {
                 one(&c, &url, prompt_tokens, max_tokens).await;
             }
@@ -126,7 +132,9 @@ pub(crate) fn open(url: &str, per_s: f64, prompt_tokens: usize, max_tokens: u32)
     Load(set)
 }
 
-pub(crate) const WARM_UP: Duration = Duration::from_millis(700);
+/// Longer than the simulated DCGM's one-second activity window, so that the window's first sample
+/// does not still see the idle moment before the load started.
+pub(crate) const WARM_UP: Duration = Duration::from_millis(1200);
 pub(crate) const WINDOW: Duration = Duration::from_millis(1500);
 
 /// Lets the load settle, then scrapes `targets` twice a window apart and diagnoses.
