@@ -5,7 +5,7 @@ use crate::config::EngineConfig;
 use crate::cost::StepShape;
 use crate::faults::{FaultPatch, Faults};
 use crate::kv::block_hashes;
-use crate::metrics::Metrics;
+use crate::metrics::{GpuReading, Metrics};
 use crate::scheduler::{
     FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome,
 };
@@ -594,19 +594,6 @@ impl Engine {
         }
         m.encode()
     }
-}
-
-/// One GPU's DCGM readings (see [`Engine::gpu_reading`]).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct GpuReading {
-    /// Share of the last second the GPU was busy (0–1).
-    pub util: f64,
-    pub tensor_active: f64,
-    pub dram_active: f64,
-    pub fb_used_mib: f64,
-    pub fb_free_mib: f64,
-    pub xid: u32,
-    pub ecc_dbe: u64,
 }
 
 /// Steps are the engine's clock, so the core thread should preempt the threads writing streams:

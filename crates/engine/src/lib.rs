@@ -29,8 +29,9 @@ mod text;
 pub use tokenize;
 
 pub use config::{EngineConfig, LengthDist, Preset};
-pub use engine::{Engine, GenerateParams, GpuReading, Lateness, ListenerState, Snapshot};
+pub use engine::{Engine, GenerateParams, Lateness, ListenerState, Snapshot};
 pub use faults::{FailEvery, FaultPatch, Faults};
+pub use metrics::GpuReading;
 pub use scheduler::{FinishReason, RequestRecord};
 
 use std::net::SocketAddr;

@@ -235,6 +235,19 @@ impl Metrics {
     }
 }
 
+/// One GPU's DCGM readings (see [`crate::Engine::gpu_reading`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuReading {
+    /// Share of the last second the GPU was busy (0–1).
+    pub util: f64,
+    pub tensor_active: f64,
+    pub dram_active: f64,
+    pub fb_used_mib: f64,
+    pub fb_free_mib: f64,
+    pub xid: u32,
+    pub ecc_dbe: u64,
+}
+
 /// The families of dcgm-exporter this simulator serves: name, help.
 const DCGM_FAMILIES: [(&str, &str); 8] = [
     ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
@@ -264,7 +277,7 @@ const DCGM_FAMILIES: [(&str, &str); 8] = [
 
 /// What dcgm-exporter serves for the GPUs of one host: GPU `i` is `gpus[i]` (`(modelName,
 /// reading)`), labelled `gpu`, `UUID`, `device`, `modelName` and `Hostname` as the exporter does.
-pub fn dcgm_exposition(hostname: &str, gpus: &[(&str, crate::engine::GpuReading)]) -> String {
+pub fn dcgm_exposition(hostname: &str, gpus: &[(&str, GpuReading)]) -> String {
     use std::fmt::Write;
     let mut out = String::with_capacity(4096);
     for (f, (name, help)) in DCGM_FAMILIES.iter().enumerate() {

@@ -196,7 +196,7 @@ pub async fn serve_dcgm(
 async fn dcgm_metrics(State(state): State<std::sync::Arc<(Vec<Engine>, String)>>) -> Response {
     let (engines, hostname) = &*state;
     let readings: Vec<_> = engines.iter().map(|e| e.gpu_reading()).collect();
-    let gpus: Vec<(&str, crate::engine::GpuReading)> = engines
+    let gpus: Vec<(&str, crate::metrics::GpuReading)> = engines
         .iter()
         .zip(readings)
         .map(|(e, r)| (e.config().gpu.name.as_str(), r))
