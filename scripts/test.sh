@@ -4,6 +4,7 @@
 # formatting and lints, then runs the suite. CI calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SECONDS=0
 
 apt_missing=()
 command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
@@ -28,12 +29,17 @@ cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+tests_from=$SECONDS
 mkdir -p target
 set +e
 # Output goes to a file and is followed until cargo exits: a pipe through tee would wait for any
 # process a failed test leaked, however long it lives.
 : >target/test-output.log
-cargo test --workspace --locked --no-fail-fast >>target/test-output.log 2>&1 &
+# Then the few timing-bound tests (#[ignore]d in a plain `cargo test`), alone, one at a time, so
+# that nothing else competes for the cores they measure.
+( cargo test --workspace --locked --no-fail-fast >>target/test-output.log 2>&1 \
+    && echo "== timing-bound tests, alone" >>target/test-output.log \
+    && cargo test --workspace --locked --no-fail-fast -- --ignored --test-threads 1 >>target/test-output.log 2>&1 ) &
 cargo_pid=$!
 tail -n +1 -f --pid="$cargo_pid" target/test-output.log
 wait "$cargo_pid"
@@ -43,4 +49,6 @@ set -e
 # close with the totals.
 grep -E '^test result: ' target/test-output.log \
   | awk '{ passed += $4; failed += $6 } END { printf "tests: %d passed, %d failed\n", passed, failed }'
+t=$((SECONDS - tests_from))
+echo "took $((SECONDS / 60))m $((SECONDS % 60))s in all; cargo test (build and run) $((t / 60))m $((t % 60))s"
 exit "$status"

@@ -1,11 +1,11 @@
 //! One streamed request and what it measured: TTFT, every inter-token gap, end-to-end, tokens and
 //! how it ended (success, a status counted by code, a transport error, a broken stream).
 
+use crate::run::BenchError;
 use std::borrow::Cow;
 use std::time::Duration;
 
 use bytes::Bytes;
-use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
@@ -143,28 +143,31 @@ pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
 
 /// Plain HTTP and HTTPS (rustls, TLS 1.2 and 1.3) trusting the Mozilla roots plus `ca_cert`'s
 /// certificates, if given.
-pub fn connector(ca_cert: Option<&std::path::Path>) -> Result<Connector, String> {
+pub fn connector(ca_cert: Option<&std::path::Path>) -> Result<Connector, BenchError> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_cert {
-        let shown = path.display();
+        let bad = |reason: String| BenchError::CaCert {
+            path: path.display().to_string(),
+            reason,
+        };
         let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| format!("--ca-cert {shown}: {e}"))?
+            .map_err(|e| bad(e.to_string()))?
             .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+            .map_err(|e| bad(e.to_string()))?;
         if certs.is_empty() {
-            return Err(format!("--ca-cert {shown}: no PEM certificate in the file"));
+            return Err(bad("no PEM certificate in the file".into()));
         }
         for cert in certs {
-            roots.add(cert).map_err(|e| format!("--ca-cert {shown}: {e}"))?;
+            roots.add(cert).map_err(|e| bad(e.to_string()))?;
         }
     }
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let tls = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .map_err(|e| BenchError::Setup(format!("TLS: {e}")))?
         .with_root_certificates(roots)
         .with_no_client_auth();
     let mut http = HttpConnector::new();
@@ -187,20 +190,25 @@ pub struct Client {
 }
 
 impl Client {
-    pub fn new(target: Target) -> Result<Client, String> {
+    pub fn new(target: Target) -> Result<Client, BenchError> {
         let path = match target.endpoint {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
         };
-        let base = target.url.trim_end_matches('/').trim_end_matches("/v1");
-        let uri: hyper::Uri = format!("{base}{path}")
-            .parse()
-            .map_err(|e| format!("--url {:?}: {e}", target.url))?;
-        if !matches!(uri.scheme_str(), Some("http" | "https")) {
-            return Err(format!(
-                "--url {:?}: expected an http:// or https:// URL",
+        let bad = |reason: String| BenchError::Url {
+            url: target.url.clone(),
+            reason,
+        };
+        if !target.url.contains("://") {
+            return Err(bad(format!(
+                "the scheme is missing; write http://{} (or https://)",
                 target.url
-            ));
+            )));
+        }
+        let base = target.url.trim_end_matches('/').trim_end_matches("/v1");
+        let uri: hyper::Uri = format!("{base}{path}").parse().map_err(|e| bad(format!("{e}")))?;
+        if !matches!(uri.scheme_str(), Some("http" | "https")) {
+            return Err(bad("expected an http:// or https:// URL".into()));
         }
         let http = HyperClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
@@ -218,6 +226,21 @@ impl Client {
 
     /// The model ids `GET /v1/models` lists, to name the right one when a request named a wrong one.
     pub async fn models(&self) -> Option<Vec<String>> {
+        Some(self.model_cards().await?.into_iter().map(|(id, _)| id).collect())
+    }
+
+    /// The context length (`max_model_len`, as vLLM and `spillway engine` publish it in
+    /// `/v1/models`) of the target's model; `None` when the server does not say.
+    pub async fn max_model_len(&self) -> Option<u32> {
+        self.model_cards()
+            .await?
+            .into_iter()
+            .find(|(id, _)| *id == self.target.model)
+            .and_then(|(_, len)| len)
+    }
+
+    /// Every model `GET /v1/models` lists, with its `max_model_len` when given.
+    async fn model_cards(&self) -> Option<Vec<(String, Option<u32>)>> {
         let base = self.target.url.trim_end_matches('/').trim_end_matches("/v1");
         let mut req = hyper::Request::get(format!("{base}/v1/models"));
         if let Some(key) = &self.target.api_key {
@@ -240,7 +263,14 @@ impl Client {
             v.get("data")?
                 .as_array()?
                 .iter()
-                .filter_map(|m| m.get("id")?.as_str().map(str::to_owned))
+                .filter_map(|m| {
+                    let id = m.get("id")?.as_str()?.to_owned();
+                    let len = m
+                        .get("max_model_len")
+                        .and_then(serde_json::Value::as_u64)
+                        .and_then(|v| u32::try_from(v).ok());
+                    Some((id, len))
+                })
                 .collect(),
         )
     }
@@ -414,15 +444,17 @@ where
     S: Stream<Item = Result<Bytes, E>> + Unpin,
     E: std::fmt::Display,
 {
-    let mut events = body.eventsource();
+    let mut body = body;
+    let mut splitter = protocol::sse::EventSplitter::default();
+    let mut events = Vec::new();
     let mut last = None::<Instant>;
     let mut chunks = 0u32;
     let mut usage_tokens = None;
     let mut done = false;
-    while let Some(event) = events.next().await {
+    'read: while let Some(piece) = body.next().await {
         let now = Instant::now();
-        let event = match event {
-            Ok(e) => e,
+        let piece = match piece {
+            Ok(p) => p,
             Err(e) => {
                 rec.outcome = Outcome::Transport;
                 rec.error = Some(format!("reading the stream: {e}"));
@@ -430,58 +462,64 @@ where
                 return;
             }
         };
-        let data = event.data.trim();
-        if data == "[DONE]" {
-            done = true;
-            rec.e2e = now.saturating_duration_since(sent);
-            // Read on to the end of the body: a connection dropped mid-body cannot go back to the
-            // pool, and the next request would pay for a new one.
-            while let Some(Ok(_)) = events.next().await {}
-            break;
+        splitter.feed(&piece, |e| events.push(e));
+        for event in events.drain(..) {
+            let Some(data) = protocol::sse::data(&event) else {
+                continue;
+            };
+            let data = data.trim();
+            if data == "[DONE]" {
+                done = true;
+                rec.e2e = now.saturating_duration_since(sent);
+                // Read on to the end of the body: a connection dropped mid-body cannot go back to
+                // the pool, and the next request would pay for a new one.
+                while let Some(Ok(_)) = body.next().await {}
+                break 'read;
+            }
+            let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
+                continue;
+            };
+            if let Some(err) = chunk.error {
+                rec.outcome = Outcome::StreamError;
+                rec.error = Some(
+                    err.get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or("error event")
+                        .to_owned(),
+                );
+                rec.output_tokens = usage_tokens.unwrap_or(chunks);
+                return;
+            }
+            if rec.id.is_none() {
+                rec.id = chunk.id.map(Cow::into_owned);
+            }
+            if let Some(u) = chunk.usage {
+                rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
+                usage_tokens = u.completion_tokens.or(usage_tokens);
+            }
+            let has_text = chunk.choices.iter().any(|c| {
+                let delta = c.delta.as_ref();
+                [
+                    c.text.as_deref(),
+                    delta.and_then(|d| d.content.as_deref()),
+                    delta.and_then(|d| d.reasoning_content.as_deref()),
+                ]
+                .into_iter()
+                .flatten()
+                .any(|t| !t.is_empty())
+            });
+            if !has_text {
+                continue;
+            }
+            chunks += 1;
+            match last {
+                None => rec.ttft = Some(now.saturating_duration_since(sent)),
+                Some(prev) => rec
+                    .itl_us
+                    .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
+            }
+            last = Some(now);
         }
-        let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
-            continue;
-        };
-        if let Some(err) = chunk.error {
-            rec.outcome = Outcome::StreamError;
-            rec.error = Some(
-                err.get("message")
-                    .and_then(|m| m.as_str())
-                    .unwrap_or("error event")
-                    .to_owned(),
-            );
-            rec.output_tokens = usage_tokens.unwrap_or(chunks);
-            return;
-        }
-        if rec.id.is_none() {
-            rec.id = chunk.id.map(Cow::into_owned);
-        }
-        if let Some(u) = chunk.usage {
-            rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
-            usage_tokens = u.completion_tokens.or(usage_tokens);
-        }
-        let has_text = chunk.choices.iter().any(|c| {
-            let delta = c.delta.as_ref();
-            [
-                c.text.as_deref(),
-                delta.and_then(|d| d.content.as_deref()),
-                delta.and_then(|d| d.reasoning_content.as_deref()),
-            ]
-            .into_iter()
-            .flatten()
-            .any(|t| !t.is_empty())
-        });
-        if !has_text {
-            continue;
-        }
-        chunks += 1;
-        match last {
-            None => rec.ttft = Some(now.saturating_duration_since(sent)),
-            Some(prev) => rec
-                .itl_us
-                .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
-        }
-        last = Some(now);
     }
     rec.output_tokens = usage_tokens.unwrap_or(chunks);
     if done {

@@ -4,6 +4,7 @@
 
 use std::fmt::Write;
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 
 use crate::run::{BurstReport, LevelReport, Report};
@@ -15,118 +16,245 @@ const COLORS: [RGBColor; 4] = [
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
 ];
+const KNEE: RGBColor = RGBColor(148, 0, 211);
+const SAFE: RGBColor = RGBColor(0, 130, 0);
+const LIMIT: RGBColor = RGBColor(0, 0, 0);
+const BURST: RGBColor = RGBColor(255, 200, 120);
+const GAP: RGBColor = RGBColor(190, 190, 190);
+const BEFORE: RGBColor = RGBColor(130, 130, 130);
+/// Drawn at this size and scaled by the page to its width (the SVG keeps its viewBox).
+const WIDTH: u32 = 1000;
+const PANEL_HEIGHT: u32 = 340;
 
-/// One line of a chart.
+/// One line of a chart; a `None` breaks the line (no value there).
 struct Series {
     name: String,
-    points: Vec<(f64, f64)>,
+    points: Vec<(f64, Option<f64>)>,
 }
 
-/// A chart: lines, horizontal limits (SLOs), vertical markers (knee, safe load), a shaded window.
-struct Chart<'a> {
-    title: &'a str,
-    x_desc: &'a str,
-    y_desc: &'a str,
+/// How a legend entry is drawn (the legend is HTML under the chart, so it never hides a line).
+#[derive(Clone, Copy)]
+enum Key {
+    Line(RGBColor),
+    Band(RGBColor),
+}
+
+/// One plot: lines, horizontal limits (SLOs), vertical markers (knee, safe load), a shaded window.
+struct Panel {
+    title: String,
+    y_desc: &'static str,
     series: Vec<Series>,
-    hlines: Vec<(String, f64)>,
-    vlines: Vec<(String, f64)>,
+    /// A dot on every point: for few points (levels), not for a timeline.
+    dots: bool,
+    hlines: Vec<(String, f64, RGBColor)>,
+    vlines: Vec<(String, f64, RGBColor)>,
     shade: Option<(f64, f64)>,
+    /// Where the first series has no value, a grey band with this legend text.
+    gaps: Option<&'static str>,
 }
 
-impl Chart<'_> {
-    fn svg(&self) -> Result<String, String> {
-        let mut out = String::new();
-        let points = self.series.iter().flat_map(|s| s.points.iter());
-        let (mut x0, mut x1, mut y1) = (f64::INFINITY, f64::NEG_INFINITY, 0.0_f64);
-        for (x, y) in points {
-            x0 = x0.min(*x);
-            x1 = x1.max(*x);
-            y1 = y1.max(*y);
+/// One SVG: panels stacked on one x axis (a burst's TTFT and queue share its time axis).
+struct Figure {
+    x_desc: &'static str,
+    /// Where the axis starts when the data starts later (a timeline starts at 0).
+    x_min: Option<f64>,
+    /// Room on both sides, as a share of the range, so a marker on the last level is not clipped.
+    x_pad: f64,
+    panels: Vec<Panel>,
+}
+
+impl Panel {
+    fn x_extent(&self) -> (f64, f64) {
+        let xs = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0))
+            .chain(self.vlines.iter().map(|v| v.1))
+            .chain(self.shade.iter().flat_map(|(a, b)| [*a, *b]));
+        xs.fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), x| {
+            (lo.min(x), hi.max(x))
+        })
+    }
+
+    fn y_top(&self) -> f64 {
+        let top = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().filter_map(|p| p.1))
+            .chain(self.hlines.iter().map(|h| h.1))
+            .fold(0.0_f64, f64::max);
+        if top > 0.0 { top * 1.1 } else { 1.0 }
+    }
+
+    /// The x ranges where the first series has no value: runs of `None`, each from the point
+    /// before it (or its own x) to its last x.
+    fn gap_bands(&self) -> Vec<(f64, f64)> {
+        let Some(s) = self.series.first() else {
+            return Vec::new();
+        };
+        let mut bands: Vec<(f64, f64)> = Vec::new();
+        let mut prev: Option<f64> = None;
+        let mut open: Option<f64> = None;
+        for (x, y) in &s.points {
+            match (y, open) {
+                (None, None) => open = Some(prev.unwrap_or(*x)),
+                (Some(_), Some(from)) => {
+                    bands.push((from, prev.unwrap_or(*x)));
+                    open = None;
+                }
+                _ => {}
+            }
+            prev = Some(*x);
         }
-        for (_, x) in &self.vlines {
-            x0 = x0.min(*x);
-            x1 = x1.max(*x);
+        if let (Some(from), Some(to)) = (open, prev) {
+            bands.push((from, to));
         }
-        for (_, y) in &self.hlines {
-            y1 = y1.max(*y);
+        bands
+    }
+
+    /// Draws the panel; its series take colours from `first_color` on, so that the panels of one
+    /// figure never share a colour (their legend is one).
+    fn draw(
+        &self,
+        area: &DrawingArea<SVGBackend<'_>, Shift>,
+        x_desc: &str,
+        x: (f64, f64),
+        first_color: usize,
+    ) -> Result<Vec<(String, Key)>, String> {
+        let e = |e: DrawingAreaErrorKind<_>| e.to_string();
+        let (x0, x1) = x;
+        let y1 = self.y_top();
+        let mut keys = Vec::new();
+        let mut chart = ChartBuilder::on(area)
+            .caption(&self.title, ("sans-serif", 18))
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, 0.0..y1)
+            .map_err(e)?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(self.y_desc)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()
+            .map_err(e)?;
+        if let Some((a, b)) = self.shade {
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(a, 0.0), (b, y1)],
+                    BURST.mix(0.35).filled(),
+                )))
+                .map_err(e)?;
+            keys.push(("the burst".to_string(), Key::Band(BURST)));
+        }
+        if let Some(label) = self.gaps {
+            let bands = self.gap_bands();
+            if !bands.is_empty() {
+                chart
+                    .draw_series(bands.iter().map(|(a, b)| {
+                        // A gap from the first point on is a gap from the axis' start.
+                        let first = self
+                            .series
+                            .first()
+                            .and_then(|s| s.points.first())
+                            .map_or(*a, |p| p.0);
+                        let a = if *a <= first { x0 } else { *a };
+                        Rectangle::new([(a, 0.0), (*b, y1)], GAP.mix(0.35).filled())
+                    }))
+                    .map_err(e)?;
+                keys.push((label.to_string(), Key::Band(GAP)));
+            }
+        }
+        for (i, s) in self.series.iter().enumerate() {
+            let color = COLORS[(first_color + i) % COLORS.len()];
+            // Consecutive points with a value, each run its own line: a gap stays a gap.
+            for run in s.points.split(|p| p.1.is_none()).filter(|r| !r.is_empty()) {
+                let pts: Vec<(f64, f64)> = run.iter().filter_map(|(x, y)| Some((*x, (*y)?))).collect();
+                chart
+                    .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+                    .map_err(e)?;
+                if self.dots || pts.len() == 1 {
+                    chart
+                        .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
+                        .map_err(e)?;
+                }
+            }
+            keys.push((s.name.clone(), Key::Line(color)));
+        }
+        for (label, y, color) in &self.hlines {
+            chart
+                .draw_series(LineSeries::new([(x0, *y), (x1, *y)], color.stroke_width(1)))
+                .map_err(e)?;
+            keys.push((label.clone(), Key::Line(*color)));
+        }
+        for (label, x, color) in &self.vlines {
+            chart
+                .draw_series(LineSeries::new([(*x, 0.0), (*x, y1)], color.stroke_width(2)))
+                .map_err(e)?;
+            keys.push((label.clone(), Key::Line(*color)));
+        }
+        Ok(keys)
+    }
+}
+
+impl Figure {
+    /// The SVG and its legend, as HTML: a `<figure>`.
+    fn html(&self) -> Result<String, String> {
+        let (mut x0, mut x1) = self
+            .panels
+            .iter()
+            .map(Panel::x_extent)
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), (c, d)| {
+                (a.min(c), b.max(d))
+            });
+        if let Some(min) = self.x_min {
+            x0 = x0.min(min);
         }
         if !x0.is_finite() {
             (x0, x1) = (0.0, 1.0);
         }
         if x1 <= x0 {
-            x1 = x0 + 1.0;
+            // One level: centred, half its value either side (or one unit at zero).
+            let w = if x0 > 0.0 { x0 / 2.0 } else { 1.0 };
+            (x0, x1) = (x0 - w, x0 + w);
         }
-        let y1 = if y1 > 0.0 { y1 * 1.1 } else { 1.0 };
+        let pad = (x1 - x0) * self.x_pad;
+        let (x0, x1) = (x0 - pad, x1 + pad);
+        let mut svg = String::new();
+        let mut keys: Vec<(String, Key)> = Vec::new();
         {
-            let root = SVGBackend::with_string(&mut out, (720, 380)).into_drawing_area();
-            let e = |e: DrawingAreaErrorKind<_>| e.to_string();
-            root.fill(&WHITE).map_err(e)?;
-            let mut chart = ChartBuilder::on(&root)
-                .caption(self.title, ("sans-serif", 18))
-                .margin(12)
-                .x_label_area_size(36)
-                .y_label_area_size(60)
-                .build_cartesian_2d(x0..x1, 0.0..y1)
-                .map_err(e)?;
-            chart
-                .configure_mesh()
-                .x_desc(self.x_desc)
-                .y_desc(self.y_desc)
-                .light_line_style(WHITE.mix(0.0))
-                .draw()
-                .map_err(e)?;
-            if let Some((a, b)) = self.shade {
-                chart
-                    .draw_series(std::iter::once(Rectangle::new(
-                        [(a, 0.0), (b, y1)],
-                        RGBColor(255, 200, 120).mix(0.3).filled(),
-                    )))
-                    .map_err(e)?
-                    .label("burst")
-                    .legend(|(x, y)| {
-                        Rectangle::new([(x, y - 5), (x + 18, y + 5)], RGBColor(255, 200, 120).filled())
-                    });
+            let height = PANEL_HEIGHT * self.panels.len().max(1) as u32;
+            let root = SVGBackend::with_string(&mut svg, (WIDTH, height)).into_drawing_area();
+            root.fill(&WHITE).map_err(|e| e.to_string())?;
+            let areas = root.split_evenly((self.panels.len().max(1), 1));
+            let mut first_color = 0;
+            for (panel, area) in self.panels.iter().zip(&areas) {
+                let drawn = panel.draw(area, self.x_desc, (x0, x1), first_color)?;
+                first_color += panel.series.len();
+                for key in drawn {
+                    if !keys.iter().any(|k| k.0 == key.0) {
+                        keys.push(key);
+                    }
+                }
             }
-            for (i, s) in self.series.iter().enumerate() {
-                let color = COLORS[i % COLORS.len()];
-                chart
-                    .draw_series(LineSeries::new(s.points.iter().copied(), color.stroke_width(2)))
-                    .map_err(e)?
-                    .label(s.name.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-                chart
-                    .draw_series(s.points.iter().map(|p| Circle::new(*p, 3, color.filled())))
-                    .map_err(e)?;
-            }
-            for (label, y) in &self.hlines {
-                chart
-                    .draw_series(LineSeries::new([(x0, *y), (x1, *y)], BLACK.stroke_width(1)))
-                    .map_err(e)?
-                    .label(label.as_str())
-                    .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK));
-            }
-            for (i, (label, x)) in self.vlines.iter().enumerate() {
-                let color = if i == 0 {
-                    RGBColor(200, 0, 0)
-                } else {
-                    RGBColor(0, 130, 0)
-                };
-                chart
-                    .draw_series(LineSeries::new([(*x, 0.0), (*x, y1)], color.stroke_width(2)))
-                    .map_err(e)?
-                    .label(label.as_str())
-                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-            }
-            chart
-                .configure_series_labels()
-                .background_style(WHITE.mix(0.85))
-                .border_style(BLACK.mix(0.3))
-                .position(SeriesLabelPosition::UpperLeft)
-                .draw()
-                .map_err(e)?;
-            root.present().map_err(e)?;
+            root.present().map_err(|e| e.to_string())?;
         }
-        Ok(out)
+        let mut legend = String::new();
+        for (label, key) in keys {
+            let swatch = match key {
+                Key::Line(RGBColor(r, g, b)) => format!("border-top:3px solid rgb({r},{g},{b})"),
+                Key::Band(RGBColor(r, g, b)) => {
+                    format!("background:rgba({r},{g},{b},0.45);height:10px")
+                }
+            };
+            let _ = write!(
+                legend,
+                "<span class=\"key\"><span class=\"sw\" style=\"{swatch}\"></span>{}</span>",
+                esc(&label)
+            );
+        }
+        Ok(format!("<figure>{svg}<figcaption>{legend}</figcaption></figure>"))
     }
 }
 
@@ -149,13 +277,17 @@ fn curve(r: &Report) -> Vec<&LevelReport> {
     v
 }
 
-fn markers(r: &Report) -> Vec<(String, f64)> {
+fn markers(r: &Report) -> Vec<(String, f64, RGBColor)> {
     let mut v = Vec::new();
     if let Some(k) = r.knee {
-        v.push((format!("knee ({k})"), k.value()));
+        v.push((
+            format!("knee ({k}): the first level that failed"),
+            k.value(),
+            KNEE,
+        ));
     }
     if let Some(s) = r.safe {
-        v.push((format!("safe ({s})"), s.value()));
+        v.push((format!("safe ({s})"), s.value(), SAFE));
     }
     v
 }
@@ -166,129 +298,126 @@ fn load_charts(r: &Report) -> Result<Vec<String>, String> {
         return Ok(Vec::new());
     };
     let axis = first.load.axis();
-    let ms = |f: fn(&LevelReport) -> Option<f64>| -> Vec<(f64, f64)> {
-        levels
-            .iter()
-            .filter_map(|l| Some((l.load.value(), f(l)? * 1e3)))
-            .collect()
+    let series = |name: &str, f: &dyn Fn(&LevelReport) -> Option<f64>| Series {
+        name: name.into(),
+        points: levels.iter().map(|l| (l.load.value(), f(l))).collect(),
     };
-    let ttft = Chart {
-        title: "Time to first token against load",
-        x_desc: axis,
-        y_desc: "ms",
-        series: vec![
-            Series {
-                name: "p50".into(),
-                points: ms(|l| Some(l.stats.ttft?.p50)),
-            },
-            Series {
-                name: "p95".into(),
-                points: ms(|l| Some(l.stats.ttft?.p95)),
-            },
-            Series {
-                name: "p99".into(),
-                points: ms(|l| Some(l.stats.ttft?.p99)),
-            },
+    let ms = |v: Option<f64>| v.map(|s| s * 1e3);
+    let panel = |title: &str, y_desc: &'static str, series: Vec<Series>, hlines| Panel {
+        title: title.into(),
+        y_desc,
+        series,
+        dots: true,
+        hlines,
+        vlines: markers(r),
+        shade: None,
+        gaps: None,
+    };
+    let slo = |m| {
+        r.slo_lines(m)
+            .into_iter()
+            .map(|(label, y)| (label, y, LIMIT))
+            .collect::<Vec<_>>()
+    };
+    let ttft = panel(
+        "Time to first token against load",
+        "ms",
+        vec![
+            series("TTFT p50", &|l| ms(Some(l.stats.ttft?.p50))),
+            series("TTFT p95", &|l| ms(Some(l.stats.ttft?.p95))),
+            series("TTFT p99", &|l| ms(Some(l.stats.ttft?.p99))),
         ],
-        hlines: r.slo_lines(Metric::Ttft),
-        vlines: markers(r),
-        shade: None,
-    };
-    let itl = Chart {
-        title: "Inter-token latency against load",
-        x_desc: axis,
-        y_desc: "ms",
-        series: vec![
-            Series {
-                name: "p50".into(),
-                points: ms(|l| Some(l.stats.itl?.p50)),
-            },
-            Series {
-                name: "p95".into(),
-                points: ms(|l| Some(l.stats.itl?.p95)),
-            },
+        slo(Metric::Ttft),
+    );
+    let itl = panel(
+        "Inter-token latency against load",
+        "ms",
+        vec![
+            series("ITL p50", &|l| ms(Some(l.stats.itl?.p50))),
+            series("ITL p95", &|l| ms(Some(l.stats.itl?.p95))),
         ],
-        hlines: r.slo_lines(Metric::Itl),
-        vlines: markers(r),
-        shade: None,
-    };
-    let per = |f: fn(&LevelReport) -> f64| levels.iter().map(|l| (l.load.value(), f(l))).collect();
-    let tput = Chart {
-        title: "Throughput and goodput against load",
-        x_desc: axis,
-        y_desc: "requests per second",
-        series: vec![
-            Series {
-                name: "throughput".into(),
-                points: per(|l| l.stats.throughput_rps),
-            },
-            Series {
-                name: "goodput (inside every SLO)".into(),
-                points: per(|l| l.stats.goodput_rps),
-            },
+        slo(Metric::Itl),
+    );
+    let tput = panel(
+        "Throughput and goodput against load",
+        "requests per second",
+        vec![
+            series("throughput", &|l| Some(l.stats.throughput_rps)),
+            series("goodput (inside every SLO)", &|l| Some(l.stats.goodput_rps)),
         ],
-        hlines: Vec::new(),
-        vlines: markers(r),
-        shade: None,
-    };
-    let tokens = Chart {
-        title: "Output tokens per second against load",
-        x_desc: axis,
-        y_desc: "tokens/s",
-        series: vec![Series {
-            name: "output tok/s".into(),
-            points: per(|l| l.stats.output_tokens_per_second),
-        }],
-        hlines: Vec::new(),
-        vlines: markers(r),
-        shade: None,
-    };
-    [ttft, itl, tput, tokens].iter().map(Chart::svg).collect()
+        Vec::new(),
+    );
+    let tokens = panel(
+        "Output tokens per second against load",
+        "tokens/s",
+        vec![series("output tok/s", &|l| {
+            Some(l.stats.output_tokens_per_second)
+        })],
+        Vec::new(),
+    );
+    [ttft, itl, tput, tokens]
+        .into_iter()
+        .map(|p| {
+            Figure {
+                x_desc: axis,
+                x_min: None,
+                x_pad: 0.03,
+                panels: vec![p],
+            }
+            .html()
+        })
+        .collect()
 }
 
-fn burst_charts(r: &Report, b: &BurstReport) -> Result<Vec<String>, String> {
-    let title = format!("Burst at {} (×{}): rolling TTFT p95", b.load, b.factor);
-    let ttft = Chart {
-        title: &title,
-        x_desc: "seconds",
+/// The burst's rolling TTFT and, with `--metrics-url`, the server's queue: one figure, one time axis.
+fn burst_chart(r: &Report, b: &BurstReport) -> Result<String, String> {
+    let ttft = Panel {
+        title: format!("Burst at {} (×{}): rolling TTFT p95", b.load, b.factor),
         y_desc: "ms",
         series: vec![Series {
-            name: "TTFT p95, last second".into(),
+            name: "TTFT p95 of the first tokens of the last second".into(),
             points: b
                 .timeline
                 .iter()
-                .filter_map(|p| Some((p.t, p.ttft_p95? * 1e3)))
+                .map(|p| (p.t, p.ttft_p95.map(|v| v * 1e3)))
                 .collect(),
         }],
-        hlines: r.slo_lines(Metric::Ttft),
+        dots: false,
+        hlines: r
+            .slo_lines(Metric::Ttft)
+            .into_iter()
+            .map(|(label, y)| (label, y, LIMIT))
+            .collect(),
         vlines: Vec::new(),
         shade: Some((b.burst_start, b.burst_end)),
+        gaps: Some("no first token in that second: no p95 to draw"),
     };
-    let mut out = vec![ttft.svg()?];
+    let mut panels = vec![ttft];
     if b.timeline.iter().any(|p| p.waiting.is_some()) {
-        let title = format!("Burst at {}: requests waiting in the server", b.load);
-        let q = Chart {
-            title: &title,
-            x_desc: "seconds",
+        panels.push(Panel {
+            title: format!("Burst at {}: requests waiting in the server", b.load),
             y_desc: "waiting",
             series: vec![Series {
-                name: "waiting".into(),
-                points: b
-                    .timeline
-                    .iter()
-                    .filter_map(|p| Some((p.t, p.waiting?)))
-                    .collect(),
+                name: "requests waiting (the server's /metrics)".into(),
+                points: b.timeline.iter().map(|p| (p.t, p.waiting)).collect(),
             }],
+            dots: false,
             hlines: b
                 .baseline_waiting
-                .map(|w| vec![("before the burst (max)".to_string(), w)])
+                .map(|w| vec![("most waiting before the burst".to_string(), w, BEFORE)])
                 .unwrap_or_default(),
             vlines: Vec::new(),
             shade: Some((b.burst_start, b.burst_end)),
-        };
-        out.push(q.svg()?);
+            gaps: None,
+        });
     }
-    Ok(out)
+    Figure {
+        x_desc: "seconds from the start of the level",
+        x_min: Some(0.0),
+        x_pad: 0.0,
+        panels,
+    }
+    .html()
 }
 
 impl Report {
@@ -311,17 +440,45 @@ impl Report {
     }
 }
 
+/// A level's verdict cell: the verdict, why it failed, its errors by kind with an example, and the
+/// self-check's flags, each on a line of its own.
+fn verdict_cell(l: &LevelReport) -> String {
+    let word = crate::report::verdict(l);
+    let mut cell = if l.pass {
+        format!("<span class=\"pass\">{word}</span>")
+    } else {
+        format!("<span class=\"fail\">{word}</span>")
+    };
+    for reason in &l.reasons {
+        let _ = write!(cell, "<div>{}</div>", esc(reason));
+    }
+    if let Some(errors) = crate::report::errors_line(l) {
+        let _ = write!(cell, "<div>errors: {}</div>", esc(&errors));
+    }
+    for (what, note) in [("distorted", &l.distorted), ("too short", &l.too_short)] {
+        if let Some(n) = note {
+            let _ = write!(cell, "<div class=\"flag\">{what}: {}</div>", esc(n));
+        }
+    }
+    cell
+}
+
 /// The whole report as one HTML document.
 pub fn render(r: &Report) -> Result<String, String> {
     let mut h = String::new();
     let _ = write!(
         h,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
+         <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
          <title>spillway bench: {}</title>\n<style>\n\
-         body{{font-family:system-ui,sans-serif;margin:2em;max-width:1100px;color:#222}}\n\
-         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}\n\
-         th{{background:#f3f3f3}}td.l{{text-align:left}}.fail{{color:#b00;font-weight:bold}}.pass{{color:#070}}\n\
-         .warn{{background:#fff3cd;padding:.5em}}figure{{margin:1em 0}}\n</style>\n</head>\n<body>\n",
+         body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222}}\n\
+         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}}\n\
+         th{{background:#f3f3f3}}td.l{{text-align:left}}td.v{{text-align:left;min-width:16em}}\n\
+         .fail{{color:#b00;font-weight:bold}}.pass{{color:#070;font-weight:bold}}\n\
+         .warn{{background:#fff3cd;padding:.5em}}.flag{{background:#fff3cd;margin-top:3px;padding:1px 4px}}\n\
+         figure{{margin:1.5em 0}}figure svg{{display:block;width:100%;height:auto}}\n\
+         figcaption{{font-size:13px;margin-top:.3em}}.key{{display:inline-block;margin-right:1.5em;white-space:nowrap}}\n\
+         .sw{{display:inline-block;width:22px;margin-right:.4em;vertical-align:middle}}\n</style>\n</head>\n<body>\n",
         esc(&r.parameters.model)
     );
     let _ = write!(
@@ -336,6 +493,9 @@ pub fn render(r: &Report) -> Result<String, String> {
         esc(&r.finished_at),
         esc(&r.summary)
     );
+    for note in &r.notes {
+        let _ = writeln!(h, "<p>Note: {}</p>", esc(note));
+    }
     if r.distorted_levels > 0 {
         let _ = writeln!(
             h,
@@ -347,29 +507,26 @@ pub fn render(r: &Report) -> Result<String, String> {
     for c in crate::report::COLUMNS {
         let _ = write!(h, "<th>{}</th>", esc(c));
     }
-    h.push_str("<th>verdict</th></tr>\n");
+    h.push_str("<th class=\"l\">verdict</th></tr>\n");
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
-        let verdict = if l.pass {
-            "<span class=\"pass\">pass</span>".to_string()
-        } else {
-            format!("<span class=\"fail\">fail</span> {}", esc(&l.reasons.join("; ")))
-        };
-        let mut flag = String::new();
-        for (what, note) in [("distorted", &l.distorted), ("too short", &l.too_short)] {
-            if let Some(n) = note {
-                let _ = write!(flag, " <span class=\"warn\">{what}: {}</span>", esc(n));
-            }
-        }
         h.push_str("<tr>");
         for (i, cell) in crate::report::cells(l).iter().enumerate() {
             let class = if i < 2 { " class=\"l\"" } else { "" };
             let _ = write!(h, "<td{class}>{}</td>", esc(cell));
         }
-        let _ = writeln!(h, "<td class=\"l\">{verdict}{flag}</td></tr>");
+        let _ = writeln!(h, "<td class=\"v\">{}</td></tr>", verdict_cell(l));
     }
     h.push_str("</table>\n");
-    for svg in load_charts(r)? {
-        let _ = writeln!(h, "<figure>{svg}</figure>");
+    if !r.bursts.is_empty() {
+        h.push_str(
+            "<p>A burst row's verdict is its recovery: the burst is meant to breach the SLOs while it \
+             lasts, so its latencies may exceed them; the row says whether TTFT and the server's \
+             queue came back.</p>\n",
+        );
+    }
+    for fig in load_charts(r)? {
+        h.push_str(&fig);
+        h.push('\n');
     }
     for b in &r.bursts {
         let _ = write!(
@@ -378,9 +535,8 @@ pub fn render(r: &Report) -> Result<String, String> {
             esc(&b.load.to_string()),
             esc(&crate::report::burst_line(b))
         );
-        for svg in burst_charts(r, b)? {
-            let _ = writeln!(h, "<figure>{svg}</figure>");
-        }
+        h.push_str(&burst_chart(r, b)?);
+        h.push('\n');
     }
     // Every parameter of the run, as the JSON has them, so the page stands on its own.
     h.push_str("<h2>Parameters</h2>\n<table>\n");
@@ -400,4 +556,30 @@ pub fn render(r: &Report) -> Result<String, String> {
     }
     h.push_str("</table>\n</body>\n</html>\n");
     Ok(h)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gaps_are_the_runs_without_a_value() {
+        let panel = |ys: &[Option<f64>]| Panel {
+            title: String::new(),
+            y_desc: "",
+            series: vec![Series {
+                name: String::new(),
+                points: ys.iter().enumerate().map(|(i, y)| (i as f64, *y)).collect(),
+            }],
+            dots: false,
+            hlines: Vec::new(),
+            vlines: Vec::new(),
+            shade: None,
+            gaps: Some(""),
+        };
+        let (s, n) = (Some(1.0), None);
+        assert_eq!(panel(&[s, n, n, s, s, n]).gap_bands(), [(0.0, 2.0), (4.0, 5.0)]);
+        assert_eq!(panel(&[n, n, s]).gap_bands(), [(0.0, 1.0)]);
+        assert!(panel(&[s, s]).gap_bands().is_empty());
+    }
 }

@@ -3,6 +3,7 @@
 use std::fmt::Write;
 
 use crate::run::{BurstReport, LevelReport, Report};
+use crate::spec::Phase;
 
 /// A duration in seconds shown in the unit a reader expects: µs, ms or s.
 pub fn secs(v: f64) -> String {
@@ -32,7 +33,7 @@ pub fn one_line(l: &LevelReport) -> String {
         s.throughput_rps,
         s.output_tokens_per_second,
         s.error_rate * 100.0,
-        if l.pass { "pass" } else { "FAIL" },
+        verdict(l),
     );
     if !l.reasons.is_empty() {
         let _ = write!(line, " ({})", l.reasons.join("; "));
@@ -44,6 +45,32 @@ pub fn one_line(l: &LevelReport) -> String {
         let _ = write!(line, " [TOO SHORT: {t}]");
     }
     line
+}
+
+/// `pass`/`FAIL`; a burst level is judged by its recovery alone (it is meant to breach the SLOs
+/// while the burst lasts), so it says `recovered`/`NOT RECOVERED` instead.
+pub fn verdict(l: &LevelReport) -> &'static str {
+    match (l.phase, l.pass) {
+        (Phase::Burst, true) => "recovered",
+        (Phase::Burst, false) => "NOT RECOVERED",
+        (_, true) => "pass",
+        (_, false) => "FAIL",
+    }
+}
+
+/// The errors of a level by kind, each with the first message of that kind as the server worded
+/// it: `http_4xx 45 (e.g. "This model's maximum context length is 4096 tokens…")`.
+pub fn errors_line(l: &LevelReport) -> Option<String> {
+    let errs: Vec<String> = l
+        .stats
+        .errors
+        .iter()
+        .map(|(k, v)| match l.error_examples.get(k) {
+            Some(e) => format!("{k} {v} (e.g. \"{e}\")"),
+            None => format!("{k} {v}"),
+        })
+        .collect();
+    (!errs.is_empty()).then(|| errs.join(", "))
 }
 
 fn after(s: f64) -> String {
@@ -132,24 +159,15 @@ pub fn table(r: &Report) -> String {
     let _ = writeln!(out, "{} verdict", line(&header));
     let levels = r.levels.iter().chain(r.bursts.iter().map(|b| &b.level));
     for l in levels {
-        let s = &l.stats;
         let _ = writeln!(
             out,
             "{} {}{}",
             line(&cells(l)),
-            if l.pass { "pass" } else { "FAIL" },
+            verdict(l),
             if l.distorted.is_some() { " (distorted)" } else { "" },
         );
-        if !s.errors.is_empty() {
-            let errs: Vec<String> = s
-                .errors
-                .iter()
-                .map(|(k, v)| match l.error_examples.get(k) {
-                    Some(e) => format!("{k} {v} (e.g. \"{e}\")"),
-                    None => format!("{k} {v}"),
-                })
-                .collect();
-            let _ = writeln!(out, "{:>26} errors: {}", "", errs.join(", "));
+        if let Some(errs) = errors_line(l) {
+            let _ = writeln!(out, "{:>26} errors: {errs}", "");
         }
         for reason in &l.reasons {
             let _ = writeln!(out, "{:>26} {reason}", "");
@@ -182,6 +200,9 @@ pub fn table(r: &Report) -> String {
             "WARNING: {} level(s) flagged: the client's own lag may have inflated their latencies.",
             r.distorted_levels
         );
+    }
+    for note in &r.notes {
+        let _ = writeln!(out, "note: {note}");
     }
     let _ = writeln!(out, "{}", r.summary);
     out

@@ -3,8 +3,10 @@
 //! and TTFT recover after a burst.
 
 mod burst;
+mod fit;
 
 pub use burst::recovery;
+pub use fit::{DEFAULT_LONG_INPUT, DEFAULT_LONG_OUTPUT, Fitted, fit};
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -42,8 +44,10 @@ pub struct Options {
     pub metrics_url: Option<String>,
     pub phases: Vec<Phase>,
     pub long_share: f64,
-    pub long_input: LengthDist,
-    pub long_output: LengthDist,
+    /// The long mix's lengths; `None`: [`DEFAULT_LONG_INPUT`] and [`DEFAULT_LONG_OUTPUT`], shortened
+    /// to fit the served model's context when the server publishes it.
+    pub long_input: Option<LengthDist>,
+    pub long_output: Option<LengthDist>,
     pub burst_factor: f64,
     pub burst_length: Duration,
     /// How long after a burst the queue and TTFT may take to recover.
@@ -60,6 +64,8 @@ pub struct Options {
 pub struct Parameters {
     pub url: String,
     pub model: String,
+    /// The model's context as the server published it in `/v1/models` (`null`: not published).
+    pub max_model_len: Option<u32>,
     pub endpoint: Endpoint,
     pub api_key_env: Option<String>,
     pub ignore_eos: bool,
@@ -159,7 +165,7 @@ pub struct BurstReport {
 /// The whole run, as written to JSON and rendered as text and HTML.
 #[derive(Debug, Serialize)]
 pub struct Report {
-    /// `spillway-bench/1`; see docs/bench-json.md.
+    /// `spillway-bench/1`; see the JSON schema in docs/bench.md.
     pub schema: &'static str,
     pub tool: Tool,
     pub parameters: Parameters,
@@ -172,6 +178,8 @@ pub struct Report {
     /// The largest level that passed the SLOs (and recovered from a burst, when that phase ran).
     pub safe: Option<Load>,
     pub summary: String,
+    /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
+    pub notes: Vec<String>,
     /// Levels whose numbers the client's own lag may have distorted.
     pub distorted_levels: usize,
     #[serde(skip)]
@@ -189,6 +197,18 @@ pub struct Tool {
 pub enum BenchError {
     #[error("{0}")]
     Setup(String),
+    /// `--url` cannot be used.
+    #[error("--url {url:?}: {reason}")]
+    Url { url: String, reason: String },
+    /// `--ca-cert` cannot be read or holds no certificate.
+    #[error("--ca-cert {path}: {reason}")]
+    CaCert { path: String, reason: String },
+    /// `--dataset` cannot be read or has no usable prompt.
+    #[error("--dataset {path}: {reason}")]
+    Dataset { path: String, reason: String },
+    /// `--metrics-url` cannot be read or has no queue series.
+    #[error("--metrics-url {url}: {reason}")]
+    Metrics { url: String, reason: String },
     #[error("target {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("target {url} refused the first request ({status}): {message}")]
@@ -201,6 +221,8 @@ pub enum BenchError {
 
 struct Ctx {
     opts: Options,
+    max_model_len: Option<u32>,
+    fitted: Fitted,
     driver: Driver,
     watch: Option<QueueWatch>,
     lag: LoopLag,
@@ -213,8 +235,10 @@ struct Ctx {
 pub async fn run(opts: Options) -> Result<Report, BenchError> {
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
-    let client = Client::new(opts.target.clone()).map_err(BenchError::Setup)?;
+    let client = Client::new(opts.target.clone())?;
     preflight(&client).await?;
+    let max_model_len = client.max_model_len().await;
+    let fitted = fit(&opts, max_model_len)?;
     let watch = match &opts.metrics_url {
         Some(url) => Some(
             QueueWatch::start(
@@ -223,8 +247,7 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
                 epoch,
                 opts.target.ca_cert.as_deref(),
             )
-            .await
-            .map_err(BenchError::Setup)?,
+            .await?,
         ),
         None => None,
     };
@@ -236,8 +259,14 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
         seed: opts.seed,
         levels: Arc::new(AtomicU64::new(0)),
     };
+    let progress = Progress::new(opts.quiet);
+    for note in &fitted.notes {
+        progress.println(format!("note: {note}"));
+    }
     let mut ctx = Ctx {
-        progress: Progress::new(opts.quiet),
+        max_model_len,
+        fitted,
+        progress,
         lag: LoopLag::start(epoch),
         sink: Sink::default(),
         levels: Vec::new(),
@@ -346,16 +375,29 @@ impl Ctx {
             )),
             _ => None,
         };
-        let mut reasons: Vec<String> = stats
-            .verdicts
-            .iter()
-            .filter(|v| !v.pass)
-            .map(|v| match v.observed {
+        // The long mix asks what long requests do to the others: its latency targets are judged on
+        // the short requests alone (a long prompt's own prefill is expected to take longer), its
+        // error rate on every request.
+        let is_error_rate = |v: &&crate::stats::Verdict| v.target.starts_with("error_rate");
+        let judged: Vec<(&str, &crate::stats::Verdict)> = match &short {
+            Some(short) => short
+                .verdicts
+                .iter()
+                .filter(|v| !is_error_rate(v))
+                .map(|v| ("short requests: ", v))
+                .chain(stats.verdicts.iter().filter(is_error_rate).map(|v| ("", v)))
+                .collect(),
+            None => stats.verdicts.iter().map(|v| ("", v)).collect(),
+        };
+        let mut reasons: Vec<String> = judged
+            .into_iter()
+            .filter(|(_, v)| !v.pass)
+            .map(|(whose, v)| match v.observed {
                 Some(o) if v.target.starts_with("error_rate") => {
-                    format!("{} (observed {:.2}%)", v.target, o * 100.0)
+                    format!("{whose}{} (observed {:.2}%)", v.target, o * 100.0)
                 }
-                Some(o) => format!("{} (observed {})", v.target, crate::report::secs(o)),
-                None => format!("{} (nothing measured)", v.target),
+                Some(o) => format!("{whose}{} (observed {})", v.target, crate::report::secs(o)),
+                None => format!("{whose}{} (nothing measured)", v.target),
             })
             .collect();
         if stats.ok == 0 {
@@ -452,8 +494,8 @@ impl Ctx {
             let at = candidate.unwrap_or(lowest);
             let mixed = self.opts.workload.with_long(
                 self.opts.long_share,
-                self.opts.long_input,
-                self.opts.long_output,
+                self.fitted.long_input,
+                self.fitted.long_output,
             );
             self.level(Phase::LongMix, at, Some(mixed)).await;
         }
@@ -489,6 +531,7 @@ impl Ctx {
             parameters: Parameters {
                 url: o.target.url.clone(),
                 model: o.target.model.clone(),
+                max_model_len: self.max_model_len,
                 endpoint: o.target.endpoint,
                 api_key_env: o.api_key_env.clone(),
                 ignore_eos: o.target.ignore_eos,
@@ -513,8 +556,8 @@ impl Ctx {
                 metrics_url: o.metrics_url.clone(),
                 phases: o.phases.clone(),
                 long_share: o.long_share,
-                long_input_len: o.long_input,
-                long_output_len: o.long_output,
+                long_input_len: self.fitted.long_input,
+                long_output_len: self.fitted.long_output,
                 burst_factor: o.burst_factor,
                 burst_length: o.burst_length,
                 recovery_timeout: o.recovery_timeout,
@@ -529,6 +572,7 @@ impl Ctx {
             knee,
             safe,
             summary,
+            notes: self.fitted.notes.clone(),
             distorted_levels,
             slo: o.slo.clone(),
         }
@@ -586,7 +630,11 @@ fn summarize(
         (Some(k), Some(c)) => s.push_str(&format!("SLOs hold up to {c}; first breach at {k}. ")),
         (Some(k), None) => s.push_str(&format!("SLOs breached already at {k}. ")),
         (None, Some(c)) if phases.contains(&Phase::Staircase) => s.push_str(&format!(
-            "SLOs held at every level tried, up to {c}; the knee is higher (raise --max-concurrency or add levels). "
+            "SLOs held at every level tried, up to {c}; the knee is higher ({}). ",
+            match c {
+                Load::Concurrency(_) => "raise --max-concurrency or add --concurrency levels",
+                Load::Rate(_) => "add higher --rate levels",
+            }
         )),
         _ => {}
     }

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use rand::Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// A request-length distribution in tokens: `128`, `fixed:128`, `uniform:64-256`, `normal:200,50`
-/// (mean, standard deviation) or `lognormal:200,100` (the mean and standard deviation of the
-/// lengths themselves, not of their logarithm). Samples are clamped to at least 1.
+/// A request-length distribution in tokens: `128`, `fixed:128`, `uniform:64,256` (`uniform:64-256`
+/// is read the same, see [`LengthDist::hint`]), `normal:200,50` (mean, standard deviation) or
+/// `lognormal:200,100` (the mean and standard deviation of the lengths themselves, not of their
+/// logarithm). The grammar is `spillway engine`'s too. Samples are clamped to at least 1.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "lowercase")]
 pub enum LengthDist {
@@ -35,6 +36,26 @@ impl LengthDist {
             }
         };
         v.round().clamp(1.0, f64::from(u32::MAX)) as u32
+    }
+
+    /// The longest length it can produce, where there is one (fixed, uniform); for normal and
+    /// lognormal, whose tails have no end, the mean.
+    pub fn bound(&self) -> f64 {
+        match *self {
+            LengthDist::Fixed { tokens } => f64::from(tokens),
+            LengthDist::Uniform { max, .. } => f64::from(max),
+            LengthDist::Normal { mean, .. } | LengthDist::LogNormal { mean, .. } => mean,
+        }
+    }
+
+    /// A note for `uniform:A-B`, which is accepted but spelt `uniform:A,B` like every other
+    /// two-number form (and like `spillway engine --output-len`).
+    pub fn hint(s: &str) -> Option<String> {
+        let args = s.trim().strip_prefix("uniform:")?;
+        let (a, b) = args.split_once('-')?;
+        Some(format!(
+            "{s:?} is read as \"uniform:{a},{b}\"; write it that way (MIN,MAX, like normal:MEAN,SD)"
+        ))
     }
 
     /// The expected length, for sizing and for reports.
@@ -73,9 +94,12 @@ impl FromStr for LengthDist {
         let dist = match kind {
             "fixed" => LengthDist::Fixed { tokens: int(args)? },
             "uniform" => {
-                let (a, b) = args.split_once('-').ok_or_else(|| {
-                    format!("length distribution {s:?}: uniform takes MIN-MAX, e.g. uniform:64-256")
-                })?;
+                let (a, b) = args
+                    .split_once(',')
+                    .or_else(|| args.split_once('-'))
+                    .ok_or_else(|| {
+                        format!("length distribution {s:?}: uniform takes MIN,MAX, e.g. uniform:64,256")
+                    })?;
                 let (min, max) = (int(a)?, int(b)?);
                 if min > max {
                     return Err(format!("length distribution {s:?}: MIN {min} is above MAX {max}"));
@@ -107,6 +131,17 @@ impl FromStr for LengthDist {
             ));
         }
         Ok(dist)
+    }
+}
+
+impl fmt::Display for LengthDist {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            LengthDist::Fixed { tokens } => write!(f, "{tokens}"),
+            LengthDist::Uniform { min, max } => write!(f, "uniform:{min},{max}"),
+            LengthDist::Normal { mean, sd } => write!(f, "normal:{mean},{sd}"),
+            LengthDist::LogNormal { mean, sd } => write!(f, "lognormal:{mean},{sd}"),
+        }
     }
 }
 
@@ -283,7 +318,7 @@ impl FromStr for Arrivals {
 }
 
 /// One load level: closed-loop concurrency or open-loop rate.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Load {
     Concurrency(u32),
@@ -327,7 +362,7 @@ impl fmt::Display for Load {
 }
 
 /// The seed's four phases, run in this order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
     Baseline,
@@ -418,7 +453,15 @@ mod tests {
             "128".parse::<LengthDist>().unwrap(),
             LengthDist::Fixed { tokens: 128 }
         );
-        let u: LengthDist = "uniform:10-20".parse().unwrap();
+        let u: LengthDist = "uniform:10,20".parse().unwrap();
+        assert_eq!(
+            "uniform:10-20".parse::<LengthDist>(),
+            Ok(u),
+            "the dash form is accepted"
+        );
+        let hint = LengthDist::hint("uniform:10-20").unwrap();
+        assert!(hint.contains("\"uniform:10,20\""), "{hint}");
+        assert_eq!(LengthDist::hint("uniform:10,20"), None);
         assert!(
             (0..1000)
                 .map(|_| u.sample(&mut rng))
@@ -431,7 +474,9 @@ mod tests {
         let norm: LengthDist = "normal:5,50".parse().unwrap();
         assert!((0..1000).all(|_| norm.sample(&mut rng) >= 1));
         for bad in [
+            "uniform:30,10",
             "uniform:30-10",
+            "uniform:30",
             "gauss:1,2",
             "normal:1",
             "fixed:x",

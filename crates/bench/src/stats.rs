@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::client::Record;
 use crate::spec::{Metric, Slo};
@@ -20,8 +20,8 @@ pub fn percentile(sorted: &[f64], p: f64) -> Option<f64> {
     Some(sorted[lo] + (sorted[hi] - sorted[lo]) * (rank - lo as f64))
 }
 
-/// The usual summary of one latency, in seconds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+/// The usual summary of one latency, in seconds. Read back by `spillway plan`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct Percentiles {
     pub count: usize,
     pub mean: f64,

@@ -1,6 +1,7 @@
 //! What the bench watches beside its own requests: the server's queue through `/metrics`, and its
 //! own event loop's lateness, which would distort every timestamp it takes.
 
+use crate::run::BenchError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -54,15 +55,22 @@ impl QueueWatch {
         every: Duration,
         epoch: Instant,
         ca_cert: Option<&std::path::Path>,
-    ) -> Result<QueueWatch, String> {
-        let uri: hyper::Uri = url.parse().map_err(|e| format!("--metrics-url {url:?}: {e}"))?;
+    ) -> Result<QueueWatch, BenchError> {
+        let bad = |reason: String| BenchError::Metrics {
+            url: url.to_owned(),
+            reason,
+        };
+        if !url.contains("://") {
+            return Err(bad(format!(
+                "the scheme is missing; write http://{url} (or https://)"
+            )));
+        }
+        let uri: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
         let client = HyperClient::builder(TokioExecutor::new()).build(crate::client::connector(ca_cert)?);
-        let first = scrape(&client, &uri)
-            .await
-            .map_err(|e| format!("--metrics-url {url}: {e}"))?;
+        let first = scrape(&client, &uri).await.map_err(bad)?;
         if queue_from(&first).is_none() {
-            return Err(format!(
-                "--metrics-url {url}: no vllm:num_requests_waiting (nor spillway_queued) series there"
+            return Err(bad(
+                "no vllm:num_requests_waiting (nor spillway_queued) series there".into(),
             ));
         }
         let samples = Arc::new(Mutex::new(Vec::new()));

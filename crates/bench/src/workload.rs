@@ -1,6 +1,7 @@
 //! The prompts a run sends: synthetic text of a sampled length, or prompts read from a ShareGPT or
 //! JSONL dataset, with an optional share of long requests mixed in.
 
+use crate::run::BenchError;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -126,16 +127,19 @@ impl Workload {
 /// Reads a ShareGPT JSON file (an array of `{"conversations":[{"from":"human","value":..},
 /// {"from":"gpt","value":..}]}`; the reply's length, at four bytes a token, becomes the output length)
 /// or JSONL (one `{"prompt": "..", "output_len": N}` or a bare JSON string per line).
-pub fn load_dataset(path: &Path, output: LengthDist) -> Result<Source, String> {
-    let shown = path.display();
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--dataset {shown}: {e}"))?;
+pub fn load_dataset(path: &Path, output: LengthDist) -> Result<Source, BenchError> {
+    let bad = |reason: String| BenchError::Dataset {
+        path: path.display().to_string(),
+        reason,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| bad(e.to_string()))?;
     let entries = if text.trim_start().starts_with('[') {
-        parse_sharegpt(&text).map_err(|e| format!("--dataset {shown}: {e}"))?
+        parse_sharegpt(&text).map_err(bad)?
     } else {
-        parse_jsonl(&text).map_err(|e| format!("--dataset {shown}: {e}"))?
+        parse_jsonl(&text).map_err(bad)?
     };
     if entries.is_empty() {
-        return Err(format!("--dataset {shown}: no usable prompts in the file"));
+        return Err(bad("no usable prompts in the file".into()));
     }
     Ok(Source::Dataset {
         entries: entries.into(),
@@ -250,6 +254,9 @@ mod tests {
         );
         assert!(parse_sharegpt("[{\"x\":1}]").unwrap_err().contains("item 0"));
         let missing = load_dataset(Path::new("/nonexistent/prompts.jsonl"), fixed).unwrap_err();
-        assert!(missing.contains("/nonexistent/prompts.jsonl"), "{missing}");
+        assert!(
+            missing.to_string().contains("/nonexistent/prompts.jsonl"),
+            "{missing}"
+        );
     }
 }

@@ -192,7 +192,8 @@ impl EngineConfig {
 }
 
 /// A distribution of token counts: `fixed:N`, `uniform:A,B`, `normal:MEAN,SD`, `lognormal:MEAN,SD`
-/// (mean and standard deviation of the lengths themselves, not of their logarithm).
+/// (mean and standard deviation of the lengths themselves, not of their logarithm). The grammar is
+/// `spillway bench`'s too; `uniform:A-B` is read as `uniform:A,B` (see [`LengthDist::hint`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum LengthDist {
     Fixed(u32),
@@ -217,6 +218,16 @@ impl LengthDist {
         };
         v.round().clamp(1.0, f64::from(u32::MAX)) as u32
     }
+
+    /// A note for `uniform:A-B`, which is accepted but spelt `uniform:A,B` like every other
+    /// two-number form.
+    pub fn hint(s: &str) -> Option<String> {
+        let args = s.trim().strip_prefix("uniform:")?;
+        let (a, b) = args.split_once('-')?;
+        Some(format!(
+            "'{s}' is read as 'uniform:{a},{b}'; write it that way (MIN,MAX, like normal:MEAN,SD)"
+        ))
+    }
 }
 
 impl FromStr for LengthDist {
@@ -229,6 +240,14 @@ impl FromStr for LengthDist {
             )
         };
         let (kind, args) = s.split_once(':').unwrap_or(("fixed", s));
+        let dashed;
+        let args = match (kind, args.split_once('-')) {
+            ("uniform", Some((a, b))) if !args.contains(',') => {
+                dashed = format!("{a},{b}");
+                dashed.as_str()
+            }
+            _ => args,
+        };
         let nums: Vec<f64> = args
             .split(',')
             .map(|a| a.trim().parse::<f64>())
@@ -260,6 +279,9 @@ mod tests {
     fn length_dists_parse_and_reject() {
         assert_eq!("128".parse(), Ok(LengthDist::Fixed(128)));
         assert_eq!("uniform:10,20".parse(), Ok(LengthDist::Uniform(10, 20)));
+        assert_eq!("uniform:10-20".parse(), Ok(LengthDist::Uniform(10, 20)));
+        assert!(LengthDist::hint("uniform:10-20").is_some_and(|h| h.contains("'uniform:10,20'")));
+        assert_eq!(LengthDist::hint("uniform:10,20"), None);
         assert_eq!(
             "lognormal:200,100".parse(),
             Ok(LengthDist::LogNormal(200.0, 100.0))
@@ -268,6 +290,8 @@ mod tests {
             "",
             "0",
             "uniform:20,10",
+            "uniform:20-10",
+            "uniform:1-2,3",
             "normal:1",
             "gamma:1,2",
             "fixed:-3",

@@ -189,7 +189,7 @@ impl Engine {
     pub fn start(config: EngineConfig) -> Result<(Engine, StepLoop), String> {
         config.validate()?;
         let tokenizer = match &config.tokenizer {
-            Some(path) => Tokenizer::from_file(path)?,
+            Some(path) => Tokenizer::from_file(path).map_err(|e| e.to_string())?,
             None => Tokenizer::Estimate,
         };
         let metrics = Metrics::new(&config.model, &config.gpu.name, config.dcgm, 0);

@@ -2,9 +2,10 @@
 //! the SSE relay's splitting and classification.
 
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use protocol::sse::EventSplitter;
 use spillway_gateway::admission::{Admission, Limits};
 use spillway_gateway::config::Priority;
-use spillway_gateway::relay::{EventSplitter, classify};
+use spillway_gateway::relay::classify;
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;

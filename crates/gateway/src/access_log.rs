@@ -1,8 +1,15 @@
 //! One JSON line per request: where it went, how long it waited, what it cost. No prompt text.
+//! Lines leave the request path through a bounded buffer to a writer thread: a slow or stopped
+//! reader of the log drops lines (and counts them), never requests.
 
+use prometheus::IntCounter;
 use serde::Serialize;
 use std::io::Write;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex};
+
+/// Lines waiting for the writer thread at most; more are dropped.
+const BUFFERED_LINES: usize = 8192;
 
 /// What the access log says about one request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -24,9 +31,19 @@ pub struct AccessRecord {
     pub retries: u32,
 }
 
+#[derive(Clone)]
+enum Sink {
+    Writer(SyncSender<AccessRecord>),
+    Memory(Arc<Mutex<Vec<AccessRecord>>>),
+    Discard,
+}
+
 /// Where access records go.
 #[derive(Clone)]
-pub struct AccessLog(Arc<dyn Fn(&AccessRecord) + Send + Sync>);
+pub struct AccessLog {
+    sink: Sink,
+    dropped: IntCounter,
+}
 
 impl std::fmt::Debug for AccessLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -34,36 +51,146 @@ impl std::fmt::Debug for AccessLog {
     }
 }
 
+fn dropped_counter() -> IntCounter {
+    IntCounter::new(
+        "spillway_access_log_dropped_total",
+        "Access-log lines dropped because the log's reader fell behind (the buffer was full).",
+    )
+    .unwrap_or_else(|e| panic!("metric definition: {e}"))
+}
+
 impl AccessLog {
-    /// JSON lines on standard output.
+    /// JSON lines on standard output, written by a thread of their own.
     pub fn stdout() -> AccessLog {
-        let out = Mutex::new(std::io::LineWriter::new(std::io::stdout()));
-        AccessLog(Arc::new(move |r| {
-            if let Ok(mut line) = serde_json::to_vec(r) {
-                line.push(b'\n');
-                let mut out = out.lock().unwrap_or_else(|e| e.into_inner());
-                let _ = out.write_all(&line);
+        Self::writer(std::io::stdout())
+    }
+
+    /// JSON lines on `out`, written by a thread of their own through a buffer of
+    /// [`BUFFERED_LINES`] records.
+    pub fn writer(out: impl Write + Send + 'static) -> AccessLog {
+        let (tx, rx) = std::sync::mpsc::sync_channel(BUFFERED_LINES);
+        let spawned = std::thread::Builder::new()
+            .name("access-log".into())
+            .spawn(move || write_lines(rx, out));
+        match spawned {
+            Ok(_) => AccessLog {
+                sink: Sink::Writer(tx),
+                dropped: dropped_counter(),
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start the access-log writer; access log off");
+                Self::discard()
             }
-        }))
+        }
     }
 
     pub fn discard() -> AccessLog {
-        AccessLog(Arc::new(|_| {}))
+        AccessLog {
+            sink: Sink::Discard,
+            dropped: dropped_counter(),
+        }
     }
 
     /// Records into a shared list: what tests read.
     pub fn memory() -> (AccessLog, Arc<Mutex<Vec<AccessRecord>>>) {
         let records = Arc::new(Mutex::new(Vec::new()));
-        let sink = records.clone();
         (
-            AccessLog(Arc::new(move |r| {
-                sink.lock().unwrap_or_else(|e| e.into_inner()).push(r.clone())
-            })),
+            AccessLog {
+                sink: Sink::Memory(records.clone()),
+                dropped: dropped_counter(),
+            },
             records,
         )
     }
 
-    pub fn write(&self, record: &AccessRecord) {
-        (self.0)(record);
+    /// The counter of dropped lines, for the gateway's registry.
+    pub(crate) fn dropped(&self) -> IntCounter {
+        self.dropped.clone()
+    }
+
+    /// Hands the record to the writer without waiting; drops it (and counts it) when the buffer is full.
+    pub fn write(&self, record: AccessRecord) {
+        match &self.sink {
+            Sink::Writer(tx) => match tx.try_send(record) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.dropped.inc(),
+            },
+            Sink::Memory(list) => list.lock().unwrap_or_else(|e| e.into_inner()).push(record),
+            Sink::Discard => {}
+        }
+    }
+}
+
+/// The writer thread: serialises each record and writes them in batches, flushing whenever the
+/// buffer runs empty so a quiet gateway's last lines are not held back.
+fn write_lines(rx: Receiver<AccessRecord>, out: impl Write) {
+    let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
+    while let Ok(first) = rx.recv() {
+        let mut next = Some(first);
+        while let Some(record) = next {
+            if serde_json::to_writer(&mut out, &record).is_ok() {
+                let _ = out.write_all(b"\n");
+            }
+            next = rx.try_recv().ok();
+        }
+        if out.flush().is_err() {
+            // The reader is gone (a closed pipe): keep draining so senders never block.
+            continue;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer that blocks forever after its first write, like stdout into a pipe nobody reads.
+    struct Stuck(Arc<std::sync::Barrier>);
+
+    impl Write for Stuck {
+        fn write(&mut self, _: &[u8]) -> std::io::Result<usize> {
+            self.0.wait();
+            std::thread::park();
+            Ok(0)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_stuck_reader_drops_lines_and_never_blocks_a_request() {
+        let barrier = Arc::new(std::sync::Barrier::new(2));
+        let log = AccessLog::writer(Stuck(barrier.clone()));
+        log.write(AccessRecord::default());
+        barrier.wait();
+        let total = BUFFERED_LINES as u64 + 1000;
+        for _ in 0..total {
+            log.write(AccessRecord::default());
+        }
+        // The writer holds one record; the buffer the next BUFFERED_LINES; the rest are dropped.
+        assert!(log.dropped().get() >= 1000, "{}", log.dropped().get());
+        assert!(log.dropped().get() <= 1001, "{}", log.dropped().get());
+    }
+
+    #[test]
+    fn lines_are_json_one_per_record() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        let mut out = Vec::new();
+        for id in ["a", "b"] {
+            tx.send(AccessRecord {
+                id: id.into(),
+                status: 200,
+                ..AccessRecord::default()
+            })
+            .unwrap();
+        }
+        drop(tx);
+        write_lines(rx, &mut out);
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 2);
+        assert_eq!(lines[1]["id"], "b");
     }
 }

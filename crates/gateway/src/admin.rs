@@ -1,9 +1,9 @@
 //! The admin API, on its own listener and behind a bearer token: read the state of every route,
 //! class and replica; drain or undrain a replica; reload the configuration file.
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError, MetricsExposure};
 use crate::error::GatewayError;
-use crate::server::Gateway;
+use crate::gateway::Gateway;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -13,28 +13,27 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-pub fn router(gateway: Arc<Gateway>) -> Router {
-    Router::new()
+pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
+    let mut router = Router::new();
+    if gateway.config.server.metrics == MetricsExposure::Admin {
+        // Unauthenticated, as Prometheus scrapes it; the listener itself is the boundary.
+        router = router.route("/metrics", get(crate::server::metrics));
+    }
+    router
         .route("/admin/state", get(state))
         .route("/admin/replicas/drain", post(drain))
         .route("/admin/replicas/undrain", post(undrain))
         .route("/admin/reload", post(reload))
-        .fallback(|| async { GatewayError::client(404, "not_found", "no such admin endpoint", None) })
+        .fallback(|| async { GatewayError::NotFound("no such admin endpoint".into()) })
         .with_state(gateway)
 }
 
 /// Compares digests of the two tokens, so the comparison takes the same time whatever they hold.
 fn authorized(g: &Gateway, headers: &HeaderMap) -> Result<(), GatewayError> {
     let Some(expected) = g.admin_token() else {
-        return Err(GatewayError::client(
-            403,
-            "admin_disabled",
-            "the admin API has no token configured",
-            None,
-        ));
+        return Err(GatewayError::AdminToken);
     };
     let given = headers
         .get(header::AUTHORIZATION)
@@ -45,15 +44,10 @@ fn authorized(g: &Gateway, headers: &HeaderMap) -> Result<(), GatewayError> {
         Sha256::digest(given.as_bytes()).into(),
         Sha256::digest(expected.as_bytes()).into(),
     );
-    if a.iter().zip(b.iter()).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0 {
+    if crate::tenant::digests_equal(&a, &b) {
         Ok(())
     } else {
-        Err(GatewayError::client(
-            401,
-            "invalid_admin_token",
-            "missing or wrong admin token",
-            None,
-        ))
+        Err(GatewayError::AdminToken)
     }
 }
 
@@ -81,7 +75,7 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
                     })
                 })
                 .collect();
-            let replicas: Vec<_> = r.replicas.iter().map(|x| x.state()).collect();
+            let replicas = g.replica_states(&r.config.model);
             serde_json::json!({ "model": r.config.model, "classes": classes, "replicas": replicas })
         })
         .collect();
@@ -102,32 +96,30 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let target: ReplicaRef = match protocol::error::parse_json(body) {
         Ok(t) => t,
         Err(e) => {
-            return GatewayError::client(400, "invalid_request", e.body.error.message, None).into_response();
+            return GatewayError::bad_request("invalid_request", e.body.error.message, None).into_response();
         }
     };
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
-        return GatewayError::client(
-            404,
-            "route_not_found",
-            format!("no route '{}'", target.route),
-            None,
-        )
+        return GatewayError::Admin {
+            status: 404,
+            code: "route_not_found",
+            message: format!("no route '{}'", target.route),
+        }
         .into_response();
     };
     let url = target.replica.trim_end_matches('/');
-    let Some(replica) = route.replicas.iter().find(|r| r.url == url) else {
-        return GatewayError::client(
-            404,
-            "replica_not_found",
-            format!("route '{}' has no replica {url}", target.route),
-            None,
-        )
+    let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| r.url == url) else {
+        return GatewayError::Admin {
+            status: 404,
+            code: "replica_not_found",
+            message: format!("route '{}' has no replica {url}", target.route),
+        }
         .into_response();
     };
-    replica.drained.store(drained, Ordering::Relaxed);
+    replica.set_drained(drained);
     tracing::info!(route = %target.route, replica = %url, drained, "replica drain changed by the admin API");
-    axum::Json(replica.state()).into_response()
+    axum::Json(replica.state(index)).into_response()
 }
 
 async fn drain(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes) -> Response {
@@ -143,12 +135,11 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
         return e.into_response();
     }
     let Some(path) = g.config_path() else {
-        return GatewayError::client(
-            409,
-            "no_config_file",
-            "this gateway was not started from a file",
-            None,
-        )
+        return GatewayError::Admin {
+            status: 409,
+            code: "no_config_file",
+            message: "this gateway was not started from a file".into(),
+        }
         .into_response();
     };
     match reload_file(&g, &path) {
@@ -157,15 +148,15 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
             axum::Json(serde_json::json!({ "reloaded": path })),
         )
             .into_response(),
-        Err(message) => GatewayError::client(400, "invalid_config", message, None).into_response(),
+        Err(e) => GatewayError::bad_request("invalid_config", e.to_string(), None).into_response(),
     }
 }
 
 /// Reads, validates and applies the configuration file; on any error the running one stays.
-pub fn reload_file(g: &Gateway, path: &Path) -> Result<(), String> {
+pub fn reload_file(g: &Gateway, path: &Path) -> Result<(), ConfigError> {
     let result = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))
-        .and_then(|text| Config::from_yaml(&text).map_err(|e| format!("{}: {e}", path.display())))
+        .map_err(|e| crate::config::err(path.display().to_string(), format!("cannot read it: {e}")))
+        .and_then(|text| Config::from_yaml(&text))
         .and_then(|config| g.reload(config));
     match &result {
         Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),

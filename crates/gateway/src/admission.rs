@@ -65,62 +65,53 @@ impl Rejection {
     }
 }
 
-/// Completions per second over a sliding window, from which waits are predicted.
-#[derive(Debug)]
+/// How fast a full class frees its slots, by Little's law: C requests that each hold a slot for S
+/// seconds on average free C / S slots per second. S is the mean hold of the slots released in the
+/// last ten seconds, so time spent idle never dilutes it (a rate of completions over wall time
+/// would: after an idle minute it read as almost zero and refused a fresh burst), and with too few
+/// recent holds there is no estimate at all: nobody is refused on a guess.
+#[derive(Debug, Default)]
 struct DrainRate {
-    buckets: [u32; Self::BUCKETS],
-    /// Start of the newest bucket.
-    head: Instant,
-    head_index: usize,
-    first: Option<Instant>,
+    /// (released at, held for), oldest first, at most `MAX_HOLDS`.
+    holds: VecDeque<(Instant, Duration)>,
+    total: Duration,
 }
 
 impl DrainRate {
-    const BUCKETS: usize = 20;
-    const WIDTH: Duration = Duration::from_millis(500);
-    /// Fewer completions than this in the window say too little to predict from.
-    const MIN_SAMPLES: u32 = 4;
+    const WINDOW: Duration = Duration::from_secs(10);
+    const MAX_HOLDS: usize = 256;
+    /// Fewer recent holds than this say too little to predict from.
+    const MIN_SAMPLES: usize = 4;
 
-    fn new(now: Instant) -> Self {
-        Self {
-            buckets: [0; Self::BUCKETS],
-            head: now,
-            head_index: 0,
-            first: None,
+    fn record(&mut self, now: Instant, held: Duration) {
+        if self.holds.len() == Self::MAX_HOLDS {
+            self.pop();
+        }
+        self.holds.push_back((now, held));
+        self.total += held;
+    }
+
+    fn pop(&mut self) {
+        if let Some((_, held)) = self.holds.pop_front() {
+            self.total = self.total.saturating_sub(held);
         }
     }
 
-    fn advance(&mut self, now: Instant) {
-        let mut steps = 0;
-        while now.saturating_duration_since(self.head) >= Self::WIDTH && steps < Self::BUCKETS {
-            self.head += Self::WIDTH;
-            self.head_index = (self.head_index + 1) % Self::BUCKETS;
-            self.buckets[self.head_index] = 0;
-            steps += 1;
+    /// Slots freed per second while all `concurrency` are busy, or `None` without enough history.
+    fn rate(&mut self, now: Instant, concurrency: u32) -> Option<f64> {
+        while self
+            .holds
+            .front()
+            .is_some_and(|(at, _)| now.saturating_duration_since(*at) > Self::WINDOW)
+        {
+            self.pop();
         }
-        if now.saturating_duration_since(self.head) >= Self::WIDTH {
-            // Idle for longer than the window: start afresh.
-            self.head = now;
-        }
-    }
-
-    fn record(&mut self, now: Instant) {
-        self.advance(now);
-        self.buckets[self.head_index] += 1;
-        self.first.get_or_insert(now);
-    }
-
-    /// Completions per second, or `None` while the window holds too few to trust.
-    fn rate(&mut self, now: Instant) -> Option<f64> {
-        self.advance(now);
-        let count: u32 = self.buckets.iter().sum();
-        let first = self.first?;
-        if count < Self::MIN_SAMPLES {
+        if self.holds.len() < Self::MIN_SAMPLES {
             return None;
         }
-        let window = Self::WIDTH * Self::BUCKETS as u32;
-        let covered = now.saturating_duration_since(first).clamp(Self::WIDTH, window);
-        Some(f64::from(count) / covered.as_secs_f64())
+        let mean = self.total.as_secs_f64() / self.holds.len() as f64;
+        // Holds of (almost) nothing: slots come back as fast as they are taken.
+        Some(f64::from(concurrency) / mean.max(1e-6))
     }
 }
 
@@ -167,9 +158,12 @@ impl State {
         (self.waiters[0].len() + self.waiters[1].len()) as u32
     }
 
-    /// Gives a freed slot to the first live waiter, or takes it out of flight.
-    fn release(&mut self, now: Instant) {
-        self.drain.record(now);
+    /// Gives a freed slot to the first live waiter, or takes it out of flight; `held` is how long
+    /// a request used it (none for a slot handed back unused).
+    fn release(&mut self, now: Instant, held: Option<Duration>) {
+        if let Some(held) = held {
+            self.drain.record(now, held);
+        }
         if self.in_flight > self.limits.concurrency {
             // C was lowered by a reload: this slot goes away instead of to a waiter.
             self.in_flight -= 1;
@@ -186,7 +180,7 @@ impl State {
     }
 
     fn retry_after(&mut self, ahead: u32, now: Instant) -> Duration {
-        let secs = match self.drain.rate(now) {
+        let secs = match self.drain.rate(now, self.limits.concurrency) {
             Some(rate) if rate > 0.0 => f64::from(ahead + 1) / rate,
             _ => self.limits.queue_wait.as_secs_f64(),
         };
@@ -243,7 +237,9 @@ impl Permit {
 
 impl Drop for Permit {
     fn drop(&mut self) {
-        self.admission.lock().release(Instant::now());
+        let now = Instant::now();
+        let held = now.saturating_duration_since(self.granted_at);
+        self.admission.lock().release(now, Some(held));
     }
 }
 
@@ -276,7 +272,7 @@ impl WaitGuard {
 impl Drop for WaitGuard {
     fn drop(&mut self) {
         if !self.done && self.leave() {
-            self.admission.lock().release(Instant::now());
+            self.admission.lock().release(Instant::now(), None);
         }
     }
 }
@@ -290,7 +286,7 @@ impl Admission {
                 in_flight: 0,
                 waiters: [VecDeque::new(), VecDeque::new()],
                 next_id: 0,
-                drain: DrainRate::new(Instant::now()),
+                drain: DrainRate::default(),
             }),
         })
     }
@@ -430,7 +426,8 @@ impl Admission {
             }
             let ahead = s.waiters[0].len() as u32 + if lane == 1 { s.waiters[1].len() as u32 } else { 0 };
             let budget = s.limits.queue_wait.min(deadline.saturating_duration_since(start));
-            if let Some(rate) = s.drain.rate(start).filter(|r| *r > 0.0) {
+            let concurrency = s.limits.concurrency;
+            if let Some(rate) = s.drain.rate(start, concurrency).filter(|r| *r > 0.0) {
                 let predicted = Duration::from_secs_f64((f64::from(ahead + 1) / rate).min(3600.0));
                 if predicted > budget {
                     let retry_after = s.retry_after(ahead, start);

@@ -35,6 +35,44 @@ pub struct AdminConfig {
     pub token_env: String,
 }
 
+/// An admin token shorter than this is refused: the admin API can drain replicas and reload.
+pub const MIN_ADMIN_TOKEN: usize = 16;
+
+impl AdminConfig {
+    /// The admin token, read through `env`: it must be set and at least [`MIN_ADMIN_TOKEN`] long.
+    pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+        match env(&self.token_env) {
+            None => Err(err(
+                "admin.token_env",
+                format!(
+                    "the environment variable {} holding the admin token is not set",
+                    self.token_env
+                ),
+            )),
+            Some(t) if t.chars().count() < MIN_ADMIN_TOKEN => Err(err(
+                "admin.token_env",
+                format!(
+                    "the admin token in {} is {} characters; use at least {MIN_ADMIN_TOKEN}",
+                    self.token_env,
+                    t.chars().count()
+                ),
+            )),
+            Some(t) => Ok(t),
+        }
+    }
+}
+
+/// Where `/metrics` is served.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricsExposure {
+    /// On the public listener (and the admin one, if any).
+    #[default]
+    Public,
+    /// Only on the admin listener, for deployments whose clients must not read the gateway's state.
+    Admin,
+}
+
 /// Limits of the HTTP server itself.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -50,6 +88,23 @@ pub struct ServerConfig {
     pub drain_timeout: Duration,
     /// Write one JSON access-log line per request to standard output.
     pub access_log: bool,
+    /// A connection must deliver a complete request head within this long of connecting or of
+    /// its previous response; a slow or idle keep-alive connection is closed when it runs out
+    /// (nginx's `client_header_timeout` and `keepalive_timeout`, Envoy's `request_headers_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub header_timeout: Duration,
+    /// The whole request body must arrive within this long of its head (nginx's
+    /// `client_body_timeout`); past it the request gets 408.
+    #[serde(with = "humantime_serde")]
+    pub body_timeout: Duration,
+    /// Client connections held at most; more are answered 503 (`/health`, `/ready` and `/metrics`
+    /// still answered) and closed. Default: derived from the open-files limit, leaving room for
+    /// one upstream connection per client connection and a reserve.
+    pub max_connections: Option<usize>,
+    /// Request heads larger than this get 431.
+    pub max_header_bytes: usize,
+    /// `public` (default) or `admin`: where `/metrics` is served.
+    pub metrics: MetricsExposure,
 }
 
 impl Default for ServerConfig {
@@ -59,6 +114,11 @@ impl Default for ServerConfig {
             drain_delay: Duration::from_secs(2),
             drain_timeout: Duration::from_secs(30),
             access_log: true,
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            max_connections: None,
+            max_header_bytes: 32 * 1024,
+            metrics: MetricsExposure::Public,
         }
     }
 }
@@ -319,10 +379,38 @@ pub struct ClassConfig {
 
 /// A fixed C, or one that follows the measured time to first token (see [`crate::admission`]).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[serde(try_from = "RawConcurrency")]
 pub enum Concurrency {
     Fixed(NonZeroU32),
     Adaptive { adaptive: AdaptiveConfig },
+}
+
+/// What `concurrency:` may hold, read loosely so that a wrong value gets a message naming the
+/// allowed ones instead of serde's "did not match any variant".
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawConcurrency {
+    Fixed(u64),
+    Adaptive { adaptive: AdaptiveConfig },
+    Other(serde::de::IgnoredAny),
+}
+
+impl TryFrom<RawConcurrency> for Concurrency {
+    type Error = String;
+
+    fn try_from(raw: RawConcurrency) -> Result<Self, String> {
+        const ALLOWED: &str =
+            "a number of requests from 1 up, or { adaptive: { min, max } } with min and max from 1 up";
+        match raw {
+            RawConcurrency::Fixed(n) => u32::try_from(n)
+                .ok()
+                .and_then(NonZeroU32::new)
+                .map(Concurrency::Fixed)
+                .ok_or_else(|| format!("{n} is not allowed: use {ALLOWED}")),
+            RawConcurrency::Adaptive { adaptive } => Ok(Concurrency::Adaptive { adaptive }),
+            RawConcurrency::Other(_) => Err(format!("use {ALLOWED}")),
+        }
+    }
 }
 
 impl Concurrency {
@@ -438,6 +526,15 @@ pub struct TenantConfig {
     pub models: Vec<String>,
     #[serde(default)]
     pub priority: Priority,
+    /// Requests of this team in flight at once, at most.
+    #[serde(default)]
+    pub max_parallel: Option<NonZeroU32>,
+    /// Requests per minute (sliding 60 s), at most.
+    #[serde(default)]
+    pub rpm: Option<NonZeroU32>,
+    /// Tokens per minute (prompt + completion; `max_tokens` reserved at admission, settled at the end).
+    #[serde(default)]
+    pub tpm: Option<std::num::NonZeroU64>,
 }
 
 /// Queue priority: `critical` before `standard`; `sheddable` never waits.
@@ -474,7 +571,7 @@ pub struct ConfigError {
     pub message: String,
 }
 
-fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
+pub(crate) fn err(path: impl Into<String>, message: impl Into<String>) -> ConfigError {
     ConfigError {
         path: path.into(),
         message: message.into(),
@@ -507,162 +604,7 @@ impl Config {
             if !models.insert(route.model.clone()) {
                 return Err(err(at("model"), format!("'{}' is routed twice", route.model)));
             }
-            if route.replicas.is_empty() {
-                return Err(err(at("replicas"), "at least one replica is needed"));
-            }
-            check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
-            for (k, class) in route.classes.iter_mut().enumerate() {
-                if let Some(list) = class.replicas.as_mut() {
-                    if list.is_empty() {
-                        return Err(err(
-                            format!("routes[{i}].classes[{k}].replicas"),
-                            "leave it out, or name at least one",
-                        ));
-                    }
-                    check_replicas(list, &format!("routes[{i}].classes[{k}].replicas"))?;
-                }
-            }
-            let t = route.timeouts;
-            if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero()
-            {
-                return Err(err(at("timeouts"), "every timeout must be more than zero"));
-            }
-            if t.connect >= t.first_token {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "connect ({:?}) must be less than first_token ({:?})",
-                        t.connect, t.first_token
-                    ),
-                ));
-            }
-            if t.first_token > t.total {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "first_token ({:?}) must not exceed total ({:?})",
-                        t.first_token, t.total
-                    ),
-                ));
-            }
-            if t.stream_idle > t.total {
-                return Err(err(
-                    at("timeouts"),
-                    format!(
-                        "stream_idle ({:?}) must not exceed total ({:?})",
-                        t.stream_idle, t.total
-                    ),
-                ));
-            }
-            let b = route.retry.budget;
-            if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
-                return Err(err(
-                    at("retry.budget.ratio"),
-                    format!("must be between 0 and 1, not {}", b.ratio),
-                ));
-            }
-            if route.retry.backoff.base > route.retry.backoff.max {
-                return Err(err(at("retry.backoff"), "base must not exceed max"));
-            }
-            let o = route.outlier;
-            if o.max_ejected_percent > 100 || o.base_ejection > o.max_ejection {
-                return Err(err(
-                    at("outlier"),
-                    "max_ejected_percent is 0–100 and base_ejection ≤ max_ejection",
-                ));
-            }
-            let h = &route.health;
-            if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {
-                return Err(err(
-                    at("health"),
-                    "interval and timeout must be above zero, timeout ≤ interval",
-                ));
-            }
-            if !h.path.starts_with('/') {
-                return Err(err(at("health.path"), "must start with '/'"));
-            }
-            if route.overflow_status != 503 && route.overflow_status != 429 {
-                return Err(err(
-                    at("overflow_status"),
-                    format!("must be 503 or 429, not {}", route.overflow_status),
-                ));
-            }
-            if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
-                && d > c
-            {
-                return Err(err(
-                    at("limits.max_tokens"),
-                    format!("default ({d}) exceeds cap ({c})"),
-                ));
-            }
-            if route.classes.is_empty() {
-                route.classes.push(ClassConfig {
-                    name: "default".into(),
-                    when: None,
-                    concurrency: Concurrency::Fixed(NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN)),
-                    queue: 64,
-                    // Never longer than half the first-token budget the queue sits inside.
-                    queue_wait: Duration::from_secs(2).min(t.first_token / 2),
-                    slo: None,
-                    replicas: None,
-                });
-            }
-            let mut names = HashSet::new();
-            for (k, class) in route.classes.iter().enumerate() {
-                let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
-                if class.name.is_empty()
-                    || !class
-                        .name
-                        .chars()
-                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-                {
-                    return Err(err(at("name"), "use letters, digits, '-' and '_'"));
-                }
-                if !names.insert(class.name.clone()) {
-                    return Err(err(at("name"), format!("'{}' appears twice", class.name)));
-                }
-                if k == 0 && class.when.is_some() {
-                    return Err(err(
-                        at("when"),
-                        "the first class is the default and takes no 'when'",
-                    ));
-                }
-                if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
-                    return Err(err(at("when"), "every class after the first needs a rule"));
-                }
-                if let Concurrency::Adaptive { adaptive: a } = class.concurrency {
-                    if a.min > a.max
-                        || a.initial.is_some_and(|i| i < a.min || i > a.max)
-                        || a.interval.is_zero()
-                    {
-                        return Err(err(
-                            at("concurrency.adaptive"),
-                            "needs min ≤ initial ≤ max and an interval above zero",
-                        ));
-                    }
-                    if class.slo.and_then(|s| s.ttft).is_none() {
-                        return Err(err(
-                            at("slo.ttft"),
-                            "an adaptive concurrency follows the TTFT objective: set slo.ttft",
-                        ));
-                    }
-                }
-                if class.queue > 0 && class.queue_wait.is_zero() {
-                    return Err(err(
-                        at("queue_wait"),
-                        "a class with a queue needs a queue_wait above zero",
-                    ));
-                }
-                if class.queue_wait >= t.first_token {
-                    return Err(err(
-                        at("queue_wait"),
-                        format!(
-                            "{:?} must be less than the route's first_token budget ({:?}): the queue is inside it",
-                            class.queue_wait, t.first_token
-                        ),
-                    ));
-                }
-            }
+            validate_route(i, route)?;
         }
         for (i, route) in self.routes.iter().enumerate() {
             for (k, r) in route.redirect.iter().enumerate() {
@@ -678,6 +620,13 @@ impl Config {
                 }
             }
         }
+        self.validate_tenants(&models)?;
+        self.validate_listeners()?;
+        Ok(self)
+    }
+
+    /// Teams: names, unique well-formed key digests, models that some route serves.
+    fn validate_tenants(&mut self, models: &HashSet<String>) -> Result<(), ConfigError> {
         let mut keys = HashSet::new();
         for (i, tenant) in self.tenants.iter_mut().enumerate() {
             if tenant.team.is_empty() {
@@ -713,13 +662,210 @@ impl Config {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// The server's own limits and the admin listener.
+    fn validate_listeners(&self) -> Result<(), ConfigError> {
         if self.server.max_body_bytes < 1024 {
             return Err(err("server.max_body_bytes", "must be at least 1024"));
         }
-        Ok(self)
+        if self.server.max_header_bytes < 1024 {
+            return Err(err("server.max_header_bytes", "must be at least 1024"));
+        }
+        if self.server.header_timeout.is_zero() || self.server.body_timeout.is_zero() {
+            return Err(err(
+                "server",
+                "header_timeout and body_timeout must be more than zero",
+            ));
+        }
+        if self.server.max_connections == Some(0) {
+            return Err(err("server.max_connections", "must be at least 1"));
+        }
+        if let Some(a) = &self.admin {
+            // Port 0 asks for any free port: two of those never collide.
+            if a.listen == self.listen && a.listen.port() != 0 {
+                return Err(err(
+                    "admin.listen",
+                    format!(
+                        "{} is also the public listener: the admin API needs its own",
+                        a.listen
+                    ),
+                ));
+            }
+            if a.token_env.is_empty() {
+                return Err(err(
+                    "admin.token_env",
+                    "name the environment variable holding the token",
+                ));
+            }
+        } else if self.server.metrics == MetricsExposure::Admin {
+            return Err(err(
+                "server.metrics",
+                "'admin' serves /metrics on the admin listener, but there is no admin section",
+            ));
+        }
+        Ok(())
     }
 }
 
+/// One route's replicas, budgets, retries, health, caps and classes (its model is checked by the caller).
+fn validate_route(i: usize, route: &mut RouteConfig) -> Result<(), ConfigError> {
+    let at = |field: &str| format!("routes[{i}].{field}");
+    if route.replicas.is_empty() {
+        return Err(err(at("replicas"), "at least one replica is needed"));
+    }
+    check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
+    for (k, class) in route.classes.iter_mut().enumerate() {
+        if let Some(list) = class.replicas.as_mut() {
+            if list.is_empty() {
+                return Err(err(
+                    format!("routes[{i}].classes[{k}].replicas"),
+                    "leave it out, or name at least one",
+                ));
+            }
+            check_replicas(list, &format!("routes[{i}].classes[{k}].replicas"))?;
+        }
+    }
+    let t = route.timeouts;
+    if t.connect.is_zero() || t.first_token.is_zero() || t.stream_idle.is_zero() || t.total.is_zero() {
+        return Err(err(at("timeouts"), "every timeout must be more than zero"));
+    }
+    if t.connect >= t.first_token {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "connect ({:?}) must be less than first_token ({:?})",
+                t.connect, t.first_token
+            ),
+        ));
+    }
+    if t.first_token > t.total {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "first_token ({:?}) must not exceed total ({:?})",
+                t.first_token, t.total
+            ),
+        ));
+    }
+    if t.stream_idle > t.total {
+        return Err(err(
+            at("timeouts"),
+            format!(
+                "stream_idle ({:?}) must not exceed total ({:?})",
+                t.stream_idle, t.total
+            ),
+        ));
+    }
+    let b = route.retry.budget;
+    if !(b.ratio.is_finite() && (0.0..=1.0).contains(&b.ratio)) {
+        return Err(err(
+            at("retry.budget.ratio"),
+            format!("must be between 0 and 1, not {}", b.ratio),
+        ));
+    }
+    if route.retry.backoff.base > route.retry.backoff.max {
+        return Err(err(at("retry.backoff"), "base must not exceed max"));
+    }
+    let o = route.outlier;
+    if o.max_ejected_percent > 100 || o.base_ejection > o.max_ejection {
+        return Err(err(
+            at("outlier"),
+            "max_ejected_percent is 0–100 and base_ejection ≤ max_ejection",
+        ));
+    }
+    let h = &route.health;
+    if h.enabled && (h.interval.is_zero() || h.timeout.is_zero() || h.timeout > h.interval) {
+        return Err(err(
+            at("health"),
+            "interval and timeout must be above zero, timeout ≤ interval",
+        ));
+    }
+    if !h.path.starts_with('/') {
+        return Err(err(at("health.path"), "must start with '/'"));
+    }
+    if route.overflow_status != 503 && route.overflow_status != 429 {
+        return Err(err(
+            at("overflow_status"),
+            format!("must be 503 or 429, not {}", route.overflow_status),
+        ));
+    }
+    if let (Some(d), Some(c)) = (route.limits.max_tokens.default, route.limits.max_tokens.cap)
+        && d > c
+    {
+        return Err(err(
+            at("limits.max_tokens"),
+            format!("default ({d}) exceeds cap ({c})"),
+        ));
+    }
+    if route.classes.is_empty() {
+        route.classes.push(ClassConfig {
+            name: "default".into(),
+            when: None,
+            concurrency: Concurrency::Fixed(NonZeroU32::new(64).unwrap_or(NonZeroU32::MIN)),
+            queue: 64,
+            // Never longer than half the first-token budget the queue sits inside.
+            queue_wait: Duration::from_secs(2).min(t.first_token / 2),
+            slo: None,
+            replicas: None,
+        });
+    }
+    let mut names = HashSet::new();
+    for (k, class) in route.classes.iter().enumerate() {
+        let at = |field: &str| format!("routes[{i}].classes[{k}].{field}");
+        if class.name.is_empty()
+            || !class
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        {
+            return Err(err(at("name"), "use letters, digits, '-' and '_'"));
+        }
+        if !names.insert(class.name.clone()) {
+            return Err(err(at("name"), format!("'{}' appears twice", class.name)));
+        }
+        if k == 0 && class.when.is_some() {
+            return Err(err(
+                at("when"),
+                "the first class is the default and takes no 'when'",
+            ));
+        }
+        if k > 0 && class.when.as_ref().is_none_or(|w| *w == When::default()) {
+            return Err(err(at("when"), "every class after the first needs a rule"));
+        }
+        if let Concurrency::Adaptive { adaptive: a } = class.concurrency {
+            if a.min > a.max || a.initial.is_some_and(|i| i < a.min || i > a.max) || a.interval.is_zero() {
+                return Err(err(
+                    at("concurrency.adaptive"),
+                    "needs min ≤ initial ≤ max and an interval above zero",
+                ));
+            }
+            if class.slo.and_then(|s| s.ttft).is_none() {
+                return Err(err(
+                    at("slo.ttft"),
+                    "an adaptive concurrency follows the TTFT objective: set slo.ttft",
+                ));
+            }
+        }
+        if class.queue > 0 && class.queue_wait.is_zero() {
+            return Err(err(
+                at("queue_wait"),
+                "a class with a queue needs a queue_wait above zero",
+            ));
+        }
+        if class.queue_wait >= t.first_token {
+            return Err(err(
+                at("queue_wait"),
+                format!(
+                    "{:?} must be less than the route's first_token budget ({:?}): the queue is inside it",
+                    class.queue_wait, t.first_token
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
 /// Replica base URLs must be plain `http://host:port`; a trailing slash is dropped.
 fn check_replicas(list: &mut [String], path: &str) -> Result<(), ConfigError> {
     for (j, r) in list.iter_mut().enumerate() {

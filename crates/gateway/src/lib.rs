@@ -1,38 +1,110 @@
 //! `spillway serve`: the admission-controlled, OpenAI-compatible streaming gateway.
 //!
 //! # Layout
-//! The request path, in order (DESIGN §1):
-//! - [`prepare`]: parse and validate (400/413), cost caps (input tokens, `max_tokens`, `n`),
-//!   class and priority — pure functions;
-//! - [`tenant`]: who is asking (401/403), by SHA-256 of the bearer key;
-//! - [`admission`]: C in flight (fixed or adaptive), Q waiting, Wq at most, priority lanes,
-//!   predictive rejection and `Retry-After` (503/429);
-//! - [`route`]: class rules, routing rules, replica pools, the balancers, health checks and
-//!   outlier ejection;
-//! - [`server`]: the upstream call under nested budgets (504/502), retried under [`retry`]'s
-//!   budget before the first byte, the held response head, and [`relay`], which streams SSE through
-//!   chunk by chunk;
-//! - [`outcome`]: one [`outcome::Exchange`] per request, finished once on drop into [`metrics`] and
-//!   the [`access_log`]; it owns the admission permit, so the slot is held until the body ends.
+//! [`server`]'s `serve()` is the request path, one call per stage, in this order:
+//! 1. read the body (413/408) and parse it — `prepare` (400);
+//! 2. who is asking — `tenant` (401), before any model is named;
+//! 3. which route serves the model — `table` (404/403, routing rules);
+//! 4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
+//! 5. the team's quota — `quota` (429 with `Retry-After` and OpenAI's `x-ratelimit-*`), counted
+//!    in a sliding `window`;
+//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`);
+//! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
+//!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
+//!    and `adaptive` parts) and `retry` keeping retries within a budget;
+//! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
+//! 9. the end — `outcome`: one `Ending` per request, written into `metrics` and the
+//!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
+//!    until the body ends.
 //!
-//! [`config`] is the YAML the whole thing runs from, [`table`] the routes and tenants built from it
-//! (swapped whole on a reload); [`admin`] the operator's API (state, drain, reload); [`error`] the
-//! one place failures become status codes and OpenAI error bodies.
+//! Around it: [`config`] (the YAML), `gateway` (the shared state, reloads, the drain),
+//! `listener` (connections: limits, header and idle timeouts, the drain's end), [`admin`] (the
+//! operator's API) and [`error`] (the one place failures become status codes and OpenAI bodies).
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
 pub mod config;
 pub mod error;
-pub mod metrics;
-pub mod outcome;
-pub mod prepare;
+mod gateway;
+mod listener;
+mod metrics;
+mod outcome;
+pub(crate) mod prepare;
+mod quota;
 pub mod relay;
-pub mod retry;
-pub mod route;
-pub mod server;
-pub mod table;
-pub mod tenant;
+mod retry;
+mod route;
+mod server;
+mod table;
+mod tenant;
+mod upstream;
+mod window;
 
 pub use config::Config;
-pub use server::{Gateway, router, run};
+pub use error::GatewayError;
+pub use gateway::Gateway;
+pub use listener::run;
+pub use quota::QuotaKind;
+pub use server::router;
+pub use tenant::{key_sha256, new_key};
+
+/// Entry points for the fuzz targets in `fuzz/`: the request path's pure stages, outside a server.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::config::Config;
+    use crate::error::GatewayError;
+    use axum::http::HeaderMap;
+
+    /// A route built from a configuration, to run requests through its parsing and caps.
+    pub struct FuzzRoute(crate::route::Route, std::sync::Arc<crate::tenant::Tenants>);
+
+    /// What stages 1–4 made of a request: the body sent upstream and its `max_tokens`.
+    pub struct Prepared {
+        pub body: bytes::Bytes,
+        pub max_tokens: Option<u32>,
+    }
+
+    impl FuzzRoute {
+        /// The first route of `config`.
+        pub fn new(config: &Config) -> Result<FuzzRoute, crate::config::ConfigError> {
+            let metrics = crate::metrics::Metrics::new();
+            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None)?;
+            Ok(FuzzRoute(
+                route,
+                std::sync::Arc::new(crate::tenant::Tenants::new(&[], None)),
+            ))
+        }
+
+        /// Parses `body` for the chat or completions endpoint and applies the caps and the class rules.
+        pub fn prepare(
+            &self,
+            chat: bool,
+            headers: &HeaderMap,
+            body: &[u8],
+        ) -> Result<Prepared, GatewayError> {
+            let api = if chat {
+                crate::prepare::Api::Chat
+            } else {
+                crate::prepare::Api::Completions
+            };
+            let parsed = crate::prepare::Parsed::parse(api, body)?;
+            let tenant = self.1.identify(None)?;
+            let p = crate::prepare::prepare(parsed, &self.0, &tenant, true, headers)?;
+            Ok(Prepared {
+                body: p.body,
+                max_tokens: p.max_tokens,
+            })
+        }
+    }
+
+    /// The caller's deadline header, parsed.
+    pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
+        crate::prepare::caller_deadline(headers)
+    }
+
+    /// The request ID the gateway would use.
+    pub fn request_id(headers: &HeaderMap) -> String {
+        crate::prepare::request_id(headers)
+    }
+}

@@ -7,9 +7,9 @@ use prometheus::{
 };
 
 /// The route label of requests whose model no route serves.
-pub const UNKNOWN_ROUTE: &str = "_unknown";
+pub(crate) const UNKNOWN_ROUTE: &str = "_unknown";
 /// The class label of requests rejected before a class was chosen.
-pub const NO_CLASS: &str = "_none";
+pub(crate) const NO_CLASS: &str = "_none";
 
 const LATENCY_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
@@ -22,7 +22,7 @@ const QUEUE_BUCKETS: &[f64] = &[
     0.0, 0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-pub struct Metrics {
+pub(crate) struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
     pub rejections: IntCounterVec,
@@ -48,17 +48,18 @@ pub struct Metrics {
     pub retries: IntCounterVec,
     pub retry_budget_exhausted: IntCounterVec,
     pub draining: prometheus::IntGauge,
+    pub connections: prometheus::IntGauge,
+    pub connections_over_limit: IntCounter,
+    pub accept_errors: IntCounter,
 }
 
 /// Pre-resolved series of one route and class, so the hot path does no label lookups.
 #[derive(Clone)]
-pub struct ClassSeries {
+pub(crate) struct ClassSeries {
     pub queue_wait: Histogram,
     pub ttft: Histogram,
     pub itl: Histogram,
     pub duration: Histogram,
-    pub prompt_tokens: IntCounter,
-    pub completion_tokens: IntCounter,
     pub goodput: IntCounter,
     pub slo_requests: IntCounter,
 }
@@ -69,7 +70,7 @@ fn must<T>(r: prometheus::Result<T>) -> T {
 }
 
 impl Metrics {
-    pub fn new() -> Metrics {
+    pub(crate) fn new() -> Metrics {
         let registry = Registry::new();
         let counter = |name: &str, help: &str, labels: &[&str]| {
             let c = must(IntCounterVec::new(Opts::new(name, help), labels));
@@ -95,16 +96,26 @@ impl Metrics {
             "1 while the gateway drains for shutdown and refuses new requests.",
         ));
         must(registry.register(Box::new(draining.clone())));
+        let plain_gauge = |name: &str, help: &str| {
+            let g = must(prometheus::IntGauge::new(name, help));
+            must(registry.register(Box::new(g.clone())));
+            g
+        };
+        let plain_counter = |name: &str, help: &str| {
+            let c = must(IntCounter::new(name, help));
+            must(registry.register(Box::new(c.clone())));
+            c
+        };
         Metrics {
             requests: counter(
                 "spillway_requests_total",
-                "Requests answered, by final HTTP status.",
-                &["route", "class", "status"],
+                "Requests answered, by team and final HTTP status.",
+                &["route", "class", "team", "status"],
             ),
             rejections: counter(
                 "spillway_rejections_total",
-                "Requests refused before reaching a replica, by reason.",
-                &["route", "class", "reason"],
+                "Requests refused before reaching a replica, by team and reason.",
+                &["route", "class", "team", "reason"],
             ),
             cancellations: counter(
                 "spillway_cancellations_total",
@@ -133,13 +144,13 @@ impl Metrics {
             ),
             prompt_tokens: counter(
                 "spillway_prompt_tokens_total",
-                "Prompt tokens of completed requests.",
-                rc,
+                "Prompt tokens of completed requests, by team.",
+                &["route", "class", "team"],
             ),
             completion_tokens: counter(
                 "spillway_completion_tokens_total",
-                "Completion tokens relayed to clients.",
-                rc,
+                "Completion tokens relayed to clients, by team.",
+                &["route", "class", "team"],
             ),
             wasted_tokens: counter(
                 "spillway_wasted_tokens_total",
@@ -200,26 +211,33 @@ impl Metrics {
                 &["route"],
             ),
             draining,
+            connections: plain_gauge("spillway_connections", "Client connections open."),
+            connections_over_limit: plain_counter(
+                "spillway_connections_over_limit_total",
+                "Client connections accepted over server.max_connections, answered 503 and closed.",
+            ),
+            accept_errors: plain_counter(
+                "spillway_accept_errors_total",
+                "Failures to accept a client connection (for example, out of file descriptors).",
+            ),
             registry,
         }
     }
 
-    pub fn class_series(&self, route: &str, class: &str) -> ClassSeries {
+    pub(crate) fn class_series(&self, route: &str, class: &str) -> ClassSeries {
         let l = &[route, class];
         ClassSeries {
             queue_wait: self.queue_wait.with_label_values(l),
             ttft: self.ttft.with_label_values(l),
             itl: self.itl.with_label_values(l),
             duration: self.duration.with_label_values(l),
-            prompt_tokens: self.prompt_tokens.with_label_values(l),
-            completion_tokens: self.completion_tokens.with_label_values(l),
             goodput: self.goodput.with_label_values(l),
             slo_requests: self.slo_requests.with_label_values(l),
         }
     }
 
     /// The classic text format (0.0.4), which promtool and every Prometheus read.
-    pub fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(32 * 1024);
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         buf

@@ -1,58 +1,93 @@
-//! The record of one request as it passes through the gateway, finished exactly once: when it is
-//! dropped, whatever ended it (an answer, an error, a client that left, a deadline).
+//! The record of one request as it passes through the gateway, and how it ended: one [`Ending`],
+//! set once, written when the record is dropped into the metrics and the access log.
 
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::admission::Permit;
 use crate::config::Slo;
+use crate::error::GatewayError;
 use crate::metrics::{ClassSeries, Metrics, NO_CLASS, UNKNOWN_ROUTE};
 use crate::route::ReplicaGuard;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
-/// How a request that reached a replica ended, if not by finishing.
+/// Why a request that had started (admitted, or already answering) stopped before its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cut {
+pub(crate) enum Cut {
     ClientDisconnect,
     StreamIdle,
     Deadline,
     Upstream,
+    /// The gateway's drain after SIGTERM ran out while the stream was still going.
+    DrainTimeout,
 }
 
 impl Cut {
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             Cut::ClientDisconnect => "client_disconnect",
             Cut::StreamIdle => "stream_idle_timeout",
             Cut::Deadline => "deadline",
             Cut::Upstream => "upstream_error",
+            Cut::DrainTimeout => "drain_timeout",
+        }
+    }
+}
+
+/// How a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ending {
+    /// The whole answer went out.
+    Finished,
+    /// Refused before any replica was asked; the code is the metric's rejection reason.
+    Refused(&'static str),
+    /// Failed after a replica was asked, before any byte went to the client.
+    Failed(&'static str),
+    /// The replica's own 4xx, relayed as it was.
+    UpstreamRejected,
+    Cut(Cut),
+}
+
+impl Ending {
+    fn outcome(self) -> &'static str {
+        match self {
+            Ending::Finished => "ok",
+            Ending::Refused(code) | Ending::Failed(code) => code,
+            Ending::UpstreamRejected => "upstream_rejected",
+            Ending::Cut(cut) => cut.reason(),
         }
     }
 }
 
 /// Everything known about one request; its `Drop` writes the metrics and the access-log line.
-pub struct Exchange {
-    pub metrics: Arc<Metrics>,
-    pub access: AccessLog,
-    pub arrival: Instant,
-    pub record: AccessRecord,
-    pub series: Option<ClassSeries>,
-    pub slo: Option<Slo>,
+pub(crate) struct Exchange {
+    metrics: Arc<Metrics>,
+    access: AccessLog,
+    pub(crate) arrival: Instant,
+    pub(crate) record: AccessRecord,
+    series: Option<ClassSeries>,
+    slo: Option<Slo>,
     /// The admission slot, released when this is dropped (the end of the response body).
-    pub permit: Option<Permit>,
-    pub replica: Option<ReplicaGuard>,
-    /// Set once a response head has gone to the client.
-    pub answered: bool,
-    pub finished: bool,
-    pub cut: Option<Cut>,
-    pub rejection: Option<&'static str>,
-    pub first_chunk: Option<Instant>,
-    pub last_chunk: Option<Instant>,
-    pub chunks: u32,
-    pub usage: Option<(u32, u32)>,
+    permit: Option<Permit>,
+    /// How long it waited for a slot (or before it was refused one).
+    queue_wait: Option<Duration>,
+    pub(crate) replica: Option<ReplicaGuard>,
+    /// When the first upstream attempt started and when the upstream's first byte came back.
+    pub(crate) upstream_start: Option<Instant>,
+    pub(crate) upstream_first_byte: Option<Instant>,
+    ending: Option<Ending>,
+    first_chunk: Option<Instant>,
+    last_chunk: Option<Instant>,
+    chunks: u32,
+    pub(crate) usage: Option<(u32, u32)>,
+    /// The team's quota slot, settled with the real usage when this is dropped.
+    quota: Option<crate::quota::QuotaPermit>,
+    /// The team's windows for the `x-ratelimit-*` headers.
+    pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
 }
 
 impl Exchange {
-    pub fn new(metrics: Arc<Metrics>, access: AccessLog, id: String, stream: bool) -> Exchange {
+    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog, id: String) -> Exchange {
         Exchange {
             metrics,
             access,
@@ -61,26 +96,89 @@ impl Exchange {
                 id,
                 route: UNKNOWN_ROUTE.into(),
                 class: NO_CLASS.into(),
-                stream,
                 ..AccessRecord::default()
             },
             series: None,
             slo: None,
             permit: None,
+            queue_wait: None,
             replica: None,
-            answered: false,
-            finished: false,
-            cut: None,
-            rejection: None,
+            upstream_start: None,
+            upstream_first_byte: None,
+            ending: None,
             first_chunk: None,
             last_chunk: None,
             chunks: 0,
             usage: None,
+            quota: None,
+            rate_headers: None,
         }
     }
 
+    /// The request now belongs to a class: its metrics and objective apply.
+    pub(crate) fn classified(&mut self, class: &crate::route::Class) {
+        self.record.class.clone_from(&class.config.name);
+        self.series = Some(class.series.clone());
+        self.slo = class.config.slo;
+    }
+
+    /// The team's quota let the request through (`None`: the team has no quota).
+    pub(crate) fn quota_admitted(&mut self, permit: Option<crate::quota::QuotaPermit>) {
+        self.rate_headers = permit.as_ref().map(|p| p.headers);
+        self.quota = permit;
+    }
+
+    /// The request holds a slot until this record is dropped.
+    pub(crate) fn admitted(&mut self, permit: Permit) {
+        if let Some(s) = &self.series {
+            s.queue_wait.observe(permit.queue_wait.as_secs_f64());
+        }
+        self.queue_wait = Some(permit.queue_wait);
+        self.permit = Some(permit);
+    }
+
+    /// The time it waited before admission refused it.
+    pub(crate) fn waited(&mut self, waited: Duration) {
+        self.queue_wait = Some(waited);
+    }
+
+    pub(crate) fn queue_wait(&self) -> Option<Duration> {
+        self.queue_wait
+    }
+
+    /// Sets how the request ended, with the status the client got; the first ending stands.
+    pub(crate) fn end(&mut self, ending: Ending, status: u16) {
+        if self.ending.is_none() {
+            self.ending = Some(ending);
+            if self.record.status == 0 {
+                self.record.status = status;
+            }
+        }
+    }
+
+    pub(crate) fn ended(&self) -> bool {
+        self.ending.is_some()
+    }
+
+    /// The request fails with `e` before any byte of an answer went out.
+    pub(crate) fn fail(&mut self, e: &GatewayError) {
+        let ending = match e {
+            GatewayError::FirstTokenTimeout(_) | GatewayError::DeadlineExceeded(_) => {
+                Ending::Cut(Cut::Deadline)
+            }
+            _ if self.replica.is_none() => Ending::Refused(e.reason()),
+            _ => Ending::Failed(e.reason()),
+        };
+        self.end(ending, e.status());
+    }
+
+    /// The response head went out with `status`; the body follows.
+    pub(crate) fn answering(&mut self, status: u16) {
+        self.record.status = status;
+    }
+
     /// A relayed chunk carrying tokens, at `now`: the first sets TTFT, the rest are ITL gaps.
-    pub fn token_chunk(&mut self, now: Instant) {
+    pub(crate) fn token_chunk(&mut self, now: Instant) {
         match self.last_chunk {
             None => {
                 self.first_chunk = Some(now);
@@ -100,79 +198,14 @@ impl Exchange {
         self.last_chunk = Some(now);
         self.chunks += 1;
     }
-}
 
-impl Drop for Exchange {
-    fn drop(&mut self) {
-        let now = Instant::now();
-        let m = &self.metrics;
-        let (route, class) = (self.record.route.clone(), self.record.class.clone());
-        let (route, class) = (route.as_str(), class.as_str());
-        if self.answered && !self.finished && self.cut.is_none() {
-            // The response body was dropped before the stream ended: the client went away.
-            self.cut = Some(Cut::ClientDisconnect);
-        }
-        if self.permit.is_some() && !self.answered && self.cut.is_none() && self.record.status == 0 {
-            // Admitted, then the handler was dropped while waiting on the replica.
-            self.cut = Some(Cut::ClientDisconnect);
-        }
-        let (tokens_in, tokens_out) = match self.usage {
-            Some((p, c)) => (Some(p), Some(c)),
-            None => (None, (self.chunks > 0).then_some(self.chunks)),
-        };
-        if let Some(cut) = self.cut {
-            m.cancellations
-                .with_label_values(&[route, class, cut.reason()])
-                .inc();
-            let wasted = u64::from(tokens_out.unwrap_or(0));
-            if wasted > 0 {
-                m.wasted_tokens
-                    .with_label_values(&[route, class, cut.reason()])
-                    .inc_by(wasted);
-            }
-            self.record.outcome = cut.reason().into();
-            if self.record.status == 0 {
-                // The client left before any answer: nginx's convention for "client closed request".
-                self.record.status = 499;
-            }
-        } else if let Some(reason) = self.rejection {
-            m.rejections.with_label_values(&[route, class, reason]).inc();
-            self.record.outcome = reason.into();
-        } else if self.record.outcome.is_empty() {
-            self.record.outcome = "ok".into();
-        }
-        m.requests
-            .with_label_values(&[route, class, status_label(self.record.status)])
-            .inc();
-        let duration = now - self.arrival;
-        if let Some(s) = &self.series {
-            s.duration.observe(duration.as_secs_f64());
-            if self.finished && self.cut.is_none() {
-                if let Some((p, c)) = self.usage {
-                    s.prompt_tokens.inc_by(u64::from(p));
-                    s.completion_tokens.inc_by(u64::from(c));
-                }
-                s.slo_requests.inc();
-                if self.met_slo() {
-                    s.goodput.inc();
-                }
-            }
-        }
-        if let Some(p) = &self.permit {
-            self.record.queue_ms = Some(p.queue_wait.as_secs_f64() * 1e3);
-        }
-        self.record.ttft_ms = self.first_chunk.map(|t| (t - self.arrival).as_secs_f64() * 1e3);
-        self.record.duration_ms = duration.as_secs_f64() * 1e3;
-        self.record.tokens_in = tokens_in;
-        self.record.tokens_out = tokens_out;
-        if let Some(r) = &self.replica {
-            self.record.replica = Some(r.replica.url.clone());
-        }
-        self.access.write(&self.record);
+    /// A whole (non-streamed) answer arrived at `now`.
+    pub(crate) fn whole_answer(&mut self, now: Instant, usage: Option<(u32, u32)>) {
+        self.first_chunk = Some(now);
+        self.last_chunk = Some(now);
+        self.usage = usage;
     }
-}
 
-impl Exchange {
     /// TTFT within the class's objective, and the mean gap between chunks within its ITL objective.
     fn met_slo(&self) -> bool {
         let Some(slo) = self.slo else { return true };
@@ -191,6 +224,76 @@ impl Exchange {
     }
 }
 
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        // Nothing said how it ended: the client went away (while queued, waiting on the replica,
+        // or mid-stream); nginx's 499 where no answer had started.
+        let ending = self.ending.unwrap_or(Ending::Cut(Cut::ClientDisconnect));
+        if self.record.status == 0 {
+            self.record.status = 499;
+        }
+        let m = &self.metrics;
+        let labels = [self.record.route.as_str(), self.record.class.as_str()];
+        let (tokens_in, tokens_out) = match self.usage {
+            Some((p, c)) => (Some(p), Some(c)),
+            None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
+        };
+        if let Some(q) = self.quota.as_mut() {
+            // What the request really cost; without usage, what the stream showed of it.
+            q.settle(u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0)));
+        }
+        let team = self.record.team.as_str();
+        match ending {
+            Ending::Cut(cut) => {
+                let l = [labels[0], labels[1], cut.reason()];
+                m.cancellations.with_label_values(&l).inc();
+                let wasted = u64::from(tokens_out.unwrap_or(0));
+                if wasted > 0 {
+                    m.wasted_tokens.with_label_values(&l).inc_by(wasted);
+                }
+            }
+            Ending::Refused(reason) => {
+                m.rejections
+                    .with_label_values(&[labels[0], labels[1], team, reason])
+                    .inc();
+            }
+            Ending::Finished | Ending::Failed(_) | Ending::UpstreamRejected => {}
+        }
+        m.requests
+            .with_label_values(&[labels[0], labels[1], team, status_label(self.record.status)])
+            .inc();
+        let duration = now - self.arrival;
+        if let Some(s) = &self.series {
+            s.duration.observe(duration.as_secs_f64());
+            if ending == Ending::Finished {
+                if let Some((p, c)) = self.usage {
+                    m.prompt_tokens
+                        .with_label_values(&[labels[0], labels[1], team])
+                        .inc_by(u64::from(p));
+                    m.completion_tokens
+                        .with_label_values(&[labels[0], labels[1], team])
+                        .inc_by(u64::from(c));
+                }
+                s.slo_requests.inc();
+                if self.met_slo() {
+                    s.goodput.inc();
+                }
+            }
+        }
+        self.record.outcome = ending.outcome().into();
+        self.record.queue_ms = self.queue_wait.map(|w| w.as_secs_f64() * 1e3);
+        self.record.ttft_ms = self.first_chunk.map(|t| (t - self.arrival).as_secs_f64() * 1e3);
+        self.record.duration_ms = duration.as_secs_f64() * 1e3;
+        self.record.tokens_in = tokens_in;
+        self.record.tokens_out = tokens_out;
+        if let Some(r) = &self.replica {
+            self.record.replica = Some(r.replica.url.clone());
+        }
+        self.access.write(std::mem::take(&mut self.record));
+    }
+}
+
 /// Status codes as bounded label values.
 fn status_label(status: u16) -> &'static str {
     match status {
@@ -199,8 +302,10 @@ fn status_label(status: u16) -> &'static str {
         401 => "401",
         403 => "403",
         404 => "404",
+        408 => "408",
         413 => "413",
         429 => "429",
+        431 => "431",
         499 => "499",
         500 => "500",
         502 => "502",

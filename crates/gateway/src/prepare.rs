@@ -12,19 +12,19 @@ use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamO
 use std::time::Duration;
 
 /// The request header a caller sets its own deadline with (`"5s"`, `"1500ms"`, or milliseconds).
-pub const DEADLINE_HEADER: &str = "x-spillway-deadline";
+pub(crate) const DEADLINE_HEADER: &str = "x-spillway-deadline";
 /// The request header that lowers (or, on a gateway without tenants, sets) the priority.
-pub const PRIORITY_HEADER: &str = "x-spillway-priority";
+pub(crate) const PRIORITY_HEADER: &str = "x-spillway-priority";
 
 /// Which OpenAI endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
+pub(crate) enum Api {
     Chat,
     Completions,
 }
 
 impl Api {
-    pub fn path(self) -> &'static str {
+    pub(crate) fn path(self) -> &'static str {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
@@ -33,15 +33,15 @@ impl Api {
 }
 
 /// A parsed request, before routing.
-pub enum Parsed {
+pub(crate) enum Parsed {
     Chat(ChatCompletionRequest),
     Completion(CompletionRequest),
 }
 
 impl Parsed {
-    pub fn parse(api: Api, body: &[u8]) -> Result<Parsed, GatewayError> {
+    pub(crate) fn parse(api: Api, body: &[u8]) -> Result<Parsed, GatewayError> {
         let to_err =
-            |e: protocol::ApiError| GatewayError::client(400, "invalid_request", e.body.error.message, None);
+            |e: protocol::ApiError| GatewayError::bad_request("invalid_request", e.body.error.message, None);
         let parsed = match api {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
@@ -49,8 +49,7 @@ impl Parsed {
         if let Parsed::Chat(c) = &parsed
             && c.messages.is_empty()
         {
-            return Err(GatewayError::client(
-                400,
+            return Err(GatewayError::bad_request(
                 "invalid_request",
                 "'messages' must not be empty",
                 Some("messages"),
@@ -59,14 +58,14 @@ impl Parsed {
         Ok(parsed)
     }
 
-    pub fn model(&self) -> &str {
+    pub(crate) fn model(&self) -> &str {
         match self {
             Parsed::Chat(c) => &c.model,
             Parsed::Completion(c) => &c.model,
         }
     }
 
-    pub fn stream(&self) -> bool {
+    pub(crate) fn stream(&self) -> bool {
         match self {
             Parsed::Chat(c) => c.stream,
             Parsed::Completion(c) => c.stream,
@@ -89,7 +88,42 @@ impl Parsed {
         .unwrap_or(1)
     }
 
-    pub fn max_tokens(&self) -> Option<u32> {
+    /// `best_of` (candidates generated to return `n`), which OpenAI's legacy API and vLLM accept.
+    fn best_of(&self) -> Result<Option<u32>, GatewayError> {
+        let extra = match self {
+            Parsed::Chat(c) => &c.extra,
+            Parsed::Completion(c) => &c.extra,
+        };
+        match extra.get("best_of") {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .and_then(|b| u32::try_from(b).ok())
+                .filter(|b| *b >= 1)
+                .map(Some)
+                .ok_or_else(|| {
+                    GatewayError::bad_request(
+                        "invalid_request",
+                        "'best_of' must be a whole number of at least 1",
+                        Some("best_of"),
+                    )
+                }),
+        }
+    }
+
+    /// How many prompts the request holds: a `/v1/completions` prompt may be a list.
+    fn prompts(&self) -> usize {
+        match self {
+            Parsed::Chat(_) => 1,
+            Parsed::Completion(c) => match &c.prompt {
+                Prompt::Text(_) | Prompt::Tokens(_) => 1,
+                Prompt::Texts(t) => t.len(),
+                Prompt::TokenBatches(b) => b.len(),
+            },
+        }
+    }
+
+    pub(crate) fn max_tokens(&self) -> Option<u32> {
         match self {
             Parsed::Chat(c) => c.requested_max_tokens(),
             Parsed::Completion(c) => c.max_tokens,
@@ -130,7 +164,7 @@ impl Parsed {
         h
     }
 
-    pub fn input_tokens(&self, route: &Route) -> u32 {
+    pub(crate) fn input_tokens(&self, route: &Route) -> u32 {
         let n = match self {
             Parsed::Chat(c) => {
                 let text = tokenize::chat_prompt(c.messages.iter().map(|m| {
@@ -154,20 +188,23 @@ impl Parsed {
 
 /// A request ready for admission: its class, priority, cost, and the body to send upstream.
 #[derive(Debug)]
-pub struct Prepared {
+pub(crate) struct Prepared {
     pub class: usize,
     pub priority: Priority,
     pub stream: bool,
     pub client_wants_usage: bool,
     pub input_tokens: u32,
+    /// After the caps and the default; `None` when neither gives one.
     pub max_tokens: Option<u32>,
+    /// Sequences it generates: prompts × `n` (or `best_of`).
+    pub sequences: u32,
     pub body: Bytes,
     /// A hash of the prompt's first 512 bytes, for prefix affinity.
     pub prefix_key: u64,
 }
 
 /// Applies the route's cost caps, picks the class and priority, and writes the upstream body.
-pub fn prepare(
+pub(crate) fn prepare(
     parsed: Parsed,
     route: &Route,
     tenant: &Tenant,
@@ -177,21 +214,47 @@ pub fn prepare(
     let limits = &route.config.limits;
     let n = parsed.n();
     if n == 0 {
-        return Err(GatewayError::client(
-            400,
+        return Err(GatewayError::bad_request(
             "invalid_request",
             "'n' must be at least 1",
             Some("n"),
         ));
     }
+    let best_of = parsed.best_of()?;
+    if best_of.is_some_and(|b| b < n) {
+        return Err(GatewayError::bad_request(
+            "invalid_request",
+            "'best_of' must be at least 'n'",
+            Some("best_of"),
+        ));
+    }
+    let prompts = parsed.prompts();
+    if prompts == 0 {
+        return Err(GatewayError::bad_request(
+            "invalid_request",
+            "'prompt' must not be an empty list",
+            Some("prompt"),
+        ));
+    }
+    // Every prompt of a list generates n (or best_of) sequences: that is what the cap bounds.
+    let per_prompt = best_of.unwrap_or(n);
+    let sequences = u64::from(per_prompt) * prompts as u64;
     if let Some(max_n) = limits.max_n
-        && n > max_n.get()
+        && sequences > u64::from(max_n.get())
     {
-        return Err(GatewayError::client(
-            400,
+        let (asked, param) = match (prompts, best_of) {
+            (1, None) => (format!("n = {n}"), "n"),
+            (1, Some(b)) => (format!("best_of = {b}"), "best_of"),
+            (p, None) => (format!("{sequences} sequences ({p} prompts × n = {n})"), "prompt"),
+            (p, Some(b)) => (
+                format!("{sequences} sequences ({p} prompts × best_of = {b})"),
+                "prompt",
+            ),
+        };
+        return Err(GatewayError::bad_request(
             "n_over_cap",
-            format!("n = {n} exceeds this model's limit of {max_n} choices per request (max_n)"),
-            Some("n"),
+            format!("{asked} exceeds this model's limit of {max_n} sequences per request (max_n)"),
+            Some(param),
         ));
     }
     let input_tokens = parsed.input_tokens(route);
@@ -203,8 +266,7 @@ pub fn prepare(
         } else {
             "prompt"
         };
-        return Err(GatewayError::client(
-            400,
+        return Err(GatewayError::bad_request(
             "input_too_long",
             format!(
                 "the input is {input_tokens} tokens, over this model's limit of {cap} (max_input_tokens)"
@@ -214,8 +276,7 @@ pub fn prepare(
     }
     let mut max_tokens = parsed.max_tokens();
     if max_tokens == Some(0) {
-        return Err(GatewayError::client(
-            400,
+        return Err(GatewayError::bad_request(
             "invalid_request",
             "'max_tokens' must be at least 1",
             Some("max_tokens"),
@@ -226,8 +287,7 @@ pub fn prepare(
     {
         match limits.over_cap {
             OverCap::Reject => {
-                return Err(GatewayError::client(
-                    400,
+                return Err(GatewayError::bad_request(
                     "max_tokens_over_cap",
                     format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
                     Some("max_tokens"),
@@ -239,11 +299,7 @@ pub fn prepare(
     if max_tokens.is_none() {
         max_tokens = limits.max_tokens.default.map(|d| d.get());
     }
-    let class = route
-        .classes
-        .iter()
-        .position(|c| std::ptr::eq(c, route.classify(max_tokens, input_tokens, headers)))
-        .unwrap_or(0);
+    let class = route.classify(max_tokens, input_tokens, headers);
     let priority = priority(headers, tenant, open)?;
     let stream = parsed.stream();
     let client_wants_usage = parsed.wants_usage();
@@ -280,8 +336,7 @@ pub fn prepare(
         }
     }
     .map_err(|e| {
-        GatewayError::client(
-            400,
+        GatewayError::bad_request(
             "invalid_request",
             format!("cannot re-encode the request: {e}"),
             None,
@@ -294,6 +349,7 @@ pub fn prepare(
         client_wants_usage,
         input_tokens,
         max_tokens,
+        sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
         body: Bytes::from(body),
         prefix_key,
     })
@@ -306,8 +362,7 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
         return Ok(tenant.priority);
     };
     let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
-        GatewayError::client(
-            400,
+        GatewayError::bad_request(
             "invalid_priority",
             format!("{PRIORITY_HEADER} must be critical, standard or sheddable"),
             None,
@@ -317,7 +372,7 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
 }
 
 /// The caller's own budget from its deadline header, if it sent one.
-pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
+pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
     let Some(v) = headers.get(DEADLINE_HEADER) else {
         return Ok(None);
     };
@@ -329,8 +384,7 @@ pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayE
         .ok()
         .filter(|d| !d.is_zero());
     parsed.map(Some).ok_or_else(|| {
-        GatewayError::client(
-            400,
+        GatewayError::bad_request(
             "invalid_deadline",
             format!(
                 "{DEADLINE_HEADER} must be a positive duration such as 5s, 1500ms or 1500 (milliseconds)"
@@ -341,7 +395,7 @@ pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayE
 }
 
 /// A request ID we may echo and log: the client's if short and plain, else a fresh one.
-pub fn request_id(headers: &HeaderMap) -> String {
+pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
         .get("x-request-id")
         .and_then(|v| v.to_str().ok())

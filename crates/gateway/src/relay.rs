@@ -1,44 +1,26 @@
-//! Relaying an upstream SSE stream to the client chunk by chunk, without buffering: timing each
-//! token chunk, reading the usage chunk (and dropping it if the client did not ask for it), and
-//! ending with an SSE error event when the upstream stalls, fails or runs out of time.
+//! Stage 10: the answer. A stream's response head is held until the upstream's first chunk (so a
+//! failure before it is still a clean 502/504), then the stream is relayed without buffering: all
+//! the bytes ready when the relay wakes go out in one write, each SSE event is timed (TTFT, ITL),
+//! the usage chunk is read (and dropped if the client did not ask for it), and a stall, a failure,
+//! the total budget or the end of a drain ends it with an SSE error event.
 
 use crate::error::GatewayError;
-use crate::outcome::{Cut, Exchange};
+use crate::outcome::{Cut, Ending, Exchange};
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
+use futures::FutureExt;
+use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use memchr::memmem;
+use protocol::sse::EventSplitter;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio::time::Instant;
 
-/// Splits a byte stream into complete SSE events (each ending in a blank line), keeping the rest.
-#[derive(Debug, Default)]
-pub struct EventSplitter {
-    partial: BytesMut,
-}
-
-impl EventSplitter {
-    /// Feeds bytes; calls `each` with every event completed by them, terminator included.
-    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(Bytes)) {
-        self.partial.extend_from_slice(data);
-        loop {
-            let Some(end) = event_end(&self.partial) else {
-                return;
-            };
-            each(self.partial.split_to(end).freeze());
-        }
-    }
-
-    /// Whatever is left when the stream ends (an event without its blank line).
-    pub fn rest(&mut self) -> Bytes {
-        self.partial.split().freeze()
-    }
-}
+/// A whole (non-streamed) upstream answer may be at most this large.
+const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
 
 /// Needles built once: building a searcher costs more than searching one event.
 struct Needles {
-    lf: memmem::Finder<'static>,
-    crlf: memmem::Finder<'static>,
     usage: memmem::Finder<'static>,
     no_choices: memmem::Finder<'static>,
     content: memmem::Finder<'static>,
@@ -46,27 +28,11 @@ struct Needles {
 }
 
 static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needles {
-    lf: memmem::Finder::new(b"\n\n"),
-    crlf: memmem::Finder::new(b"\r\n\r\n"),
     usage: memmem::Finder::new(b"\"usage\":{"),
     no_choices: memmem::Finder::new(b"\"choices\":[]"),
     content: memmem::Finder::new(b"\"content\":\""),
     text: memmem::Finder::new(b"\"text\":\""),
 });
-
-/// The index just past the first blank line (`\n\n`, or `\r\n\r\n`), if there is one.
-fn event_end(buf: &[u8]) -> Option<usize> {
-    let n = &*NEEDLES;
-    let lf = n.lf.find(buf).map(|i| i + 2);
-    // CRLF framing is rare (vLLM and OpenAI use LF); look for it only where a CR appears at all.
-    let crlf = memchr::memchr(b'\r', buf)
-        .and_then(|_| n.crlf.find(buf))
-        .map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
-}
 
 /// What one SSE event of an OpenAI stream is, judged without parsing its JSON.
 #[derive(Debug, PartialEq, Eq)]
@@ -132,161 +98,271 @@ impl Rename {
         }
     }
 
-    pub fn apply(&self, event: Bytes) -> Bytes {
-        let Some(pos) = self.from.find(&event) else {
-            return event;
-        };
-        let mut out = BytesMut::with_capacity(event.len() + self.to.len());
-        out.extend_from_slice(&event[..pos]);
-        out.extend_from_slice(&self.to);
-        out.extend_from_slice(&event[pos + self.from.needle().len()..]);
+    /// Appends `event` to `out` with the name replaced, without copying it twice.
+    fn append(&self, event: &[u8], out: &mut BytesMut) {
+        match self.from.find(event) {
+            Some(pos) => {
+                out.extend_from_slice(&event[..pos]);
+                out.extend_from_slice(&self.to);
+                out.extend_from_slice(&event[pos + self.from.needle().len()..]);
+            }
+            None => out.extend_from_slice(event),
+        }
+    }
+
+    pub fn apply(&self, body: Bytes) -> Bytes {
+        if self.from.find(&body).is_none() {
+            return body;
+        }
+        let mut out = BytesMut::with_capacity(body.len() + self.to.len());
+        self.append(&body, &mut out);
         out.freeze()
+    }
+}
+
+/// A streamed answer whose first chunk has arrived: the head can go out.
+pub(crate) struct Opened {
+    upstream: Incoming,
+    splitter: EventSplitter,
+    /// The events read while the head was held.
+    first: Vec<Bytes>,
+    at: Instant,
+}
+
+/// Waits for the upstream's first chunk carrying an event, at most until `deadline` (the end of
+/// the `budget` for the first token).
+pub(crate) async fn open(
+    mut upstream: Incoming,
+    deadline: Instant,
+    budget: Duration,
+) -> Result<Opened, GatewayError> {
+    let mut splitter = EventSplitter::default();
+    let mut first = Vec::new();
+    while first.is_empty() {
+        match tokio::time::timeout_at(deadline, upstream.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Ok(data) = frame.into_data() {
+                    splitter.feed(&data, |e| first.push(e));
+                }
+            }
+            Ok(Some(Err(e))) => {
+                return Err(GatewayError::upstream(
+                    "upstream_error",
+                    format!("the replica's stream failed before the first token: {e}"),
+                ));
+            }
+            Ok(None) => {
+                return Err(GatewayError::upstream(
+                    "upstream_error",
+                    "the replica closed the stream before the first token",
+                ));
+            }
+            Err(_) => return Err(GatewayError::FirstTokenTimeout(budget)),
+        }
+    }
+    Ok(Opened {
+        upstream,
+        splitter,
+        first,
+        at: Instant::now(),
+    })
+}
+
+/// Reads a non-streamed answer whole within the total budget.
+pub(crate) async fn whole(
+    upstream: Incoming,
+    deadline: Instant,
+    budget: Duration,
+    rename: Option<&Rename>,
+) -> Result<Bytes, GatewayError> {
+    match tokio::time::timeout_at(deadline, Limited::new(upstream, MAX_RESPONSE_BODY).collect()).await {
+        Ok(Ok(collected)) => {
+            let body = collected.to_bytes();
+            Ok(match rename {
+                Some(r) => r.apply(body),
+                None => body,
+            })
+        }
+        Ok(Err(e)) => Err(GatewayError::upstream(
+            "upstream_error",
+            format!("the replica's answer failed: {e}"),
+        )),
+        Err(_) => Err(GatewayError::DeadlineExceeded(budget)),
+    }
+}
+
+/// What a relayed stream needs to know besides its bytes.
+pub(crate) struct RelayConfig {
+    pub(crate) rename: Option<Rename>,
+    pub(crate) strip_usage: bool,
+    pub(crate) idle: Duration,
+    pub(crate) deadline: Instant,
+    /// Turns true when the gateway's drain runs out: open streams end with an error event.
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+/// Resolves when the drain runs out; never if the gateway that would say so is gone.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|stop| *stop).await.is_err() {
+        std::future::pending::<()>().await;
     }
 }
 
 /// The state of one relayed stream; the response body owns it, and dropping it (the client left)
 /// drops the upstream body, which makes the replica abort the request.
-pub struct Relay {
-    pub rename: Option<Rename>,
-    pub upstream: Incoming,
-    pub splitter: EventSplitter,
-    /// Events already read (the first chunk, read before the response head was sent).
-    pub pending: Vec<Bytes>,
-    pub strip_usage: bool,
-    pub idle: Duration,
-    pub deadline: Instant,
-    pub exchange: Exchange,
-    pub done: bool,
+pub(crate) struct Relay {
+    config: RelayConfig,
+    upstream: Incoming,
+    splitter: EventSplitter,
+    exchange: Exchange,
+    /// Bytes ready for the client (the events read while the head was held).
+    pending: BytesMut,
+    done: bool,
 }
 
 impl Relay {
-    /// Handles one complete event at `now`; returns it if it is to be forwarded.
-    pub fn event(&mut self, event: Bytes, now: Instant) -> Option<Bytes> {
-        let event = match &self.rename {
-            Some(r) => r.apply(event),
-            None => event,
+    pub(crate) fn new(opened: Opened, config: RelayConfig, exchange: Exchange) -> Relay {
+        let mut relay = Relay {
+            config,
+            upstream: opened.upstream,
+            splitter: opened.splitter,
+            exchange,
+            pending: BytesMut::new(),
+            done: false,
         };
-        match classify(&event) {
-            EventKind::Tokens => {
-                self.exchange.token_chunk(now);
-                Some(event)
-            }
+        let mut out = BytesMut::new();
+        for e in opened.first {
+            relay.event(&e, opened.at, &mut out);
+        }
+        relay.pending = out;
+        relay
+    }
+
+    /// The relay as a response body stream.
+    pub(crate) fn into_stream(self) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
+        futures::stream::unfold(
+            self,
+            |mut r| async move { r.next().await.map(|item| (Ok(item), r)) },
+        )
+    }
+
+    /// Handles one complete event at `now`, appending what the client gets to `out`.
+    fn event(&mut self, event: &[u8], now: Instant, out: &mut BytesMut) {
+        match classify(event) {
+            EventKind::Tokens => self.exchange.token_chunk(now),
             EventKind::Usage => {
-                self.exchange.usage = parse_usage(&event);
-                (!self.strip_usage).then_some(event)
+                self.exchange.usage = parse_usage(event);
+                if self.config.strip_usage {
+                    return;
+                }
             }
-            EventKind::Done => {
-                self.exchange.finished = true;
-                Some(event)
-            }
-            EventKind::Other => Some(event),
+            EventKind::Done => self.exchange.end(Ending::Finished, 200),
+            EventKind::Other => {}
+        }
+        match &self.config.rename {
+            Some(r) => r.append(event, out),
+            None => out.extend_from_slice(event),
         }
     }
 
-    /// The next bytes for the client, or `None` at the end.
-    pub async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+    /// Feeds one upstream frame's bytes through the splitter into `out`.
+    fn feed(&mut self, data: &[u8], now: Instant, out: &mut BytesMut) {
+        // The splitter is taken out for the call so each event can update the rest of the relay.
+        let mut splitter = std::mem::take(&mut self.splitter);
+        splitter.feed(data, |e| self.event(&e, now, out));
+        self.splitter = splitter;
+    }
+
+    /// The next bytes for the client, or `None` at the end: everything the upstream has ready when
+    /// the relay wakes, in one piece, without ever waiting for more.
+    async fn next(&mut self) -> Option<Bytes> {
         if !self.pending.is_empty() {
-            let mut out = BytesMut::new();
-            for e in std::mem::take(&mut self.pending) {
-                out.extend_from_slice(&e);
-            }
-            return Some(Ok(out.freeze()));
+            return Some(self.pending.split().freeze());
         }
         if self.done {
             return None;
         }
         loop {
-            let now = Instant::now();
-            let until = (now + self.idle).min(self.deadline);
-            match tokio::time::timeout_at(until, self.upstream.frame()).await {
+            let until = (Instant::now() + self.config.idle).min(self.config.deadline);
+            let frame = tokio::select! {
+                biased;
+                _ = stopped(&mut self.config.stop) => {
+                    return Some(self.fail(Cut::DrainTimeout, "gateway_shutdown", "the gateway is shutting down and its drain time ran out"));
+                }
+                f = tokio::time::timeout_at(until, self.upstream.frame()) => f,
+            };
+            match frame {
                 Ok(Some(Ok(frame))) => {
-                    let Ok(data) = frame.into_data() else { continue };
                     let now = Instant::now();
-                    let mut events = Vec::new();
-                    self.splitter.feed(&data, |e| events.push(e));
                     let mut out = BytesMut::new();
-                    for e in events {
-                        if let Some(b) = self.event(e, now) {
-                            out.extend_from_slice(&b);
+                    if let Ok(data) = frame.into_data() {
+                        self.feed(&data, now, &mut out);
+                    }
+                    // Whatever else is already here goes out in the same write.
+                    while let Some(Some(Ok(frame))) = self.upstream.frame().now_or_never() {
+                        if let Ok(data) = frame.into_data() {
+                            self.feed(&data, now, &mut out);
                         }
                     }
                     if !out.is_empty() {
-                        return Some(Ok(out.freeze()));
+                        return Some(out.freeze());
                     }
                 }
                 Ok(None) => {
                     self.done = true;
                     let rest = self.splitter.rest();
-                    if !self.exchange.finished {
+                    if !self.exchange_finished() {
                         // The upstream closed without `[DONE]`: tell the client rather than end quietly.
-                        return Some(Ok(self.fail(
+                        let mut out = BytesMut::from(&rest[..]);
+                        if !out.is_empty() && !out.ends_with(b"\n\n") {
+                            out.extend_from_slice(b"\n\n");
+                        }
+                        out.extend_from_slice(&self.fail(
                             Cut::Upstream,
+                            "upstream_stream_error",
                             "the replica ended the stream early",
-                            rest,
-                        )));
+                        ));
+                        return Some(out.freeze());
                     }
-                    return (!rest.is_empty()).then_some(Ok(rest));
+                    return (!rest.is_empty()).then_some(rest);
                 }
                 Ok(Some(Err(e))) => {
-                    self.done = true;
                     let msg = format!("the replica's stream failed: {e}");
-                    return Some(Ok(self.fail(Cut::Upstream, &msg, Bytes::new())));
+                    return Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg));
+                }
+                Err(_) if Instant::now() >= self.config.deadline => {
+                    return Some(self.fail(
+                        Cut::Deadline,
+                        "deadline_exceeded",
+                        "the request's total time budget ran out",
+                    ));
                 }
                 Err(_) => {
-                    self.done = true;
-                    let (cut, msg) = if Instant::now() >= self.deadline {
-                        (
-                            Cut::Deadline,
-                            "the request's total time budget ran out".to_owned(),
-                        )
-                    } else {
-                        (
-                            Cut::StreamIdle,
-                            format!("no chunk from the replica for {:?} (stream_idle)", self.idle),
-                        )
-                    };
-                    return Some(Ok(self.fail(cut, &msg, Bytes::new())));
+                    let msg = format!(
+                        "no chunk from the replica for {:?} (stream_idle)",
+                        self.config.idle
+                    );
+                    return Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg));
                 }
             }
         }
     }
 
-    /// Ends the stream with an SSE error event (after whatever partial bytes were pending).
-    fn fail(&mut self, cut: Cut, message: &str, before: Bytes) -> Bytes {
-        self.exchange.cut = Some(cut);
-        let code = match cut {
-            Cut::StreamIdle => "stream_idle_timeout",
-            Cut::Deadline => "deadline_exceeded",
-            Cut::Upstream | Cut::ClientDisconnect => "upstream_stream_error",
-        };
-        let err = GatewayError::upstream(code, message);
-        let mut out = BytesMut::from(&before[..]);
-        if !out.is_empty() && !out.ends_with(b"\n\n") {
-            out.extend_from_slice(b"\n\n");
-        }
-        out.extend_from_slice(&err.sse_event());
-        out.freeze()
+    fn exchange_finished(&self) -> bool {
+        self.exchange.ended()
+    }
+
+    /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
+    fn fail(&mut self, cut: Cut, code: &'static str, message: &str) -> Bytes {
+        self.done = true;
+        self.exchange.end(Ending::Cut(cut), 200);
+        GatewayError::upstream(code, message).sse_event()
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn events_split_anywhere_come_out_whole() {
-        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n";
-        for cut in 0..stream.len() {
-            let mut s = EventSplitter::default();
-            let mut events = Vec::new();
-            s.feed(&stream[..cut], |e| events.push(e));
-            s.feed(&stream[cut..], |e| events.push(e));
-            let joined: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
-            assert_eq!(joined, stream.to_vec(), "cut at {cut}");
-            assert_eq!(events.len(), 4, "cut at {cut}");
-            assert!(s.rest().is_empty());
-        }
-    }
 
     #[test]
     fn kinds_are_told_apart_without_parsing() {

@@ -1,89 +1,58 @@
 //! Retries that cannot become a storm: a budget (retries ≤ a ratio of recent requests plus a small
 //! floor per second) and exponential backoff with full jitter.
 
+use crate::window::SlidingWindow;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Requests and retries over the last ten seconds, in one-second buckets.
+type TenSeconds = SlidingWindow<10>;
+
+/// The retry budget of one route: requests and retries over the last ten seconds.
 #[derive(Debug)]
-struct Window {
-    requests: [u32; 10],
-    retries: [u32; 10],
-    head: Instant,
-    index: usize,
-}
-
-impl Window {
-    const WIDTH: Duration = Duration::from_secs(1);
-
-    fn advance(&mut self, now: Instant) {
-        let mut steps = 0;
-        while now.saturating_duration_since(self.head) >= Self::WIDTH && steps < 10 {
-            self.head += Self::WIDTH;
-            self.index = (self.index + 1) % 10;
-            self.requests[self.index] = 0;
-            self.retries[self.index] = 0;
-            steps += 1;
-        }
-        if now.saturating_duration_since(self.head) >= Self::WIDTH {
-            self.head = now;
-        }
-    }
-}
-
-/// The retry budget of one route.
-#[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     ratio: f64,
     min_per_second: u32,
-    window: Mutex<Window>,
+    windows: Mutex<(TenSeconds, TenSeconds)>,
 }
 
 impl RetryBudget {
-    pub fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
+    pub(crate) fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
+        let now = Instant::now();
+        let window = || TenSeconds::new(Duration::from_secs(1), now);
         RetryBudget {
             ratio,
             min_per_second,
-            window: Mutex::new(Window {
-                requests: [0; 10],
-                retries: [0; 10],
-                head: Instant::now(),
-                index: 0,
-            }),
+            windows: Mutex::new((window(), window())),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Window> {
-        self.window.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, (TenSeconds, TenSeconds)> {
+        self.windows.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Counts a request's first attempt.
-    pub fn request(&self) {
-        let mut w = self.lock();
-        w.advance(Instant::now());
-        let i = w.index;
-        w.requests[i] += 1;
+    pub(crate) fn request(&self) {
+        self.lock().0.add(Instant::now(), 1);
     }
 
     /// Takes one retry from the budget; false (and nothing taken) when it is spent.
-    pub fn try_retry(&self) -> bool {
+    pub(crate) fn try_retry(&self) -> bool {
+        let now = Instant::now();
         let mut w = self.lock();
-        w.advance(Instant::now());
-        let requests: u32 = w.requests.iter().sum();
-        let retries: u32 = w.retries.iter().sum();
-        let allowed = self.ratio * f64::from(requests) + f64::from(self.min_per_second) * 10.0;
-        if f64::from(retries) + 1.0 > allowed {
+        let (requests, retries) = (w.0.sum(now), w.1.sum(now));
+        let span = w.0.span().as_secs_f64();
+        let allowed = self.ratio * requests as f64 + f64::from(self.min_per_second) * span;
+        if retries as f64 + 1.0 > allowed {
             return false;
         }
-        let i = w.index;
-        w.retries[i] += 1;
+        w.1.add(now, 1);
         true
     }
 }
 
 /// The wait before retry number `retry` (1-based): uniformly random up to `min(max, base × 2^(retry-1))`.
-pub fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
+pub(crate) fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
     let ceiling = base
         .saturating_mul(1u32.checked_shl(retry.saturating_sub(1)).unwrap_or(u32::MAX))
         .min(max);

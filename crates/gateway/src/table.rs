@@ -1,23 +1,29 @@
 //! The routing table — routes and tenants — built from a configuration and swapped whole on a
 //! reload, so that every request sees one consistent table from start to end.
 
-use crate::config::Config;
+use crate::config::{Config, ConfigError};
+use crate::error::GatewayError;
 use crate::metrics::Metrics;
+use crate::prepare::Parsed;
 use crate::route::Route;
-use crate::tenant::Tenants;
+use crate::tenant::{Tenant, Tenants};
+use axum::http::HeaderMap;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-pub struct Table {
-    pub routes: Vec<Arc<Route>>,
-    pub by_model: HashMap<String, usize>,
-    pub tenants: Tenants,
-    pub config: Config,
+pub(crate) struct Table {
+    pub(crate) routes: Vec<Arc<Route>>,
+    by_model: HashMap<String, usize>,
+    pub(crate) tenants: Tenants,
 }
 
 impl Table {
     /// Builds a table; with `previous`, routes that stay keep their live state (see [`Route::new`]).
-    pub fn build(config: Config, metrics: &Metrics, previous: Option<&Table>) -> Result<Table, String> {
+    pub(crate) fn build(
+        config: &Config,
+        metrics: &Metrics,
+        previous: Option<&Table>,
+    ) -> Result<Table, ConfigError> {
         let routes: Vec<Arc<Route>> = config
             .routes
             .iter()
@@ -32,14 +38,41 @@ impl Table {
             .map(|(i, r)| (r.config.model.clone(), i))
             .collect();
         Ok(Table {
-            tenants: Tenants::new(&config.tenants),
+            tenants: Tenants::new(&config.tenants, previous.map(|p| &p.tenants)),
             routes,
             by_model,
-            config,
         })
     }
 
-    pub fn route(&self, model: &str) -> Option<&Arc<Route>> {
+    pub(crate) fn route(&self, model: &str) -> Option<&Arc<Route>> {
         self.by_model.get(model).map(|&i| &self.routes[i])
+    }
+
+    /// The route serving the request: its model's (404 if none, 403 if the tenant may not use
+    /// it), or where one of that route's rules sends it (one hop).
+    pub(crate) fn route_for(
+        &self,
+        parsed: &Parsed,
+        tenant: &Tenant,
+        headers: &HeaderMap,
+    ) -> Result<Arc<Route>, GatewayError> {
+        let Some(route) = self.route(parsed.model()) else {
+            return Err(GatewayError::ModelNotFound(
+                parsed.model().chars().take(100).collect(),
+            ));
+        };
+        if !tenant.may_use(&route.config.model) {
+            return Err(GatewayError::ModelNotAllowed {
+                team: tenant.team.clone(),
+                model: route.config.model.clone(),
+            });
+        }
+        if route.config.redirect.is_empty() {
+            return Ok(route.clone());
+        }
+        let target = route
+            .redirect(parsed.max_tokens(), parsed.input_tokens(route), headers)
+            .and_then(|to| self.route(to));
+        Ok(target.unwrap_or(route).clone())
     }
 }

@@ -1,7 +1,11 @@
-//! Server-Sent Events framing for streamed completions (`data: <json>\n\n`, ended by `[DONE]`).
+//! Server-Sent Events framing for streamed completions (`data: <json>\n\n`, ended by `[DONE]`):
+//! writing events, and the one decoder that splits a byte stream into events and reads their data,
+//! shared by the gateway's relay and the load tester.
 
 use bytes::{BufMut, Bytes, BytesMut};
+use memchr::memmem;
 use serde::Serialize;
+use std::borrow::Cow;
 
 /// The terminal event of an OpenAI stream.
 pub const DONE: &[u8] = b"data: [DONE]\n\n";
@@ -21,9 +25,106 @@ pub fn event<T: Serialize>(value: &T) -> Bytes {
     buf.freeze()
 }
 
+/// Splits a byte stream into complete SSE events (each ending in a blank line), keeping the rest
+/// until more arrives. Events come out as the bytes that carried them, so a proxy can forward them
+/// unchanged.
+#[derive(Debug, Default)]
+pub struct EventSplitter {
+    partial: BytesMut,
+}
+
+impl EventSplitter {
+    /// Feeds bytes; calls `each` with every event completed by them, terminator included.
+    pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(Bytes)) {
+        self.partial.extend_from_slice(data);
+        while let Some(end) = event_end(&self.partial) {
+            each(self.partial.split_to(end).freeze());
+        }
+    }
+
+    /// Whatever is left when the stream ends (an event without its blank line).
+    pub fn rest(&mut self) -> Bytes {
+        self.partial.split().freeze()
+    }
+}
+
+static LF: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\n\n"));
+static CRLF: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\r\n\r\n"));
+
+/// The index just past the first blank line (`\n\n`, or `\r\n\r\n`), if there is one.
+pub fn event_end(buf: &[u8]) -> Option<usize> {
+    let lf = LF.find(buf).map(|i| i + 2);
+    // CRLF framing is rare (vLLM and OpenAI use LF); look for it only where a CR appears at all.
+    let crlf = memchr::memchr(b'\r', buf)
+        .and_then(|_| CRLF.find(buf))
+        .map(|i| i + 4);
+    match (lf, crlf) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// The data of one event: its `data:` lines joined by newlines (one optional space after the colon
+/// dropped, as the SSE specification says); `None` for an event without data (a comment, a
+/// keep-alive, only an `event:` or `id:` line).
+pub fn data(event: &[u8]) -> Option<Cow<'_, str>> {
+    let mut lines = event
+        .split(|b| *b == b'\n')
+        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+        .filter_map(|l| {
+            let rest = l.strip_prefix(b"data")?;
+            match rest.first() {
+                None => Some(&rest[..0]),
+                Some(b':') => Some(rest[1..].strip_prefix(b" ").unwrap_or(&rest[1..])),
+                Some(_) => None,
+            }
+        });
+    let first = lines.next()?;
+    match lines.next() {
+        None => Some(String::from_utf8_lossy(first)),
+        Some(second) => {
+            let mut joined = String::from_utf8_lossy(first).into_owned();
+            for l in std::iter::once(second).chain(lines) {
+                joined.push('\n');
+                joined.push_str(&String::from_utf8_lossy(l));
+            }
+            Some(Cow::Owned(joined))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn events_split_anywhere_come_out_whole() {
+        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n";
+        for cut in 0..stream.len() {
+            let mut s = EventSplitter::default();
+            let mut events = Vec::new();
+            s.feed(&stream[..cut], |e| events.push(e));
+            s.feed(&stream[cut..], |e| events.push(e));
+            let joined: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
+            assert_eq!(joined, stream.to_vec(), "cut at {cut}");
+            assert_eq!(events.len(), 4, "cut at {cut}");
+            assert!(s.rest().is_empty());
+        }
+    }
+
+    #[test]
+    fn data_is_read_as_the_specification_says() {
+        assert_eq!(data(b"data: {\"a\":1}\n\n").as_deref(), Some("{\"a\":1}"));
+        assert_eq!(data(b"data:[DONE]\r\n\r\n").as_deref(), Some("[DONE]"));
+        assert_eq!(data(b"data:  two spaces\n\n").as_deref(), Some(" two spaces"));
+        assert_eq!(data(b"event: x\ndata: a\ndata: b\n\n").as_deref(), Some("a\nb"));
+        assert_eq!(data(b"data\n\n").as_deref(), Some(""));
+        assert_eq!(data(b": ping\n\n"), None);
+        assert_eq!(data(b"id: 3\n\n"), None);
+        assert_eq!(data(b"dataset: no\n\n"), None);
+    }
 
     #[test]
     fn event_is_one_data_line_and_a_blank_line() {

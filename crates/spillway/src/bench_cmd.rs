@@ -12,7 +12,7 @@ use clap::{Args, ValueEnum};
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// The server's base URL (e.g. http://127.0.0.1:8000; a trailing /v1 is fine).
+    /// The server's base URL with its scheme (e.g. http://127.0.0.1:8000; a trailing /v1 is fine).
     #[arg(long)]
     url: String,
     /// The model name to send.
@@ -47,11 +47,12 @@ pub(crate) struct BenchArgs {
     /// Instead of --duration: how many requests each level sends.
     #[arg(long)]
     requests: Option<u64>,
-    /// Prompt lengths in tokens: N, fixed:N, uniform:A-B, normal:MEAN,SD or lognormal:MEAN,SD.
-    #[arg(long, default_value = "512")]
+    /// Prompt lengths in tokens: N, fixed:N, uniform:MIN,MAX, normal:MEAN,SD or lognormal:MEAN,SD
+    /// (the forms `spillway engine --output-len` takes).
+    #[arg(long, default_value = "512", value_parser = length_dist)]
     input_len: LengthDist,
     /// Output lengths in tokens (sent as max_tokens, with ignore_eos), same forms as --input-len.
-    #[arg(long, default_value = "128")]
+    #[arg(long, default_value = "128", value_parser = length_dist)]
     output_len: LengthDist,
     /// Prompts from a file: ShareGPT JSON, or JSONL of {"prompt": .., "output_len": N} or strings.
     #[arg(long)]
@@ -69,10 +70,14 @@ pub(crate) struct BenchArgs {
     /// Long mix: the share of long requests.
     #[arg(long, default_value_t = 0.1)]
     long_share: f64,
-    #[arg(long, default_value = "4096")]
-    long_input_len: LengthDist,
-    #[arg(long, default_value = "512")]
-    long_output_len: LengthDist,
+    /// Long mix: prompt lengths of the long requests [default: 4096, shortened to fit the model's
+    /// context when the server publishes max_model_len in /v1/models, as vLLM does].
+    #[arg(long, value_parser = length_dist)]
+    long_input_len: Option<LengthDist>,
+    /// Long mix: output lengths of the long requests [default: 512, or an eighth of the context when
+    /// that is smaller].
+    #[arg(long, value_parser = length_dist)]
+    long_output_len: Option<LengthDist>,
     /// Burst: k × the load ...
     #[arg(long, default_value_t = 2.0)]
     burst_factor: f64,
@@ -96,7 +101,7 @@ pub(crate) struct BenchArgs {
     ignore_eos: bool,
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Write the result as JSON (schema in docs/bench-json.md).
+    /// Write the result as JSON (its schema: docs/bench.md, "JSON schema").
     #[arg(long)]
     json: Option<PathBuf>,
     /// Include every request's record in the JSON.
@@ -114,6 +119,16 @@ pub(crate) struct BenchArgs {
 enum EndpointArg {
     Chat,
     Completions,
+}
+
+/// Parses a length distribution, with a note on stderr for a form that is accepted but spelt
+/// otherwise (`uniform:A-B`).
+fn length_dist(s: &str) -> Result<LengthDist, String> {
+    let d = s.parse()?;
+    if let Some(hint) = LengthDist::hint(s) {
+        eprintln!("spillway: note: {hint}");
+    }
+    Ok(d)
 }
 
 fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
@@ -146,7 +161,7 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
     loads.sort_by(|x, y| x.value().total_cmp(&y.value()));
     loads.dedup();
     let source = match &a.dataset {
-        Some(path) => load_dataset(path, a.output_len).map_err(anyhow::Error::msg)?,
+        Some(path) => load_dataset(path, a.output_len)?,
         None => Source::Synthetic {
             input: a.input_len,
             output: a.output_len,

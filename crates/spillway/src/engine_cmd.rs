@@ -46,7 +46,7 @@ pub(crate) struct EngineArgs {
     tokenizer: Option<PathBuf>,
     /// Output length when a request does not set ignore_eos: N, uniform:A,B, normal:M,SD,
     /// lognormal:M,SD (capped by max_tokens). Default: always max_tokens.
-    #[arg(long)]
+    #[arg(long, value_parser = length_dist)]
     output_len: Option<LengthDist>,
     /// Seed of every sampled length.
     #[arg(long, default_value_t = 0)]
@@ -144,6 +144,16 @@ impl EngineArgs {
         }
         c
     }
+}
+
+/// Parses a length distribution, with a note on stderr for a form that is accepted but spelt
+/// otherwise (`uniform:A-B`).
+fn length_dist(s: &str) -> Result<LengthDist, String> {
+    let d = s.parse()?;
+    if let Some(hint) = LengthDist::hint(s) {
+        eprintln!("spillway: note: {hint}");
+    }
+    Ok(d)
 }
 
 pub(crate) async fn run(args: EngineArgs) -> Result<()> {

@@ -3,6 +3,8 @@
 mod bench_cmd;
 mod diagnose_cmd;
 mod engine_cmd;
+mod key_cmd;
+mod plan_cmd;
 mod serve_cmd;
 
 use clap::{Parser, Subcommand};
@@ -10,8 +12,10 @@ use std::process::ExitCode;
 
 /// Spillway keeps LLM serving inside its SLOs: a bounded wait in front of the model servers, fast
 /// and honest rejections when it is full, and measurements of where each request waited.
+// The about text is the doc comment above, not the package description (which names commands
+// still to come): `--help` lists only what exists.
 #[derive(Parser, Debug)]
-#[command(name = "spillway", version, about, long_about = None, propagate_version = true)]
+#[command(name = "spillway", version, long_about = None, propagate_version = true)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,8 +37,15 @@ enum Command {
     /// name the bottleneck with evidence; exit 0 healthy, 1 an objective breached or saturated,
     /// 2 could not diagnose.
     Diagnose(diagnose_cmd::DiagnoseArgs),
+    /// Turn one measurement into consistent limits for every control point: C, Q, Wq and nested
+    /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM
+    /// and KServe.
+    Plan(Box<plan_cmd::PlanArgs>),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
+    /// Make a new API key and print it with its key_sha256 for the configuration; or, with --hash,
+    /// hash a key read from standard input.
+    Key(key_cmd::KeyArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +59,15 @@ fn main() -> ExitCode {
         .init();
     if let Command::Check(args) = &cli.command {
         return serve_cmd::check(args);
+    }
+    if let Command::Key(args) = &cli.command {
+        return match key_cmd::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("spillway: {e:#}");
+                ExitCode::from(2)
+            }
+        };
     }
     // A proxy or engine holding thousands of streams needs a descriptor each: take the hard limit.
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
@@ -72,7 +92,8 @@ fn main() -> ExitCode {
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Bench(args) => bench_cmd::run(*args).await,
             Command::Diagnose(args) => diagnose_cmd::run(args).await,
-            Command::Check(_) => unreachable!("handled before the runtime starts"),
+            Command::Plan(args) => plan_cmd::run(*args),
+            Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
         }
     });
     match result {

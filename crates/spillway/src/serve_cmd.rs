@@ -34,7 +34,16 @@ fn load(path: &Path) -> Result<Config> {
 }
 
 pub(crate) fn check(args: &CheckArgs) -> ExitCode {
-    match load(&args.config) {
+    // The admin token lives in the environment: check it as `serve` would.
+    let loaded = load(&args.config).and_then(|config| {
+        if let Some(admin) = &config.admin {
+            admin
+                .token(&|name| std::env::var(name).ok())
+                .with_context(|| format!("{} is not a valid configuration", args.config.display()))?;
+        }
+        Ok(config)
+    });
+    match loaded {
         Ok(config) => {
             println!("{}: ok", args.config.display());
             for r in &config.routes {
@@ -54,6 +63,18 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                         c.name, c.concurrency, c.queue, c.queue_wait
                     );
                 }
+            }
+            if let Some(a) = &config.admin {
+                println!(
+                    "  admin API on {} (token from ${}); /metrics on the {} listener",
+                    a.listen,
+                    a.token_env,
+                    if config.server.metrics == gateway::config::MetricsExposure::Admin {
+                        "admin"
+                    } else {
+                        "public"
+                    }
+                );
             }
             println!(
                 "  tenants: {}",
@@ -79,7 +100,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
     }
     let access = AccessLog::stdout();
     let listen = config.listen;
-    let gateway = Gateway::new(config, access).map_err(anyhow::Error::msg)?;
+    let gateway = Gateway::new(config, access)?;
     // Hot reload: on SIGHUP, when the file changes, and through the admin API.
     gateway.set_config_path(args.config.clone());
     tokio::spawn(gateway::admin::watch_file(

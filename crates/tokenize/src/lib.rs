@@ -23,11 +23,22 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A `tokenizer.json` that cannot be used.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot load tokenizer {path}: {reason}")]
+pub struct LoadError {
+    pub path: std::path::PathBuf,
+    pub reason: String,
+}
+
 impl Tokenizer {
-    pub fn from_file(path: &Path) -> Result<Self, String> {
+    pub fn from_file(path: &Path) -> Result<Self, LoadError> {
         tokenizers::Tokenizer::from_file(path)
             .map(|t| Tokenizer::Hf(Box::new(t)))
-            .map_err(|e| format!("cannot load tokenizer {}: {e}", path.display()))
+            .map_err(|e| LoadError {
+                path: path.to_owned(),
+                reason: e.to_string(),
+            })
     }
 
     pub fn encode(&self, text: &str) -> Vec<u32> {

@@ -3,6 +3,7 @@
 extern crate spillway_bench as bench;
 
 mod accuracy;
+mod context;
 mod knee;
 mod report;
 mod support;

@@ -9,9 +9,6 @@ use bench::{Endpoint, Options, Target};
 use engine::EngineConfig;
 use engine::cost::CostModel;
 
-/// Tests that judge latency run one at a time: on two cores, two of them would measure each other.
-pub(crate) static TIMED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
 /// An engine whose every step costs `step`, whatever its batch: its capacity is exactly
 /// `max_num_seqs` sequences, each taking one step per token.
 pub(crate) fn fixed_step_engine(max_num_seqs: usize, step: Duration) -> EngineConfig {
@@ -23,6 +20,16 @@ pub(crate) fn fixed_step_engine(max_num_seqs: usize, step: Duration) -> EngineCo
         ..CostModel::ZERO
     };
     cfg.core_thread = true;
+    cfg
+}
+
+/// [`fixed_step_engine`] for a test on a paused clock (`#[tokio::test(start_paused = true)]`): the
+/// step loop runs on the test's runtime and clock, so a step takes exactly `step` of virtual time
+/// however busy the machine is, and the bench's timestamps are taken on that same clock.
+pub(crate) fn paused_engine(max_num_seqs: usize, step: Duration) -> EngineConfig {
+    let mut cfg = fixed_step_engine(max_num_seqs, step);
+    cfg.core_thread = false;
+    cfg.precise_timer = false;
     cfg
 }
 
@@ -58,8 +65,8 @@ pub(crate) fn options(url: &str, input: u32, output: u32, slo: &str) -> Options 
         metrics_url: Some(format!("{url}/metrics")),
         phases: Phase::ALL.to_vec(),
         long_share: 0.2,
-        long_input: LengthDist::Fixed { tokens: 1000 },
-        long_output: LengthDist::Fixed { tokens: 2 * output },
+        long_input: Some(LengthDist::Fixed { tokens: 1000 }),
+        long_output: Some(LengthDist::Fixed { tokens: 2 * output }),
         burst_factor: 2.0,
         burst_length: Duration::from_secs(1),
         recovery_timeout: Duration::from_secs(3),

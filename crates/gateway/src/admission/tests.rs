@@ -286,3 +286,63 @@ async fn adaptive_c_falls_over_the_objective_and_rises_under_it_when_reached() {
     }
     assert_eq!(climb, [30, 31, 32, 32], "careful near the C that breached");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_after_an_idle_spell_is_not_refused_on_stale_history() {
+    // C + Q clients in a closed loop after an idle minute: each finds a slot or a queue place, and
+    // the predicted wait (2 ahead at most, 200 ms holds over 2 slots: 200 ms) is far below Wq.
+    let a = gate(2, 2, 1000);
+    for _ in 0..10 {
+        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        tokio::time::advance(Duration::from_millis(200)).await;
+        drop(p);
+    }
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut refused = 0;
+                for _ in 0..10 {
+                    match a.acquire(Priority::Standard, far()).await {
+                        Ok(p) => {
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            drop(p);
+                        }
+                        Err(_) => refused += 1,
+                    }
+                }
+                refused
+            })
+        })
+        .collect();
+    for c in clients {
+        assert_eq!(c.await.unwrap(), 0, "no request of the burst is refused");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_drain_rate_ignores_idle_time_between_holds() {
+    // Holds of 100 ms on one slot, spread over 8 s of mostly idle time: the slot still frees 10
+    // per second when busy, so 5 ahead need 0.5 s, within Wq.
+    let a = gate(1, 10, 1000);
+    for _ in 0..8 {
+        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        tokio::time::advance(Duration::from_millis(100)).await;
+        drop(p);
+        tokio::time::advance(Duration::from_millis(900)).await;
+    }
+    let _busy = a.acquire(Priority::Standard, far()).await.unwrap();
+    let mut waiting = Vec::new();
+    for _ in 0..5 {
+        let a = a.clone();
+        waiting.push(tokio::spawn(
+            async move { a.acquire(Priority::Standard, far()).await },
+        ));
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(a.queued(), 5, "nobody refused");
+    for w in waiting {
+        w.abort();
+    }
+}

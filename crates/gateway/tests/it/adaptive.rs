@@ -62,8 +62,8 @@ async fn bench_safe_concurrency(url: &str) -> u32 {
             bench::spec::Phase::Burst,
         ],
         long_share: 0.0,
-        long_input: len,
-        long_output: len,
+        long_input: Some(len),
+        long_output: Some(len),
         burst_factor: 2.0,
         burst_length: Duration::from_secs(1),
         recovery_timeout: Duration::from_secs(3),
@@ -98,7 +98,10 @@ async fn bench_safe_concurrency(url: &str) -> u32 {
 /// 3. The engine slows down 2× at run time: C falls, and once it has, the TTFT p95 of admitted
 ///    requests (the engine's own record) is back under the SLO.
 /// 4. The engine recovers: C rises again.
+/// About 20 s of 100 clients whose bounds assume the machine's two cores: `scripts/test.sh` runs
+/// it on its own after the suite (`--ignored`), where nothing else competes for them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn adaptive_limit_matches_bench_and_follows_a_slowdown() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 16;

@@ -114,7 +114,13 @@ async fn engine_aware_avoids_a_replica_with_a_queue() {
             == 2)
         .await
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        eventually(Duration::from_secs(5), || stack.gateway.replica_states("chat")[0]
+            ["engine_waiting"]
+            == 2.0)
+        .await,
+        "the gateway has read the engine's queue"
+    );
     let before = stack.engines[0].engine.records().len();
     let url = format!("{}/v1/chat/completions", stack.url);
     for i in 0..9 {

@@ -49,7 +49,9 @@ async fn metrics_pass_promtool_and_never_take_labels_from_clients() {
     assert!(text.contains("spillway_slo_requests_total{class=\"interactive\",route=\"chat\"} 4"));
     assert!(text.contains("spillway_concurrency_limit{class=\"interactive\",route=\"chat\"} 8"));
     assert!(text.contains("spillway_queue_limit{class=\"interactive\",route=\"chat\"} 8"));
-    assert!(text.contains("spillway_completion_tokens_total{class=\"interactive\",route=\"chat\"} 20"));
+    assert!(text.contains(
+        "spillway_completion_tokens_total{class=\"interactive\",route=\"chat\",team=\"anonymous\"} 20"
+    ));
 
     let report = testkit::promtool_check(&text).await;
     assert!(report.trim().is_empty(), "promtool: {report}");

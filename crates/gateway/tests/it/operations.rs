@@ -121,6 +121,7 @@ async fn a_bad_reload_is_refused_and_changes_nothing() {
             .gateway
             .reload(other_listen)
             .unwrap_err()
+            .to_string()
             .contains("without a restart")
     );
     // A good file through the admin API applies.

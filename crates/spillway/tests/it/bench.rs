@@ -6,7 +6,7 @@ use std::process::{Command, Stdio};
 use crate::support::{BIN, Kill, PORTS, free_port_pair, try_get, wait_until};
 
 /// An engine on free ports (the next port stays free: nothing listens there).
-fn engine() -> (Kill, u16) {
+pub(crate) fn engine() -> (Kill, u16) {
     let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
     let port = free_port_pair();
     let child = Command::new(BIN)
@@ -31,7 +31,7 @@ fn engine() -> (Kill, u16) {
     (child, port)
 }
 
-fn bench(args: &[&str]) -> (Option<i32>, String, String) {
+pub(crate) fn bench(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(BIN).arg("bench").args(args).output().unwrap();
     (
         out.status.code(),

@@ -4,7 +4,8 @@
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, get, wait_until};
+use crate::support::{BIN, Kill, PORTS, free_port_pair, get, try_get, wait_until};
+use std::time::Duration;
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
@@ -140,4 +141,186 @@ fn check_accepts_the_shipped_example_and_names_the_bad_field() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent.yaml"));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_validates_the_admin_section_and_names_allowed_values() {
+    let dir = std::env::temp_dir().join(format!("spillway-check-admin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let route = "routes:\n  - model: m\n    replicas: [http://127.0.0.1:9]\n";
+    let admin = write(
+        "admin.yaml",
+        &format!(
+            "listen: 127.0.0.1:8080\nadmin: {{ listen: 127.0.0.1:8081, token_env: SPILLWAY_CHECK_TOKEN }}\n{route}"
+        ),
+    );
+    let check = |path: &std::path::Path, token: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["check", path.to_str().unwrap()]);
+        cmd.env_remove("SPILLWAY_CHECK_TOKEN");
+        if let Some(t) = token {
+            cmd.env("SPILLWAY_CHECK_TOKEN", t);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    let (code, text) = check(&admin, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("SPILLWAY_CHECK_TOKEN holding the admin token is not set"),
+        "{text}"
+    );
+    let (code, text) = check(&admin, Some("short"));
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("use at least 16"), "{text}");
+    let (code, text) = check(&admin, Some("a-long-enough-admin-token"));
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("admin API on 127.0.0.1:8081"), "{text}");
+    let same = write(
+        "same.yaml",
+        &format!("listen: 127.0.0.1:8080\nadmin: {{ listen: 127.0.0.1:8080, token_env: X }}\n{route}"),
+    );
+    let (code, text) = check(&same, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("admin.listen: 127.0.0.1:8080 is also the public listener"),
+        "{text}"
+    );
+    let zero = write(
+        "zero.yaml",
+        "listen: 127.0.0.1:8080\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:9]\n    classes:\n      - { name: a, concurrency: 0, queue: 1, queue_wait: 1s }\n",
+    );
+    let (code, text) = check(&zero, None);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("0 is not allowed: use a number of requests from 1 up"),
+        "{text}"
+    );
+    assert_eq!(
+        text.matches("routes[0].classes[0].concurrency").count(),
+        1,
+        "the path is said once: {text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Standard output into a pipe that nobody reads fills after a few hundred access-log lines; the
+/// gateway must go on serving (the log drops lines instead of blocking a worker).
+#[test]
+fn a_stuck_access_log_reader_does_not_stop_the_gateway() {
+    use std::io::{Read, Write};
+    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
+    let engine_port = free_port_pair();
+    let _engine = Kill(
+        Command::new(BIN)
+            .args([
+                "engine",
+                "--listen",
+                &format!("127.0.0.1:{engine_port}"),
+                "--preset",
+                "zero",
+                "--model",
+                "m",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let engine_up = wait_until(1000, || {
+        try_get(engine_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    assert!(engine_up, "the engine starts");
+    let gateway_port = free_port_pair();
+    let dir = std::env::temp_dir().join(format!("spillway-stuck-log-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("gw.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen: 127.0.0.1:{gateway_port}\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:{engine_port}]\n    health: {{ enabled: false }}\n"
+        ),
+    )
+    .unwrap();
+    // stdout is a pipe this test never reads.
+    let gateway = Kill(
+        Command::new(BIN)
+            .args(["serve", "--config", config.to_str().unwrap()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let up = wait_until(1000, || {
+        try_get(gateway_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+    });
+    assert!(up, "the gateway starts");
+    drop(ports);
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
+    for i in 0..2000 {
+        let mut s = TcpStream::connect(("127.0.0.1", gateway_port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        let read = s.read_to_string(&mut answer);
+        assert!(
+            read.is_ok() && answer.starts_with("HTTP/1.1 200"),
+            "request {i} was not served ({read:?}): {answer}"
+        );
+    }
+    drop(gateway);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn key_makes_a_key_once_and_hashes_one_from_stdin() {
+    use std::io::Write;
+    let out = Command::new(BIN).arg("key").output().unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| panic!("{name} missing: {stdout}"))
+    };
+    let (key, hash) = (field("key:"), field("key_sha256:"));
+    assert!(key.starts_with("sk-spw-") && key.len() == 71, "{key}");
+    let mut child = Command::new(BIN)
+        .args(["key", "--hash"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    writeln!(child.stdin.take().unwrap(), "{key}").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        hash,
+        "the same hash as printed"
+    );
+    let again = Command::new(BIN).arg("key").output().unwrap();
+    assert!(
+        !String::from_utf8_lossy(&again.stdout).contains(&key),
+        "a new key each time"
+    );
 }

@@ -3,4 +3,5 @@
 mod bench;
 mod commands;
 mod diagnose;
+mod plan;
 mod support;

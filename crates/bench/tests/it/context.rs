@@ -1,0 +1,72 @@
+//! Request lengths against the served model's context, and a target URL without its scheme.
+
+use std::time::Duration;
+
+use bench::spec::{LengthDist, Phase};
+
+use crate::support::{concurrency, options, paused_engine};
+
+/// The long mix's defaults (4,096 in, 512 out) shrink to fit a 1,024-token context the engine
+/// publishes in /v1/models, and say so; every long request then succeeds.
+#[tokio::test(start_paused = true)]
+async fn the_long_mix_fits_the_context_the_server_publishes() {
+    let mut cfg = paused_engine(16, Duration::from_millis(2));
+    cfg.max_model_len = 1024;
+    let engine = engine::spawn_local(cfg).await.unwrap();
+    let mut opts = options(&engine.url(), 16, 8, "ttft_p95=1s,error_rate=1%");
+    opts.phases = vec![Phase::Baseline, Phase::LongMix];
+    opts.loads = concurrency(&[2]);
+    opts.long_input = None;
+    opts.long_output = None;
+    opts.long_share = 0.5;
+    let report = bench::run(opts.clone()).await.unwrap();
+    let table = bench::report::table(&report);
+    assert_eq!(report.parameters.max_model_len, Some(1024));
+    // An eighth of the context out, the rest in but for room for the chat template.
+    assert_eq!(
+        report.parameters.long_output_len,
+        LengthDist::Fixed { tokens: 128 }
+    );
+    assert_eq!(
+        report.parameters.long_input_len,
+        LengthDist::Fixed { tokens: 832 }
+    );
+    assert!(
+        table.contains("note: long mix: 832 tokens in, 128 out"),
+        "{table}"
+    );
+    let mix = report.levels.iter().find(|l| l.phase == Phase::LongMix).unwrap();
+    assert!(mix.long.as_ref().unwrap().requests > 0, "{table}");
+    assert!(mix.stats.errors.is_empty() && mix.pass, "{table}");
+
+    // Lengths given that cannot fit stop the run before it sends load, naming both numbers.
+    opts.long_input = Some(LengthDist::Fixed { tokens: 2000 });
+    let err = bench::run(opts.clone()).await.unwrap_err().to_string();
+    assert!(
+        err.contains("--long-input-len 2000") && err.contains("max_model_len 1024"),
+        "{err}"
+    );
+    opts.long_input = None;
+    opts.workload = bench::workload::Workload {
+        source: bench::workload::Source::Synthetic {
+            input: LengthDist::Uniform { min: 100, max: 1000 },
+            output: LengthDist::Fixed { tokens: 100 },
+        },
+        long: None,
+    };
+    let err = bench::run(opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("--input-len uniform:100,1000") && err.contains("reach 1100 tokens"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_url_without_a_scheme_says_so() {
+    let opts = options("127.0.0.1:8000", 16, 8, "ttft_p95=1s");
+    let err = bench::run(opts).await.unwrap_err().to_string();
+    assert!(
+        err.contains("the scheme is missing") && err.contains("http://127.0.0.1:8000"),
+        "{err}"
+    );
+}

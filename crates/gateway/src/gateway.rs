@@ -1,0 +1,204 @@
+//! The gateway's shared state: the routing table in force (swapped whole on a reload), metrics,
+//! the access log, the background tasks of the routes, and the drain.
+
+use crate::access_log::AccessLog;
+use crate::config::{Config, ConfigError, err};
+use crate::metrics::Metrics;
+use crate::table::Table;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use tokio::sync::watch;
+
+/// Stops the health checks when the server stops.
+pub(crate) struct StopProbes<'a>(pub(crate) &'a Gateway);
+
+impl Drop for StopProbes<'_> {
+    fn drop(&mut self) {
+        self.0.probes.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}
+
+/// Stops a background task when the server stops.
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Everything the request path shares.
+pub struct Gateway {
+    table: RwLock<Arc<Table>>,
+    pub(crate) metrics: Arc<Metrics>,
+    pub(crate) access: AccessLog,
+    draining: AtomicBool,
+    /// Turns true when the drain runs out: streams still open end with an SSE error event.
+    pub(crate) stop: watch::Sender<bool>,
+    /// The configuration the process started with: `listen` and `server` come from it for good.
+    pub config: Config,
+    probes: Mutex<Vec<AbortOnDrop>>,
+    admin_token: Option<String>,
+    config_path: Mutex<Option<std::path::PathBuf>>,
+    /// Where the admin API listens, once it does.
+    pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+}
+
+impl Gateway {
+    pub fn new(config: Config, access: AccessLog) -> Result<Arc<Gateway>, ConfigError> {
+        Self::with_env(config, access, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`Gateway::new`], reading secrets through `env` (tests pass their own).
+    pub fn with_env(
+        config: Config,
+        access: AccessLog,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Arc<Gateway>, ConfigError> {
+        // `server.access_log: false` is decided here once, not per request.
+        let access = if config.server.access_log {
+            access
+        } else {
+            AccessLog::discard()
+        };
+        let admin_token = match &config.admin {
+            Some(a) => Some(a.token(env)?),
+            None => None,
+        };
+        let metrics = Arc::new(Metrics::new());
+        // Registered once per gateway: the counter belongs to its access log.
+        let _ = metrics.registry.register(Box::new(access.dropped()));
+        let table = Table::build(&config, &metrics, None)?;
+        Ok(Arc::new(Gateway {
+            table: RwLock::new(Arc::new(table)),
+            metrics,
+            access,
+            draining: AtomicBool::new(false),
+            stop: watch::Sender::new(false),
+            config,
+            probes: Mutex::new(Vec::new()),
+            admin_token,
+            config_path: Mutex::new(None),
+            admin_addr: std::sync::OnceLock::new(),
+        }))
+    }
+
+    pub fn admin_token(&self) -> Option<&str> {
+        self.admin_token.as_deref()
+    }
+
+    /// The file the configuration came from, for reloads.
+    pub fn set_config_path(&self, path: std::path::PathBuf) {
+        *self.config_path.lock().unwrap_or_else(|e| e.into_inner()) = Some(path);
+    }
+
+    pub fn config_path(&self) -> Option<std::path::PathBuf> {
+        self.config_path.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The routing table in force; a request holds one for its whole life.
+    pub(crate) fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Applies a new configuration without a restart: routes, classes, limits, replicas and tenants
+    /// change at once for new requests; requests in flight keep what they started with.
+    /// `listen` and `server` cannot change in a running process and must stay as they are.
+    pub fn reload(&self, config: Config) -> Result<(), ConfigError> {
+        if config.listen != self.config.listen
+            || config.server != self.config.server
+            || config.admin != self.config.admin
+        {
+            return Err(err(
+                "config",
+                "'listen', 'server' and 'admin' cannot change without a restart",
+            ));
+        }
+        let previous = self.table();
+        let table = Table::build(&config, &self.metrics, Some(&previous))?;
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        self.start_probes();
+        Ok(())
+    }
+
+    /// (Re)starts the active health checks of the current routes.
+    pub(crate) fn start_probes(&self) {
+        let probes = self
+            .table()
+            .routes
+            .iter()
+            .flat_map(|r| {
+                let health = r
+                    .config
+                    .health
+                    .enabled
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().probe_health())));
+                let engines = (r.config.balance == crate::config::Balance::EngineAware)
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().scrape_engines())));
+                let adaptive = r
+                    .classes
+                    .iter()
+                    .any(|c| matches!(c.config.concurrency, crate::config::Concurrency::Adaptive { .. }))
+                    .then(|| AbortOnDrop(tokio::spawn(r.clone().adapt_limits())));
+                health.into_iter().chain(engines).chain(adaptive)
+            })
+            .collect();
+        *self.probes.lock().unwrap_or_else(|e| e.into_inner()) = probes;
+    }
+
+    /// Stops taking new requests (`/ready` turns 503); requests in flight go on.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::Release);
+        self.metrics.draining.set(1);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
+    }
+
+    /// In-flight requests over every class of every route.
+    pub fn in_flight(&self) -> u32 {
+        self.table()
+            .routes
+            .iter()
+            .flat_map(|r| &r.classes)
+            .map(|c| c.admission.in_flight())
+            .sum()
+    }
+
+    /// The admission gate of a route's class, for tests and the admin view.
+    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
+        let table = self.table();
+        let route = table.route(model)?;
+        route
+            .classes
+            .iter()
+            .find(|c| c.config.name == class)
+            .map(|c| c.admission.clone())
+    }
+
+    /// The admin view of a route's replicas (health, drain, ejection, busy, load), so tests and
+    /// operators can wait on state rather than on time.
+    pub fn replica_states(&self, model: &str) -> Vec<serde_json::Value> {
+        self.table().route(model).map_or_else(Vec::new, |r| {
+            r.replicas.iter().enumerate().map(|(i, x)| x.state(i)).collect()
+        })
+    }
+
+    pub(crate) fn refresh_gauges(&self) {
+        for r in &self.table().routes {
+            r.refresh_gauges();
+            for c in &r.classes {
+                let labels = [r.config.model.as_str(), c.config.name.as_str()];
+                self.metrics
+                    .in_flight
+                    .with_label_values(&labels)
+                    .set(i64::from(c.admission.in_flight()));
+                self.metrics
+                    .queued
+                    .with_label_values(&labels)
+                    .set(i64::from(c.admission.queued()));
+            }
+        }
+    }
+}

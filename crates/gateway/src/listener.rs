@@ -1,0 +1,214 @@
+//! Connections: the accept loop, a cap on client connections below the open-files limit (over it,
+//! a connection still gets `/health`, `/ready` and `/metrics`, and a 503 for anything else),
+//! deadlines for request heads and bodies, and the drain: refuse new requests, stop accepting, let
+//! streams finish, and cut with an SSE error whatever is still open when the drain time runs out.
+
+use crate::config::MetricsExposure;
+use crate::error::GatewayError;
+use crate::gateway::{AbortOnDrop, Gateway, StopProbes};
+use axum::Router;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::routing::get;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+
+/// File descriptors kept back from client connections: the admin listener, health probes,
+/// scrapes, the config file, logs.
+const RESERVED_FDS: u64 = 128;
+/// After the drain runs out, how long cut streams get to flush their error event.
+const CUT_GRACE: Duration = Duration::from_millis(500);
+/// A connection over the limit must send its request head within this long: it holds a
+/// descriptor the gateway is short of.
+const OVER_LIMIT_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Client connections allowed by default: half of what the open-files limit leaves after a
+/// reserve, since each client stream also holds an upstream connection.
+pub(crate) fn default_max_connections() -> usize {
+    let soft = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+    usize::try_from(soft.saturating_sub(RESERVED_FDS) / 2)
+        .unwrap_or(usize::MAX)
+        .max(16)
+}
+
+/// Serves until `shutdown` resolves, then drains: `/ready` fails and new requests get 503 for
+/// `server.drain_delay`, the listener closes, and streams in flight get up to
+/// `server.drain_timeout` to finish before they are cut.
+pub async fn run(
+    listener: TcpListener,
+    gateway: Arc<Gateway>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let server = gateway.config.server.clone();
+    let max = server.max_connections.unwrap_or_else(default_max_connections);
+    gateway.start_probes();
+    let _stop_probes = StopProbes(&gateway);
+    let _admin = match &gateway.config.admin {
+        Some(a) => {
+            let admin = TcpListener::bind(a.listen).await?;
+            let _ = gateway.admin_addr.set(admin.local_addr()?);
+            let app = crate::admin::router(gateway.clone());
+            Some(AbortOnDrop(tokio::spawn(async move {
+                let _ = axum::serve(admin, app).await;
+            })))
+        }
+        None => None,
+    };
+    let app = crate::server::router(gateway.clone());
+    let overloaded = overloaded_router(gateway.clone(), max);
+    let builder = Arc::new(connection_builder(&server, server.header_timeout));
+    let over_limit_builder = Arc::new(connection_builder(
+        &server,
+        server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
+    ));
+    let graceful = GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
+    let metrics = gateway.metrics.clone();
+    let mut last_warning: Option<Instant> = None;
+    let mut warn = |what: &str, detail: String| {
+        // At most one line a second: a flood must not become a flood of logs.
+        let now = Instant::now();
+        if last_warning.is_none_or(|t| now - t >= Duration::from_secs(1)) {
+            last_warning = Some(now);
+            tracing::warn!(detail, "{what}");
+        }
+    };
+
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut drain_started: Option<Instant> = None;
+    loop {
+        let until_close = drain_started.map(|t| t + server.drain_delay);
+        let accepted = tokio::select! {
+            _ = &mut shutdown, if drain_started.is_none() => {
+                gateway.drain();
+                tracing::info!(in_flight = gateway.in_flight(), "draining: not ready, refusing new requests");
+                drain_started = Some(Instant::now());
+                continue;
+            }
+            _ = sleep_until(until_close) => break,
+            a = listener.accept() => a,
+        };
+        let tcp = match accepted {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of descriptors (or another transient failure): count it, say it, and give
+                // connections in flight a moment to end instead of spinning.
+                metrics.accept_errors.inc();
+                warn("cannot accept a connection", e.to_string());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let count = open.fetch_add(1, Ordering::Relaxed) + 1;
+        metrics.connections.set(count as i64);
+        let (service, builder) = if count > max {
+            metrics.connections_over_limit.inc();
+            warn(
+                "over server.max_connections: answering 503 and closing",
+                format!("{count} open, limit {max}"),
+            );
+            (overloaded.clone(), over_limit_builder.clone())
+        } else {
+            (app.clone(), builder.clone())
+        };
+        let conn = Connection {
+            open: open.clone(),
+            gauge: metrics.connections.clone(),
+        };
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _conn = conn;
+            let serving = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
+            let _ = watcher.watch(serving).await;
+        });
+    }
+    drop(listener);
+    tracing::info!(
+        in_flight = gateway.in_flight(),
+        "closed the listener; waiting for streams in flight"
+    );
+    let drain = graceful.shutdown();
+    let mut drain = std::pin::pin!(drain);
+    if tokio::time::timeout(server.drain_timeout, &mut drain)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            in_flight = gateway.in_flight(),
+            "drain timeout: cutting the streams still open"
+        );
+        gateway.stop.send_replace(true);
+        let _ = tokio::time::timeout(CUT_GRACE, drain).await;
+    }
+    Ok(())
+}
+
+/// HTTP/1 and HTTP/2 on one port, with the server's limits on heads.
+fn connection_builder(
+    server: &crate::config::ServerConfig,
+    header_timeout: Duration,
+) -> auto::Builder<TokioExecutor> {
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        // Heads a little over the limit get the gateway's own 431 (in the OpenAI shape); hyper
+        // answers far larger ones itself.
+        .max_buf_size((server.max_header_bytes * 4).max(16 * 1024));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    builder
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Counts a client connection while it lives.
+struct Connection {
+    open: Arc<AtomicUsize>,
+    gauge: prometheus::IntGauge,
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        let left = self.open.fetch_sub(1, Ordering::Relaxed) - 1;
+        self.gauge.set(left as i64);
+    }
+}
+
+/// What a connection over the limit gets: the probes still answer, anything else is a 503, and
+/// the connection closes after its answer.
+fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
+    let mut router = Router::new()
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(|| async { StatusCode::SERVICE_UNAVAILABLE }));
+    if gateway.config.server.metrics == MetricsExposure::Public {
+        router = router.route("/metrics", get(crate::server::metrics));
+    }
+    router
+        .fallback(move || async move { GatewayError::TooManyConnections(max) })
+        .layer(axum::middleware::map_response(
+            |mut r: axum::response::Response| async move {
+                r.headers_mut()
+                    .insert(header::CONNECTION, HeaderValue::from_static("close"));
+                r
+            },
+        ))
+        .with_state(gateway)
+}

@@ -1,0 +1,212 @@
+//! Stages 7–9: pick a replica, call it under the budgets, classify its answer, and try another —
+//! only before any byte reached the client, only when the error says a retry is allowed, within
+//! the attempts, the route's retry budget and the deadline, after a jittered backoff.
+
+use crate::error::GatewayError;
+use crate::outcome::Exchange;
+use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
+use crate::route::{Observation, Route};
+use axum::http::header;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Upstream error bodies are read at most this far (for the log; clients never see them).
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// The request's budgets as instants: the caller's deadline, if smaller, shrinks each of them.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Budgets {
+    pub(crate) total: Duration,
+    pub(crate) first_token: Duration,
+    pub(crate) deadline: Instant,
+    pub(crate) first_token_deadline: Instant,
+}
+
+impl Budgets {
+    pub(crate) fn new(t: &crate::config::Timeouts, caller: Option<Duration>, arrival: Instant) -> Budgets {
+        let total = caller.map_or(t.total, |c| c.min(t.total));
+        let first_token = t.first_token.min(total);
+        Budgets {
+            total,
+            first_token,
+            deadline: arrival + total,
+            first_token_deadline: arrival + first_token,
+        }
+    }
+
+    /// How long the response head may take: the first token for a stream, everything otherwise.
+    fn head(&self, stream: bool) -> (Instant, Duration) {
+        if stream {
+            (self.first_token_deadline, self.first_token)
+        } else {
+            (self.deadline, self.total)
+        }
+    }
+}
+
+/// Calls replicas until one gives an answer to relay (a 2xx, or the client's own 4xx) or the
+/// attempts run out. `ex` learns which replica answered and how many retries it took.
+pub(crate) async fn call(
+    route: &Route,
+    api: Api,
+    prepared: &Prepared,
+    budgets: &Budgets,
+    ex: &mut Exchange,
+) -> Result<hyper::Response<Incoming>, GatewayError> {
+    let pool = &route.classes[prepared.class].pool;
+    let (head_deadline, _) = budgets.head(prepared.stream);
+    let attempts = route.config.retry.attempts.get() as usize;
+    let mut tried: Vec<usize> = Vec::with_capacity(attempts);
+    route.budget.request();
+    ex.upstream_start = Some(Instant::now());
+    loop {
+        let Some(replica) = route.pick(pool, &tried, prepared.prefix_key) else {
+            return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
+        };
+        tried.push(replica.index);
+        let index = replica.index;
+        ex.replica = Some(replica);
+        let error = match attempt(route, api, prepared, budgets, &ex.record.id, index).await {
+            Ok(response) => {
+                ex.upstream_first_byte = Some(Instant::now());
+                return Ok(response);
+            }
+            Err(e) => e,
+        };
+        if !error.retryable()
+            || tried.len() >= attempts
+            || !route.has_untried(pool, &tried)
+            || Instant::now() >= head_deadline
+        {
+            return Err(error);
+        }
+        if !route.budget.try_retry() {
+            route.retry_budget_exhausted.inc();
+            return Err(error);
+        }
+        let b = route.config.retry.backoff;
+        let wait = crate::retry::backoff(b.base, b.max, tried.len() as u32);
+        if Instant::now() + wait >= head_deadline {
+            return Err(error);
+        }
+        tokio::time::sleep(wait).await;
+        route.retries.inc();
+        ex.record.retries += 1;
+    }
+}
+
+/// One call to replica `index`, its answer classified: a response to relay, or why not.
+async fn attempt(
+    route: &Route,
+    api: Api,
+    prepared: &Prepared,
+    budgets: &Budgets,
+    id: &str,
+    index: usize,
+) -> Result<hyper::Response<Incoming>, GatewayError> {
+    let replica = &route.replicas[index];
+    let name = &route.config.model;
+    let (head_deadline, head_budget) = budgets.head(prepared.stream);
+    let remaining = budgets.deadline.saturating_duration_since(Instant::now());
+    let request = hyper::Request::post(format!("{}{}", replica.url, api.path()))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header("x-request-id", id)
+        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
+        .body(Full::new(prepared.body.clone()))
+        .map_err(|e| {
+            GatewayError::upstream(
+                "bad_upstream_url",
+                format!("cannot build the upstream request: {e}"),
+            )
+        })?;
+    let response = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            let connect = e.is_connect();
+            tracing::warn!(route = %name, replica = %replica.url, error = %e, connect, "upstream call failed");
+            return Err(if connect {
+                route.observe(replica, Observation::ConnectFailed);
+                GatewayError::UpstreamConnect {
+                    route: name.clone(),
+                    replica: index,
+                }
+            } else {
+                route.observe(replica, Observation::Failed);
+                GatewayError::upstream(
+                    "upstream_error",
+                    format!("lost the connection to route '{name}' replica {index}"),
+                )
+            });
+        }
+        Err(_) => {
+            route.observe(replica, Observation::TimedOut);
+            return Err(if prepared.stream {
+                GatewayError::FirstTokenTimeout(head_budget)
+            } else {
+                GatewayError::DeadlineExceeded(head_budget)
+            });
+        }
+    };
+    let status = response.status().as_u16();
+    match status {
+        200..=299 => {
+            // A stream has served only once its first chunk arrives (the relay says so).
+            if !prepared.stream {
+                route.observe(replica, Observation::Served);
+            }
+            Ok(response)
+        }
+        429 | 503 => {
+            let retry_after = response
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map_or(Duration::from_secs(1), Duration::from_secs);
+            route.observe(replica, Observation::Busy { retry_after });
+            Err(GatewayError::UpstreamBusy {
+                route: name.clone(),
+                replica: index,
+                status,
+                retry_after,
+            })
+        }
+        400..=499 => {
+            route.observe(replica, Observation::ClientError);
+            Ok(response)
+        }
+        _ => {
+            route.observe(replica, Observation::Failed);
+            let body = tokio::time::timeout_at(
+                budgets.deadline,
+                Limited::new(response.into_body(), MAX_ERROR_BODY).collect(),
+            )
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+            let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
+            tracing::warn!(route = %name, replica = %replica.url, status, body = %detail, "upstream answered an error");
+            Err(GatewayError::upstream(
+                "upstream_error",
+                format!("route '{name}' replica {index} answered {status}"),
+            ))
+        }
+    }
+}
+
+/// Reads the replica's own 4xx body (bounded) to relay it as it is.
+pub(crate) async fn error_body(response: hyper::Response<Incoming>, deadline: Instant) -> bytes::Bytes {
+    tokio::time::timeout_at(
+        deadline,
+        Limited::new(response.into_body(), MAX_ERROR_BODY).collect(),
+    )
+    .await
+    .ok()
+    .and_then(Result::ok)
+    .map(|b| b.to_bytes())
+    .unwrap_or_default()
+}

@@ -1,0 +1,147 @@
+//! Tenant quotas: `max_parallel`, `rpm` and `tpm` per team, 429 with `Retry-After` and OpenAI's
+//! `x-ratelimit-*` headers, counted per team in the metrics, and keys revoked by a reload.
+
+use crate::support::{Stack, chat, engine, http, read_stream, stalling, tiny};
+use serde_json::Value;
+use spillway_gateway::Config;
+
+const TEAMS: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+tenants:
+  - team: search
+    key_sha256: [ "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" ]
+    rpm: 3
+    tpm: 1000
+  - team: batch
+    key_sha256: [ "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa" ]
+    max_parallel: 1
+"#;
+
+async fn send(stack: &Stack, key: &str, max_tokens: u32, stream: bool) -> reqwest::Response {
+    http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .bearer_auth(key)
+        .json(&chat("chat", max_tokens, stream))
+        .send()
+        .await
+        .unwrap()
+}
+
+fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rpm_counts_down_in_the_headers_then_refuses_with_retry_after() {
+    let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
+    for remaining in ["2", "1", "0"] {
+        let r = send(&stack, "test", 4, false).await;
+        assert_eq!(r.status(), 200);
+        assert_eq!(header(&r, "x-ratelimit-limit-requests"), "3");
+        assert_eq!(header(&r, "x-ratelimit-remaining-requests"), remaining);
+        assert_eq!(header(&r, "x-ratelimit-limit-tokens"), "1000");
+        assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
+    }
+    let r = send(&stack, "test", 4, false).await;
+    assert_eq!(r.status(), 429);
+    let after: u64 = header(&r, "retry-after").parse().unwrap();
+    assert!(
+        (50..=60).contains(&after),
+        "the first request leaves the window in ~60 s: {after}"
+    );
+    assert_eq!(header(&r, "x-ratelimit-remaining-requests"), "0");
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+    assert_eq!(v["error"]["type"], "rate_limit_error");
+    testkit::assert_error_mentions(
+        &v,
+        "team 'search' is over its quota of 3 requests per minute (rpm)",
+    );
+    let m = stack.metrics().await;
+    assert!(
+        m.contains(
+            r#"spillway_rejections_total{class="_none",reason="tenant_rpm",route="chat",team="search"} 1"#
+        ) || m.contains(
+            r#"spillway_rejections_total{class="default",reason="tenant_rpm",route="chat",team="search"} 1"#
+        ),
+        "{m}"
+    );
+    assert!(m.contains(r#"team="search"}"#));
+    assert!(!m.contains("test"), "no key material in the metrics");
+    assert_eq!(
+        stack.engines[0].engine.records().len(),
+        3,
+        "the refused request reached nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_reserved_at_admission_and_settled_at_the_end() {
+    let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
+    let r = send(&stack, "test", 600, false).await;
+    assert_eq!(r.status(), 200);
+    let remaining: u64 = header(&r, "x-ratelimit-remaining-tokens").parse().unwrap();
+    let v: Value = r.json().await.unwrap();
+    let prompt = v["usage"]["prompt_tokens"].as_u64().unwrap();
+    // The gateway's own count of the prompt (an estimate without a tokenizer) plus max_tokens.
+    assert!(
+        (1000 - 600 - 3 * prompt - 8..=1000 - 600).contains(&remaining),
+        "{remaining}"
+    );
+    let r = send(&stack, "test", 600, false).await;
+    assert_eq!(r.status(), 429, "600 more would pass the minute's 1000 tokens");
+    let v: Value = r.json().await.unwrap();
+    testkit::assert_error_mentions(&v, "1000 tokens per minute");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_parallel_holds_a_slot_to_the_end_of_the_stream() {
+    let stack = Stack::start(vec![engine(stalling(2)).await], TEAMS).await;
+    let mut first = send(&stack, "other", 50, true).await;
+    assert_eq!(first.status(), 200);
+    first.chunk().await.unwrap();
+    let r = send(&stack, "other", 2, true).await;
+    assert_eq!(r.status(), 429);
+    let v: Value = r.json().await.unwrap();
+    testkit::assert_error_mentions(&v, "1 requests in flight (max_parallel)");
+    drop(first);
+    let mut freed = false;
+    for _ in 0..100 {
+        let r = send(&stack, "other", 2, false).await;
+        if r.status() != 429 {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(freed, "the slot comes back when the client leaves");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_removes_a_key_revokes_it_at_once() {
+    let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
+    let r = send(&stack, "other", 2, true).await;
+    assert_eq!(r.status(), 200);
+    read_stream(r).await;
+    let yaml = TEAMS.replace("{E0}", &stack.engines[0].url()).replace(
+        "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa",
+        "1111111111111111111111111111111111111111111111111111111111111111",
+    );
+    stack.gateway.reload(Config::from_yaml(&yaml).unwrap()).unwrap();
+    let r = send(&stack, "other", 2, true).await;
+    assert_eq!(r.status(), 401);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "invalid_api_key");
+    assert_eq!(
+        send(&stack, "test", 2, false).await.status(),
+        200,
+        "other keys stay"
+    );
+}

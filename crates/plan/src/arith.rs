@@ -1,0 +1,603 @@
+//! The formulas: C from the safe concurrency, Q from the wait budget, each layer's share, the
+//! binding layer and the warnings ([`budgets`]: the nested timeouts) — every result kept with the
+//! arithmetic that produced it.
+
+use std::time::Duration;
+
+use serde::{Serialize, Serializer};
+
+use crate::PlanError;
+use crate::measure::Measurement;
+
+/// The `schema` of `spillway plan --json`.
+pub const PLAN_SCHEMA: &str = "spillway-plan/1";
+
+pub mod budgets;
+
+use budgets::budgets;
+pub use budgets::{
+    ASSUMED_ITL_TAIL, ASSUMED_TTFT_TAIL, CONNECT, IDLE_FACTOR, MIN_STREAM_IDLE, TAIL_MARGIN,
+    TOTAL_SHARE_OF_CALLER,
+};
+
+/// Where the plan will run, and what the operator pins.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Deployment {
+    /// R: ready model-server replicas.
+    pub replicas: u32,
+    /// G: gateway processes in front of them, each with its own counters.
+    pub gateway_replicas: u32,
+    /// Wq: the longest a request may wait in the gateway's queue.
+    pub wait_budget: Duration,
+    /// The share of the measured safe total the gateway may use.
+    pub headroom: f64,
+    /// The caller's own deadline, which every budget must fit inside.
+    pub caller_deadline: Duration,
+    /// Values the operator fixes instead of the formulas (the plan still shows the formula's).
+    pub pinned: Pinned,
+    /// Tenants' `max_parallel` quotas, to check against C.
+    pub tenant_quotas: Vec<(String, u32)>,
+    pub names: Names,
+}
+
+/// Values fixed by the operator.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Pinned {
+    pub concurrency: Option<u32>,
+    pub queue: Option<u32>,
+    pub first_token: Option<Duration>,
+    pub litellm_cap: Option<u32>,
+}
+
+/// The names the emitted files use.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Names {
+    /// The public model name clients (and LiteLLM) send.
+    pub model: String,
+    /// The name the model servers serve.
+    pub served_model: String,
+    /// What vLLM loads (a Hugging Face id or a path).
+    pub hf_model: String,
+    /// Kubernetes namespace of the HTTPRoute, the policy and the InferenceService.
+    pub namespace: String,
+    /// The HTTPRoute the Envoy Gateway policy targets; also the InferenceService's name.
+    pub route: String,
+    /// Where Spillway listens.
+    pub listen: String,
+    /// The replicas' base URLs, for Spillway.
+    pub upstreams: Vec<String>,
+    /// Where LiteLLM sends requests: the gateway's OpenAI base URL.
+    pub api_base: String,
+    /// The Spillway admission class.
+    pub class: String,
+    /// vLLM's `--max-model-len` and `--max-num-batched-tokens`, passed through when given: they
+    /// come from the model and GPU, not from this arithmetic.
+    pub max_model_len: Option<u32>,
+    pub max_num_batched_tokens: Option<u32>,
+}
+
+/// Which control point rejects first as load rises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layer {
+    Gateway,
+    Litellm,
+    Engine,
+}
+
+/// One line of arithmetic, with the numbers filled in and where its inputs came from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Line {
+    pub name: &'static str,
+    pub text: String,
+    pub from: String,
+}
+
+/// Every budget, outermost first.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Budgets {
+    #[serde(serialize_with = "secs")]
+    pub caller: Duration,
+    /// LiteLLM's `timeout` (the whole response) and `stream_timeout` (the first chunk).
+    #[serde(serialize_with = "secs")]
+    pub litellm_timeout: Duration,
+    #[serde(serialize_with = "secs")]
+    pub litellm_stream_timeout: Duration,
+    #[serde(serialize_with = "secs")]
+    pub total: Duration,
+    #[serde(serialize_with = "secs")]
+    pub first_token: Duration,
+    #[serde(serialize_with = "secs")]
+    pub stream_idle: Duration,
+    #[serde(serialize_with = "secs")]
+    pub connect: Duration,
+    /// Wq.
+    #[serde(serialize_with = "secs")]
+    pub queue_wait: Duration,
+    /// The model's own execution budget (KServe's request timeout).
+    #[serde(serialize_with = "secs")]
+    pub model: Duration,
+}
+
+/// The limits of one gateway process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Share {
+    pub concurrency: u32,
+    pub queue: u32,
+}
+
+/// The objectives Spillway's class counts goodput against.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Slo {
+    #[serde(serialize_with = "opt_secs")]
+    pub ttft: Option<Duration>,
+    #[serde(serialize_with = "opt_secs")]
+    pub itl: Option<Duration>,
+}
+
+/// Every figure of the plan and how it was reached.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Plan {
+    pub schema: &'static str,
+    pub names: Names,
+    pub replicas: u32,
+    pub gateway_replicas: u32,
+    /// One replica's safe concurrency.
+    pub c_safe: u32,
+    /// Requests per second of all R replicas at the safe load.
+    pub throughput_rps: f64,
+    pub headroom: f64,
+    /// C: requests in flight across all gateways.
+    pub concurrency: u32,
+    /// Q: requests waiting across all gateways.
+    pub queue: u32,
+    /// What each gateway process enforces (its counters are its own).
+    pub per_gateway: Share,
+    /// vLLM `--max-num-seqs` on each replica.
+    pub max_num_seqs: u32,
+    /// LiteLLM's deployment `max_parallel_requests`.
+    pub litellm_max_parallel: u32,
+    pub budgets: Budgets,
+    pub slo: Option<Slo>,
+    pub binding: Layer,
+    pub binding_why: String,
+    pub lines: Vec<Line>,
+    pub warnings: Vec<String>,
+}
+
+fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+/// A number as a person writes it: `24`, `0.8`, `6.25`.
+pub fn num(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round())
+    } else {
+        let s = format!("{v:.3}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    }
+}
+
+/// A duration as a person writes it: `2s`, `1.5s`, `450ms`.
+pub fn dur(d: Duration) -> String {
+    if d >= Duration::from_secs(1) {
+        format!("{}s", num(d.as_secs_f64()))
+    } else {
+        format!("{}ms", num((d.as_secs_f64() * 1e4).round() / 10.0))
+    }
+}
+
+/// Budgets are rounded up to 100 ms below ten seconds and to whole seconds above.
+pub fn round_up(d: Duration) -> Duration {
+    let step: u128 = if d <= Duration::from_secs(10) { 100 } else { 1000 };
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    Duration::from_millis(ms.div_ceil(step).saturating_mul(step) as u64)
+}
+
+// Products of decimal inputs land a hair off the integer (0.29 × 100 = 28.999…): round that away.
+fn floor(v: f64) -> u32 {
+    (v + 1e-9).floor().max(0.0) as u32
+}
+
+fn ceil(v: f64) -> u32 {
+    (v - 1e-9).ceil().max(0.0) as u32
+}
+
+/// The plan: every figure, the arithmetic and the checks.
+pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
+    if !(d.headroom.is_finite() && d.headroom > 0.0 && d.headroom <= 1.0) {
+        return Err(PlanError::Headroom(d.headroom));
+    }
+    if d.replicas == 0 {
+        return Err(PlanError::Input("--replicas must be at least 1".into()));
+    }
+    if d.gateway_replicas == 0 {
+        return Err(PlanError::Input("--gateway-replicas must be at least 1".into()));
+    }
+    if d.caller_deadline.is_zero() {
+        return Err(PlanError::Input("--caller-deadline must be above zero".into()));
+    }
+    let mut lines = Vec::new();
+    let mut warnings = m.caveats.clone();
+    let mut line = |name: &'static str, text: String, from: String| lines.push(Line { name, text, from });
+    let r = d.replicas;
+    let wq = d.wait_budget;
+
+    let c_safe = m.c_safe.value;
+    let measured = m.throughput.value;
+    let throughput = measured * f64::from(r) / f64::from(m.throughput_replicas);
+    if m.throughput_replicas == r {
+        line(
+            "throughput",
+            format!("throughput = {} req/s over R = {r} replicas", num(throughput)),
+            m.throughput.from.clone(),
+        );
+    } else {
+        line(
+            "throughput",
+            format!(
+                "throughput = measured × R / M = {} × {r} / {} = {} req/s",
+                num(measured),
+                m.throughput_replicas,
+                num(throughput)
+            ),
+            format!("measured: {}; R: --replicas", m.throughput.from),
+        );
+    }
+
+    let raw_c = f64::from(c_safe) * f64::from(r) * d.headroom;
+    let formula_c = floor(raw_c);
+    let c_text = format!(
+        "C = floor(C_safe × R × headroom) = floor({c_safe} × {r} × {}) = floor({}) = {formula_c}",
+        num(d.headroom),
+        num(raw_c)
+    );
+    let c_from = format!(
+        "C_safe {c_safe} per replica: {}; R {r}: --replicas; headroom {}: the share of the measured total kept for failures and skew",
+        m.c_safe.from,
+        num(d.headroom)
+    );
+    let c = match d.pinned.concurrency {
+        Some(pinned) => {
+            line(
+                "C",
+                format!("C = {pinned}, pinned with --concurrency ({c_text})"),
+                c_from,
+            );
+            pinned
+        }
+        None => {
+            line("C", c_text, c_from);
+            formula_c
+        }
+    };
+    if c == 0 {
+        return Err(PlanError::Input(format!(
+            "C would be 0 (C_safe {c_safe} × R {r} × headroom {} < 1): add replicas or re-measure",
+            num(d.headroom)
+        )));
+    }
+
+    let raw_q = throughput * wq.as_secs_f64();
+    let formula_q = ceil(raw_q);
+    let q_text = format!(
+        "Q = ceil(throughput × Wq) = ceil({} × {}) = {formula_q}: what drains within the wait budget",
+        num(throughput),
+        num(wq.as_secs_f64())
+    );
+    let q_from = format!("throughput: above; Wq {}: --wait-budget", dur(wq));
+    let q = match d.pinned.queue {
+        Some(pinned) => {
+            line(
+                "Q",
+                format!("Q = {pinned}, pinned with --queue ({q_text})"),
+                q_from,
+            );
+            pinned
+        }
+        None => {
+            line("Q", q_text, q_from);
+            formula_q
+        }
+    };
+
+    let g = d.gateway_replicas;
+    let per_gateway = if g == 1 {
+        line(
+            "per gateway",
+            format!("one gateway: its counters are the whole C = {c} and Q = {q}"),
+            "G 1: --gateway-replicas".into(),
+        );
+        Share {
+            concurrency: c,
+            queue: q,
+        }
+    } else {
+        let share = Share {
+            concurrency: (c / g).max(1),
+            queue: q / g,
+        };
+        line(
+            "per gateway",
+            format!(
+                "per gateway: C / G = floor({c} / {g}) = {}, Q / G = floor({q} / {g}) = {}: each process counts only its own requests, so {g} of them would otherwise admit {g} × C. With counters shared through Redis (Spillway's shared-limit mode) each gateway enforces the whole C and Q: plan with --gateway-replicas 1 then",
+                share.concurrency, share.queue
+            ),
+            format!("G {g}: --gateway-replicas"),
+        );
+        if c < g {
+            warnings.push(format!(
+                "C {c} is below the {g} gateways: each still admits 1, so together they admit {g}"
+            ));
+        }
+        share
+    };
+
+    let max_num_seqs = c.div_ceil(r);
+    line(
+        "vLLM",
+        format!(
+            "--max-num-seqs = ceil(C / R) = ceil({c} / {r}) = {max_num_seqs}: each replica's share of C, so a balanced engine never queues behind the gateway and an unbalanced one queues rather than batch past its share"
+        ),
+        "C, R: above".into(),
+    );
+    if max_num_seqs > c_safe {
+        warnings.push(format!(
+            "--max-num-seqs {max_num_seqs} is above the safe concurrency {c_safe} of one replica: C {c} over {r} replicas asks each for more than it held safely"
+        ));
+    }
+
+    let budgets = budgets(m, d, &mut line)?;
+
+    let formula_cap = c + q;
+    let cap_text = format!(
+        "LiteLLM max_parallel_requests = C + Q = {c} + {q} = {formula_cap}: every request the gateway can run or queue gets through, so the gateway, not LiteLLM, answers overload"
+    );
+    let litellm_max_parallel = match d.pinned.litellm_cap {
+        Some(pinned) => {
+            line(
+                "LiteLLM",
+                format!("LiteLLM max_parallel_requests = {pinned}, pinned with --litellm-cap ({cap_text})"),
+                "C, Q: above".into(),
+            );
+            pinned
+        }
+        None => {
+            line("LiteLLM", cap_text, "C, Q: above".into());
+            formula_cap
+        }
+    };
+
+    let engines = max_num_seqs * r;
+    let (binding, binding_why) = if litellm_max_parallel < c {
+        (
+            Layer::Litellm,
+            format!(
+                "LiteLLM binds: its cap {litellm_max_parallel} is below C {c}, so the gateway never fills and its queue never forms; LiteLLM's 429s answer overload"
+            ),
+        )
+    } else if engines < c {
+        (
+            Layer::Engine,
+            format!(
+                "the engines bind: {r} × --max-num-seqs {max_num_seqs} = {engines} is below C {c}, so requests wait inside vLLM, where no gateway bounds or sees the wait"
+            ),
+        )
+    } else {
+        (
+            Layer::Gateway,
+            format!(
+                "the gateway binds: at most C {c} in flight and Q {q} waiting for at most {}; the engines hold {engines} ≥ C and LiteLLM {litellm_max_parallel} ≥ C",
+                dur(wq)
+            ),
+        )
+    };
+    if binding != Layer::Litellm && litellm_max_parallel < c + q {
+        warnings.push(format!(
+            "LiteLLM's cap {litellm_max_parallel} is below C + Q = {}: it rejects before the gateway's queue is full, so only {} of Q's {q} places can be used",
+            c + q,
+            litellm_max_parallel - c
+        ));
+    }
+    if let Some(knee) = &m.knee {
+        let knee_total = knee.value * f64::from(r);
+        if f64::from(c) >= knee_total {
+            warnings.push(format!(
+                "C {c} is at or above the measured knee: {} per replica × {r} = {} ({})",
+                num(knee.value),
+                num(knee_total),
+                knee.from
+            ));
+        }
+    }
+    let drain = q as f64 / throughput;
+    if Duration::from_secs_f64(drain) > budgets.first_token {
+        warnings.push(format!(
+            "Q {q} takes {}s to drain at {} req/s, longer than the first-token budget {}: the back of the queue would time out while waiting; Q ≤ {} fits",
+            num(drain),
+            num(throughput),
+            dur(budgets.first_token),
+            floor(throughput * budgets.first_token.as_secs_f64())
+        ));
+    }
+    for (team, quota) in &d.tenant_quotas {
+        if *quota > c {
+            warnings.push(format!(
+                "tenant {team}'s max_parallel {quota} is above C {c}: one team can take every slot; keep each quota below C"
+            ));
+        }
+    }
+    let slo = m.slo.as_ref().map(|s| Slo {
+        ttft: s.ttft,
+        itl: s.itl,
+    });
+    if let (Some(objective), Some(tail)) = (m.slo.as_ref().and_then(|s| s.ttft), &m.ttft_tail) {
+        let worst = wq + tail.value;
+        if worst > objective {
+            warnings.push(format!(
+                "a request that waits the whole Wq {} sees its first token after about {} (Wq + TTFT p99), over the TTFT objective {} the bench used: the queue trades that objective for fewer rejections; --wait-budget {} keeps every admitted request inside it",
+                dur(wq),
+                dur(worst),
+                dur(objective),
+                dur(objective.saturating_sub(tail.value))
+            ));
+        }
+    }
+    if d.names.upstreams.len() != r as usize {
+        warnings.push(format!(
+            "{} upstream URL(s) for R = {r} replicas: Spillway's route lists what --upstream gave",
+            d.names.upstreams.len()
+        ));
+    }
+
+    Ok(Plan {
+        schema: PLAN_SCHEMA,
+        names: d.names.clone(),
+        replicas: r,
+        gateway_replicas: g,
+        c_safe,
+        throughput_rps: throughput,
+        headroom: d.headroom,
+        concurrency: c,
+        queue: q,
+        per_gateway,
+        max_num_seqs,
+        litellm_max_parallel,
+        budgets,
+        slo,
+        binding,
+        binding_why,
+        lines,
+        warnings,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::{Figures, Sourced};
+
+    fn names(r: u32) -> Names {
+        Names {
+            model: "corp-chat".into(),
+            served_model: "corp-chat".into(),
+            hf_model: "corp-chat".into(),
+            namespace: "ai-serving".into(),
+            route: "corp-chat".into(),
+            listen: "0.0.0.0:8080".into(),
+            upstreams: (0..r).map(|i| format!("http://127.0.0.1:{}", 8000 + i)).collect(),
+            api_base: "http://corp-chat.ai-serving.svc.cluster.local/v1".into(),
+            class: "interactive".into(),
+            max_model_len: None,
+            max_num_batched_tokens: None,
+        }
+    }
+
+    fn seed() -> (Measurement, Deployment) {
+        let m = Measurement::from_figures(
+            &Figures {
+                c_safe: 15,
+                throughput: 6.0,
+                ttft_p99: None,
+                itl_p99: None,
+                e2e_p99: None,
+            },
+            2,
+        )
+        .unwrap();
+        let d = Deployment {
+            replicas: 2,
+            gateway_replicas: 1,
+            wait_budget: Duration::from_secs(2),
+            headroom: 0.8,
+            caller_deadline: Duration::from_secs(60),
+            pinned: Pinned::default(),
+            tenant_quotas: Vec::new(),
+            names: names(2),
+        };
+        (m, d)
+    }
+
+    #[test]
+    fn rounding_keeps_decimal_products_whole() {
+        assert_eq!(floor(0.29 * 100.0), 29);
+        assert_eq!(ceil(0.1 * 3.0 * 10.0), 3);
+        assert_eq!(round_up(Duration::from_millis(2301)), Duration::from_millis(2400));
+        assert_eq!(round_up(Duration::from_millis(10_001)), Duration::from_secs(11));
+        assert_eq!(num(24.000000000000004), "24");
+        assert_eq!(dur(Duration::from_millis(1500)), "1.5s");
+        assert_eq!(dur(Duration::from_millis(450)), "450ms");
+    }
+
+    #[test]
+    fn gateways_with_their_own_counters_split_c_and_q() {
+        let (m, mut d) = seed();
+        d.gateway_replicas = 3;
+        let p = plan(&m, &d).unwrap();
+        assert_eq!((p.concurrency, p.queue), (24, 12));
+        assert_eq!(
+            p.per_gateway,
+            Share {
+                concurrency: 8,
+                queue: 4
+            }
+        );
+    }
+
+    #[test]
+    fn a_pinned_c_above_the_engines_makes_them_bind_and_is_warned() {
+        let (mut m, mut d) = seed();
+        m.knee = Some(Sourced::new(16.0, "test"));
+        d.pinned.concurrency = Some(40);
+        d.pinned.litellm_cap = Some(20);
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.binding, Layer::Litellm, "{}", p.binding_why);
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("at or above the measured knee")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("above the safe concurrency 15")),
+            "{:?}",
+            p.warnings
+        );
+    }
+
+    #[test]
+    fn a_long_queue_and_a_greedy_tenant_are_warned() {
+        let (m, mut d) = seed();
+        d.pinned.queue = Some(120);
+        d.tenant_quotas = vec![("search".into(), 30)];
+        let p = plan(&m, &d).unwrap();
+        assert!(
+            p.warnings.iter().any(|w| w.contains("Q 120 takes 20s to drain")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            p.warnings
+                .iter()
+                .any(|w| w.contains("tenant search's max_parallel 30")),
+            "{:?}",
+            p.warnings
+        );
+        assert!(
+            !p.warnings.iter().any(|w| w.contains("LiteLLM's cap")),
+            "{:?}",
+            p.warnings
+        );
+    }
+}

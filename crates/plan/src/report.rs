@@ -1,0 +1,63 @@
+//! The plan as text: the figures, each line of arithmetic with its sources, the binding layer and
+//! the warnings.
+
+use std::fmt::Write;
+
+use crate::arith::{Plan, dur};
+
+/// The whole plan for a terminal.
+pub fn text(plan: &Plan) -> String {
+    let mut out = String::new();
+    let n = &plan.names;
+    let b = &plan.budgets;
+    let _ = writeln!(
+        out,
+        "spillway plan: {} on {} replica(s) behind {} gateway(s)",
+        n.model, plan.replicas, plan.gateway_replicas
+    );
+    let _ = writeln!(out);
+    for line in &plan.lines {
+        let _ = writeln!(out, "  {}", line.text);
+        let _ = writeln!(out, "      from: {}", line.from);
+    }
+    let _ = writeln!(out);
+    let _ = writeln!(
+        out,
+        "Limits: C {} in flight, Q {} waiting, Wq {} (per gateway: C {}, Q {}); vLLM --max-num-seqs {} per replica; LiteLLM max_parallel_requests {}",
+        plan.concurrency,
+        plan.queue,
+        dur(b.queue_wait),
+        plan.per_gateway.concurrency,
+        plan.per_gateway.queue,
+        plan.max_num_seqs,
+        plan.litellm_max_parallel
+    );
+    let _ = writeln!(
+        out,
+        "Budgets: caller {} > LiteLLM {} (stream {}) > gateway total {} > model {}; first_token {}, stream_idle {}, connect {}",
+        dur(b.caller),
+        dur(b.litellm_timeout),
+        dur(b.litellm_stream_timeout),
+        dur(b.total),
+        dur(b.model),
+        dur(b.first_token),
+        dur(b.stream_idle),
+        dur(b.connect)
+    );
+    let _ = writeln!(out, "Binding layer: {}", plan.binding_why);
+    let _ = writeln!(
+        out,
+        "Envoy Gateway: maxParallelRequests and maxPendingRequests carry C and Q, requestTimeout the total and streamIdleTimeout the idle gap; it has no queue-wait timer (a pending request waits until requestTimeout) and no first-token timer."
+    );
+    let _ = writeln!(
+        out,
+        "Change one layer at a time: vLLM first, then the gateway's C and Q, then tenants in LiteLLM."
+    );
+    if !plan.warnings.is_empty() {
+        let _ = writeln!(out);
+        for w in &plan.warnings {
+            let _ = writeln!(out, "WARNING: {w}");
+        }
+    }
+    out
+}

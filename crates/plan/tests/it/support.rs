@@ -1,0 +1,72 @@
+//! The seed's deployment, and the shared folder's schemas when there is one.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use spillway_plan::arith::Pinned;
+use spillway_plan::{Deployment, Figures, Measurement, Names};
+
+/// The names the seed's chapter uses: `corp-chat` in `ai-serving`, served as `spark-chat`.
+pub(crate) fn seed_names(replicas: u32) -> Names {
+    Names {
+        model: "corp-chat".into(),
+        served_model: "spark-chat".into(),
+        hf_model: "org/spark-chat".into(),
+        namespace: "ai-serving".into(),
+        route: "corp-chat".into(),
+        listen: "0.0.0.0:8080".into(),
+        upstreams: (0..replicas)
+            .map(|i| format!("http://127.0.0.1:{}", 8000 + i))
+            .collect(),
+        api_base: "http://corp-chat.ai-serving.svc.cluster.local/v1".into(),
+        class: "interactive".into(),
+        max_model_len: Some(8192),
+        max_num_batched_tokens: Some(4096),
+    }
+}
+
+/// The seed's figures: C_safe 15 per replica, 6 req/s over the two replicas, and tails.
+pub(crate) fn seed_figures(tails: bool) -> Figures {
+    Figures {
+        c_safe: 15,
+        throughput: 6.0,
+        ttft_p99: tails.then(|| Duration::from_millis(800)),
+        itl_p99: tails.then(|| Duration::from_millis(60)),
+        e2e_p99: tails.then(|| Duration::from_secs(24)),
+    }
+}
+
+pub(crate) fn seed_deployment() -> Deployment {
+    Deployment {
+        replicas: 2,
+        gateway_replicas: 1,
+        wait_budget: Duration::from_secs(2),
+        headroom: 0.8,
+        caller_deadline: Duration::from_secs(60),
+        pinned: Pinned::default(),
+        tenant_quotas: Vec::new(),
+        names: seed_names(2),
+    }
+}
+
+pub(crate) fn seed_measurement(tails: bool) -> Measurement {
+    Measurement::from_figures(&seed_figures(tails), 2).expect("the seed's figures are valid")
+}
+
+/// The CRDs: `SPILLWAY_SCHEMAS`, else `shared/schemas` beside the workspace; `None` (and the test
+/// says why it skips) in a clone without them.
+pub(crate) fn schemas_dir() -> Option<PathBuf> {
+    let dir = match std::env::var_os("SPILLWAY_SCHEMAS") {
+        Some(d) => PathBuf::from(d),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/schemas"),
+    };
+    if dir.is_dir() {
+        Some(dir)
+    } else {
+        println!(
+            "skipped: no CRD schemas at {} (set SPILLWAY_SCHEMAS to a folder holding them)",
+            dir.display()
+        );
+        None
+    }
+}
