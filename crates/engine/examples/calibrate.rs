@@ -1,12 +1,24 @@
 //! Prints the calibrated preset beside the published Llama-3.1-8B points it was fitted to.
 //!
 //! `cargo run --release -p spillway-engine --example calibrate` (runs on a paused clock: exact and fast).
+//! `… --example calibrate -- 1ms 40us` adds an API server (per request, per output token).
 
 use spillway_engine::calibration::{NIM_INPUT_TOKENS, NIM_LLAMA31_8B_H100, NIM_OUTPUT_TOKENS, closed_loop};
+use spillway_engine::cost::FrontendCost;
 use spillway_engine::{EngineConfig, Preset};
 use std::time::Duration;
 
 fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut config = EngineConfig::preset(Preset::Llama31_8bH100);
+    if let [per_request, per_output_token] = args.as_slice() {
+        let d = |s: &str| humantime::parse_duration(s).expect("a duration such as 1ms or 40us");
+        config.frontend = FrontendCost {
+            per_request: d(per_request),
+            per_output_token: d(per_output_token),
+        };
+        println!("API server: {per_request} per request, {per_output_token} per output token");
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
@@ -20,7 +32,7 @@ fn main() {
     for p in NIM_LLAMA31_8B_H100 {
         let m = rt
             .block_on(closed_loop(
-                EngineConfig::preset(Preset::Llama31_8bH100),
+                config.clone(),
                 p.concurrency,
                 NIM_INPUT_TOKENS,
                 NIM_OUTPUT_TOKENS,

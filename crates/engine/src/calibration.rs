@@ -91,8 +91,9 @@ pub struct Measured {
 
 /// Runs `concurrency` closed-loop clients against an in-process engine for `duration`, each sending
 /// `input`-token prompts for exactly `output` tokens, and measures the last two thirds of the run:
-/// median TTFT, median per-request ITL, and output throughput. Meant for a paused clock, where the
-/// result is exact and the run takes only CPU time.
+/// median TTFT, median per-request ITL, and output throughput. TTFT is the client's: from the
+/// moment the request reaches the API server (its frontend wait included) to the first token.
+/// Meant for a paused clock, where the result is exact and the run takes only CPU time.
 pub async fn closed_loop(
     config: crate::EngineConfig,
     concurrency: u32,
@@ -106,10 +107,13 @@ pub async fn closed_loop(
 
     let (engine, steps) = Engine::start(config)?;
     let stop = Arc::new(AtomicBool::new(false));
+    // (arrival, TTFT) as each client saw them.
+    let seen: Arc<std::sync::Mutex<Vec<(tokio::time::Instant, Duration)>>> = Arc::default();
     let mut clients = Vec::new();
     for c in 0..concurrency {
         let engine = engine.clone();
         let stop = stop.clone();
+        let seen = seen.clone();
         // Spread the first arrivals over a second, as real clients drift apart; clients started in
         // the same instant would stay in lockstep on a deterministic engine.
         let offset = Duration::from_secs(1) * c / concurrency.max(1);
@@ -127,10 +131,17 @@ pub async fn closed_loop(
                     n: 1,
                     ignore_eos: true,
                 };
+                let arrival = tokio::time::Instant::now();
+                engine.frontend_admit().await;
                 let Ok(mut generation) = engine.submit(params) else {
                     return;
                 };
+                let _ = generation.choices[0].wait_for(|p| p.tokens >= 1).await;
+                let ttft = arrival.elapsed();
                 let _ = generation.choices[0].wait_for(|p| p.finish.is_some()).await;
+                seen.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((arrival, ttft));
                 k += 1;
             }
         }));
@@ -159,10 +170,12 @@ pub async fn closed_loop(
             duration
         ));
     }
-    let mut ttft: Vec<f64> = records
+    let mut ttft: Vec<f64> = seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
         .iter()
-        .filter_map(|r| r.ttft)
-        .map(|d| d.as_secs_f64() * 1e3)
+        .filter(|(arrival, _)| *arrival >= window_start)
+        .map(|(_, d)| d.as_secs_f64() * 1e3)
         .collect();
     let mut itl: Vec<f64> = records
         .iter()

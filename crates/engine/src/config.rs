@@ -1,6 +1,6 @@
 //! Engine settings: vLLM's knobs, the cost model, and the presets that fill them in.
 
-use crate::cost::CostModel;
+use crate::cost::{CostModel, FrontendCost};
 use crate::faults::Faults;
 use rand::Rng;
 use rand_distr::{Distribution, LogNormal, Normal};
@@ -72,6 +72,9 @@ pub struct EngineConfig {
     pub block_size: u32,
     pub enable_prefix_caching: bool,
     pub cost: CostModel,
+    /// The API server's serial work in front of the scheduler (zero in every preset: see
+    /// docs/engine-calibration.md).
+    pub frontend: FrontendCost,
     /// How many tokens a request produces when it does not set `ignore_eos`; `None`: `max_tokens`.
     pub output_len: Option<LengthDist>,
     pub tokenizer: Option<PathBuf>,
@@ -111,6 +114,7 @@ impl EngineConfig {
             block_size: 16,
             enable_prefix_caching: false,
             cost: CostModel::ZERO,
+            frontend: FrontendCost::ZERO,
             output_len: None,
             tokenizer: None,
             seed: 0,

@@ -63,6 +63,32 @@ impl CostModel {
     }
 }
 
+/// vLLM's API server: one process that tokenizes every prompt, then detokenizes and writes every
+/// token of every stream, one after another. `per_request` is paid before a request reaches the
+/// scheduler, `per_output_token` for each token a step produces. The work is serial: while the
+/// server is busy, new requests wait in front of the scheduler, where `num_requests_waiting` does not
+/// count them and the GPU has nothing to do.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontendCost {
+    #[serde(with = "humantime_serde_compat")]
+    pub per_request: Duration,
+    #[serde(with = "humantime_serde_compat")]
+    pub per_output_token: Duration,
+}
+
+impl FrontendCost {
+    /// A server that costs nothing: requests reach the scheduler the moment they arrive.
+    pub const ZERO: FrontendCost = FrontendCost {
+        per_request: Duration::ZERO,
+        per_output_token: Duration::ZERO,
+    };
+
+    pub fn is_zero(&self) -> bool {
+        self.per_request.is_zero() && self.per_output_token.is_zero()
+    }
+}
+
 mod humantime_serde_compat {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;

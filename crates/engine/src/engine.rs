@@ -5,7 +5,7 @@ use crate::config::EngineConfig;
 use crate::cost::StepShape;
 use crate::faults::{FaultPatch, Faults};
 use crate::kv::block_hashes;
-use crate::metrics::Metrics;
+use crate::metrics::{GpuReading, Metrics};
 use crate::scheduler::{
     FinishReason, Progress, RequestRecord, Scheduler, SchedulerLimits, SeqSpec, StepOutcome,
 };
@@ -57,6 +57,8 @@ struct Inner {
     control: Mutex<Control>,
     listener: watch::Sender<ListenerState>,
     stopping: AtomicBool,
+    /// When the API server finishes the work it has been given (`None`: never busy yet).
+    frontend_free_at: Mutex<Option<Instant>>,
 }
 
 /// The running step loop of an engine; dropping it stops the loop.
@@ -228,6 +230,7 @@ impl Engine {
             next_id: AtomicU64::new(1),
             listener,
             stopping: AtomicBool::new(false),
+            frontend_free_at: Mutex::new(None),
             config,
         });
         let task = if inner.config.core_thread {
@@ -264,6 +267,33 @@ impl Engine {
 
     pub fn tokenize(&self, text: &str) -> Vec<u32> {
         self.inner.tokenizer.encode(text)
+    }
+
+    /// The API server's costs now: the preset's, or a fault's.
+    fn frontend_cost(&self) -> crate::cost::FrontendCost {
+        lock(&self.inner.control)
+            .faults
+            .frontend
+            .unwrap_or(self.inner.config.frontend)
+    }
+
+    /// Waits for the API server to take this request in: its turn on the server's serial
+    /// timeline (behind the tokens it is still writing), then `per_request` of its own.
+    pub async fn frontend_admit(&self) {
+        let cost = self.frontend_cost();
+        if cost.is_zero() {
+            return;
+        }
+        let ready = {
+            let mut free = lock(&self.inner.frontend_free_at);
+            let now = Instant::now();
+            let ready = free.map_or(now, |f| f.max(now)) + cost.per_request;
+            *free = Some(ready);
+            ready
+        };
+        if ready > Instant::now() {
+            tokio::time::sleep_until(ready).await;
+        }
     }
 
     /// Admits a request, or refuses it as vLLM would (length limits, loading, injected failures).
@@ -510,43 +540,58 @@ impl Engine {
         }
     }
 
+    /// What the simulated GPU would report to DCGM now: activity over the last second, memory
+    /// held by the weights and the KV cache, and the XID/ECC faults in force.
+    pub fn gpu_reading(&self) -> GpuReading {
+        // Control before core, never inside it: one lock order everywhere.
+        let faults = lock(&self.inner.control).faults.clone();
+        let core = lock(&self.inner.core);
+        let now = Instant::now();
+        let window = Duration::from_secs(1);
+        let busy: Duration = core
+            .busy
+            .iter()
+            .filter(|(end, _)| now.saturating_duration_since(*end) < window)
+            .map(|(_, d)| *d)
+            .sum();
+        let util = (busy.as_secs_f64() / window.as_secs_f64()).min(1.0);
+        let running = core.sched.num_running() as f64;
+        let gpu = &self.inner.config.gpu;
+        let kv_mib = (f64::from(self.inner.config.kv_cache_tokens) * gpu.kv_bytes_per_token as f64
+            / 1_048_576.0)
+            .min((gpu.memory_mib - gpu.static_mib) as f64);
+        let used = gpu.static_mib as f64 + kv_mib * core.sched.kv.usage();
+        GpuReading {
+            util,
+            // Tensor pipes fill with batch size; memory traffic dominates small-batch decode.
+            tensor_active: util * (running / (running + 32.0)).max(0.05),
+            dram_active: util * 0.6,
+            fb_used_mib: used.round(),
+            fb_free_mib: (gpu.memory_mib as f64 - used).round(),
+            xid: faults.xid,
+            ecc_dbe: faults.ecc_dbe,
+        }
+    }
+
     /// The Prometheus text exposition of this replica.
     pub fn metrics_text(&self) -> Vec<u8> {
         let m = &self.inner.metrics;
-        // Control before core, never inside it: one lock order everywhere.
-        let faults = m.dcgm.as_ref().map(|_| lock(&self.inner.control).faults.clone());
+        let gpu = m.dcgm.as_ref().map(|_| self.gpu_reading());
         let core = lock(&self.inner.core);
         m.running.set(core.sched.num_running() as f64);
         m.waiting.set(core.sched.num_waiting() as f64);
         m.kv_usage.set(core.sched.kv.usage());
-        if let Some(d) = &m.dcgm {
-            let now = Instant::now();
-            let window = Duration::from_secs(1);
-            let busy: Duration = core
-                .busy
-                .iter()
-                .filter(|(end, _)| now.saturating_duration_since(*end) < window)
-                .map(|(_, d)| *d)
-                .sum();
-            let util = (busy.as_secs_f64() / window.as_secs_f64()).min(1.0);
-            let running = core.sched.num_running() as f64;
-            let gpu = &self.inner.config.gpu;
-            let kv_mib = (f64::from(self.inner.config.kv_cache_tokens) * gpu.kv_bytes_per_token as f64
-                / 1_048_576.0)
-                .min((gpu.memory_mib - gpu.static_mib) as f64);
-            let used = gpu.static_mib as f64 + kv_mib * core.sched.kv.usage();
-            let faults = faults.unwrap_or_default();
-            d.gpu_util.set((util * 100.0).round());
-            d.gr_engine_active.set(util);
-            // Tensor pipes fill with batch size; memory traffic dominates small-batch decode.
-            d.tensor_active.set(util * (running / (running + 32.0)).max(0.05));
-            d.dram_active.set(util * 0.6);
-            d.fb_used.set(used.round());
-            d.fb_free.set((gpu.memory_mib as f64 - used).round());
-            d.xid.set(f64::from(faults.xid));
-            d.ecc_dbe.set(faults.ecc_dbe as f64);
-        }
         drop(core);
+        if let (Some(d), Some(r)) = (&m.dcgm, gpu) {
+            d.gpu_util.set((r.util * 100.0).round());
+            d.gr_engine_active.set(r.util);
+            d.tensor_active.set(r.tensor_active);
+            d.dram_active.set(r.dram_active);
+            d.fb_used.set(r.fb_used_mib);
+            d.fb_free.set(r.fb_free_mib);
+            d.xid.set(f64::from(r.xid));
+            d.ecc_dbe.set(r.ecc_dbe as f64);
+        }
         m.encode()
     }
 }
@@ -618,7 +663,13 @@ async fn step_loop(inner: Arc<Inner>) {
             }
             continue;
         }
-        let slow = lock(&inner.control).faults.slow_factor;
+        let (slow, frontend) = {
+            let control = lock(&inner.control);
+            (
+                control.faults.slow_factor,
+                control.faults.frontend.unwrap_or(inner.config.frontend),
+            )
+        };
         let duration = cost.step_time(&shape).mul_f64(slow);
         let now = Instant::now();
         // Back-to-back steps start when the previous one ended on the model's clock, so timer
@@ -644,13 +695,19 @@ async fn step_loop(inner: Arc<Inner>) {
         }
         let woke = Instant::now();
         gpu_free_at = Some(deadline);
-        finish_step(
+        let generated = finish_step(
             &inner,
             &shape,
             duration,
             woke,
             woke.saturating_duration_since(deadline),
         );
+        // The API server detokenizes and writes the step's tokens, one after another.
+        if !frontend.per_output_token.is_zero() && generated > 0 {
+            let mut free = lock(&inner.frontend_free_at);
+            let start = free.map_or(deadline, |f| f.max(deadline));
+            *free = Some(start + frontend.per_output_token * u32::try_from(generated).unwrap_or(u32::MAX));
+        }
     }
 }
 
@@ -666,7 +723,8 @@ async fn sleep_precise(deadline: Instant) {
     }
 }
 
-fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instant, late: Duration) {
+/// Records a finished step; returns the tokens it generated.
+fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instant, late: Duration) -> u64 {
     let m = &inner.metrics;
     let mut guard = lock(&inner.core);
     let core = &mut *guard;
@@ -699,10 +757,12 @@ fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instan
     {
         core.busy.pop_front();
     }
+    let generated = core.out.generated;
     record_finished(m, core);
     m.running.set(core.sched.num_running() as f64);
     m.waiting.set(core.sched.num_waiting() as f64);
     m.kv_usage.set(core.sched.kv.usage());
+    generated
 }
 
 fn record_finished(m: &Metrics, core: &mut Core) {

@@ -1,5 +1,6 @@
 //! Scripted faults: what a sick replica does, switched on by flag or at run time, never at random.
 
+use crate::cost::FrontendCost;
 use serde::{Deserialize, Serialize};
 use std::num::NonZeroU32;
 use std::time::Duration;
@@ -28,6 +29,8 @@ pub struct Faults {
     pub xid: u32,
     /// `DCGM_FI_DEV_ECC_DBE_VOL_TOTAL`: double-bit ECC errors.
     pub ecc_dbe: u64,
+    /// A CPU-starved API server: its serial work costs this instead of the preset's.
+    pub frontend: Option<FrontendCost>,
 }
 
 impl Default for Faults {
@@ -39,6 +42,7 @@ impl Default for Faults {
             slow_factor: 1.0,
             xid: 0,
             ecc_dbe: 0,
+            frontend: None,
         }
     }
 }
@@ -59,6 +63,8 @@ pub struct FaultPatch {
     pub slow_factor: Option<f64>,
     pub xid: Option<u32>,
     pub ecc_dbe: Option<u64>,
+    #[serde(default, deserialize_with = "some_option")]
+    pub frontend: Option<Option<FrontendCost>>,
     #[serde(default, with = "opt_duration")]
     pub loading: Option<Duration>,
     #[serde(default)]
@@ -98,6 +104,9 @@ impl FaultPatch {
         }
         if let Some(v) = self.ecc_dbe {
             next.ecc_dbe = v;
+        }
+        if let Some(v) = self.frontend {
+            next.frontend = v;
         }
         *faults = next;
         Ok(())
@@ -146,6 +155,11 @@ mod tests {
         assert!(p.apply_to(&mut f).is_err());
         assert_eq!(f.slow_factor, 2.0, "a refused patch changes nothing");
         assert!(serde_json::from_str::<FaultPatch>(r#"{"stal": 1}"#).is_err());
+        let p: FaultPatch =
+            serde_json::from_str(r#"{"frontend": {"per_request": "40ms", "per_output_token": "1ms"}}"#)
+                .unwrap();
+        p.apply_to(&mut f).unwrap();
+        assert_eq!(f.frontend.unwrap().per_request, Duration::from_millis(40));
         let p: FaultPatch = serde_json::from_str(r#"{"clear": true, "loading": "2s"}"#).unwrap();
         p.apply_to(&mut f).unwrap();
         assert_eq!(f, Faults::default());

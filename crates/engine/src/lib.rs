@@ -6,7 +6,8 @@
 //! - `kv`: the paged KV cache and prefix cache; [`scheduler`]: vLLM V1's continuous batching.
 //! - [`engine`]: one replica's step loop on `tokio::time`, and the [`Engine`] handle that submits
 //!   requests and reads ground truth (running, waiting, aborts, per-request timings).
-//! - [`metrics`]: vLLM's Prometheus metrics and DCGM-like GPU metrics.
+//! - [`metrics`]: vLLM's Prometheus metrics and DCGM-like GPU metrics; [`server::serve_dcgm`]
+//!   serves the GPUs of several replicas on a listener of their own, as dcgm-exporter does.
 //! - [`faults`]: scripted failures, by flag or through `POST /admin/faults`.
 //! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
 //!   `stream` renders tokens as SSE chunks; `text` is the filler output. Prompts are counted by
@@ -30,6 +31,7 @@ pub use tokenize;
 pub use config::{EngineConfig, LengthDist, Preset};
 pub use engine::{Engine, GenerateParams, Lateness, ListenerState, Snapshot};
 pub use faults::{FailEvery, FaultPatch, Faults};
+pub use metrics::GpuReading;
 pub use scheduler::{FinishReason, RequestRecord};
 
 use std::net::SocketAddr;

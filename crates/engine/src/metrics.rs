@@ -105,7 +105,7 @@ impl Metrics {
         let success = FinishReason::ALL.map(|r| success_vec.with_label_values(&[r.as_str()]));
 
         let dcgm = dcgm.then(|| {
-            let uuid = format!("GPU-5e1f0000-0000-4000-8000-{gpu_index:012x}");
+            let uuid = gpu_uuid(gpu_index);
             let g = |name: &str, help: &str| {
                 let o = Opts::new(name, help)
                     .const_label("gpu", gpu_index.to_string())
@@ -233,4 +233,78 @@ impl Metrics {
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
         buf
     }
+}
+
+/// One GPU's DCGM readings (see [`crate::Engine::gpu_reading`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct GpuReading {
+    /// Share of the last second the GPU was busy (0–1).
+    pub util: f64,
+    pub tensor_active: f64,
+    pub dram_active: f64,
+    pub fb_used_mib: f64,
+    pub fb_free_mib: f64,
+    pub xid: u32,
+    pub ecc_dbe: u64,
+}
+
+/// The families of dcgm-exporter this simulator serves: name, help.
+const DCGM_FAMILIES: [(&str, &str); 8] = [
+    ("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %)."),
+    (
+        "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+        "Ratio of time the graphics engine is active.",
+    ),
+    (
+        "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+        "Ratio of cycles the tensor (HMMA) pipe is active.",
+    ),
+    (
+        "DCGM_FI_PROF_DRAM_ACTIVE",
+        "Ratio of cycles the device memory interface is active sending or receiving data.",
+    ),
+    ("DCGM_FI_DEV_FB_USED", "Framebuffer memory used (in MiB)."),
+    ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB)."),
+    (
+        "DCGM_FI_DEV_XID_ERRORS",
+        "Value of the last XID error encountered.",
+    ),
+    (
+        "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+        "Total number of double-bit volatile ECC errors.",
+    ),
+];
+
+/// What dcgm-exporter serves for the GPUs of one host: GPU `i` is `gpus[i]` (`(modelName,
+/// reading)`), labelled `gpu`, `UUID`, `device`, `modelName` and `Hostname` as the exporter does.
+pub fn dcgm_exposition(hostname: &str, gpus: &[(&str, GpuReading)]) -> String {
+    use std::fmt::Write;
+    let mut out = String::with_capacity(4096);
+    for (f, (name, help)) in DCGM_FAMILIES.iter().enumerate() {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge");
+        for (i, (model, r)) in gpus.iter().enumerate() {
+            let value = match f {
+                0 => (r.util * 100.0).round(),
+                1 => r.util,
+                2 => r.tensor_active,
+                3 => r.dram_active,
+                4 => r.fb_used_mib,
+                5 => r.fb_free_mib,
+                6 => f64::from(r.xid),
+                _ => r.ecc_dbe as f64,
+            };
+            let model = model.replace('\\', "\\\\").replace('"', "\\\"");
+            let _ = writeln!(
+                out,
+                "{name}{{gpu=\"{i}\",UUID=\"{}\",device=\"nvidia{i}\",modelName=\"{model}\",Hostname=\"{hostname}\"}} {value}",
+                gpu_uuid(i as u32)
+            );
+        }
+    }
+    out
+}
+
+/// The simulated GPU's UUID, stable per index.
+pub fn gpu_uuid(index: u32) -> String {
+    format!("GPU-5e1f0000-0000-4000-8000-{index:012x}")
 }

@@ -179,6 +179,35 @@ async fn models(State(engine): State<Engine>) -> Response {
     axum::Json(list).into_response()
 }
 
+/// Serves the GPUs of `engines` (GPU `i` is `engines[i]`) on `/metrics`, shaped like
+/// dcgm-exporter: a listener of its own, up whatever the engines do, until `shutdown` resolves.
+pub async fn serve_dcgm(
+    listener: TcpListener,
+    engines: Vec<Engine>,
+    hostname: String,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(dcgm_metrics))
+        .with_state(std::sync::Arc::new((engines, hostname)));
+    axum::serve(listener, app).with_graceful_shutdown(shutdown).await
+}
+
+async fn dcgm_metrics(State(state): State<std::sync::Arc<(Vec<Engine>, String)>>) -> Response {
+    let (engines, hostname) = &*state;
+    let readings: Vec<_> = engines.iter().map(|e| e.gpu_reading()).collect();
+    let gpus: Vec<(&str, crate::metrics::GpuReading)> = engines
+        .iter()
+        .zip(readings)
+        .map(|(e, r)| (e.config().gpu.name.as_str(), r))
+        .collect();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        crate::metrics::dcgm_exposition(hostname, &gpus),
+    )
+        .into_response()
+}
+
 async fn metrics(State(engine): State<Engine>) -> Response {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
@@ -323,6 +352,9 @@ async fn respond(
     prepared: Result<(GenerateParams, bool, bool, String), ApiError>,
 ) -> Response {
     let request_id = headers.get("x-request-id").cloned();
+    if prepared.is_ok() {
+        engine.frontend_admit().await;
+    }
     let mut response = match prepared
         .and_then(|(params, stream, usage, model)| engine.submit(params).map(|g| (g, stream, usage, model)))
     {

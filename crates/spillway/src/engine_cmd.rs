@@ -54,6 +54,10 @@ pub(crate) struct EngineArgs {
     /// Also expose DCGM-exporter-like GPU metrics on /metrics.
     #[arg(long)]
     dcgm: bool,
+    /// Also serve the replicas' GPUs, one per replica (gpu="0", "1", …), on a listener of their
+    /// own shaped like dcgm-exporter (its metric names and gpu/UUID/modelName/Hostname labels).
+    #[arg(long, value_name = "ADDR")]
+    dcgm_listen: Option<SocketAddr>,
     /// Use the runtime's 1 ms timer for steps instead of the precise wait (less CPU, ~1 ms late).
     #[arg(long)]
     coarse_timer: bool,
@@ -69,6 +73,10 @@ pub(crate) struct EngineArgs {
     /// Fault: every step takes this many times its modelled cost (a degraded GPU).
     #[arg(long, value_name = "FACTOR")]
     fault_slow: Option<f64>,
+    /// Fault: a CPU-starved API server whose serial work costs PER_REQUEST for each request and
+    /// PER_TOKEN for each output token, e.g. 40ms,1ms (the presets' costs nothing).
+    #[arg(long, value_name = "PER_REQUEST,PER_TOKEN", value_parser = parse_frontend)]
+    fault_frontend: Option<engine::cost::FrontendCost>,
     /// Fault: refuse connections from the start.
     #[arg(long)]
     fault_refuse_connections: bool,
@@ -86,6 +94,17 @@ fn parse_fail_every(s: &str) -> Result<FailEvery, String> {
         return Err(format!("status must be 400–599, got {status}"));
     }
     Ok(FailEvery { nth, status })
+}
+
+fn parse_frontend(s: &str) -> Result<engine::cost::FrontendCost, String> {
+    let (r, t) = s
+        .split_once(',')
+        .ok_or("expected PER_REQUEST,PER_TOKEN, e.g. 40ms,1ms")?;
+    let d = |v: &str| humantime::parse_duration(v.trim()).map_err(|e| format!("'{v}': {e}"));
+    Ok(engine::cost::FrontendCost {
+        per_request: d(r)?,
+        per_output_token: d(t)?,
+    })
 }
 
 impl EngineArgs {
@@ -119,6 +138,7 @@ impl EngineArgs {
         };
         c.faults.fail_every = self.fault_fail_every;
         c.faults.refuse_connections = self.fault_refuse_connections;
+        c.faults.frontend = self.fault_frontend;
         if let Some(f) = self.fault_slow {
             c.faults.slow_factor = f;
         }
@@ -165,8 +185,32 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
         );
         running.push(replica);
     }
+    let (stop_dcgm, dcgm_stopped) = tokio::sync::oneshot::channel::<()>();
+    let dcgm = match args.dcgm_listen {
+        Some(addr) => {
+            let listener = TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("cannot listen on {addr} for DCGM metrics"))?;
+            let engines = running.iter().map(|r| r.engine.clone()).collect();
+            let hostname = std::env::var("HOSTNAME").unwrap_or_else(|_| "spillway-engine".into());
+            tracing::info!(url = %format!("http://{addr}/metrics"), "DCGM exporter ready");
+            Some(tokio::spawn(engine::server::serve_dcgm(
+                listener,
+                engines,
+                hostname,
+                async move {
+                    let _ = dcgm_stopped.await;
+                },
+            )))
+        }
+        None => None,
+    };
     shutdown_signal().await;
     tracing::info!("shutting down");
+    let _ = stop_dcgm.send(());
+    if let Some(task) = dcgm {
+        let _ = task.await;
+    }
     for r in running {
         r.shutdown().await;
     }

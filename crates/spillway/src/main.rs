@@ -1,6 +1,7 @@
 //! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
 
 mod bench_cmd;
+mod diagnose_cmd;
 mod engine_cmd;
 mod key_cmd;
 mod plan_cmd;
@@ -32,6 +33,10 @@ enum Command {
     /// Load-test an OpenAI-compatible server against SLOs: baseline, staircase, long mix and burst
     /// phases; finds the safe concurrency (the SLOs hold and the queue recovers after a burst).
     Bench(Box<bench_cmd::BenchArgs>),
+    /// Read the gateway's, the engines' and the GPUs' metrics (scraped, or from Prometheus) and
+    /// name the bottleneck with evidence; exit 0 healthy, 1 an objective breached or saturated,
+    /// 2 could not diagnose.
+    Diagnose(diagnose_cmd::DiagnoseArgs),
     /// Turn one measurement into consistent limits for every control point: C, Q, Wq and nested
     /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM
     /// and KServe.
@@ -86,6 +91,7 @@ fn main() -> ExitCode {
             Command::Engine(args) => engine_cmd::run(args).await,
             Command::Serve(args) => serve_cmd::serve(args).await,
             Command::Bench(args) => bench_cmd::run(*args).await,
+            Command::Diagnose(args) => diagnose_cmd::run(args).await,
             Command::Plan(args) => plan_cmd::run(*args),
             Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
         }

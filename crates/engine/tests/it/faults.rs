@@ -224,3 +224,49 @@ async fn a_bad_fault_patch_is_refused_and_changes_nothing() {
         .unwrap();
     assert_eq!(v["slow_factor"], 1.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_starved_api_server_takes_requests_in_one_at_a_time_behind_its_tokens() {
+    let (engine, _steps) = Engine::start(tiny()).unwrap();
+    let t0 = tokio::time::Instant::now();
+    engine.frontend_admit().await;
+    assert_eq!(
+        t0.elapsed(),
+        Duration::ZERO,
+        "the presets' API server costs nothing"
+    );
+    engine
+        .apply_faults(&patch(
+            r#"{"frontend": {"per_request": "10ms", "per_output_token": "1ms"}}"#,
+        ))
+        .unwrap();
+    let admitted: Vec<_> = (0..4)
+        .map(|_| {
+            let engine = engine.clone();
+            tokio::spawn(async move {
+                engine.frontend_admit().await;
+                t0.elapsed()
+            })
+        })
+        .collect();
+    let mut at = Vec::new();
+    for a in admitted {
+        at.push(a.await.unwrap());
+    }
+    at.sort();
+    let ms: Vec<u128> = at.iter().map(|d| d.as_millis()).collect();
+    assert_eq!(ms, [10, 20, 30, 40], "serial: each waits for the ones before it");
+    // Tokens written to streams hold the server too: 8 streams' tokens (8 ms a step) outrun the
+    // ~1.2 ms steps, so a request arriving behind them waits for that backlog, then its own 10 ms.
+    let gens: Vec<_> = (0..8).map(|_| submit(&engine, 10, 20)).collect();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let before = tokio::time::Instant::now();
+    engine.frontend_admit().await;
+    let waited = before.elapsed();
+    assert!(waited >= Duration::from_millis(40), "{waited:?}");
+    drop(gens);
+    engine.apply_faults(&patch(r#"{"frontend": null}"#)).unwrap();
+    let before = tokio::time::Instant::now();
+    engine.frontend_admit().await;
+    assert_eq!(before.elapsed(), Duration::ZERO, "cleared");
+}

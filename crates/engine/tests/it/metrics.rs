@@ -157,6 +157,50 @@ async fn dcgm_metrics_follow_the_batch() {
 }
 
 #[tokio::test]
+async fn a_dcgm_listener_of_its_own_serves_every_replicas_gpu() {
+    let (a, b) = (start(tiny()).await, start(tiny()).await);
+    b.engine
+        .apply_faults(&serde_json::from_str(r#"{"xid": 48}"#).unwrap())
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(spillway_engine::server::serve_dcgm(
+        listener,
+        vec![a.engine.clone(), b.engine.clone()],
+        "node-1".into(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let text = scrape(&url).await;
+    assert!(
+        !scrape(&a.url()).await.contains("DCGM_"),
+        "not on the engine's /metrics without --dcgm"
+    );
+    let xid: Vec<(String, f64)> = protocol::prom::samples(&text)
+        .filter(|s| s.name == "DCGM_FI_DEV_XID_ERRORS")
+        .map(|s| (s.label("gpu").unwrap().into_owned(), s.value))
+        .collect();
+    assert_eq!(xid, [("0".to_owned(), 0.0), ("1".to_owned(), 48.0)]);
+    for s in protocol::prom::samples(&text) {
+        for label in ["gpu", "UUID", "modelName", "Hostname"] {
+            assert!(s.label(label).is_some(), "{} lacks {label}", s.name);
+        }
+        assert_eq!(s.label("Hostname").as_deref(), Some("node-1"));
+    }
+    let report = testkit::promtool_check(&text).await;
+    for line in report.lines().filter(|l| !l.trim().is_empty()) {
+        assert!(
+            line.ends_with("label names should be written in 'snake_case' not 'camelCase'"),
+            "promtool: {line}"
+        );
+    }
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
+
+#[tokio::test]
 async fn promtool_flags_only_vllms_own_naming() {
     let mut cfg = tiny();
     cfg.dcgm = true;

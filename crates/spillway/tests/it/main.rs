@@ -3,5 +3,6 @@
 mod bench;
 mod commands;
 mod deploy;
+mod diagnose;
 mod plan;
 mod support;

@@ -1,0 +1,37 @@
+//! `spillway diagnose`: metric samples in, a verdict with evidence out.
+//!
+//! # Layout
+//! - [`catalog`]: the series a diagnosis reads, under their current and older vLLM names, and
+//!   discovery (which exist);
+//! - [`window`]: two snapshots and what moved between them — gauge levels, counter increases
+//!   with resets, histogram quantiles as PromQL's `histogram_quantile` computes them;
+//! - [`rows`]: the four rows on one screen (user impact, generation, engine, infrastructure);
+//! - `rules`: the signal-combination table, the saturation rule, "busy but healthy";
+//! - [`verdict`]: the answer and its exit code; [`render`] prints it for a terminal;
+//! - [`kube`]: an InferenceService's conditions and its pods' restarts, from kubectl's JSON;
+//! - [`source`]: the only I/O — scraping `/metrics` endpoints, or asking a Prometheus server for
+//!   the same series at the window's two ends, so both paths feed the same pure functions.
+
+pub mod catalog;
+pub mod kube;
+pub mod render;
+pub mod rows;
+mod rules;
+pub mod source;
+pub mod verdict;
+pub mod window;
+
+pub use kube::Cluster;
+pub use verdict::{Status, Suspect, Thresholds, Verdict, diagnose};
+pub use window::{Snapshot, histogram_quantile};
+
+/// What can go wrong at the edge; the pure functions cannot fail.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{url}: {message}")]
+    Fetch { url: String, message: String },
+    #[error("Prometheus at {url}: {message}")]
+    Prometheus { url: String, message: String },
+    #[error("{0}")]
+    Kube(String),
+}

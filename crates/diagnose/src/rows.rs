@@ -1,0 +1,265 @@
+//! The four rows on one screen: user impact, generation, engine, infrastructure, over one window.
+
+use crate::catalog::{Found, Key};
+use crate::window::{Agg, Distribution, Level, Series, Window};
+use serde::Serialize;
+
+/// Success, errors, latency and cancellations as users see them (the gateway's view when there is
+/// one, else the engines').
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct UserImpact {
+    /// `gateway` or `engine`: whose counters these are.
+    pub seen_at: Option<&'static str>,
+    pub requests_per_s: Option<f64>,
+    pub success_ratio: Option<f64>,
+    pub status_429_per_s: Option<f64>,
+    pub status_5xx_per_s: Option<f64>,
+    /// 504s and streams cut by a deadline or an idle timeout.
+    pub timeouts_per_s: Option<f64>,
+    pub cancellations_per_s: Option<f64>,
+    /// (429 + 5xx) / requests.
+    pub error_ratio: Option<f64>,
+    /// Requests inside their class's TTFT and ITL objectives / requests measured.
+    pub goodput_ratio: Option<f64>,
+    pub latency: Option<Distribution>,
+}
+
+/// Time to first token, gaps between tokens, and the tokens themselves.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Generation {
+    pub gateway_ttft: Option<Distribution>,
+    pub engine_ttft: Option<Distribution>,
+    pub gateway_itl: Option<Distribution>,
+    pub engine_itl: Option<Distribution>,
+    pub prompt_tokens_per_s: Option<f64>,
+    pub generation_tokens_per_s: Option<f64>,
+    pub prompt_tokens_per_request: Option<f64>,
+    pub output_tokens_per_request: Option<f64>,
+}
+
+/// The scheduler's state: who runs, who waits and for how long, and the KV cache.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineRow {
+    pub running: Option<Level>,
+    pub waiting: Option<Level>,
+    pub queue_time: Option<Distribution>,
+    pub prefill_time: Option<Distribution>,
+    pub decode_time: Option<Distribution>,
+    /// Highest KV-cache usage of any replica (0–1).
+    pub kv_usage: Option<Level>,
+    pub preemptions: Option<f64>,
+    pub prefix_hit_ratio: Option<f64>,
+    /// Requests the engines finished in the window.
+    pub finished: Option<f64>,
+    /// The gateway's own admission queue, in front of the engines.
+    pub gateway_queued: Option<Level>,
+    pub gateway_queue_wait: Option<Distribution>,
+    pub gateway_in_flight: Option<Level>,
+    pub gateway_concurrency_limit: Option<f64>,
+    /// Requests the gateway refused because its queue was full or their wait ran out.
+    pub gateway_overflow: Option<f64>,
+}
+
+/// Targets, replicas, restarts and the GPUs.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Infrastructure {
+    pub targets_up: usize,
+    pub targets_down: Vec<String>,
+    pub replicas_healthy: Option<Level>,
+    pub replicas_known: Option<usize>,
+    /// Targets whose counters went back (their process restarted inside the window).
+    pub restarted: Vec<String>,
+    /// Mean `DCGM_FI_DEV_GPU_UTIL` across GPUs, as a ratio.
+    pub gpu_util: Option<Level>,
+    pub gpu_engine_active: Option<Level>,
+    pub fb_used_mib: Option<f64>,
+    pub fb_total_mib: Option<f64>,
+    /// The last XID of any GPU (0: none).
+    pub xid: Option<f64>,
+    /// Double-bit ECC errors at the end, and how many appeared in the window.
+    pub ecc_dbe: Option<Level>,
+}
+
+/// The four rows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Rows {
+    pub user_impact: UserImpact,
+    pub generation: Generation,
+    pub engine: EngineRow,
+    pub infrastructure: Infrastructure,
+}
+
+/// Reads a window through the names discovery found.
+pub(crate) struct Reader<'a> {
+    pub(crate) w: &'a Window<'a>,
+    pub(crate) found: &'a [Found],
+}
+
+impl Reader<'_> {
+    pub(crate) fn name(&self, key: Key) -> Option<&'static str> {
+        self.found.iter().find(|f| f.key == key).and_then(|f| f.name)
+    }
+
+    fn level(&self, key: Key, agg: Agg) -> Option<Level> {
+        self.w.level(self.name(key)?, agg)
+    }
+
+    fn increase(&self, key: Key, keep: impl Fn(&Series) -> bool) -> Option<f64> {
+        self.w.increase(self.name(key)?, keep)
+    }
+
+    fn rate(&self, key: Key, keep: impl Fn(&Series) -> bool) -> Option<f64> {
+        let secs = self.w.secs();
+        self.increase(key, keep).filter(|_| secs > 0.0).map(|v| v / secs)
+    }
+
+    fn dist(&self, key: Key) -> Option<Distribution> {
+        self.w.distribution(self.name(key)?)
+    }
+}
+
+fn status_is(s: &Series, pred: impl Fn(&str) -> bool) -> bool {
+    s.label("status").is_some_and(pred)
+}
+
+fn ratio(num: Option<f64>, den: Option<f64>) -> Option<f64> {
+    match (num, den) {
+        (Some(n), Some(d)) if d > 0.0 => Some(n / d),
+        _ => None,
+    }
+}
+
+pub(crate) fn build(r: &Reader<'_>) -> Rows {
+    Rows {
+        user_impact: user_impact(r),
+        generation: generation(r),
+        engine: engine(r),
+        infrastructure: infrastructure(r),
+    }
+}
+
+fn user_impact(r: &Reader<'_>) -> UserImpact {
+    if r.name(Key::GwRequests).is_some() {
+        let all = r.rate(Key::GwRequests, |_| true);
+        let ok = r.rate(Key::GwRequests, |s| status_is(s, |v| v.starts_with('2')));
+        let r429 = r.rate(Key::GwRequests, |s| status_is(s, |v| v == "429"));
+        let r5xx = r.rate(Key::GwRequests, |s| status_is(s, |v| v.starts_with('5')));
+        let r504 = r
+            .rate(Key::GwRequests, |s| status_is(s, |v| v == "504"))
+            .unwrap_or(0.0);
+        let cut = r
+            .rate(Key::GwCancellations, |s| {
+                matches!(s.label("reason"), Some("deadline" | "stream_idle_timeout"))
+            })
+            .unwrap_or(0.0);
+        let gone = r.rate(Key::GwCancellations, |s| {
+            s.label("reason") == Some("client_disconnect")
+        });
+        let errors = Some(r429.unwrap_or(0.0) + r5xx.unwrap_or(0.0));
+        return UserImpact {
+            seen_at: Some("gateway"),
+            requests_per_s: all,
+            success_ratio: ratio(ok, all),
+            status_429_per_s: r429,
+            status_5xx_per_s: r5xx,
+            timeouts_per_s: Some(r504 + cut),
+            cancellations_per_s: gone,
+            error_ratio: ratio(errors, all),
+            goodput_ratio: ratio(
+                r.increase(Key::GwGoodput, |_| true),
+                r.increase(Key::GwSloRequests, |_| true),
+            ),
+            latency: r.dist(Key::GwDuration),
+        };
+    }
+    if r.name(Key::RequestSuccess).is_some() {
+        let reason = |want: &'static [&'static str]| {
+            move |s: &Series| s.label("finished_reason").is_some_and(|v| want.contains(&v))
+        };
+        let all = r.rate(Key::RequestSuccess, |_| true);
+        let ok = r.rate(Key::RequestSuccess, reason(&["stop", "length", "repetition"]));
+        let errors = r.rate(Key::RequestSuccess, reason(&["error"]));
+        return UserImpact {
+            seen_at: Some("engine"),
+            requests_per_s: all,
+            success_ratio: ratio(ok, all),
+            status_5xx_per_s: errors,
+            cancellations_per_s: r.rate(Key::RequestSuccess, reason(&["abort"])),
+            error_ratio: ratio(errors, all),
+            latency: r.dist(Key::E2e),
+            ..UserImpact::default()
+        };
+    }
+    UserImpact::default()
+}
+
+fn generation(r: &Reader<'_>) -> Generation {
+    let finished = r.increase(Key::RequestSuccess, |_| true);
+    Generation {
+        gateway_ttft: r.dist(Key::GwTtft),
+        engine_ttft: r.dist(Key::Ttft),
+        gateway_itl: r.dist(Key::GwItl),
+        engine_itl: r.dist(Key::Itl),
+        prompt_tokens_per_s: r.rate(Key::PromptTokens, |_| true),
+        generation_tokens_per_s: r.rate(Key::GenerationTokens, |_| true),
+        prompt_tokens_per_request: ratio(r.increase(Key::PromptTokens, |_| true), finished),
+        output_tokens_per_request: ratio(r.increase(Key::GenerationTokens, |_| true), finished),
+    }
+}
+
+fn engine(r: &Reader<'_>) -> EngineRow {
+    EngineRow {
+        running: r.level(Key::Running, Agg::Sum),
+        waiting: r.level(Key::Waiting, Agg::Sum),
+        queue_time: r.dist(Key::QueueTime),
+        prefill_time: r.dist(Key::PrefillTime),
+        decode_time: r.dist(Key::DecodeTime),
+        kv_usage: r.level(Key::KvUsage, Agg::Max),
+        preemptions: r.increase(Key::Preemptions, |_| true),
+        prefix_hit_ratio: ratio(
+            r.increase(Key::PrefixHits, |_| true),
+            r.increase(Key::PrefixQueries, |_| true),
+        ),
+        finished: r.increase(Key::RequestSuccess, |_| true),
+        gateway_queued: r.level(Key::GwQueued, Agg::Sum),
+        gateway_queue_wait: r.dist(Key::GwQueueWait),
+        gateway_in_flight: r.level(Key::GwInFlight, Agg::Sum),
+        gateway_concurrency_limit: r.level(Key::GwConcurrencyLimit, Agg::Sum).map(|l| l.end),
+        gateway_overflow: r.increase(Key::GwRejections, |s| {
+            matches!(s.label("reason"), Some("queue_full" | "queue_timeout"))
+        }),
+    }
+}
+
+fn infrastructure(r: &Reader<'_>) -> Infrastructure {
+    let up = r.w.end.up_instances();
+    let mut down: Vec<String> =
+        r.w.end
+            .series
+            .iter()
+            .filter(|s| s.name == "up" && s.value != 1.0)
+            .filter_map(|s| s.label("instance").map(str::to_owned))
+            .collect();
+    down.sort();
+    let fb_used = r.level(Key::FbUsed, Agg::Sum).map(|l| l.end);
+    let fb_free = r.level(Key::FbFree, Agg::Sum).map(|l| l.end);
+    let percent = |l: Level| Level {
+        start: l.start.map(|v| v / 100.0),
+        end: l.end / 100.0,
+    };
+    Infrastructure {
+        targets_up: up.len(),
+        targets_down: down,
+        replicas_healthy: r.level(Key::GwReplicaHealthy, Agg::Sum),
+        replicas_known: r
+            .name(Key::GwReplicaHealthy)
+            .map(|n| r.w.end.series.iter().filter(|s| s.name == n).count()),
+        restarted: r.w.restarted_instances(),
+        gpu_util: r.level(Key::GpuUtil, Agg::Mean).map(percent),
+        gpu_engine_active: r.level(Key::GrEngineActive, Agg::Mean),
+        fb_used_mib: fb_used,
+        fb_total_mib: fb_used.zip(fb_free).map(|(u, f)| u + f),
+        xid: r.level(Key::Xid, Agg::Max).map(|l| l.end),
+        ecc_dbe: r.level(Key::EccDbe, Agg::Sum),
+    }
+}

@@ -1,0 +1,383 @@
+//! The signal-combination table, the saturation rule and "busy but healthy", applied to the rows.
+
+use crate::catalog::{Key, SIGNALS};
+use crate::kube::Cluster;
+use crate::rows::{Reader, Rows};
+use crate::verdict::{Evidence, Finding, Saturation, Suspect, Thresholds};
+use crate::window::{Distribution, Level};
+
+pub(crate) struct Outcome {
+    pub(crate) findings: Vec<Finding>,
+    pub(crate) breaches: Vec<Evidence>,
+    pub(crate) saturation: Saturation,
+    pub(crate) busy: Vec<Evidence>,
+}
+
+/// Most specific first: a cause outranks the symptoms it produces (preemptions fill the queue, a
+/// hung process fills it too), and arrivals-exceed-throughput is what is left.
+const RANK: [Suspect; 7] = [
+    Suspect::GpuFault,
+    Suspect::KvPressure,
+    Suspect::ProcessHealth,
+    Suspect::GatewayTimeouts,
+    Suspect::DecodeContention,
+    Suspect::LongPrompts,
+    Suspect::ArrivalsExceedThroughput,
+];
+
+struct Ctx<'a> {
+    r: &'a Reader<'a>,
+    secs: f64,
+}
+
+impl Ctx<'_> {
+    fn series(&self, key: Key) -> String {
+        self.r.name(key).map_or_else(
+            || {
+                SIGNALS
+                    .iter()
+                    .find(|s| s.key == key)
+                    .map_or("?", |s| s.names[0])
+                    .to_owned()
+            },
+            str::to_owned,
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ev(
+        &self,
+        key: Key,
+        stat: &'static str,
+        value: f64,
+        unit: &'static str,
+        op: &'static str,
+        threshold: Option<f64>,
+    ) -> Evidence {
+        Evidence {
+            series: self.series(key),
+            stat,
+            value,
+            unit,
+            op,
+            threshold,
+            window_secs: self.secs,
+        }
+    }
+}
+
+/// A distribution's p95 when it observed anything.
+fn p95(d: Option<Distribution>) -> Option<f64> {
+    d.filter(|d| d.count > 0.0).and_then(|d| d.p95)
+}
+
+fn mean(d: Option<Distribution>) -> Option<f64> {
+    d.filter(|d| d.count > 0.0).and_then(|d| d.mean)
+}
+
+pub(crate) fn apply(
+    r: &Reader<'_>,
+    rows: &Rows,
+    t: &Thresholds,
+    cluster: &Cluster,
+    blind: &mut Vec<String>,
+) -> Outcome {
+    let c = Ctx { r, secs: r.w.secs() };
+    let (g, e, u, infra) = (
+        &rows.generation,
+        &rows.engine,
+        &rows.user_impact,
+        &rows.infrastructure,
+    );
+
+    // The user's TTFT and ITL: the gateway's when it relays, else the engines'.
+    let user_ttft = p95(g.gateway_ttft)
+        .map(|v| (Key::GwTtft, v))
+        .or_else(|| p95(g.engine_ttft).map(|v| (Key::Ttft, v)));
+    let user_itl = p95(g.gateway_itl)
+        .map(|v| (Key::GwItl, v))
+        .or_else(|| p95(g.engine_itl).map(|v| (Key::Itl, v)));
+    let error_key = if u.seen_at == Some("gateway") {
+        Key::GwRequests
+    } else {
+        Key::RequestSuccess
+    };
+    let ttft_breach = user_ttft
+        .filter(|(_, v)| *v > t.ttft_p95)
+        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.ttft_p95)));
+    let itl_breach = user_itl
+        .filter(|(_, v)| *v > t.itl_p95)
+        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.itl_p95)));
+    let error_breach = u
+        .error_ratio
+        .filter(|v| *v > t.error_ratio)
+        .map(|v| c.ev(error_key, "error_ratio", v, "", ">", Some(t.error_ratio)));
+    let breaches: Vec<Evidence> = [ttft_breach.clone(), itl_breach.clone(), error_breach.clone()]
+        .into_iter()
+        .flatten()
+        .collect();
+
+    // Queues: the engines' waiting list and the gateway's admission queue.
+    let present = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0);
+    let growing = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0 && l.growth() > 0.0);
+    let queue_present = present(e.waiting) || present(e.gateway_queued) || e.gateway_overflow > Some(0.0);
+    let mut queue_ev = Vec::new();
+    if let Some(w) = e.waiting.filter(|l| l.end >= 1.0) {
+        queue_ev.push(c.ev(Key::Waiting, "end", w.end, "requests", ">=", Some(1.0)));
+        if w.growth() > 0.0 {
+            queue_ev.push(c.ev(Key::Waiting, "growth", w.growth(), "requests", ">", Some(0.0)));
+        }
+    }
+    if let Some(q) = e.gateway_queued.filter(|l| l.end >= 1.0) {
+        queue_ev.push(c.ev(Key::GwQueued, "end", q.end, "requests", ">=", Some(1.0)));
+        if q.growth() > 0.0 {
+            queue_ev.push(c.ev(Key::GwQueued, "growth", q.growth(), "requests", ">", Some(0.0)));
+        }
+    }
+    if let Some(o) = e.gateway_overflow.filter(|v| *v > 0.0) {
+        queue_ev.push(c.ev(
+            Key::GwRejections,
+            "queue_full+queue_timeout",
+            o,
+            "requests",
+            ">",
+            Some(0.0),
+        ));
+    }
+    let queue_growth = growing(e.waiting) || growing(e.gateway_queued) || e.gateway_overflow > Some(0.0);
+    let engine_queue_time = mean(e.queue_time);
+    let gateway_queue_time = mean(e.gateway_queue_wait);
+    let mut queue_time_ev = Vec::new();
+    if let Some(v) = engine_queue_time.filter(|v| *v > t.queue_time) {
+        queue_time_ev.push(c.ev(Key::QueueTime, "mean", v, "s", ">", Some(t.queue_time)));
+    }
+    if let Some(v) = gateway_queue_time.filter(|v| *v > t.queue_time) {
+        queue_time_ev.push(c.ev(Key::GwQueueWait, "mean", v, "s", ">", Some(t.queue_time)));
+    }
+    let queue_time_high = !queue_time_ev.is_empty();
+
+    // The GPUs: graphics-engine activity when DCGM profiles, else utilisation.
+    let gpu = infra
+        .gpu_engine_active
+        .map(|l| (Key::GrEngineActive, l.mean()))
+        .or_else(|| infra.gpu_util.map(|l| (Key::GpuUtil, l.mean())));
+    let gpu_ev = |op: &'static str, th: f64| gpu.map(|(k, v)| c.ev(k, "mean", v, "ratio", op, Some(th)));
+
+    let mut found: Vec<Finding> = Vec::new();
+
+    // 1. Arrivals exceed throughput: waiting, queue time and TTFT up together.
+    if queue_present
+        && queue_time_high
+        && let Some(ttft) = ttft_breach.clone()
+    {
+        let mut ev = queue_ev.clone();
+        ev.extend(queue_time_ev.clone());
+        ev.push(ttft);
+        found.push(Finding::new(Suspect::ArrivalsExceedThroughput, ev));
+    }
+
+    // 2. Queue low, prefill and TTFT up: long prompts, tokenisation, CPU.
+    if let Some(ttft) = ttft_breach.clone()
+        && !queue_time_high
+        && !queue_present
+    {
+        let mut ev = vec![ttft];
+        if let Some(v) = engine_queue_time {
+            ev.push(c.ev(Key::QueueTime, "mean", v, "s", "<=", Some(t.queue_time)));
+        }
+        if let Some(v) = mean(e.prefill_time) {
+            ev.push(c.ev(Key::PrefillTime, "mean", v, "s", "=", None));
+        }
+        if let Some(v) = g.prompt_tokens_per_request {
+            ev.push(c.ev(Key::PromptTokens, "per_request", v, "tokens", "=", None));
+        }
+        found.push(Finding::new(Suspect::LongPrompts, ev));
+    }
+
+    // 3. ITL and decode up with the GPU busy: too much decode concurrency.
+    if let Some(itl) = itl_breach.clone() {
+        let gpu_ok = match gpu {
+            Some((_, v)) => v >= t.gpu_busy,
+            None => {
+                blind.push("GPU activity unseen: decode contention judged on ITL alone".into());
+                true
+            }
+        };
+        if gpu_ok {
+            let mut ev = vec![itl];
+            if let Some(v) = mean(e.decode_time) {
+                ev.push(c.ev(Key::DecodeTime, "mean", v, "s", "=", None));
+            }
+            ev.extend(gpu_ev(">=", t.gpu_busy));
+            if let Some(run) = e.running {
+                ev.push(c.ev(Key::Running, "mean", run.mean(), "requests", "=", None));
+            }
+            found.push(Finding::new(Suspect::DecodeContention, ev));
+        }
+    }
+
+    // 4. KV cache high and preemptions up.
+    if let (Some(kv), Some(pre)) = (e.kv_usage, e.preemptions)
+        && kv.peak() >= t.kv_high
+        && pre > 0.0
+    {
+        found.push(Finding::new(
+            Suspect::KvPressure,
+            vec![
+                c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(t.kv_high)),
+                c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0)),
+            ],
+        ));
+    }
+
+    // 5. Engine healthy, gateway timeouts up.
+    if u.seen_at == Some("gateway")
+        && let (Some(to), Some(all)) = (u.timeouts_per_s, u.requests_per_s)
+        && to > 0.0
+        && all > 0.0
+        && to / all > t.error_ratio
+    {
+        let engine_ttft = p95(g.engine_ttft);
+        let engine_itl = p95(g.engine_itl);
+        let engine_seen = e.running.is_some();
+        let engine_ok = engine_seen
+            && engine_ttft.is_none_or(|v| v <= t.ttft_p95)
+            && engine_itl.is_none_or(|v| v <= t.itl_p95)
+            && !present(e.waiting);
+        if !engine_seen {
+            blind.push(
+                "gateway timeouts seen but no engine metrics: cannot tell whether the engines are healthy"
+                    .into(),
+            );
+        } else if engine_ok {
+            let mut ev = vec![c.ev(
+                Key::GwRequests,
+                "timeout_ratio",
+                to / all,
+                "",
+                ">",
+                Some(t.error_ratio),
+            )];
+            if let Some(v) = engine_ttft {
+                ev.push(c.ev(Key::Ttft, "p95", v, "s", "<=", Some(t.ttft_p95)));
+            }
+            if let Some(v) = engine_itl {
+                ev.push(c.ev(Key::Itl, "p95", v, "s", "<=", Some(t.itl_p95)));
+            }
+            if let Some(w) = e.waiting {
+                ev.push(c.ev(Key::Waiting, "end", w.end, "requests", "<", Some(1.0)));
+            }
+            found.push(Finding::new(Suspect::GatewayTimeouts, ev));
+        }
+    }
+
+    // 6. Queue up with the GPU idle (or the engine making no progress): CPU, network, process.
+    let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
+    if queue_present && (queue_growth || queue_time_high) {
+        let idle = gpu.is_some_and(|(_, v)| v < t.gpu_idle);
+        if idle || (gpu.is_none() && stuck) {
+            let mut ev = queue_ev.clone();
+            ev.extend(queue_time_ev.clone());
+            ev.extend(gpu_ev("<", t.gpu_idle));
+            if stuck {
+                ev.push(c.ev(Key::GenerationTokens, "per_s", 0.0, "tokens/s", "=", Some(0.0)));
+            }
+            found.push(Finding::new(Suspect::ProcessHealth, ev));
+        }
+    }
+
+    // 7. XID, ECC and restarts together.
+    let xid = infra.xid.filter(|v| *v > 0.0);
+    let ecc = infra.ecc_dbe.filter(|l| l.end > 0.0);
+    if xid.is_some() || ecc.is_some() {
+        // One line per sick GPU, with its labels: which GPU to take out of the route.
+        let mut ev = Vec::new();
+        for (key, stat, unit) in [(Key::Xid, "last", "xid"), (Key::EccDbe, "end", "errors")] {
+            let Some(name) = r.name(key) else { continue };
+            for s in r.w.end.series.iter().filter(|s| s.name == name && s.value > 0.0) {
+                let labels: Vec<String> = s.labels.iter().map(|(k, v)| format!("{k}=\"{v}\"")).collect();
+                ev.push(Evidence {
+                    series: format!("{name}{{{}}}", labels.join(",")),
+                    stat,
+                    value: s.value,
+                    unit,
+                    op: ">",
+                    threshold: Some(0.0),
+                    window_secs: c.secs,
+                });
+            }
+        }
+        for i in &infra.restarted {
+            ev.push(Evidence {
+                series: format!("counters of {i} went back (process restarted)"),
+                stat: "restart",
+                value: 1.0,
+                unit: "",
+                op: "=",
+                threshold: None,
+                window_secs: c.secs,
+            });
+        }
+        for restart in cluster.restarts_within(r.w.start.at, r.w.end.at) {
+            ev.push(Evidence {
+                series: format!("pod {} container {} restarted", restart.pod, restart.container),
+                stat: "restart",
+                value: restart.count as f64,
+                unit: "restarts",
+                op: "=",
+                threshold: None,
+                window_secs: c.secs,
+            });
+        }
+        found.push(Finding::new(Suspect::GpuFault, ev));
+    }
+
+    found.sort_by_key(|f| RANK.iter().position(|s| *s == f.suspect));
+
+    let mut saturation = Saturation {
+        slo: [ttft_breach, itl_breach].into_iter().flatten().collect(),
+        queue_growth: if queue_growth { queue_ev } else { Vec::new() },
+        errors: error_breach.into_iter().collect(),
+        declared: false,
+    };
+    let moving = [
+        !saturation.slo.is_empty(),
+        !saturation.queue_growth.is_empty(),
+        !saturation.errors.is_empty(),
+    ];
+    saturation.declared = moving.iter().filter(|m| **m).count() >= 2;
+
+    let mut busy = Vec::new();
+    if found.is_empty() && breaches.is_empty() && !saturation.declared {
+        if let Some((k, v)) = gpu.filter(|(_, v)| *v >= t.gpu_busy) {
+            busy.push(c.ev(k, "mean", v, "ratio", ">=", Some(t.gpu_busy)));
+        }
+        if let (Some(f), Some(limit)) = (e.gateway_in_flight, e.gateway_concurrency_limit)
+            && limit > 0.0
+            && f.mean() >= 0.8 * limit
+        {
+            busy.push(c.ev(
+                Key::GwInFlight,
+                "mean",
+                f.mean(),
+                "requests",
+                ">=",
+                Some(0.8 * limit),
+            ));
+        }
+        if !busy.is_empty() {
+            busy.extend(user_ttft.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.ttft_p95))));
+            busy.extend(user_itl.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.itl_p95))));
+        }
+    }
+
+    Outcome {
+        findings: found,
+        breaches,
+        saturation,
+        busy,
+    }
+}
+
+#[cfg(test)]
+mod tests;

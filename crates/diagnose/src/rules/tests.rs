@@ -1,0 +1,428 @@
+//! The table's rows, the saturation rule and "busy but healthy" on scripted expositions.
+
+use crate::Cluster;
+use crate::verdict::{Status, Suspect, Thresholds, Verdict, diagnose};
+use crate::window::Snapshot;
+
+const TTFT: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+    80.0, 160.0, 640.0, 2560.0,
+];
+const ITL: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+const REQ: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+    960.0, 1920.0, 7680.0,
+];
+
+/// An exposition written by hand, one call per family.
+#[derive(Default)]
+struct Expo(String);
+
+impl Expo {
+    fn line(mut self, name: &str, labels: &str, v: f64) -> Self {
+        let labels = if labels.is_empty() {
+            String::new()
+        } else {
+            format!("{{{labels}}}")
+        };
+        self.0.push_str(&format!("{name}{labels} {v}\n"));
+        self
+    }
+
+    /// A histogram holding `n` observations of `value`.
+    fn hist(mut self, name: &str, buckets: &[f64], value: f64, n: u32) -> Self {
+        for b in buckets {
+            let c = if value <= *b { n } else { 0 };
+            self.0
+                .push_str(&format!("{name}_bucket{{model_name=\"m\",le=\"{b}\"}} {c}\n"));
+        }
+        self.0
+            .push_str(&format!("{name}_bucket{{model_name=\"m\",le=\"+Inf\"}} {n}\n"));
+        self.0.push_str(&format!(
+            "{name}_sum{{model_name=\"m\"}} {}\n",
+            value * f64::from(n)
+        ));
+        self.0
+            .push_str(&format!("{name}_count{{model_name=\"m\"}} {n}\n"));
+        self
+    }
+}
+
+/// The engine's families: gauges, counters and latency histograms of `n` requests.
+struct Engine {
+    running: f64,
+    waiting: f64,
+    kv: f64,
+    preemptions: f64,
+    n: u32,
+    gen_tokens: f64,
+    ttft: f64,
+    itl: f64,
+    queue: f64,
+    prefill: f64,
+    finished_reason: &'static str,
+}
+
+impl Default for Engine {
+    fn default() -> Self {
+        Self {
+            running: 4.0,
+            waiting: 0.0,
+            kv: 0.2,
+            preemptions: 0.0,
+            n: 100,
+            gen_tokens: 10_000.0,
+            ttft: 0.05,
+            itl: 0.02,
+            queue: 0.001,
+            prefill: 0.04,
+            finished_reason: "stop",
+        }
+    }
+}
+
+impl Engine {
+    fn text(&self, kv_name: &str, itl_name: &str) -> String {
+        Expo::default()
+            .line("vllm:num_requests_running", "model_name=\"m\"", self.running)
+            .line("vllm:num_requests_waiting", "model_name=\"m\"", self.waiting)
+            .line(kv_name, "model_name=\"m\"", self.kv)
+            .line("vllm:num_preemptions_total", "model_name=\"m\"", self.preemptions)
+            .line(
+                "vllm:prompt_tokens_total",
+                "model_name=\"m\"",
+                200.0 * f64::from(self.n),
+            )
+            .line(
+                "vllm:generation_tokens_total",
+                "model_name=\"m\"",
+                self.gen_tokens,
+            )
+            .line(
+                "vllm:request_success_total",
+                &format!("model_name=\"m\",finished_reason=\"{}\"", self.finished_reason),
+                f64::from(self.n),
+            )
+            .hist("vllm:time_to_first_token_seconds", TTFT, self.ttft, self.n)
+            .hist(itl_name, ITL, self.itl, self.n * 50)
+            .hist("vllm:request_queue_time_seconds", REQ, self.queue, self.n)
+            .hist("vllm:request_prefill_time_seconds", REQ, self.prefill, self.n)
+            .hist("vllm:request_decode_time_seconds", REQ, self.itl * 50.0, self.n)
+            .hist(
+                "vllm:e2e_request_latency_seconds",
+                REQ,
+                self.ttft + self.itl * 50.0,
+                self.n,
+            )
+            .0
+    }
+
+    /// The state at the start of a window: same gauges, no requests yet.
+    fn before(&self) -> Self {
+        Self {
+            n: 0,
+            gen_tokens: 0.0,
+            preemptions: 0.0,
+            ..*self
+        }
+    }
+}
+
+fn dcgm(util: f64, xid: f64, ecc: f64) -> String {
+    let l = "gpu=\"0\",UUID=\"GPU-1\",modelName=\"H100\",Hostname=\"h\"";
+    Expo::default()
+        .line("DCGM_FI_DEV_GPU_UTIL", l, util * 100.0)
+        .line("DCGM_FI_PROF_GR_ENGINE_ACTIVE", l, util)
+        .line("DCGM_FI_DEV_FB_USED", l, 30_000.0)
+        .line("DCGM_FI_DEV_FB_FREE", l, 50_000.0)
+        .line("DCGM_FI_DEV_XID_ERRORS", l, xid)
+        .line("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", l, ecc)
+        .0
+}
+
+fn snap(at: f64, targets: &[(&str, &str)]) -> Snapshot {
+    let mut s = Snapshot::new(at);
+    for (instance, text) in targets {
+        s.add_exposition(instance, text);
+    }
+    s
+}
+
+fn run(start: &[(&str, &str)], end: &[(&str, &str)]) -> Verdict {
+    diagnose(
+        &snap(0.0, start),
+        &snap(10.0, end),
+        &Thresholds::default(),
+        &Cluster::default(),
+    )
+}
+
+fn engine_only(e: &Engine, gpu_util: f64) -> Verdict {
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let g = dcgm(gpu_util, 0.0, 0.0);
+    run(&[("e:1", &b), ("d:1", &g)], &[("e:1", &a), ("d:1", &g)])
+}
+
+const KV: &str = "vllm:kv_cache_usage_perc";
+const ITL_NAME: &str = "vllm:inter_token_latency_seconds";
+
+fn suspects(v: &Verdict) -> Vec<Suspect> {
+    v.findings.iter().map(|f| f.suspect).collect()
+}
+
+#[test]
+fn arrivals_exceed_throughput_when_waiting_queue_time_and_ttft_rise_together() {
+    let e = Engine {
+        waiting: 20.0,
+        queue: 1.2,
+        ttft: 1.6,
+        ..Engine::default()
+    };
+    let (b, a) = (
+        Engine {
+            waiting: 2.0,
+            ..e.before()
+        }
+        .text(KV, ITL_NAME),
+        e.text(KV, ITL_NAME),
+    );
+    let g = dcgm(0.95, 0.0, 0.0);
+    let v = run(&[("e:1", &b), ("d:1", &g)], &[("e:1", &a), ("d:1", &g)]);
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    assert!(v.saturation.declared, "SLO breached and the queue growing");
+    assert_eq!(v.status, Status::Incident);
+    assert_eq!(v.exit_code(), 1);
+    let ev = &v.findings[0].evidence;
+    let growth = ev
+        .iter()
+        .find(|e| e.stat == "growth")
+        .expect("the queue's growth is evidence");
+    assert_eq!(
+        (growth.series.as_str(), growth.value),
+        ("vllm:num_requests_waiting", 18.0)
+    );
+    assert!(ev.iter().all(|e| e.window_secs == 10.0));
+}
+
+#[test]
+fn long_prompts_when_ttft_rises_with_the_queue_empty() {
+    let v = engine_only(
+        &Engine {
+            ttft: 1.6,
+            prefill: 1.5,
+            ..Engine::default()
+        },
+        0.6,
+    );
+    assert_eq!(suspects(&v), [Suspect::LongPrompts]);
+    assert!(!v.saturation.declared, "one signal moving is not saturation");
+    assert_eq!(v.exit_code(), 1, "an objective is breached");
+}
+
+#[test]
+fn decode_contention_needs_a_busy_gpu() {
+    let slow_itl = Engine {
+        itl: 0.09,
+        ..Engine::default()
+    };
+    assert_eq!(
+        suspects(&engine_only(&slow_itl, 0.95)),
+        [Suspect::DecodeContention]
+    );
+    assert_eq!(
+        suspects(&engine_only(&slow_itl, 0.1)),
+        [],
+        "slow tokens on an idle GPU are not contention"
+    );
+}
+
+#[test]
+fn kv_pressure_outranks_the_queue_it_causes() {
+    let e = Engine {
+        kv: 0.97,
+        preemptions: 40.0,
+        waiting: 6.0,
+        queue: 0.9,
+        ttft: 1.8,
+        ..Engine::default()
+    };
+    let v = engine_only(&e, 0.9);
+    assert_eq!(
+        suspects(&v),
+        [Suspect::KvPressure, Suspect::ArrivalsExceedThroughput]
+    );
+    let kv = &v.findings[0].evidence[0];
+    assert_eq!((kv.stat, kv.value, kv.threshold), ("peak", 0.97, Some(0.9)));
+}
+
+fn gateway(ok: f64, timeouts: f64, queued: f64, overflow: f64, in_flight: f64) -> String {
+    let rc = "route=\"chat\",class=\"interactive\"";
+    Expo::default()
+        .line("spillway_requests_total", &format!("{rc},status=\"200\""), ok)
+        .line(
+            "spillway_requests_total",
+            &format!("{rc},status=\"504\""),
+            timeouts,
+        )
+        .line(
+            "spillway_cancellations_total",
+            &format!("{rc},reason=\"deadline\""),
+            timeouts,
+        )
+        .line(
+            "spillway_rejections_total",
+            &format!("{rc},reason=\"queue_timeout\""),
+            overflow,
+        )
+        .line("spillway_queued", rc, queued)
+        .line("spillway_in_flight", rc, in_flight)
+        .line("spillway_concurrency_limit", rc, 8.0)
+        .hist("spillway_time_to_first_token_seconds", TTFT, 0.05, ok as u32)
+        .0
+}
+
+#[test]
+fn gateway_timeouts_while_the_engine_is_healthy() {
+    let e = Engine::default();
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let (gb, ga) = (
+        gateway(0.0, 0.0, 0.0, 0.0, 4.0),
+        gateway(100.0, 12.0, 0.0, 0.0, 4.0),
+    );
+    let v = run(&[("e:1", &b), ("g:1", &gb)], &[("e:1", &a), ("g:1", &ga)]);
+    assert_eq!(suspects(&v), [Suspect::GatewayTimeouts], "{:#?}", v.findings);
+    assert!(v.slo_breaches.iter().any(|e| e.stat == "error_ratio"));
+}
+
+#[test]
+fn a_queue_in_front_of_an_idle_gpu_points_at_the_process() {
+    let stuck = Engine {
+        running: 8.0,
+        ..Engine::default()
+    };
+    // Nothing finished and no token made in the window: the same counters at both ends.
+    let text = stuck.text(KV, ITL_NAME);
+    let (gb, ga) = (
+        gateway(50.0, 0.0, 2.0, 0.0, 8.0),
+        gateway(50.0, 0.0, 12.0, 9.0, 8.0),
+    );
+    let g = dcgm(0.0, 0.0, 0.0);
+    let v = run(
+        &[("e:1", &text), ("g:1", &gb), ("d:1", &g)],
+        &[("e:1", &text), ("g:1", &ga), ("d:1", &g)],
+    );
+    assert_eq!(suspects(&v), [Suspect::ProcessHealth], "{:#?}", v.findings);
+    // Without DCGM the engine's lack of progress says the same.
+    let v = run(&[("e:1", &text), ("g:1", &gb)], &[("e:1", &text), ("g:1", &ga)]);
+    assert_eq!(suspects(&v), [Suspect::ProcessHealth]);
+    assert!(
+        v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.series == "vllm:generation_tokens_total")
+    );
+}
+
+#[test]
+fn xid_and_ecc_with_a_restart_come_first() {
+    let e = Engine::default();
+    let before = Engine {
+        n: 500,
+        gen_tokens: 90_000.0,
+        ..e
+    }
+    .text(KV, ITL_NAME);
+    let after = e.text(KV, ITL_NAME);
+    let v = run(
+        &[("e:1", &before), ("d:1", &dcgm(0.9, 0.0, 0.0))],
+        &[("e:1", &after), ("d:1", &dcgm(0.0, 79.0, 2.0))],
+    );
+    assert_eq!(suspects(&v)[0], Suspect::GpuFault);
+    let ev = &v.findings[0].evidence;
+    assert!(ev.iter().any(|e| e.series.starts_with("DCGM_FI_DEV_XID_ERRORS{")
+        && e.series.contains("UUID=\"GPU-1\"")
+        && e.value == 79.0));
+    assert!(
+        ev.iter().any(|e| e.stat == "restart" && e.series.contains("e:1")),
+        "{ev:#?}"
+    );
+}
+
+#[test]
+fn restarts_from_kubernetes_join_the_evidence() {
+    let mut cluster = Cluster::default();
+    cluster
+        .add_pods(
+            r#"{"kind":"List","items":[{"metadata":{"name":"llm-0"},"status":{"containerStatuses":[
+            {"name":"vllm","restartCount":2,"ready":false,
+             "lastState":{"terminated":{"reason":"Error","finishedAt":"1970-01-01T00:00:05Z"}}}]}}]}"#,
+        )
+        .unwrap();
+    let e = Engine::default();
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = diagnose(
+        &snap(0.0, &[("e:1", &b), ("d:1", &dcgm(0.5, 0.0, 0.0))]),
+        &snap(10.0, &[("e:1", &a), ("d:1", &dcgm(0.5, 48.0, 0.0))]),
+        &Thresholds::default(),
+        &cluster,
+    );
+    assert_eq!(suspects(&v), [Suspect::GpuFault]);
+    assert!(
+        v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.series.contains("pod llm-0"))
+    );
+}
+
+#[test]
+fn busy_but_healthy_is_no_incident() {
+    let v = engine_only(&Engine::default(), 0.96);
+    assert_eq!(v.status, Status::BusyButHealthy, "{:#?}", v.findings);
+    assert!(v.findings.is_empty() && v.slo_breaches.is_empty());
+    assert_eq!(v.exit_code(), 0);
+    assert!(
+        v.healthy_evidence
+            .iter()
+            .any(|e| e.series == "DCGM_FI_PROF_GR_ENGINE_ACTIVE")
+    );
+    let quiet = engine_only(&Engine::default(), 0.3);
+    assert_eq!(quiet.status, Status::Healthy);
+}
+
+#[test]
+fn older_vllm_names_are_read_and_said() {
+    let e = Engine {
+        kv: 0.95,
+        preemptions: 12.0,
+        ..Engine::default()
+    };
+    let (old_kv, old_itl) = ("vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds");
+    let (b, a) = (e.before().text(old_kv, old_itl), e.text(old_kv, old_itl));
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(suspects(&v), [Suspect::KvPressure]);
+    assert_eq!(v.findings[0].evidence[0].series, old_kv);
+    let renamed: Vec<&str> = v
+        .discovery
+        .iter()
+        .filter(|f| f.renamed)
+        .map(|f| f.wanted)
+        .collect();
+    assert_eq!(renamed, [KV, ITL_NAME]);
+    assert!(v.blind_spots.iter().any(|b| b.contains(old_itl)));
+    assert!(v.rows.generation.engine_itl.is_some());
+}
+
+#[test]
+fn nothing_answering_is_unknown() {
+    let mut a = Snapshot::new(0.0);
+    a.add_down("e:1");
+    let mut b = Snapshot::new(10.0);
+    b.add_down("e:1");
+    let v = diagnose(&a, &b, &Thresholds::default(), &Cluster::default());
+    assert_eq!(v.status, Status::Unknown);
+    assert_eq!(v.exit_code(), 2);
+    assert!(v.blind_spots.iter().any(|s| s.contains("e:1")));
+}

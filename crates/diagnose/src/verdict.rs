@@ -1,0 +1,314 @@
+//! The answer: status, ranked suspects with evidence, saturation, SLO breaches, blind spots.
+
+use crate::catalog::{self, Found, Layer};
+use crate::kube::Cluster;
+use crate::rows::{self, Reader, Rows};
+use crate::rules;
+use crate::window::{Snapshot, Window};
+use serde::Serialize;
+use std::time::Duration;
+
+/// The objectives and the levels the rules compare against.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// p95 time to first token, seconds.
+    pub ttft_p95: f64,
+    /// p95 gap between tokens, seconds.
+    pub itl_p95: f64,
+    /// Share of requests answered 429 or 5xx.
+    pub error_ratio: f64,
+    /// Mean time in a queue (engine or gateway) that counts as "waiting", seconds.
+    pub queue_time: f64,
+    /// KV-cache usage (0–1) that counts as high.
+    pub kv_high: f64,
+    /// GPU activity (0–1) at or above which the GPU is busy.
+    pub gpu_busy: f64,
+    /// GPU activity (0–1) below which the GPU is idle.
+    pub gpu_idle: f64,
+}
+
+impl Default for Thresholds {
+    /// The bench's default SLOs (TTFT p95 1 s, ITL p95 50 ms, 1% errors); a queue wait of a
+    /// quarter of the TTFT objective.
+    fn default() -> Self {
+        Self {
+            ttft_p95: 1.0,
+            itl_p95: 0.05,
+            error_ratio: 0.01,
+            queue_time: 0.25,
+            kv_high: 0.9,
+            gpu_busy: 0.8,
+            gpu_idle: 0.3,
+        }
+    }
+}
+
+/// One series that moved (or held), how far, and against what.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Evidence {
+    /// The metric name actually read (an older name if that is what the source serves).
+    pub series: String,
+    /// What of it: `p95`, `mean`, `end`, `growth`, `per_s`, `ratio`, `increase`, …
+    pub stat: &'static str,
+    pub value: f64,
+    pub unit: &'static str,
+    /// `>`, `>=`, `<`, `<=` or `=`: how `value` compares with `threshold`.
+    pub op: &'static str,
+    pub threshold: Option<f64>,
+    pub window_secs: f64,
+}
+
+/// The seven rows of the signal-combination table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Suspect {
+    ArrivalsExceedThroughput,
+    LongPrompts,
+    DecodeContention,
+    KvPressure,
+    GatewayTimeouts,
+    ProcessHealth,
+    GpuFault,
+}
+
+impl Suspect {
+    /// The signals that move together, the suspect, and the first response, in the seed's words.
+    pub fn table_row(self) -> (&'static str, &'static str, &'static str) {
+        match self {
+            Suspect::ArrivalsExceedThroughput => (
+                "waiting, queue time and TTFT up",
+                "arrivals exceed throughput",
+                "cap concurrency and the queue; answer the overflow with a fast 429/503",
+            ),
+            Suspect::LongPrompts => (
+                "queue low, prefill and TTFT up",
+                "long prompts, tokenisation or CPU",
+                "cap input tokens; normalise prefixes so the prefix cache hits",
+            ),
+            Suspect::DecodeContention => (
+                "ITL and decode up, GPU busy",
+                "too much decode concurrency",
+                "cap output tokens; reserve capacity for short requests",
+            ),
+            Suspect::KvPressure => (
+                "KV cache high, preemptions up",
+                "too much context or too many sequences",
+                "lower concurrency or context length; retest the cache settings",
+            ),
+            Suspect::GatewayTimeouts => (
+                "engine healthy, gateway timeouts up",
+                "proxy deadlines, buffering or connections",
+                "set timeouts per boundary (first token, idle, total); check that streams are relayed unbuffered",
+            ),
+            Suspect::ProcessHealth => (
+                "queue up, GPU activity low",
+                "CPU, network or process health",
+                "check the pod, the route and the host",
+            ),
+            Suspect::GpuFault => (
+                "XID, ECC and restarts together",
+                "GPU, driver or runtime fault",
+                "take the replica out of the route, then triage the hardware",
+            ),
+        }
+    }
+}
+
+/// A row of the table that matched, with what made it match.
+#[derive(Debug, Clone, Serialize)]
+pub struct Finding {
+    pub suspect: Suspect,
+    pub signals: &'static str,
+    pub suspect_text: &'static str,
+    pub first_response: &'static str,
+    pub evidence: Vec<Evidence>,
+}
+
+impl Finding {
+    pub(crate) fn new(suspect: Suspect, evidence: Vec<Evidence>) -> Self {
+        let (signals, suspect_text, first_response) = suspect.table_row();
+        Self {
+            suspect,
+            signals,
+            suspect_text,
+            first_response,
+            evidence,
+        }
+    }
+}
+
+/// Saturation: at least two of SLO breached, queue growing, errors above their objective.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Saturation {
+    pub declared: bool,
+    pub slo: Vec<Evidence>,
+    pub queue_growth: Vec<Evidence>,
+    pub errors: Vec<Evidence>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Status {
+    /// Objectives met, nothing in the table matched.
+    Healthy,
+    /// Objectives met, nothing matched, and the GPUs or the concurrency limit are nearly full:
+    /// no incident.
+    BusyButHealthy,
+    /// An objective is breached, the service is saturated, or a row of the table matched.
+    Incident,
+    /// Not enough could be seen to decide.
+    Unknown,
+}
+
+impl Status {
+    /// 0 healthy (busy or not), 1 an incident, 2 could not diagnose.
+    pub fn exit_code(self) -> u8 {
+        match self {
+            Status::Healthy | Status::BusyButHealthy => 0,
+            Status::Incident => 1,
+            Status::Unknown => 2,
+        }
+    }
+}
+
+/// Everything `diagnose` concludes about one window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Verdict {
+    pub status: Status,
+    /// One line: what to tell the person on call.
+    pub summary: String,
+    pub window_secs: f64,
+    pub thresholds: Thresholds,
+    pub discovery: Vec<Found>,
+    pub rows: Rows,
+    /// Ranked, most specific first.
+    pub findings: Vec<Finding>,
+    pub saturation: Saturation,
+    pub slo_breaches: Vec<Evidence>,
+    /// Why the status is not an incident when the service is busy.
+    pub healthy_evidence: Vec<Evidence>,
+    /// What could not be seen, and so was not judged.
+    pub blind_spots: Vec<String>,
+    /// The InferenceService's conditions and the pods' restarts, when given.
+    pub cluster: Cluster,
+}
+
+impl Verdict {
+    pub fn exit_code(&self) -> u8 {
+        self.status.exit_code()
+    }
+
+    pub fn window(&self) -> Duration {
+        Duration::from_secs_f64(self.window_secs)
+    }
+}
+
+/// The diagnosis of the window between two snapshots (plus what Kubernetes says, if given).
+pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, cluster: &Cluster) -> Verdict {
+    let window = Window::new(start, end);
+    let found = catalog::discover(end);
+    let reader = Reader {
+        w: &window,
+        found: &found,
+    };
+    let rows = rows::build(&reader);
+    let mut blind_spots = blind_spots(&found, &rows);
+    let outcome = rules::apply(&reader, &rows, thresholds, cluster, &mut blind_spots);
+    let seen_layer = |l: Layer| found.iter().any(|f| f.layer == l && f.name.is_some());
+    let decidable =
+        rows.infrastructure.targets_up > 0 && (seen_layer(Layer::Engine) || seen_layer(Layer::Gateway));
+    let not_ready: Vec<String> = cluster
+        .not_ready()
+        .map(|c| format!("{}={}", c.kind, c.reason.as_deref().unwrap_or("False")))
+        .collect();
+    let status = if !outcome.findings.is_empty()
+        || !outcome.breaches.is_empty()
+        || outcome.saturation.declared
+        || !not_ready.is_empty()
+    {
+        Status::Incident
+    } else if !decidable {
+        Status::Unknown
+    } else if !outcome.busy.is_empty() {
+        Status::BusyButHealthy
+    } else {
+        Status::Healthy
+    };
+    let service = cluster.service.as_deref().unwrap_or("the InferenceService");
+    let summary = match status {
+        Status::Incident if outcome.findings.is_empty() && !not_ready.is_empty() => {
+            format!(
+                "{service} is not ready ({}): read its conditions and pod events first",
+                not_ready.join(", ")
+            )
+        }
+        Status::Incident => match outcome.findings.first() {
+            Some(f) => format!(
+                "{}suspect first: {} — {}",
+                if outcome.saturation.declared {
+                    "saturated; "
+                } else {
+                    ""
+                },
+                f.suspect_text,
+                f.first_response
+            ),
+            None if outcome.saturation.declared => {
+                "saturated; no row of the table matched: read the rows".into()
+            }
+            None => "objectives breached; no row of the table matched: read the rows".into(),
+        },
+        Status::BusyButHealthy => "busy but healthy: objectives met, no incident".into(),
+        Status::Healthy => "healthy: objectives met, nothing in the table matched".into(),
+        Status::Unknown => "could not diagnose: no engine or gateway metrics were seen".into(),
+    };
+    Verdict {
+        status,
+        summary,
+        window_secs: window.secs(),
+        thresholds: *thresholds,
+        discovery: found,
+        rows,
+        findings: outcome.findings,
+        saturation: outcome.saturation,
+        slo_breaches: outcome.breaches,
+        healthy_evidence: outcome.busy,
+        blind_spots,
+        cluster: cluster.clone(),
+    }
+}
+
+fn blind_spots(found: &[Found], rows: &Rows) -> Vec<String> {
+    let mut out = Vec::new();
+    for layer in [Layer::Gateway, Layer::Engine, Layer::Gpu] {
+        let (seen, missing): (Vec<&Found>, Vec<&Found>) = found
+            .iter()
+            .filter(|f| f.layer == layer)
+            .partition(|f| f.name.is_some());
+        let what = match layer {
+            Layer::Gateway => "gateway (spillway_*)",
+            Layer::Engine => "engine (vllm:*)",
+            Layer::Gpu => "GPU (DCGM_FI_*)",
+        };
+        if seen.is_empty() {
+            out.push(format!("no {what} series: that layer was not judged"));
+        } else if !missing.is_empty() {
+            let names: Vec<&str> = missing.iter().map(|f| f.wanted).collect();
+            out.push(format!("{what} series missing: {}", names.join(", ")));
+        }
+    }
+    for f in found.iter().filter(|f| f.renamed) {
+        out.push(format!(
+            "{} read under its older name {}",
+            f.wanted,
+            f.name.unwrap_or_default()
+        ));
+    }
+    if !rows.infrastructure.targets_down.is_empty() {
+        out.push(format!(
+            "targets not answering at the end of the window: {}",
+            rows.infrastructure.targets_down.join(", ")
+        ));
+    }
+    out
+}

@@ -1,0 +1,6 @@
+//! `diagnose` against real engines, a real gateway and real load: one situation per scenario.
+
+mod kube;
+mod prometheus;
+mod scenarios;
+mod support;

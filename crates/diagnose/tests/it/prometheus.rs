@@ -1,0 +1,178 @@
+//! The same situations through a real Prometheus server scraping the engine, its DCGM listener
+//! and the gateway: the verdict must not depend on the path the samples took.
+
+use crate::support::{MODEL, WARM_UP, closed, dcgm, gateway, open, tiny, verdict};
+use spillway_diagnose::{Status, Suspect, Verdict, source};
+use std::process::Stdio;
+use std::time::Duration;
+
+struct Prometheus {
+    url: String,
+    child: std::process::Child,
+    _dir: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A Prometheus scraping `targets` every 250 ms, ready once every target is up; `None` (with the
+/// reason printed) when the binary is not installed.
+async fn prometheus(targets: &[String]) -> Option<Prometheus> {
+    let found = std::process::Command::new("sh")
+        .args(["-c", "command -v prometheus"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let bin = String::from_utf8_lossy(&found.stdout).trim().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let list: Vec<String> = targets
+        .iter()
+        .map(|t| format!("'{}'", source::instance_of(t)))
+        .collect();
+    let config = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &config,
+        format!(
+            "global:\n  scrape_interval: 250ms\n  scrape_timeout: 200ms\nscrape_configs:\n  - job_name: llm\n    static_configs:\n      - targets: [{}]\n",
+            list.join(", ")
+        ),
+    )
+    .unwrap();
+    // Prometheus binds its own port: take a free one and hand it over (as the engine's test does).
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = std::process::Command::new(bin)
+        .arg(format!("--config.file={}", config.display()))
+        .arg(format!(
+            "--storage.tsdb.path={}",
+            dir.path().join("data").display()
+        ))
+        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let p = Prometheus {
+        url: format!("http://127.0.0.1:{port}"),
+        child,
+        _dir: dir,
+    };
+    let c = source::client(Duration::from_secs(2)).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Prometheus never scraped every target"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let Ok(r) = c.get(format!("{}/api/v1/targets", p.url)).send().await else {
+            continue;
+        };
+        let v: serde_json::Value = r.json().await.unwrap_or_default();
+        let active = v["data"]["activeTargets"].as_array().cloned().unwrap_or_default();
+        if active.len() == targets.len() && active.iter().all(|t| t["health"] == "up") {
+            return Some(p);
+        }
+    }
+}
+
+/// Diagnoses one window twice: from two direct scrapes, and from Prometheus at the same moments.
+async fn both_ways(targets: &[String]) -> Option<(Verdict, Verdict)> {
+    let Some(p) = prometheus(targets).await else {
+        println!("skipped: the prometheus binary is not installed (scripts/test.sh installs it)");
+        return None;
+    };
+    tokio::time::sleep(WARM_UP).await;
+    let c = source::client(Duration::from_secs(5)).unwrap();
+    let (start, end, errors) = source::scrape_window(&c, targets, Duration::from_secs(2)).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    // Let Prometheus take the scrape that follows the window's end.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let from_prom_start = source::prometheus_at(&c, &p.url, "", start.at).await.unwrap();
+    let from_prom_end = source::prometheus_at(&c, &p.url, "", end.at).await.unwrap();
+    println!("== scraped directly");
+    let direct = verdict(&start, &end);
+    println!("== through Prometheus");
+    let through = verdict(&from_prom_start, &from_prom_end);
+    Some((direct, through))
+}
+
+fn suspects(v: &Verdict) -> Vec<Suspect> {
+    v.findings.iter().map(|f| f.suspect).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn arrivals_above_throughput_through_prometheus() {
+    let mut cfg = tiny();
+    cfg.max_num_seqs = 2;
+    let e = engine::spawn_local(cfg).await.unwrap();
+    let d = dcgm(&[&e]).await;
+    let g = gateway(
+        &e,
+        &format!(
+            "listen: 127.0.0.1:0
+routes:
+  - model: {MODEL}
+    replicas: [{{E0}}]
+    timeouts: {{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }}
+    classes:
+      - {{ name: interactive, concurrency: 256, queue: 16, queue_wait: 1s }}
+"
+        ),
+    )
+    .await;
+    let _load = open(&g.url, 120.0, 16, 32);
+    let targets = [g.url.clone(), e.url(), d.url.clone()];
+    let Some((direct, through)) = both_ways(&targets).await else {
+        return;
+    };
+    assert_eq!(
+        direct.findings.first().map(|f| f.suspect),
+        Some(Suspect::ArrivalsExceedThroughput)
+    );
+    assert_eq!(
+        through.findings.first().map(|f| f.suspect),
+        Some(Suspect::ArrivalsExceedThroughput)
+    );
+    assert_eq!(direct.status, through.status);
+    assert_eq!(direct.saturation.declared, through.saturation.declared);
+    assert!(
+        through.discovery.iter().filter(|f| f.name.is_some()).count() >= 30,
+        "every layer found"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_but_healthy_through_prometheus() {
+    let e = engine::spawn_local(tiny()).await.unwrap();
+    let d = dcgm(&[&e]).await;
+    let g = gateway(
+        &e,
+        &format!(
+            "listen: 127.0.0.1:0
+routes:
+  - model: {MODEL}
+    replicas: [{{E0}}]
+    classes:
+      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }}
+"
+        ),
+    )
+    .await;
+    let _load = closed(&g.url, 16, 100, 50);
+    let targets = [g.url.clone(), e.url(), d.url.clone()];
+    let Some((direct, through)) = both_ways(&targets).await else {
+        return;
+    };
+    assert_eq!(suspects(&direct), []);
+    assert_eq!(suspects(&through), []);
+    assert_eq!(direct.status, Status::BusyButHealthy);
+    assert_eq!(through.status, Status::BusyButHealthy);
+}

@@ -1,0 +1,158 @@
+//! A stack for one scenario: engines, their DCGM listener, a gateway, load, and the diagnosis.
+
+use engine::{EngineConfig, Preset, RunningEngine};
+use spillway_diagnose::{Cluster, Snapshot, Thresholds, Verdict, diagnose, source};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinSet;
+
+pub(crate) const MODEL: &str = "sim";
+
+/// The objectives every scenario is judged by: tight enough for the tiny preset's millisecond steps.
+pub(crate) fn thresholds() -> Thresholds {
+    Thresholds {
+        ttft_p95: 0.25,
+        itl_p95: 0.025,
+        queue_time: 0.0625,
+        ..Thresholds::default()
+    }
+}
+
+/// The tiny preset with its step loop on a thread of its own, as `spillway engine` runs it, so that
+/// the load's HTTP work on the test's runtime does not make steps late (and the GPU look idle).
+pub(crate) fn tiny() -> EngineConfig {
+    let mut c = EngineConfig::preset(Preset::Tiny);
+    c.model = MODEL.into();
+    c.core_thread = true;
+    c
+}
+
+/// A server task stopped when this is dropped.
+pub(crate) struct Served {
+    pub(crate) url: String,
+    _stop: oneshot::Sender<()>,
+}
+
+/// dcgm-exporter's shape over the engines' GPUs, on a listener of its own.
+pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel();
+    let handles = engines.iter().map(|e| e.engine.clone()).collect();
+    tokio::spawn(engine::server::serve_dcgm(
+        listener,
+        handles,
+        "node-1".into(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    Served { url, _stop: stop }
+}
+
+/// A gateway from `yaml`, `{E0}` replaced by the engine's URL.
+pub(crate) async fn gateway(engine: &RunningEngine, yaml: &str) -> Served {
+    let yaml = yaml.replace("{E0}", &engine.url());
+    let config = gateway::Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
+    let (access, _log) = gateway::access_log::AccessLog::memory();
+    let gw = gateway::Gateway::new(config, access).expect("gateway builds");
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = oneshot::channel();
+    tokio::spawn(gateway::run(listener, gw, async move {
+        let _ = stopped.await;
+    }));
+    Served { url, _stop: stop }
+}
+
+/// Requests in flight until dropped.
+pub(crate) struct Load(#[allow(dead_code)] JoinSet<()>);
+
+fn client() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .unwrap()
+}
+
+/// One streamed completion of `prompt_tokens` (one token per 4 bytes without a tokenizer) and
+/// exactly `max_tokens`, read to the end; failures are part of the scenario, not of the test.
+async fn one(client: &reqwest::Client, url: &str, prompt_tokens: usize, max_tokens: u32) {
+    let body = serde_json::json!({
+        "model": MODEL,
+        "prompt": "abcd".repeat(prompt_tokens),
+        "max_tokens": max_tokens,
+        "ignore_eos": true,
+        "stream": true,
+    });
+    if let Ok(r) = client
+        .post(format!("{url}/v1/completions"))
+        .json(&body)
+        .send()
+        .await
+    {
+        let _ = r.bytes().await;
+    }
+}
+
+/// `clients` clients, each sending its next request when the last one ends. Their first requests
+/// are 10 ms apart: clients started in the same instant would stay in lockstep, and the GPU would
+/// idle between their waves.
+pub(crate) fn closed(url: &str, clients: usize, prompt_tokens: usize, max_tokens: u32) -> Load {
+    let mut set = JoinSet::new();
+    let c = client();
+    for i in 0..clients {
+        let (c, url) = (c.clone(), url.to_owned());
+        set.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10) * i as u32).await;
+            loop {
+                one(&c, &url, prompt_tokens, max_tokens).await;
+            }
+        });
+    }
+    Load(set)
+}
+
+/// Requests arriving at `per_s`, whatever the server does with them.
+pub(crate) fn open(url: &str, per_s: f64, prompt_tokens: usize, max_tokens: u32) -> Load {
+    let mut set = JoinSet::new();
+    let (c, url) = (client(), url.to_owned());
+    set.spawn(async move {
+        // Dropped with this task, which aborts every request still in flight.
+        let mut inflight = JoinSet::new();
+        let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / per_s));
+        loop {
+            tick.tick().await;
+            while inflight.try_join_next().is_some() {}
+            let (c, url) = (c.clone(), url.clone());
+            inflight.spawn(async move { one(&c, &url, prompt_tokens, max_tokens).await });
+        }
+    });
+    Load(set)
+}
+
+/// Longer than the simulated DCGM's one-second activity window, so that the window's first sample
+/// does not still see the idle moment before the load started.
+pub(crate) const WARM_UP: Duration = Duration::from_millis(1200);
+pub(crate) const WINDOW: Duration = Duration::from_millis(1500);
+
+/// Lets the load settle, then scrapes `targets` twice a window apart and diagnoses.
+pub(crate) async fn diagnose_scraped(targets: &[&str]) -> Verdict {
+    tokio::time::sleep(WARM_UP).await;
+    let targets: Vec<String> = targets.iter().map(|t| (*t).to_owned()).collect();
+    let c = source::client(Duration::from_secs(5)).unwrap();
+    let (start, end, errors) = source::scrape_window(&c, &targets, WINDOW).await;
+    assert!(errors.is_empty(), "{errors:?}");
+    verdict(&start, &end)
+}
+
+pub(crate) fn verdict(start: &Snapshot, end: &Snapshot) -> Verdict {
+    let v = diagnose(start, end, &thresholds(), &Cluster::default());
+    // What the operator would read, printed so a failing scenario explains itself.
+    println!(
+        "{}",
+        spillway_diagnose::render::text(&v, spillway_diagnose::render::Style { colour: false })
+    );
+    v
+}
