@@ -5,7 +5,10 @@
 //! - [`promtool_check`]: runs the real `promtool check metrics` over an exposition;
 //! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
 //! - [`eventually`]: polls a condition on the runtime's clock;
-//! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code.
+//! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
+//! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs.
+
+pub mod crd;
 
 use std::path::PathBuf;
 use std::process::Stdio;

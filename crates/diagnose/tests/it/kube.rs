@@ -12,58 +12,14 @@ fn fixture(name: &str) -> String {
     std::fs::read_to_string(path).unwrap()
 }
 
-/// Every object schema that lists its properties and does not preserve unknown fields rejects
-/// others, as `kubectl apply --validate=strict` does (the planner's tests check its KServe objects
-/// the same way).
-fn strict(v: &mut serde_json::Value) {
-    use serde_json::Value;
-    match v {
-        Value::Object(map) => {
-            let closed = map.contains_key("properties")
-                && !map.contains_key("additionalProperties")
-                && map.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true));
-            if closed {
-                map.insert("additionalProperties".into(), Value::Bool(false));
-            }
-            map.values_mut().for_each(strict);
-        }
-        Value::Array(items) => items.iter_mut().for_each(strict),
-        _ => {}
-    }
-}
-
-/// What KServe's CRD (JSON Schema, draft 4) says is wrong with `object`.
-fn violations(schema: &serde_json::Value, object: &serde_json::Value) -> Vec<String> {
-    let validator = jsonschema::draft4::new(schema).expect("the CRD's schema compiles");
-    validator
-        .iter_errors(object)
-        .map(|e| format!("{e} at {}", e.instance_path()))
-        .collect()
-}
-
 #[test]
 fn the_inference_service_fixture_is_valid_against_kserves_crd() {
-    let crd_path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../../shared/schemas/kserve.inferenceservices.crd.yaml");
-    let Ok(crd_text) = std::fs::read_to_string(&crd_path) else {
-        println!(
-            "skipped: {} is absent (it lives outside the repository)",
-            crd_path.display()
-        );
+    let Some(dir) = testkit::crd::schemas_dir() else {
         return;
     };
-    let crd: serde_json::Value = serde_yaml_ng::from_str(&crd_text).unwrap();
+    let crd = dir.join("kserve.inferenceservices.crd.yaml");
     let isvc: serde_json::Value = serde_json::from_str(&fixture("isvc-not-ready.json")).unwrap();
-    let version = isvc["apiVersion"].as_str().unwrap().rsplit('/').next().unwrap();
-    let mut schema = crd["spec"]["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == version && v["served"] == true)
-        .map(|v| v["schema"]["openAPIV3Schema"].clone())
-        .unwrap_or_else(|| panic!("the CRD serves no {version}"));
-    strict(&mut schema);
-    let errors = violations(&schema, &isvc);
+    let errors = testkit::crd::violations(&crd, &isvc);
     assert!(errors.is_empty(), "{errors:#?}");
     // The checker is not vacuous: a condition without its required status, and a field the
     // schema does not know, are refused.
@@ -73,7 +29,7 @@ fn the_inference_service_fixture_is_valid_against_kserves_crd() {
         .unwrap()
         .remove("status");
     broken["status"]["conditions"][0]["colour"] = "red".into();
-    let errors = violations(&schema, &broken);
+    let errors = testkit::crd::violations(&crd, &broken);
     assert_eq!(errors.len(), 2, "{errors:#?}");
 }
 

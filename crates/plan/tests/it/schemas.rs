@@ -13,56 +13,13 @@ use serde_json::Value;
 use spillway_plan::emit::render;
 use spillway_plan::{Target, plan};
 
-use crate::support::{schemas_dir, seed_deployment, seed_measurement};
-
-/// The `openAPIV3Schema` of the CRD's served version named in `api_version`, and the CRD's kind.
-fn crd_schema(path: &Path, api_version: &str) -> (Value, String) {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let crd: Value = serde_yaml_ng::from_str(&text).unwrap();
-    let (group, version) = api_version.split_once('/').unwrap();
-    assert_eq!(crd["spec"]["group"], group, "{}", path.display());
-    let versions = crd["spec"]["versions"].as_array().unwrap();
-    let v = versions
-        .iter()
-        .find(|v| v["name"] == version && v["served"] == true)
-        .unwrap_or_else(|| panic!("{} serves no {version}", path.display()));
-    let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_owned();
-    (strict(v["schema"]["openAPIV3Schema"].clone()), kind)
-}
-
-/// Every object schema that lists its properties and does not preserve unknown fields rejects
-/// others.
-fn strict(mut schema: Value) -> Value {
-    fn walk(v: &mut Value) {
-        match v {
-            Value::Object(map) => {
-                let closed = map.contains_key("properties")
-                    && !map.contains_key("additionalProperties")
-                    && map.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true));
-                if closed {
-                    map.insert("additionalProperties".into(), Value::Bool(false));
-                }
-                map.values_mut().for_each(walk);
-            }
-            Value::Array(items) => items.iter_mut().for_each(walk),
-            _ => {}
-        }
-    }
-    walk(&mut schema);
-    schema
-}
+use crate::support::{seed_deployment, seed_measurement};
+use testkit::crd::schemas_dir;
 
 /// What the CRD says is wrong with the object: empty when it validates.
 fn violations(crd: &Path, object_yaml: &str) -> Vec<String> {
     let object: Value = serde_yaml_ng::from_str(object_yaml).unwrap();
-    let api_version = object["apiVersion"].as_str().unwrap();
-    let (schema, kind) = crd_schema(crd, api_version);
-    assert_eq!(object["kind"], kind.as_str());
-    let validator = jsonschema::draft4::new(&schema).expect("the CRD's schema compiles");
-    validator
-        .iter_errors(&object)
-        .map(|e| format!("{kind}: {} at {}", e, e.instance_path()))
-        .collect()
+    testkit::crd::violations(crd, &object)
 }
 
 fn validate(crd: &Path, object_yaml: &str) {

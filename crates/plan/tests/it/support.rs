@@ -1,6 +1,5 @@
 //! The seed's deployment, and the shared folder's schemas when there is one.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use spillway_plan::arith::Pinned;
@@ -51,22 +50,4 @@ pub(crate) fn seed_deployment() -> Deployment {
 
 pub(crate) fn seed_measurement(tails: bool) -> Measurement {
     Measurement::from_figures(&seed_figures(tails), 2).expect("the seed's figures are valid")
-}
-
-/// The CRDs: `SPILLWAY_SCHEMAS`, else `shared/schemas` beside the workspace; `None` (and the test
-/// says why it skips) in a clone without them.
-pub(crate) fn schemas_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("SPILLWAY_SCHEMAS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/schemas"),
-    };
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!(
-            "skipped: no CRD schemas at {} (set SPILLWAY_SCHEMAS to a folder holding them)",
-            dir.display()
-        );
-        None
-    }
 }

@@ -312,66 +312,8 @@ fn the_grace_period_outlasts_the_prestop_the_drain_and_the_longest_stream() {
     }
 }
 
-/// The `openAPIV3Schema` of the CRD's served version named in `api_version`, made strict the way
-/// the planner's tests do it: an object schema that lists its properties takes no others, as
-/// `kubectl apply --validate=strict` does (Kubernetes would otherwise prune a misspelt field).
-fn crd_schema(path: &Path, api_version: &str) -> (Value, String) {
-    fn strict(v: &mut Value) {
-        match v {
-            Value::Object(map) => {
-                let closed = map.contains_key("properties")
-                    && !map.contains_key("additionalProperties")
-                    && map.get("x-kubernetes-preserve-unknown-fields") != Some(&Value::Bool(true));
-                if closed {
-                    map.insert("additionalProperties".into(), Value::Bool(false));
-                }
-                map.values_mut().for_each(strict);
-            }
-            Value::Array(items) => items.iter_mut().for_each(strict),
-            _ => {}
-        }
-    }
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let crd: Value = serde_yaml_ng::from_str(&text).unwrap();
-    let (group, version) = api_version.split_once('/').unwrap();
-    assert_eq!(crd["spec"]["group"], group, "{}", path.display());
-    let v = crd["spec"]["versions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == version && v["served"] == true)
-        .unwrap_or_else(|| panic!("{} serves no {version}", path.display()));
-    let mut schema = v["schema"]["openAPIV3Schema"].clone();
-    strict(&mut schema);
-    (schema, crd["spec"]["names"]["kind"].as_str().unwrap().to_owned())
-}
-
-/// The CRDs: `SPILLWAY_SCHEMAS`, else `shared/schemas` beside the workspace; `None` (and the test
-/// says why it skips) in a clone without them.
-fn schemas_dir() -> Option<PathBuf> {
-    let dir = match std::env::var_os("SPILLWAY_SCHEMAS") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/schemas"),
-    };
-    if dir.is_dir() {
-        Some(dir)
-    } else {
-        println!(
-            "skipped: no CRD schemas at {} (set SPILLWAY_SCHEMAS to a folder holding them)",
-            dir.display()
-        );
-        None
-    }
-}
-
 fn httproute_violations(crd: &Path, route: &Value) -> Vec<String> {
-    let (schema, kind) = crd_schema(crd, route["apiVersion"].as_str().unwrap());
-    assert_eq!(route["kind"], kind.as_str());
-    let validator = jsonschema::draft4::new(&schema).expect("the CRD's schema compiles");
-    validator
-        .iter_errors(route)
-        .map(|e| format!("{kind}: {e} at {}", e.instance_path()))
-        .collect()
+    testkit::crd::violations(crd, route)
 }
 
 #[test]
@@ -396,7 +338,9 @@ fn the_httproute_validates_against_the_gateway_api_crd_and_reaches_the_service()
             );
         }
     }
-    let Some(dir) = schemas_dir() else { return };
+    let Some(dir) = testkit::crd::schemas_dir() else {
+        return;
+    };
     let crd = dir.join("gateway-api.httproutes.crd.yaml");
     let errors = httproute_violations(&crd, &route);
     assert!(errors.is_empty(), "{}", errors.join("\n"));
