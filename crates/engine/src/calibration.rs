@@ -100,7 +100,7 @@ pub async fn closed_loop(
     input: u32,
     output: u32,
     duration: Duration,
-) -> Result<Measured, String> {
+) -> Result<Measured, crate::EngineError> {
     use crate::engine::{Engine, GenerateParams};
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};
@@ -164,11 +164,11 @@ pub async fn closed_loop(
         .filter(|r| r.arrival >= window_start && r.output_tokens == output && r.ttft.is_some())
         .collect();
     if records.is_empty() {
-        return Err(format!(
+        return Err(crate::EngineError::Invalid(format!(
             "no request finished within {:?} of {:?}",
             start.elapsed(),
             duration
-        ));
+        )));
     }
     let mut ttft: Vec<f64> = seen
         .lock()

@@ -158,7 +158,11 @@ impl EngineConfig {
     }
 
     /// Rejects settings that cannot run, naming the flag.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), crate::EngineError> {
+        self.check().map_err(crate::EngineError::Invalid)
+    }
+
+    fn check(&self) -> Result<(), String> {
         if self.max_num_seqs == 0 {
             return Err("--max-num-seqs must be at least 1".into());
         }

@@ -186,10 +186,10 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 impl Engine {
     /// Builds an engine and starts its step loop: on the current runtime, or on a thread of its own
     /// when `config.core_thread` is set.
-    pub fn start(config: EngineConfig) -> Result<(Engine, StepLoop), String> {
+    pub fn start(config: EngineConfig) -> Result<(Engine, StepLoop), crate::EngineError> {
         config.validate()?;
         let tokenizer = match &config.tokenizer {
-            Some(path) => Tokenizer::from_file(path).map_err(|e| e.to_string())?,
+            Some(path) => Tokenizer::from_file(path)?,
             None => Tokenizer::Estimate,
         };
         let metrics = Metrics::new(&config.model, &config.gpu.name, config.dcgm, 0);
@@ -237,7 +237,9 @@ impl Engine {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .build()
-                .map_err(|e| format!("cannot start the engine core's runtime: {e}"))?;
+                .map_err(|e| {
+                    crate::EngineError::Invalid(format!("cannot start the engine core's runtime: {e}"))
+                })?;
             let core = inner.clone();
             std::thread::Builder::new()
                 .name("engine-core".into())
@@ -245,7 +247,9 @@ impl Engine {
                     raise_core_priority(core.config.cost.overhead > Duration::ZERO);
                     runtime.block_on(step_loop(core))
                 })
-                .map_err(|e| format!("cannot start the engine core thread: {e}"))?;
+                .map_err(|e| {
+                    crate::EngineError::Invalid(format!("cannot start the engine core thread: {e}"))
+                })?;
             None
         } else {
             Some(tokio::spawn(step_loop(inner.clone())))
@@ -434,7 +438,7 @@ impl Engine {
     }
 
     /// Changes the faults in force (the admin endpoint's `POST /admin/faults`).
-    pub fn apply_faults(&self, patch: &FaultPatch) -> Result<Faults, String> {
+    pub fn apply_faults(&self, patch: &FaultPatch) -> Result<Faults, crate::EngineError> {
         let faults = {
             let mut control = lock(&self.inner.control);
             let before = control.faults.fail_every;

@@ -73,7 +73,11 @@ pub struct FaultPatch {
 
 impl FaultPatch {
     /// Applies the patch; an impossible value leaves the faults unchanged and says why.
-    pub fn apply_to(&self, faults: &mut Faults) -> Result<(), String> {
+    pub fn apply_to(&self, faults: &mut Faults) -> Result<(), crate::EngineError> {
+        self.apply(faults).map_err(crate::EngineError::Invalid)
+    }
+
+    fn apply(&self, faults: &mut Faults) -> Result<(), String> {
         let mut next = if self.clear {
             Faults::default()
         } else {

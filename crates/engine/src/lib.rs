@@ -71,9 +71,21 @@ impl Drop for RunningEngine {
     }
 }
 
+/// Why an engine cannot start or take a change.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// A setting or a fault out of range; the message names the flag or the field.
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Tokenizer(#[from] tokenize::LoadError),
+    #[error("cannot listen: {0}")]
+    Io(#[from] std::io::Error),
+}
+
 /// Starts one replica on an already bound listener.
-pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngine, String> {
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngine, EngineError> {
+    let addr = listener.local_addr()?;
     let (engine, steps) = Engine::start(config)?;
     let (stop, stopped) = oneshot::channel();
     let server = tokio::spawn(server::serve(listener, engine.clone(), async move {
@@ -89,9 +101,7 @@ pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngin
 }
 
 /// Binds `127.0.0.1:0` and starts a replica there: what tests use.
-pub async fn spawn_local(config: EngineConfig) -> Result<RunningEngine, String> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| e.to_string())?;
+pub async fn spawn_local(config: EngineConfig) -> Result<RunningEngine, EngineError> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
     spawn(listener, config)
 }

@@ -227,7 +227,7 @@ async fn post_faults(State(engine): State<Engine>, body: Result<Bytes, BytesReje
         .and_then(|patch| {
             engine
                 .apply_faults(&patch)
-                .map_err(|e| ApiError::bad_request(e, None))
+                .map_err(|e| ApiError::bad_request(e.to_string(), None))
         });
     match result {
         Ok(faults) => axum::Json(faults).into_response(),

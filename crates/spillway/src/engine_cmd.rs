@@ -161,7 +161,7 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
         bail!("--replicas must be at least 1");
     }
     let config = args.config();
-    config.validate().map_err(anyhow::Error::msg)?;
+    config.validate()?;
     let mut running = Vec::new();
     for i in 0..args.replicas {
         let port = args
@@ -175,7 +175,7 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
             .with_context(|| format!("cannot listen on {addr}"))?;
         let mut cfg = config.clone();
         cfg.seed = config.seed.wrapping_add(u64::from(i));
-        let replica = engine::spawn(listener, cfg).map_err(anyhow::Error::msg)?;
+        let replica = engine::spawn(listener, cfg)?;
         tracing::info!(
             replica = i,
             url = %replica.url(),

@@ -24,7 +24,8 @@ async fn a_missing_tokenizer_file_is_a_clear_error() {
     cfg.tokenizer = Some("/nonexistent/tokenizer.json".into());
     let err = spillway_engine::spawn_local(cfg).await.unwrap_err();
     assert!(
-        err.contains("cannot load tokenizer /nonexistent/tokenizer.json"),
+        err.to_string()
+            .contains("cannot load tokenizer /nonexistent/tokenizer.json"),
         "{err}"
     );
 }
