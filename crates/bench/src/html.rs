@@ -464,7 +464,11 @@ fn verdict_cell(l: &LevelReport) -> String {
 }
 
 /// The whole report as one HTML document.
-pub fn render(r: &Report) -> Result<String, String> {
+pub fn render(r: &Report) -> Result<String, crate::BenchError> {
+    page(r).map_err(crate::BenchError::Chart)
+}
+
+fn page(r: &Report) -> Result<String, String> {
     let mut h = String::new();
     let _ = write!(
         h,

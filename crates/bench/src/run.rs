@@ -206,6 +206,12 @@ pub enum BenchError {
     /// `--dataset` cannot be read or has no usable prompt.
     #[error("--dataset {path}: {reason}")]
     Dataset { path: String, reason: String },
+    /// `--phases` names a phase that does not exist.
+    #[error("--phases: {0}")]
+    Phases(String),
+    /// A chart of the HTML report could not be drawn.
+    #[error("cannot draw the report: {0}")]
+    Chart(String),
     /// `--metrics-url` cannot be read or has no queue series.
     #[error("--metrics-url {url}: {reason}")]
     Metrics { url: String, reason: String },

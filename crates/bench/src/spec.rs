@@ -384,7 +384,11 @@ impl Phase {
     }
 
     /// `baseline,staircase,long-mix,burst` (any subset, any order; `all` for every phase).
-    pub fn parse_list(s: &str) -> Result<Vec<Phase>, String> {
+    pub fn parse_list(s: &str) -> Result<Vec<Phase>, crate::BenchError> {
+        Self::parse_names(s).map_err(crate::BenchError::Phases)
+    }
+
+    fn parse_names(s: &str) -> Result<Vec<Phase>, String> {
         let mut out = Vec::new();
         for p in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             if p == "all" {
@@ -494,7 +498,12 @@ mod tests {
             vec![Phase::Baseline, Phase::Burst]
         );
         assert_eq!(Phase::parse_list("all").unwrap(), Phase::ALL.to_vec());
-        assert!(Phase::parse_list("warmup").unwrap_err().contains("warmup"));
+        assert!(
+            Phase::parse_list("warmup")
+                .unwrap_err()
+                .to_string()
+                .contains("warmup")
+        );
         assert_eq!(
             "gamma:0.5".parse::<Arrivals>().unwrap(),
             Arrivals::Gamma { burstiness: 0.5 }

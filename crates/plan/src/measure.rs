@@ -60,7 +60,7 @@ pub struct Objectives {
 }
 
 impl Objectives {
-    pub fn parse(text: &str) -> Result<Objectives, String> {
+    pub(crate) fn parse(text: &str) -> Result<Objectives, String> {
         let slo: Slo = text.parse()?;
         Ok(Objectives {
             text: text.to_owned(),

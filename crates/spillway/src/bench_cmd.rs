@@ -167,7 +167,7 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
             output: a.output_len,
         },
     };
-    let phases = Phase::parse_list(&a.phases).map_err(anyhow::Error::msg)?;
+    let phases = Phase::parse_list(&a.phases)?;
     let opts = Options {
         target: Target {
             url: a.url,
@@ -223,7 +223,7 @@ pub(crate) async fn run(args: BenchArgs) -> Result<()> {
         eprintln!("wrote {}", path.display());
     }
     if let Some(path) = html {
-        let page = bench::html::render(&report).map_err(anyhow::Error::msg)?;
+        let page = bench::html::render(&report)?;
         std::fs::write(&path, page).with_context(|| format!("cannot write {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }
