@@ -1,7 +1,7 @@
 //! The same situations through a real Prometheus server scraping the engine, its DCGM listener
 //! and the gateway: the verdict must not depend on the path the samples took.
 
-use crate::support::{MODEL, WARM_UP, closed, dcgm, gateway, open, tiny, verdict};
+use crate::support::{MODEL, WARM_UP, busy_but_healthy, dcgm, gateway, open, tiny, verdict};
 use spillway_diagnose::{Status, Suspect, Verdict, source};
 use std::process::Stdio;
 use std::time::Duration;
@@ -151,24 +151,8 @@ routes:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_but_healthy_through_prometheus() {
-    let e = engine::spawn_local(tiny()).await.unwrap();
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    classes:
-      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }}
-"
-        ),
-    )
-    .await;
-    let _load = closed(&g.url, 16, 100, 50);
-    let targets = [g.url.clone(), e.url(), d.url.clone()];
-    let Some((direct, through)) = both_ways(&targets).await else {
+    let busy = busy_but_healthy().await;
+    let Some((direct, through)) = both_ways(&busy.targets()).await else {
         return;
     };
     assert_eq!(suspects(&direct), []);

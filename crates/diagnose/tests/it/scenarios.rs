@@ -1,7 +1,9 @@
 //! Each scenario builds one situation from engine presets, faults, a gateway and load, and checks
 //! that the suspect named first is the right one (and that the healthy case names none).
 
-use crate::support::{MODEL, closed, dcgm, diagnose_scraped, gateway, open, thresholds, tiny, verdict};
+use crate::support::{
+    MODEL, busy_but_healthy, closed, dcgm, diagnose_scraped, gateway, open, thresholds, tiny, verdict,
+};
 use engine::cost::CostModel;
 use spillway_diagnose::{Status, Suspect, Verdict, source};
 use std::time::Duration;
@@ -155,23 +157,9 @@ async fn xid_and_ecc_with_a_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn busy_but_healthy_is_no_incident() {
-    let e = engine::spawn_local(tiny()).await.unwrap();
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    classes:
-      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }}
-"
-        ),
-    )
-    .await;
-    let _load = closed(&g.url, 16, 100, 50);
-    let v = diagnose_scraped(&[&g.url, &e.url(), &d.url]).await;
+    let busy = busy_but_healthy().await;
+    let targets = busy.targets();
+    let v = diagnose_scraped(&targets.iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert_eq!(v.findings.len(), 0, "no suspect when the objectives hold");
     assert_eq!(v.status, Status::BusyButHealthy);
     assert_eq!(v.exit_code(), 0);

@@ -34,6 +34,47 @@ pub(crate) struct Served {
     _stop: oneshot::Sender<()>,
 }
 
+/// A healthy stack kept busy: one engine, its DCGM listener, a gateway with room for the load,
+/// and 16 closed-loop clients. Judged the same by direct scraping and through Prometheus.
+pub(crate) struct Busy {
+    engine: RunningEngine,
+    dcgm: Served,
+    gateway: Served,
+    _load: Load,
+}
+
+impl Busy {
+    /// Gateway, engine and DCGM `/metrics`, in that order.
+    pub(crate) fn targets(&self) -> [String; 3] {
+        [self.gateway.url.clone(), self.engine.url(), self.dcgm.url.clone()]
+    }
+}
+
+pub(crate) async fn busy_but_healthy() -> Busy {
+    let engine = engine::spawn_local(tiny()).await.unwrap();
+    let dcgm = dcgm(&[&engine]).await;
+    let gateway = gateway(
+        &engine,
+        &format!(
+            "listen: 127.0.0.1:0
+routes:
+  - model: {MODEL}
+    replicas: [{{E0}}]
+    classes:
+      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }}
+"
+        ),
+    )
+    .await;
+    let _load = closed(&gateway.url, 16, 100, 50);
+    Busy {
+        engine,
+        dcgm,
+        gateway,
+        _load,
+    }
+}
+
 /// dcgm-exporter's shape over the engines' GPUs, on a listener of its own.
 pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
