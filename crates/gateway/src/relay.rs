@@ -311,7 +311,7 @@ impl Relay {
                 Ok(None) => {
                     self.done = true;
                     let rest = self.splitter.rest();
-                    if !self.exchange_finished() {
+                    if !self.exchange.ended() {
                         // The upstream closed without `[DONE]`: tell the client rather than end quietly.
                         let mut out = BytesMut::from(&rest[..]);
                         if !out.is_empty() && !out.ends_with(b"\n\n") {
@@ -346,10 +346,6 @@ impl Relay {
                 }
             }
         }
-    }
-
-    fn exchange_finished(&self) -> bool {
-        self.exchange.ended()
     }
 
     /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
