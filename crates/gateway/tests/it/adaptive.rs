@@ -55,7 +55,10 @@ async fn bench_safe_concurrency(url: &str) -> u32 {
         output_len: bench::spec::LengthDist::Fixed { tokens: 16 },
         dataset: None,
         slo: "ttft_p95=40ms,error_rate=1%".parse().unwrap(),
-        metrics_url: Some(format!("{url}/metrics")),
+        // The SLO and the burst's TTFT recovery decide here: the engine's waiting queue, sampled
+        // over 1.5 s levels, is too coarse a signal for a knee this sharp (it once failed C=8 with
+        // TTFT p95 at 9 ms, a quarter of the SLO).
+        metrics_url: None,
         phases: vec![
             bench::spec::Phase::Baseline,
             bench::spec::Phase::Staircase,
