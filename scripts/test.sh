@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what the tests use when it is
-# missing (promtool and prometheus from Debian, the official openai client in target/venv), checks
+# missing (promtool, prometheus and redis-server from Debian, the official openai client in
+# target/venv; the tests start their own servers on free ports), checks
 # formatting and lints, then runs the suite. CI calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,6 +10,7 @@ SECONDS=0
 apt_missing=()
 command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || apt_missing+=(prometheus)
+command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)
 command -v python3 >/dev/null 2>&1 || apt_missing+=(python3 python3-venv)
 if [ ${#apt_missing[@]} -gt 0 ]; then
   echo "== installing ${apt_missing[*]} (Debian packages)"

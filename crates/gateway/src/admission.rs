@@ -180,9 +180,21 @@ impl State {
     }
 
     fn retry_after(&mut self, ahead: u32, now: Instant) -> Duration {
-        let secs = match self.drain.rate(now, self.limits.concurrency) {
+        let (concurrency, queue_wait) = (self.limits.concurrency, self.limits.queue_wait);
+        self.retry_after_at(ahead, now, concurrency, queue_wait)
+    }
+
+    /// `Retry-After` for a request with `ahead` waiters before it, at `concurrency` slots.
+    fn retry_after_at(
+        &mut self,
+        ahead: u32,
+        now: Instant,
+        concurrency: u32,
+        queue_wait: Duration,
+    ) -> Duration {
+        let secs = match self.drain.rate(now, concurrency) {
             Some(rate) if rate > 0.0 => f64::from(ahead + 1) / rate,
-            _ => self.limits.queue_wait.as_secs_f64(),
+            _ => queue_wait.as_secs_f64(),
         };
         Duration::from_secs(secs.ceil().clamp(1.0, 60.0) as u64)
     }
@@ -384,6 +396,28 @@ impl Admission {
 
     pub fn limits(&self) -> Limits {
         self.lock().limits
+    }
+
+    /// A slot granted elsewhere (by limits shared through Redis), counted here so that the local
+    /// share, should Redis fail, starts from what this gateway already has in flight.
+    pub(crate) fn admit_counted(self: &Arc<Self>, queue_wait: Duration) -> Permit {
+        self.lock().in_flight += 1;
+        Permit::new(self.clone(), queue_wait)
+    }
+
+    /// For limits shared through Redis: how many waiters may be ahead of a request before its
+    /// predicted wait at `concurrency` slots exceeds `budget` (`None`: no estimate yet; -1: even
+    /// the first waiter would wait too long), from this gateway's own hold times.
+    pub(crate) fn most_ahead(&self, concurrency: u32, budget: Duration) -> Option<i64> {
+        let rate = self.lock().drain.rate(Instant::now(), concurrency)?;
+        let fits = (rate * budget.as_secs_f64()).floor().min(1e12);
+        Some(fits as i64 - 1)
+    }
+
+    /// `Retry-After` for a request with `ahead` waiters before it under shared `limits`.
+    pub(crate) fn retry_after_shared(&self, ahead: u32, limits: Limits) -> Duration {
+        self.lock()
+            .retry_after_at(ahead, Instant::now(), limits.concurrency, limits.queue_wait)
     }
 
     pub fn in_flight(&self) -> u32 {

@@ -24,6 +24,69 @@ pub struct Config {
     /// The admin API on its own listener; absent: no admin API.
     #[serde(default)]
     pub admin: Option<AdminConfig>,
+    /// Limits shared by several gateways through Redis; absent: this process enforces them alone.
+    #[serde(default)]
+    pub redis: Option<RedisConfig>,
+}
+
+/// One set of limits for every gateway of a deployment: C, Q and team quotas are kept in Redis,
+/// and each gateway falls back to its share of them (limit ÷ `gateways`) while Redis is out.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisConfig {
+    /// The environment variable holding the URL (`redis://[:password@]host:port[/db]`), so that a
+    /// password never sits in the file.
+    #[serde(default = "RedisConfig::default_url_env")]
+    pub url_env: String,
+    /// How many gateways share the limits: while Redis is unreachable each enforces 1/gateways.
+    pub gateways: NonZeroU32,
+    /// A slot held by a gateway that stops renewing it (it died) is free again after this long.
+    #[serde(default = "RedisConfig::default_lease_ttl", with = "humantime_serde")]
+    pub lease_ttl: Duration,
+    /// Every Redis call gives up after this long, and the gateway falls back to its share.
+    #[serde(default = "RedisConfig::default_timeout", with = "humantime_serde")]
+    pub timeout: Duration,
+    /// Keeps the keys of several deployments on one Redis apart.
+    #[serde(default = "RedisConfig::default_namespace")]
+    pub namespace: String,
+}
+
+impl RedisConfig {
+    fn default_url_env() -> String {
+        "SPILLWAY_REDIS_URL".into()
+    }
+    fn default_lease_ttl() -> Duration {
+        Duration::from_secs(10)
+    }
+    fn default_timeout() -> Duration {
+        Duration::from_millis(100)
+    }
+    fn default_namespace() -> String {
+        "spillway".into()
+    }
+
+    /// The Redis URL, read through `env`.
+    pub fn url(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
+        env(&self.url_env).filter(|u| !u.is_empty()).ok_or_else(|| {
+            err(
+                "redis.url_env",
+                format!(
+                    "the environment variable {} holding the Redis URL is not set",
+                    self.url_env
+                ),
+            )
+        })
+    }
+
+    /// This gateway's share of a limit while Redis is unreachable: limit ÷ gateways, at least 1
+    /// (a limit of 0 stays 0).
+    pub fn share(&self, limit: u32) -> u32 {
+        if limit == 0 {
+            0
+        } else {
+            (limit / self.gateways.get()).max(1)
+        }
+    }
 }
 
 /// The admin API: state, drain/undrain a replica, reload. Bearer-token protected; the token comes
@@ -622,7 +685,45 @@ impl Config {
         }
         self.validate_tenants(&models)?;
         self.validate_listeners()?;
+        self.validate_redis()?;
         Ok(self)
+    }
+
+    /// Shared limits: a lease must outlive a renewal round and a call's timeout.
+    fn validate_redis(&self) -> Result<(), ConfigError> {
+        let Some(r) = &self.redis else { return Ok(()) };
+        if r.url_env.is_empty() {
+            return Err(err("redis.url_env", "must name an environment variable"));
+        }
+        if r.namespace.is_empty() || r.namespace.contains(['{', '}']) {
+            return Err(err(
+                "redis.namespace",
+                "must be non-empty and without braces (it becomes the keys' hash tag)",
+            ));
+        }
+        if r.timeout.is_zero() || r.timeout > Duration::from_secs(1) {
+            return Err(err(
+                "redis.timeout",
+                "must be above zero and at most 1s: requests wait on it",
+            ));
+        }
+        if r.lease_ttl < Duration::from_secs(1) || r.lease_ttl < r.timeout * 10 {
+            return Err(err(
+                "redis.lease_ttl",
+                "must be at least 1s and 10 × redis.timeout: leases are renewed every ttl/3",
+            ));
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            for (k, class) in route.classes.iter().enumerate() {
+                if matches!(class.concurrency, Concurrency::Adaptive { .. }) {
+                    return Err(err(
+                        format!("routes[{i}].classes[{k}].concurrency"),
+                        "an adaptive C is not shared through Redis yet: give a fixed C with redis",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Teams: names, unique well-formed key digests, models that some route serves.

@@ -42,6 +42,8 @@ pub struct Gateway {
     config_path: Mutex<Option<std::path::PathBuf>>,
     /// Where the admin API listens, once it does.
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Limits shared with the other gateways through Redis, when configured.
+    pub(crate) shared: Option<Arc<crate::shared::Shared>>,
 }
 
 impl Gateway {
@@ -69,7 +71,12 @@ impl Gateway {
         // Registered once per gateway: the counter belongs to its access log.
         let _ = metrics.registry.register(Box::new(access.dropped()));
         let table = Table::build(&config, &metrics, None)?;
+        let shared = match &config.redis {
+            Some(r) => Some(crate::shared::Shared::new(r, &r.url(env)?, &metrics.registry)?),
+            None => None,
+        };
         Ok(Arc::new(Gateway {
+            shared,
             table: RwLock::new(Arc::new(table)),
             metrics,
             access,
@@ -108,10 +115,11 @@ impl Gateway {
         if config.listen != self.config.listen
             || config.server != self.config.server
             || config.admin != self.config.admin
+            || config.redis != self.config.redis
         {
             return Err(err(
                 "config",
-                "'listen', 'server' and 'admin' cannot change without a restart",
+                "'listen', 'server', 'admin' and 'redis' cannot change without a restart",
             ));
         }
         let previous = self.table();
@@ -119,6 +127,16 @@ impl Gateway {
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
         self.start_probes();
         Ok(())
+    }
+
+    /// Connects to Redis for shared limits, if configured; the work stops when the handles drop.
+    pub(crate) fn start_shared(&self) -> Vec<AbortOnDrop> {
+        self.shared.as_ref().map_or_else(Vec::new, |s| s.start())
+    }
+
+    /// Whether limits are shared through Redis right now (`None`: no Redis configured).
+    pub fn limits_shared(&self) -> Option<bool> {
+        self.shared.as_ref().map(|s| s.is_shared())
     }
 
     /// (Re)starts the active health checks of the current routes.

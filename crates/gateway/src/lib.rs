@@ -8,7 +8,9 @@
 //! 4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
 //! 5. the team's quota — `quota` (429 with `Retry-After` and OpenAI's `x-ratelimit-*`), counted
 //!    in a sliding `window`;
-//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`);
+//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`); with `redis:` in the
+//!    config, stages 5 and 6 are one call to the limits every gateway shares — `shared` — and
+//!    this gateway's share of them while Redis is unreachable;
 //! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
 //!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
 //!    and `adaptive` parts) and `retry` keeping retries within a budget;
@@ -36,6 +38,7 @@ pub mod relay;
 mod retry;
 mod route;
 mod server;
+mod shared;
 mod table;
 mod tenant;
 mod upstream;
@@ -69,10 +72,10 @@ pub mod fuzzing {
         /// The first route of `config`.
         pub fn new(config: &Config) -> Result<FuzzRoute, crate::config::ConfigError> {
             let metrics = crate::metrics::Metrics::new();
-            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None)?;
+            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None, None)?;
             Ok(FuzzRoute(
                 route,
-                std::sync::Arc::new(crate::tenant::Tenants::new(&[], None)),
+                std::sync::Arc::new(crate::tenant::Tenants::new(&[], None, None)),
             ))
         }
 

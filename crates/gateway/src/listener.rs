@@ -49,6 +49,7 @@ pub async fn run(
     let server = gateway.config.server.clone();
     let max = server.max_connections.unwrap_or_else(default_max_connections);
     gateway.start_probes();
+    let _shared = gateway.start_shared();
     let _stop_probes = StopProbes(&gateway);
     let _admin = match &gateway.config.admin {
         Some(a) => {

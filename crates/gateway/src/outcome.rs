@@ -84,6 +84,8 @@ pub(crate) struct Exchange {
     quota: Option<crate::quota::QuotaPermit>,
     /// The team's windows for the `x-ratelimit-*` headers.
     pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
+    /// The request's leases in Redis, when limits are shared: given back when this is dropped.
+    pub(crate) lease: Option<crate::shared::Lease>,
 }
 
 impl Exchange {
@@ -112,6 +114,7 @@ impl Exchange {
             usage: None,
             quota: None,
             rate_headers: None,
+            lease: None,
         }
     }
 
@@ -239,9 +242,13 @@ impl Drop for Exchange {
             Some((p, c)) => (Some(p), Some(c)),
             None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
         };
+        // What the request really cost; without usage, what the stream showed of it.
+        let cost = u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0));
         if let Some(q) = self.quota.as_mut() {
-            // What the request really cost; without usage, what the stream showed of it.
-            q.settle(u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0)));
+            q.settle(cost);
+        }
+        if let Some(l) = self.lease.as_mut() {
+            l.settle(cost);
         }
         let team = self.record.team.as_str();
         match ending {

@@ -60,7 +60,19 @@ impl QuotaLimits {
         }
     }
 
-    fn is_unlimited(&self) -> bool {
+    /// One gateway's share while limits shared through Redis cannot be: each ÷ `gateways`, at
+    /// least 1.
+    pub(crate) fn share(&self, redis: Option<&crate::config::RedisConfig>) -> QuotaLimits {
+        let Some(r) = redis else { return *self };
+        let n = u64::from(r.gateways.get());
+        QuotaLimits {
+            max_parallel: self.max_parallel.and_then(|m| NonZeroU32::new(r.share(m.get()))),
+            rpm: self.rpm.and_then(|m| NonZeroU32::new(r.share(m.get()))),
+            tpm: self.tpm.and_then(|t| NonZeroU64::new((t.get() / n).max(1))),
+        }
+    }
+
+    pub(crate) fn is_unlimited(&self) -> bool {
         *self == QuotaLimits::default()
     }
 }
@@ -108,6 +120,19 @@ pub(crate) struct RateHeaders {
 }
 
 impl RateHeaders {
+    /// Headers from windows counted elsewhere (in Redis, for limits shared by several gateways):
+    /// (limit, used, time to reset) of each window the team has.
+    pub(crate) fn from_counts(
+        requests: Option<(u32, u64, Duration)>,
+        tokens: Option<(u64, u64, Duration)>,
+    ) -> RateHeaders {
+        RateHeaders {
+            requests: requests
+                .map(|(limit, used, reset)| (limit, u64::from(limit).saturating_sub(used), reset)),
+            tokens: tokens.map(|(limit, used, reset)| (limit, limit.saturating_sub(used), reset)),
+        }
+    }
+
     /// The header pairs to add to a response.
     pub(crate) fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(6);
@@ -206,6 +231,26 @@ impl Quota {
             return None;
         }
         Some(s.headers(now))
+    }
+
+    /// A request admitted by the quota shared through Redis, counted here too so that the local
+    /// share, should Redis fail, starts from what this gateway's team already used.
+    pub(crate) fn admit_counted(self: &Arc<Self>, tokens: u64, headers: RateHeaders) -> Option<QuotaPermit> {
+        if self.unlimited.load(Ordering::Relaxed) {
+            return None;
+        }
+        let now = Instant::now();
+        let mut s = self.lock();
+        s.in_flight += 1;
+        s.requests.add(now, 1);
+        s.tokens.add(now, tokens);
+        Some(QuotaPermit {
+            quota: self.clone(),
+            at: now,
+            charged: tokens,
+            used: None,
+            headers,
+        })
     }
 
     /// Admits a request that may cost `tokens`, or says which quota it is over and when to retry.

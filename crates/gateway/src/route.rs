@@ -32,6 +32,9 @@ pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// One admission class of a route.
 pub(crate) struct Class {
     pub(crate) config: ClassConfig,
+    /// C, Q and Wq as configured: with Redis, shared by every gateway; `admission` then enforces
+    /// this gateway's share of them while Redis is unreachable.
+    pub(crate) limits: Limits,
     pub(crate) admission: Arc<Admission>,
     pub(crate) series: ClassSeries,
     /// `spillway_concurrency_limit` of this class, which an adaptive C moves.
@@ -61,6 +64,7 @@ impl Route {
         config: RouteConfig,
         metrics: &Metrics,
         previous: Option<&Route>,
+        redis: Option<&crate::config::RedisConfig>,
     ) -> Result<Route, ConfigError> {
         let tokenizer = match &config.tokenizer {
             Some(path) => Tokenizer::from_file(path).map_err(|e| {
@@ -89,7 +93,7 @@ impl Route {
             .iter()
             .map(|c| {
                 let kept = previous.and_then(|p| p.classes.iter().find(|k| k.config.name == c.name));
-                Class::new(&config.model, c, kept, metrics, pool_of(c))
+                Class::new(&config.model, c, kept, metrics, pool_of(c), redis)
             })
             .collect();
         let replicas = urls
@@ -215,7 +219,14 @@ impl Route {
 }
 
 impl Class {
-    fn new(route: &str, c: &ClassConfig, kept: Option<&Class>, metrics: &Metrics, pool: Vec<usize>) -> Class {
+    fn new(
+        route: &str,
+        c: &ClassConfig,
+        kept: Option<&Class>,
+        metrics: &Metrics,
+        pool: Vec<usize>,
+        redis: Option<&crate::config::RedisConfig>,
+    ) -> Class {
         let labels = [route, c.name.as_str()];
         let limit_gauge = metrics.concurrency_limit.with_label_values(&labels);
         metrics
@@ -242,17 +253,31 @@ impl Class {
             queue: c.queue,
             queue_wait: c.queue_wait,
         };
+        let local = match redis {
+            Some(r) => Limits {
+                concurrency: r.share(limits.concurrency),
+                queue: r.share(limits.queue),
+                ..limits
+            },
+            None => limits,
+        };
         let admission = match kept {
             Some(k) => {
-                k.admission.set_limits(limits);
+                k.admission.set_limits(local);
                 k.admission.clone()
             }
-            None => Admission::new(limits),
+            None => Admission::new(local),
         };
         admission.set_adaptive(adaptive);
-        limit_gauge.set(i64::from(admission.limits().concurrency));
+        let shown = if redis.is_some() {
+            limits.concurrency
+        } else {
+            admission.limits().concurrency
+        };
+        limit_gauge.set(i64::from(shown));
         Class {
             pool,
+            limits,
             config: c.clone(),
             admission,
             limit_gauge,

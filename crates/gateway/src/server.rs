@@ -176,8 +176,20 @@ async fn serve(
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
-    charge_quota(&tenant, &prepared, ex)?;
-    admit(&route, class, &prepared, &budgets, ex).await?;
+    if !admit_shared(g, &route, class, &tenant, &prepared, &budgets, ex).await? {
+        charge_quota(&tenant, &prepared, ex)?;
+        admit(&route, class, &prepared, &budgets, ex).await?;
+        if let Some(shared) = &g.shared {
+            let team_slot = tenant.limits.max_parallel.is_some();
+            ex.lease =
+                Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
+            if shared.is_shared() {
+                // Redis came back while this request waited here: it learns of the slot now, not
+                // at the next renewal, so that the shared count includes it.
+                shared.register().await;
+            }
+        }
+    }
     let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
     answer(g, &route, upstream, &prepared, &budgets, ex).await
 }
@@ -199,12 +211,70 @@ async fn read_body(body: Body, server: &ServerConfig) -> Result<Bytes, GatewayEr
     }
 }
 
+/// The most a request may cost, charged to its team's `tpm` until it ends: its prompt and
+/// `max_tokens` for each sequence it generates.
+fn reserved_tokens(prepared: &Prepared) -> u64 {
+    u64::from(prepared.input_tokens)
+        + u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences)
+}
+
+/// Stages 5 and 6 against the limits shared by every gateway through Redis, in one call: false
+/// when there are none, or Redis does not answer (then this gateway enforces its share of them).
+async fn admit_shared(
+    g: &Gateway,
+    route: &Route,
+    class: &Class,
+    tenant: &Tenant,
+    prepared: &Prepared,
+    budgets: &Budgets,
+    ex: &mut Exchange,
+) -> Result<bool, GatewayError> {
+    let Some(shared) = g.shared.as_ref().filter(|s| s.is_shared()) else {
+        return Ok(false);
+    };
+    let tokens = reserved_tokens(prepared);
+    let ask = crate::shared::Ask {
+        status: route.config.overflow_status,
+        route: &route.config.model,
+        class: &class.config.name,
+        limits: class.limits,
+        priority: prepared.priority,
+        deadline: budgets.first_token_deadline,
+        team: &tenant.team,
+        quota: tenant.limits,
+        tokens,
+        admission: &class.admission,
+    };
+    match shared.admit(ask).await {
+        Err(crate::shared::Unavailable) => Ok(false),
+        Ok(Ok(admitted)) => {
+            ex.quota_admitted(crate::shared::count_quota(
+                &tenant.quota,
+                tokens,
+                admitted.headers,
+            ));
+            ex.rate_headers = admitted.headers;
+            ex.lease = Some(admitted.lease);
+            ex.admitted(admitted.permit);
+            Ok(true)
+        }
+        Ok(Err(e)) => {
+            if let GatewayError::Overloaded {
+                rejection: crate::admission::Rejection::QueueTimeout { waited, .. },
+                ..
+            } = &e
+            {
+                ex.waited(*waited);
+            }
+            Err(e)
+        }
+    }
+}
+
 /// Stage 5: the team's quota, before the class queue, so a team over it never takes a queue
-/// place. The request is charged what it may cost at most: its prompt and `max_tokens` for each
-/// sequence it generates.
+/// place. The request is charged what it may cost at most (see [`reserved_tokens`]).
 fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Exchange) -> Result<(), GatewayError> {
-    let tokens = u64::from(prepared.input_tokens)
-        + u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences);
+    let tokens = reserved_tokens(prepared);
     match tenant.quota.admit(tokens) {
         Ok(permit) => {
             ex.quota_admitted(permit);

@@ -29,7 +29,7 @@ impl Table {
             .iter()
             .map(|r| {
                 let old = previous.and_then(|p| p.route(&r.model)).map(|a| a.as_ref());
-                Route::new(r.clone(), metrics, old).map(Arc::new)
+                Route::new(r.clone(), metrics, old, config.redis.as_ref()).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
         let by_model = routes
@@ -38,7 +38,11 @@ impl Table {
             .map(|(i, r)| (r.config.model.clone(), i))
             .collect();
         Ok(Table {
-            tenants: Tenants::new(&config.tenants, previous.map(|p| &p.tenants)),
+            tenants: Tenants::new(
+                &config.tenants,
+                previous.map(|p| &p.tenants),
+                config.redis.as_ref(),
+            ),
             routes,
             by_model,
         })

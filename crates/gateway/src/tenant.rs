@@ -12,6 +12,9 @@ pub(crate) struct Tenant {
     pub(crate) team: String,
     pub(crate) models: Vec<String>,
     pub(crate) priority: Priority,
+    /// The team's whole quota (shared through Redis); `quota` enforces this gateway's share of it
+    /// when Redis is unreachable, and the whole of it when there is no Redis.
+    pub(crate) limits: QuotaLimits,
     pub(crate) quota: Arc<Quota>,
 }
 
@@ -30,6 +33,7 @@ impl Tenant {
             team: "anonymous".into(),
             models: Vec::new(),
             priority: Priority::Standard,
+            limits: QuotaLimits::default(),
             quota: Quota::new("anonymous", QuotaLimits::default()),
         }
     }
@@ -49,7 +53,11 @@ pub(crate) struct Tenants {
 impl Tenants {
     /// Builds the tenants; on a reload, a team that stays keeps its quota state (`previous`), and
     /// a key no longer listed is refused from the next request on.
-    pub(crate) fn new(config: &[TenantConfig], previous: Option<&Tenants>) -> Tenants {
+    pub(crate) fn new(
+        config: &[TenantConfig],
+        previous: Option<&Tenants>,
+        redis: Option<&crate::config::RedisConfig>,
+    ) -> Tenants {
         let mut t = Tenants {
             keys: Vec::new(),
             tenants: Vec::new(),
@@ -57,17 +65,19 @@ impl Tenants {
         };
         for (i, c) in config.iter().enumerate() {
             let limits = QuotaLimits::of(c);
+            let local = limits.share(redis);
             let quota = match previous.and_then(|p| p.tenants.iter().find(|k| k.team == c.team)) {
                 Some(kept) => {
-                    kept.quota.set_limits(limits);
+                    kept.quota.set_limits(local);
                     kept.quota.clone()
                 }
-                None => Quota::new(&c.team, limits),
+                None => Quota::new(&c.team, local),
             };
             t.tenants.push(Arc::new(Tenant {
                 team: c.team.clone(),
                 models: c.models.clone(),
                 priority: c.priority,
+                limits,
                 quota,
             }));
             for hex in &c.key_sha256 {
@@ -152,7 +162,7 @@ mod tests {
 
     #[test]
     fn keys_are_matched_by_digest() {
-        let t = Tenants::new(&config(), None);
+        let t = Tenants::new(&config(), None, None);
         let tenant = t.identify(Some("Bearer test")).unwrap();
         assert_eq!(tenant.team, "search");
         assert!(tenant.may_use("corp-chat") && !tenant.may_use("other"));
@@ -182,6 +192,7 @@ mod tests {
                 ..config().remove(0)
             }],
             None,
+            None,
         );
         assert_eq!(t.identify(Some(&format!("Bearer {a}"))).unwrap().team, "search");
         assert!(t.identify(Some(&format!("Bearer {b}"))).is_err());
@@ -189,7 +200,7 @@ mod tests {
 
     #[test]
     fn no_tenants_means_anonymous() {
-        let t = Tenants::new(&[], None);
+        let t = Tenants::new(&[], None, None);
         assert_eq!(t.identify(None).unwrap().team, "anonymous");
     }
 }

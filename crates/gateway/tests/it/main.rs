@@ -12,5 +12,6 @@ mod observability;
 mod operations;
 mod quotas;
 mod resilience;
+mod shared;
 mod streaming;
 mod support;

@@ -1,0 +1,668 @@
+//! Limits shared by every gateway of a deployment, kept in Redis (`redis:` in the config).
+//!
+//! Each class's slots (C) and queue places (Q), and each team's `max_parallel`, are sorted sets of
+//! leases that expire unless renewed; `rpm` and `tpm` are one-second buckets over the last minute.
+//! Admission is one Lua script (quota, then slot or queue place) and the end of a request another
+//! (slot back, tokens settled, waiters told): two round trips on the path of an admitted request.
+//! A gateway renews all the leases it holds in one call every `lease_ttl / 3`, so a stream of ten
+//! minutes keeps its slot and a gateway that dies frees its slots within `lease_ttl`.
+//!
+//! Queued requests wait in their gateway. A freed slot is published on one channel; every gateway
+//! subscribed to it wakes its waiters of that class, which ask Redis for the slot in arrival order
+//! (critical first). Waiters also ask every [`POLL`], in case a message was lost.
+//!
+//! Every call times out after `redis.timeout`. The first that fails turns the gateway to its share
+//! of every limit (limit ÷ `gateways`, at least 1) — never unlimited, never an error for the
+//! request — until a probe finds Redis again; then the leases of requests admitted meanwhile are
+//! put back, so the shared count includes them.
+//!
+//! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
+//! checked in one atomic script, which Redis Cluster allows only within one slot.
+
+use crate::admission::{Admission, Limits, Permit, Rejection};
+use crate::config::{Priority, RedisConfig};
+use crate::error::GatewayError;
+use crate::quota::{QuotaKind, QuotaLimits, QuotaPermit, RateHeaders};
+use futures::StreamExt;
+use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{Script, ScriptInvocation};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// How often a queued request asks for a slot without having been told one is free.
+pub(crate) const POLL: Duration = Duration::from_millis(100);
+/// How often a gateway that fell back to its share looks for Redis again.
+const PROBE: Duration = Duration::from_millis(500);
+/// How often a gateway that found Redis again checks whether every gateway has.
+const REJOIN_POLL: Duration = Duration::from_millis(20);
+const LANE_CRITICAL: u8 = 0;
+const LANE_STANDARD: u8 = 1;
+const LANE_SHEDDABLE: u8 = 2;
+
+/// A Redis call that did not answer in time or failed: the caller enforces its local share.
+#[derive(Debug)]
+pub(crate) struct Unavailable;
+
+struct Scripts {
+    acquire: Script,
+    promote: Script,
+    release: Script,
+    renew: Script,
+}
+
+/// The connection to Redis and what this gateway holds there.
+pub(crate) struct Shared {
+    client: redis::Client,
+    conn: OnceLock<ConnectionManager>,
+    config: RedisConfig,
+    /// `spillway:{namespace}`: the prefix, and hash tag, of every key.
+    prefix: String,
+    channel: String,
+    /// This process's name in lease members, unique per start.
+    gateway: String,
+    next: AtomicU64,
+    shared: AtomicBool,
+    /// Waiters of each class (by slots key), woken when a slot frees anywhere.
+    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    /// The leases to renew: set key → members.
+    held: Mutex<HashMap<String, HashSet<String>>>,
+    scripts: Scripts,
+    mode: IntGaugeVec,
+    calls: IntCounterVec,
+    seconds: HistogramVec,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("prefix", &self.prefix)
+            .field("shared", &self.is_shared())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one request asks of the shared limits.
+pub(crate) struct Ask<'a> {
+    /// The status of an overload refusal (the route's `overflow_status`).
+    pub(crate) status: u16,
+    pub(crate) route: &'a str,
+    pub(crate) class: &'a str,
+    pub(crate) limits: Limits,
+    pub(crate) priority: Priority,
+    pub(crate) deadline: Instant,
+    pub(crate) team: &'a str,
+    pub(crate) quota: QuotaLimits,
+    pub(crate) tokens: u64,
+    /// This gateway's gate of the class: its hold times predict waits, and it counts the request.
+    pub(crate) admission: &'a Arc<Admission>,
+}
+
+/// A request admitted by the shared limits: its slot, as counted here and in Redis, and its
+/// team's headers.
+pub(crate) struct Admitted {
+    pub(crate) permit: Permit,
+    pub(crate) lease: Lease,
+    pub(crate) headers: Option<RateHeaders>,
+}
+
+/// A request's place in Redis: a slot or queue place, a team slot and a token reservation, all
+/// given back (and the tokens settled) when it is dropped.
+pub(crate) struct Lease {
+    shared: Arc<Shared>,
+    member: String,
+    keys: Keys,
+    second: i64,
+    charged: u64,
+    used: Option<u64>,
+    /// The slot is granted (and renewed); a queued lease holds only its queue place.
+    granted: bool,
+    team_slot: bool,
+}
+
+#[derive(Clone)]
+struct Keys {
+    slots: String,
+    queue: String,
+    team_parallel: String,
+    team_requests: String,
+    team_tokens: String,
+}
+
+impl Lease {
+    /// The tokens the request really cost, known when it ends.
+    pub(crate) fn settle(&mut self, tokens: u64) {
+        self.used = Some(tokens);
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        {
+            let mut held = self.shared.held();
+            for key in [&self.keys.slots, &self.keys.team_parallel] {
+                if let Some(set) = held.get_mut(key) {
+                    set.remove(&self.member);
+                    if set.is_empty() {
+                        held.remove(key);
+                    }
+                }
+            }
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let shared = self.shared.clone();
+        let keys = self.keys.clone();
+        let member = std::mem::take(&mut self.member);
+        let (second, charged) = (self.second, self.charged);
+        let used = self.used.map_or(-1, |u| u as i64);
+        let granted = self.granted;
+        runtime.spawn(async move {
+            let mut call = shared.scripts.release.prepare_invoke();
+            call.key(&keys.slots)
+                .key(&keys.queue)
+                .key(&keys.team_parallel)
+                .key(&keys.team_tokens)
+                .arg(&member)
+                .arg(second)
+                .arg(charged)
+                .arg(used)
+                .arg(&shared.channel)
+                .arg(&keys.slots);
+            let op = if granted { "release" } else { "dequeue" };
+            // A release that fails leaves the lease to expire within its ttl.
+            let _ = shared.call::<i64>(op, &call).await;
+        });
+    }
+}
+
+impl Shared {
+    /// Reads the URL and registers the metrics; the connection opens in [`Shared::start`].
+    pub(crate) fn new(
+        config: &RedisConfig,
+        url: &str,
+        registry: &Registry,
+    ) -> Result<Arc<Shared>, crate::config::ConfigError> {
+        let client = redis::Client::open(url).map_err(|e| {
+            // The error names the part that is wrong, never the URL (it may hold a password).
+            crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
+        })?;
+        let mode = IntGaugeVec::new(
+            Opts::new(
+                "spillway_limits_mode",
+                "1 for the mode the limits are enforced in: shared (through Redis) or local (this gateway's share)",
+            ),
+            &["mode"],
+        )
+        .expect("metric definition");
+        let calls = IntCounterVec::new(
+            Opts::new(
+                "spillway_redis_calls_total",
+                "Calls to Redis for shared limits, by operation and outcome (ok, error, timeout)",
+            ),
+            &["op", "outcome"],
+        )
+        .expect("metric definition");
+        let seconds = HistogramVec::new(
+            HistogramOpts::new(
+                "spillway_redis_call_seconds",
+                "Round-trip time of calls to Redis for shared limits",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
+            &["op"],
+        )
+        .expect("metric definition");
+        for m in [
+            Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(calls.clone()),
+            Box::new(seconds.clone()),
+        ] {
+            let _ = registry.register(m);
+        }
+        let prefix = format!("spillway:{{{}}}", config.namespace);
+        let shared = Shared {
+            client,
+            conn: OnceLock::new(),
+            config: config.clone(),
+            channel: format!("{prefix}:freed"),
+            prefix,
+            gateway: format!("{:016x}", rand::random::<u64>()),
+            next: AtomicU64::new(0),
+            shared: AtomicBool::new(false),
+            wakers: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::new()),
+            scripts: Scripts {
+                acquire: Script::new(include_str!("shared/acquire.lua")),
+                promote: Script::new(include_str!("shared/promote.lua")),
+                release: Script::new(include_str!("shared/release.lua")),
+                renew: Script::new(include_str!("shared/renew.lua")),
+            },
+            mode,
+            calls,
+            seconds,
+        };
+        shared.set_mode(false);
+        Ok(Arc::new(shared))
+    }
+
+    /// Opens the connection and starts the background work: renewals, the probe that finds Redis
+    /// again, and the subscriber that wakes waiters. They end when the returned handles drop.
+    pub(crate) fn start(self: &Arc<Self>) -> Vec<crate::gateway::AbortOnDrop> {
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(self.config.timeout))
+            .set_response_timeout(Some(self.config.timeout))
+            .set_number_of_retries(1)
+            .set_max_delay(Duration::from_millis(500));
+        match ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
+            Ok(conn) => {
+                let _ = self.conn.set(conn);
+            }
+            Err(e) => tracing::warn!(error = ?e.kind(), "cannot set up the Redis connection"),
+        }
+        vec![
+            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().keep_leases())),
+            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().listen())),
+        ]
+    }
+
+    /// Limits are shared right now (Redis answered its last call).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.shared.load(Ordering::Acquire)
+    }
+
+    fn set_mode(&self, shared: bool) {
+        self.shared.store(shared, Ordering::Release);
+        self.mode.with_label_values(&["shared"]).set(i64::from(shared));
+        self.mode.with_label_values(&["local"]).set(i64::from(!shared));
+    }
+
+    /// Redis failed a call: from now on this gateway enforces its share, and says so once.
+    fn fall_back(&self, why: &str) {
+        if self.shared.swap(false, Ordering::AcqRel) {
+            self.set_mode(false);
+            tracing::warn!(
+                why,
+                gateways = self.config.gateways.get(),
+                "Redis is unreachable: each gateway enforces its share of every limit (limit ÷ gateways) until it is back"
+            );
+        }
+    }
+
+    fn held(&self) -> MutexGuard<'_, HashMap<String, HashSet<String>>> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn waker(&self, slots_key: &str) -> Arc<Notify> {
+        let mut w = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        w.entry(slots_key.to_owned()).or_default().clone()
+    }
+
+    /// One script call within the timeout, counted and timed by `op`.
+    async fn call<T: redis::FromRedisValue>(
+        &self,
+        op: &'static str,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T, Unavailable> {
+        let Some(conn) = self.conn.get() else {
+            return Err(Unavailable);
+        };
+        let mut conn = conn.clone();
+        let start = Instant::now();
+        let result = tokio::time::timeout(self.config.timeout, invocation.invoke_async::<T>(&mut conn)).await;
+        self.seconds
+            .with_label_values(&[op])
+            .observe(start.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(Ok(_)) => "ok",
+            Ok(Err(_)) => "error",
+            Err(_) => "timeout",
+        };
+        self.calls.with_label_values(&[op, outcome]).inc();
+        match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => {
+                self.fall_back(&format!("{op}: {e}"));
+                Err(Unavailable)
+            }
+            Err(_) => {
+                self.fall_back(&format!("{op}: no answer within {:?}", self.config.timeout));
+                Err(Unavailable)
+            }
+        }
+    }
+
+    fn keys(&self, route: &str, class: &str, team: &str) -> Keys {
+        let p = &self.prefix;
+        Keys {
+            slots: format!("{p}:slots:{route}:{class}"),
+            queue: format!("{p}:queue:{route}:{class}"),
+            team_parallel: format!("{p}:team:{team}:parallel"),
+            team_requests: format!("{p}:team:{team}:requests"),
+            team_tokens: format!("{p}:team:{team}:tokens"),
+        }
+    }
+
+    /// Stages 5 and 6 against the shared limits: the team's quota, then a slot (waiting for one
+    /// in the shared queue if need be). `Err(Unavailable)`: Redis did not answer; the caller
+    /// enforces this gateway's share instead.
+    pub(crate) async fn admit(
+        self: &Arc<Self>,
+        ask: Ask<'_>,
+    ) -> Result<Result<Admitted, GatewayError>, Unavailable> {
+        let start = Instant::now();
+        let keys = self.keys(ask.route, ask.class, ask.team);
+        let member = self.member();
+        let lane = match ask.priority {
+            Priority::Critical => LANE_CRITICAL,
+            Priority::Standard => LANE_STANDARD,
+            Priority::Sheddable => LANE_SHEDDABLE,
+        };
+        let budget = ask
+            .limits
+            .queue_wait
+            .min(ask.deadline.saturating_duration_since(start));
+        let most_ahead = ask
+            .admission
+            .most_ahead(ask.limits.concurrency, budget)
+            .map_or(String::new(), |n| n.to_string());
+        let ttl = self.config.lease_ttl.as_millis() as u64;
+        let q = ask.quota;
+        let mut call = self.scripts.acquire.prepare_invoke();
+        call.key(&keys.slots)
+            .key(&keys.queue)
+            .key(&keys.team_parallel)
+            .key(&keys.team_requests)
+            .key(&keys.team_tokens)
+            .arg(&member)
+            .arg(ask.limits.concurrency)
+            .arg(ask.limits.queue)
+            .arg(lane)
+            .arg(most_ahead)
+            .arg(ttl)
+            .arg(budget.as_millis() as u64)
+            .arg(q.max_parallel.map_or(0, |m| m.get()))
+            .arg(q.rpm.map_or(0, |m| m.get()))
+            .arg(q.tpm.map_or(0, |m| m.get()))
+            .arg(ask.tokens);
+        let r: Vec<i64> = self.call("acquire", &call).await?;
+        let [outcome, n, rpm_used, tpm_used, rpm_reset, tpm_reset, second] = r[..] else {
+            self.fall_back("acquire: an answer of the wrong shape");
+            return Err(Unavailable);
+        };
+        let ms = |v: i64| Duration::from_millis(v.max(0) as u64);
+        let headers = (q.rpm.is_some() || q.tpm.is_some()).then(|| {
+            RateHeaders::from_counts(
+                q.rpm.map(|l| (l.get(), rpm_used.max(0) as u64, ms(rpm_reset))),
+                q.tpm.map(|l| (l.get(), tpm_used.max(0) as u64, ms(tpm_reset))),
+            )
+        });
+        let over = |kind: QuotaKind, limit: u64, retry_after: Duration| {
+            Ok(Err(GatewayError::QuotaExceeded {
+                team: ask.team.to_owned(),
+                kind,
+                limit,
+                retry_after: retry_after.max(Duration::from_secs(1)),
+            }))
+        };
+        let rejection = match outcome {
+            1 | 2 => None,
+            10 => return over(QuotaKind::Parallel, n as u64, Duration::from_secs(1)),
+            11 => {
+                return over(
+                    QuotaKind::Requests,
+                    q.rpm.map_or(0, |l| u64::from(l.get())),
+                    ms(n),
+                );
+            }
+            12 => {
+                let wait = if n < 0 { Duration::from_secs(60) } else { ms(n) };
+                return over(QuotaKind::Tokens, q.tpm.map_or(0, |l| l.get()), wait);
+            }
+            3 => Some(Rejection::QueueFull {
+                retry_after: ask.admission.retry_after_shared(n as u32, ask.limits),
+            }),
+            4 => Some(Rejection::Shed {
+                retry_after: ask.admission.retry_after_shared(0, ask.limits),
+            }),
+            5 => {
+                let retry_after = ask.admission.retry_after_shared(n as u32, ask.limits);
+                Some(Rejection::PredictedWait {
+                    predicted: retry_after,
+                    retry_after,
+                })
+            }
+            _ => {
+                self.fall_back("acquire: an unknown answer");
+                return Err(Unavailable);
+            }
+        };
+        if let Some(rejection) = rejection {
+            return Ok(Err(ask.overloaded(rejection)));
+        }
+        let mut lease = Lease {
+            shared: self.clone(),
+            member,
+            keys,
+            second,
+            charged: if q.tpm.is_some() { ask.tokens } else { 0 },
+            used: None,
+            granted: false,
+            team_slot: q.max_parallel.is_some(),
+        };
+        if outcome == 2 {
+            match self.wait(&mut lease, &ask, start + budget).await? {
+                Ok(()) => {}
+                Err(waited) => {
+                    let retry_after = ask.admission.retry_after_shared(0, ask.limits);
+                    return Ok(Err(
+                        ask.overloaded(Rejection::QueueTimeout { waited, retry_after })
+                    ));
+                }
+            }
+        }
+        self.hold(&mut lease);
+        let permit = ask.admission.admit_counted(start.elapsed());
+        Ok(Ok(Admitted {
+            permit,
+            lease,
+            headers,
+        }))
+    }
+
+    /// The lease's slot is granted: renew it (and its team slot) from now on.
+    fn hold(&self, lease: &mut Lease) {
+        lease.granted = true;
+        let mut held = self.held();
+        held.entry(lease.keys.slots.clone())
+            .or_default()
+            .insert(lease.member.clone());
+        if lease.team_slot {
+            held.entry(lease.keys.team_parallel.clone())
+                .or_default()
+                .insert(lease.member.clone());
+        }
+    }
+
+    /// Waits in the shared queue until a slot is this request's, or `until`: `Err(waited)`.
+    async fn wait(
+        &self,
+        lease: &mut Lease,
+        ask: &Ask<'_>,
+        until: Instant,
+    ) -> Result<Result<(), Duration>, Unavailable> {
+        let start = Instant::now();
+        let waker = self.waker(&lease.keys.slots);
+        let ttl = self.config.lease_ttl.as_millis() as u64;
+        let wq = ask.limits.queue_wait.as_millis() as u64;
+        loop {
+            let woken = waker.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            tokio::select! {
+                _ = woken => {}
+                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep_until(until) => return Ok(Err(start.elapsed())),
+            }
+            let mut call = self.scripts.promote.prepare_invoke();
+            call.key(&lease.keys.slots)
+                .key(&lease.keys.queue)
+                .arg(&lease.member)
+                .arg(ask.limits.concurrency)
+                .arg(ttl)
+                .arg(wq);
+            match self.call::<i64>("promote", &call).await? {
+                1 => return Ok(Ok(())),
+                0 => {}
+                // The place expired (this gateway was cut off for longer than Wq).
+                _ => return Ok(Err(start.elapsed())),
+            }
+        }
+    }
+
+    /// Renews the leases held here every `lease_ttl / 3` (at most every second), and while
+    /// Redis is out, probes for it every [`PROBE`]. When it answers again, each gateway puts its
+    /// leases back with its first renewal; limits are shared again once all `gateways` have
+    /// (the shared count then includes every request in flight), or a `lease_ttl` after this
+    /// one did, should some gateway not come back.
+    async fn keep_leases(self: Arc<Self>) {
+        let every = (self.config.lease_ttl / 3).min(Duration::from_secs(1));
+        let mut rejoining: Option<Instant> = None;
+        loop {
+            if self.is_shared() {
+                tokio::time::sleep(every).await;
+                let _ = self.renew().await;
+                continue;
+            }
+            match self.renew().await {
+                Ok(live) => {
+                    let since = *rejoining.get_or_insert_with(Instant::now);
+                    if live >= self.config.gateways.get() || since.elapsed() >= self.config.lease_ttl {
+                        rejoining = None;
+                        self.set_mode(true);
+                        tracing::info!(live, "Redis answers: limits are shared by every gateway");
+                        continue;
+                    }
+                }
+                Err(Unavailable) => rejoining = None,
+            }
+            // Rejoining, gateways check often: one that shares while another still admits on its
+            // own share alone can let the total pass C.
+            tokio::time::sleep(if rejoining.is_some() { REJOIN_POLL } else { PROBE }).await;
+        }
+    }
+
+    /// One call that renews every lease this gateway holds, or puts them all back where Redis
+    /// lost them (see `renew.lua`); returns how many gateways are live.
+    async fn renew(&self) -> Result<u32, Unavailable> {
+        self.renew_with(false).await
+    }
+
+    async fn renew_with(&self, add: bool) -> Result<u32, Unavailable> {
+        let held: Vec<(String, Vec<String>)> = self
+            .held()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
+            .collect();
+        let mut call = self.scripts.renew.prepare_invoke();
+        call.key(format!("{}:gateways", self.prefix))
+            .arg(self.config.lease_ttl.as_millis() as u64)
+            .arg(&self.gateway)
+            .arg(if add { "add" } else { "" });
+        for (key, members) in &held {
+            call.key(key).arg(members.len());
+            for m in members {
+                call.arg(m);
+            }
+        }
+        let (_, live): (i64, u32) = self.call("renew", &call).await?;
+        Ok(live)
+    }
+
+    /// Puts this gateway's leases in Redis now (a renewal that adds the missing ones).
+    pub(crate) async fn register(&self) {
+        let _ = self.renew_with(true).await;
+    }
+
+    /// A lease for a request this gateway admitted on its own share while Redis was out: Redis
+    /// learns of it when it is back, so the shared count includes it.
+    pub(crate) fn local_lease(
+        self: &Arc<Self>,
+        route: &str,
+        class: &str,
+        team: &str,
+        team_slot: bool,
+    ) -> Lease {
+        let mut lease = Lease {
+            shared: self.clone(),
+            member: self.member(),
+            keys: self.keys(route, class, team),
+            second: 0,
+            charged: 0,
+            used: None,
+            granted: false,
+            team_slot,
+        };
+        self.hold(&mut lease);
+        lease
+    }
+
+    fn member(&self) -> String {
+        format!("{}:{}", self.gateway, self.next.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Subscribes to the freed-slot channel and wakes the waiters of the class named in each
+    /// message; reconnects after a pause when the subscription breaks.
+    async fn listen(self: Arc<Self>) {
+        loop {
+            if let Ok(Ok(mut pubsub)) =
+                tokio::time::timeout(self.config.timeout * 5, self.client.get_async_pubsub()).await
+                && pubsub.subscribe(&self.channel).await.is_ok()
+            {
+                let mut messages = pubsub.on_message();
+                while let Some(msg) = messages.next().await {
+                    let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) else {
+                        continue;
+                    };
+                    let waker = self
+                        .wakers
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(key)
+                        .cloned();
+                    if let Some(w) = waker {
+                        w.notify_waiters();
+                    }
+                }
+            }
+            tokio::time::sleep(PROBE).await;
+        }
+    }
+}
+
+impl Ask<'_> {
+    fn overloaded(&self, rejection: Rejection) -> GatewayError {
+        GatewayError::Overloaded {
+            status: self.status,
+            route: self.route.to_owned(),
+            class: self.class.to_owned(),
+            limits: self.limits,
+            rejection,
+        }
+    }
+}
+
+/// The team's local permit for a request the shared quota admitted.
+pub(crate) fn count_quota(
+    quota: &Arc<crate::quota::Quota>,
+    tokens: u64,
+    headers: Option<RateHeaders>,
+) -> Option<QuotaPermit> {
+    quota.admit_counted(tokens, headers.unwrap_or(RateHeaders::from_counts(None, None)))
+}

@@ -1,0 +1,124 @@
+-- Admits one request against limits shared by every gateway: first the team's quota, then the
+-- class's slots (C) and queue (Q). Nothing is written unless the request is admitted or queued,
+-- so a refusal costs no cleanup. Time is Redis's own, so gateways' clocks need not agree.
+--
+-- KEYS: 1 slots (zset member -> lease expiry ms), 2 queue (zset member -> lane * 1e13 + enqueued
+--       ms), 3 team in flight (zset member -> lease expiry ms), 4 team requests (hash second ->
+--       count), 5 team tokens (hash second -> tokens)
+-- ARGV: 1 member, 2 C, 3 Q, 4 lane (0 critical, 1 standard, 2 sheddable), 5 most waiters ahead
+--       before the predicted wait is too long ('': no prediction), 6 lease ttl ms, 7 Wq ms,
+--       8 team max_parallel (0: none), 9 rpm (0: none), 10 tpm (0: none), 11 tokens to reserve
+-- Returns {outcome, n, rpm used, tpm used, rpm reset ms, tpm reset ms, second}:
+--   outcome 1 granted, 2 queued (n waiters ahead), 3 queue full (n waiting), 4 shed,
+--   5 predicted wait too long (n ahead), 10 over max_parallel, 11 over rpm (n ms to wait),
+--   12 over tpm (n ms to wait; -1 never: more than a minute's worth)
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local second = tonumber(t[1])
+local member = ARGV[1]
+local c, q, lane = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_ahead, ttl, wq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local max_parallel, rpm, tpm, tokens =
+  tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local LANE = 1e13
+
+-- A window of one-second buckets over the last 60 s: its sum and its buckets, oldest first,
+-- dropping those that left it.
+local function window(key)
+  local fields = redis.call('HGETALL', key)
+  local buckets, sum = {}, 0
+  for i = 1, #fields, 2 do
+    local s, v = tonumber(fields[i]), tonumber(fields[i + 1])
+    if s <= second - 60 then
+      redis.call('HDEL', key, fields[i])
+    else
+      sum = sum + v
+      buckets[#buckets + 1] = {s, v}
+    end
+  end
+  table.sort(buckets, function(a, b) return a[1] < b[1] end)
+  return sum, buckets
+end
+
+-- The ms until a window's sum falls to `target` or below as its oldest buckets leave.
+local function until_at_most(sum, buckets, target)
+  local left, wait = sum, 0
+  for _, b in ipairs(buckets) do
+    if left <= target then break end
+    left = left - b[2]
+    wait = (b[1] + 60) * 1000 - now
+  end
+  return math.max(wait, 0)
+end
+
+local rpm_used, tpm_used, rpm_reset, tpm_reset = 0, 0, 0, 0
+if max_parallel > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  if redis.call('ZCARD', KEYS[3]) >= max_parallel then
+    return {10, max_parallel, 0, 0, 0, 0, second}
+  end
+end
+if rpm > 0 then
+  local buckets
+  rpm_used, buckets = window(KEYS[4])
+  if rpm_used + 1 > rpm then
+    local wait = until_at_most(rpm_used, buckets, rpm - 1)
+    return {11, wait, rpm_used, 0, wait, 0, second}
+  end
+  -- After this request: when the oldest request leaves (this one's, a minute on, if alone).
+  rpm_reset = 60000
+  if #buckets > 0 then rpm_reset = until_at_most(rpm_used, buckets, rpm_used - 1) end
+end
+if tpm > 0 then
+  if tokens > tpm then
+    return {12, -1, rpm_used, 0, rpm_reset, 0, second}
+  end
+  local buckets
+  tpm_used, buckets = window(KEYS[5])
+  if tpm_used + tokens > tpm then
+    local wait = until_at_most(tpm_used, buckets, tpm - tokens)
+    return {12, wait, rpm_used, tpm_used, rpm_reset, wait, second}
+  end
+  -- After this request: when every token now counted has left the window.
+  tpm_reset = 60000
+end
+
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], 0, now - wq - ttl)
+redis.call('ZREMRANGEBYSCORE', KEYS[2], LANE, LANE + now - wq - ttl)
+local busy = redis.call('ZCARD', KEYS[1])
+local waiting = redis.call('ZCARD', KEYS[2])
+local ahead = waiting
+if lane == 0 then ahead = redis.call('ZCOUNT', KEYS[2], 0, LANE - 1) end
+
+local outcome = 1
+if busy + ahead >= c then
+  if lane == 2 then return {4, 0, rpm_used, tpm_used, rpm_reset, tpm_reset, second} end
+  if waiting >= q then return {3, waiting, rpm_used, tpm_used, rpm_reset, tpm_reset, second} end
+  if max_ahead and ahead > max_ahead then
+    return {5, ahead, rpm_used, tpm_used, rpm_reset, tpm_reset, second}
+  end
+  outcome = 2
+  redis.call('ZADD', KEYS[2], math.min(lane, 1) * LANE + now, member)
+else
+  redis.call('ZADD', KEYS[1], now + ttl, member)
+  ahead = 0
+end
+-- Keys that are never touched again expire on their own (a route or team removed by a reload).
+redis.call('PEXPIRE', KEYS[1], 3600000)
+redis.call('PEXPIRE', KEYS[2], 3600000)
+if max_parallel > 0 then
+  redis.call('ZADD', KEYS[3], now + ttl + wq, member)
+  redis.call('PEXPIRE', KEYS[3], 3600000)
+end
+if rpm > 0 then
+  redis.call('HINCRBY', KEYS[4], second, 1)
+  redis.call('PEXPIRE', KEYS[4], 120000)
+  rpm_used = rpm_used + 1
+end
+if tpm > 0 then
+  redis.call('HINCRBY', KEYS[5], second, tokens)
+  redis.call('PEXPIRE', KEYS[5], 120000)
+  tpm_used = tpm_used + tokens
+end
+return {outcome, ahead, rpm_used, tpm_used, rpm_reset, tpm_reset, second}
