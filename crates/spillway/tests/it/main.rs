@@ -5,4 +5,5 @@ mod commands;
 mod deploy;
 mod diagnose;
 mod plan;
+mod shared;
 mod support;
