@@ -5,7 +5,8 @@ use crate::support::{BIN, Kill, PORTS, free_port_pair, try_get, wait_until};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 fn redis_cli(port: u16, args: &[&str]) -> String {
     let out = Command::new("redis-cli")
