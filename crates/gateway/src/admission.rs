@@ -203,6 +203,19 @@ impl State {
 /// The admission gate of one route and class.
 pub struct Admission {
     state: Mutex<State>,
+    /// Requests of this gateway waiting in the queue shared through Redis, for the gauge.
+    waiting_shared: std::sync::atomic::AtomicU32,
+}
+
+/// Counts a request waiting in the shared queue while it lives.
+pub(crate) struct SharedWaiter<'a>(&'a Admission);
+
+impl Drop for SharedWaiter<'_> {
+    fn drop(&mut self) {
+        self.0
+            .waiting_shared
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Admission {
@@ -300,6 +313,7 @@ impl Admission {
                 next_id: 0,
                 drain: DrainRate::default(),
             }),
+            waiting_shared: std::sync::atomic::AtomicU32::new(0),
         })
     }
 
@@ -424,8 +438,16 @@ impl Admission {
         self.lock().in_flight
     }
 
+    /// Requests of this gateway waiting for a slot, here or in the queue shared through Redis.
     pub fn queued(&self) -> u32 {
-        self.lock().queued()
+        self.lock().queued() + self.waiting_shared.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts a request waiting in the shared queue until the returned guard drops.
+    pub(crate) fn shared_waiter(&self) -> SharedWaiter<'_> {
+        self.waiting_shared
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        SharedWaiter(self)
     }
 
     /// Waits for a slot, at most Wq and never past `deadline`.

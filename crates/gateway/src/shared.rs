@@ -498,6 +498,7 @@ impl Shared {
         until: Instant,
     ) -> Result<Result<(), Duration>, Unavailable> {
         let start = Instant::now();
+        let _counted = ask.admission.shared_waiter();
         let waker = self.waker(&lease.keys.slots);
         let ttl = self.config.lease_ttl.as_millis() as u64;
         let wq = ask.limits.queue_wait.as_millis() as u64;

@@ -6,6 +6,10 @@
 //! /dev/null). Each level runs closed-loop streaming clients (16-token chat completions on
 //! keep-alive connections) for a fixed window against the engine directly, then through the
 //! gateway, and reports TTFT p50/p99, throughput, and the gateway's CPU and memory.
+//!
+//! With `SPILLWAY_BENCH_REDIS=1` (and `redis-server` on the PATH), a second Spillway runs the same
+//! config with its limits shared through a local `redis-server` (`redis: { gateways: 1 }`), and
+//! each of its rows also says how many Redis round trips a request took.
 
 mod common;
 
@@ -130,8 +134,13 @@ struct Proxy {
 }
 
 fn spawn(program: &str, args: &[&str]) -> tokio::process::Child {
+    spawn_with(program, args, &[])
+}
+
+fn spawn_with(program: &str, args: &[&str], env: &[(&str, &str)]) -> tokio::process::Child {
     tokio::process::Command::new(program)
         .args(args)
+        .envs(env.iter().copied())
         .env("RUST_LOG", "warn")
         .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
         .env("LITELLM_LOG", "ERROR")
@@ -183,6 +192,23 @@ fn envoy_config(port: u16, engine_port: u16) -> String {
     )
 }
 
+/// `spillway_redis_calls_total` summed over operations and outcomes (0 without Redis).
+async fn redis_calls(addr: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(mut s) = TcpStream::connect(addr).await else {
+        return 0.0;
+    };
+    let _ = s
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .await;
+    let mut text = String::new();
+    let _ = s.read_to_string(&mut text).await;
+    text.lines()
+        .filter(|l| l.starts_with("spillway_redis_calls_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
 async fn run(levels: Vec<usize>) {
     let bin = env!("CARGO_BIN_EXE_spillway");
     let engine_port = free_port();
@@ -225,6 +251,52 @@ async fn run(levels: Vec<usize>) {
         child,
         rss_idle_kb: 0,
     });
+
+    // The same gateway with its limits kept in Redis.
+    let mut _redis = None;
+    if std::env::var_os("SPILLWAY_BENCH_REDIS").is_some() {
+        let redis_port = free_port();
+        _redis = Some(spawn(
+            "redis-server",
+            &[
+                "--port",
+                &redis_port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+        ));
+        let shared_port = free_port();
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            &format!("listen: 127.0.0.1:{port}\n"),
+            &format!("listen: 127.0.0.1:{shared_port}\nredis: {{ gateways: 1 }}\n"),
+        );
+        let shared_config = dir.join("gateway-redis.yaml");
+        std::fs::write(&shared_config, text).unwrap();
+        wait_for(&format!("127.0.0.1:{redis_port}")).await;
+        let url = format!("redis://127.0.0.1:{redis_port}/");
+        let child = spawn_with(
+            bin,
+            &[
+                "serve",
+                "--workers",
+                "1",
+                "--config",
+                shared_config.to_str().unwrap(),
+            ],
+            &[("SPILLWAY_REDIS_URL", &url)],
+        );
+        proxies.push(Proxy {
+            name: "spillway+redis",
+            addr: format!("127.0.0.1:{shared_port}"),
+            model: "chat",
+            child,
+            rss_idle_kb: 0,
+        });
+    }
 
     // Optional: the proxies people use today, when their binaries are given (bench/compare.sh).
     if let Ok(envoy) = std::env::var("SPILLWAY_BENCH_ENVOY") {
@@ -303,7 +375,9 @@ async fn run(levels: Vec<usize>) {
         for p in &proxies {
             let pid = p.child.id().unwrap();
             let d = level(&engine_addr, "sim", c, pid).await;
+            let calls0 = redis_calls(&p.addr).await;
             let g = level(&p.addr, p.model, c, pid).await;
+            let calls = redis_calls(&p.addr).await - calls0;
             let cpu_per_req = g.gateway_cpu_s * 1e6 / (g.rps * WINDOW.as_secs_f64()).max(1.0);
             println!(
                 "| {c} | {} | {}/{} | {}/{} | {}/{} | {:.0} | {:.0} | {:.2} | {:.1} | {:.1} |{}",
@@ -325,6 +399,15 @@ async fn run(levels: Vec<usize>) {
                     String::new()
                 }
             );
+            if calls > 0.0 {
+                // Counted over the 0.7 s warm-up and the window: per request of both, at the
+                // window's rate.
+                let requests = g.rps * (WINDOW.as_secs_f64() + 0.7);
+                println!(
+                    "|   | ↳ Redis round trips per request: {:.2} |",
+                    calls / requests.max(1.0)
+                );
+            }
         }
     }
     let _ = std::fs::remove_dir_all(&dir);

@@ -34,12 +34,15 @@ fn load(path: &Path) -> Result<Config> {
 }
 
 pub(crate) fn check(args: &CheckArgs) -> ExitCode {
-    // The admin token lives in the environment: check it as `serve` would.
+    // The admin token and the Redis URL live in the environment: check them as `serve` would.
     let loaded = load(&args.config).and_then(|config| {
+        let env = |name: &str| std::env::var(name).ok();
+        let invalid = || format!("{} is not a valid configuration", args.config.display());
         if let Some(admin) = &config.admin {
-            admin
-                .token(&|name| std::env::var(name).ok())
-                .with_context(|| format!("{} is not a valid configuration", args.config.display()))?;
+            admin.token(&env).with_context(invalid)?;
+        }
+        if let Some(redis) = &config.redis {
+            redis.url(&env).with_context(invalid)?;
         }
         Ok(config)
     });
@@ -63,6 +66,12 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                         c.name, c.concurrency, c.queue, c.queue_wait
                     );
                 }
+            }
+            if let Some(r) = &config.redis {
+                println!(
+                    "  limits shared through Redis (URL from ${}) by {} gateways, namespace {}, lease_ttl {:?}; limit ÷ gateways each while Redis is unreachable",
+                    r.url_env, r.gateways, r.namespace, r.lease_ttl
+                );
             }
             if let Some(a) = &config.admin {
                 println!(

@@ -150,3 +150,41 @@ fn a_route_without_classes_gets_a_bounded_default() {
     );
     assert!(c.tenants.is_empty());
 }
+
+#[test]
+fn redis_shares_and_refusals_name_the_field() {
+    let with =
+        |redis: &str| Config::from_yaml(&GOOD.replace("routes:\n", &format!("redis: {redis}\nroutes:\n")));
+    let c = with("{ gateways: 3 }").unwrap();
+    let r = c.redis.as_ref().unwrap();
+    assert_eq!(
+        (r.url_env.as_str(), r.lease_ttl, r.namespace.as_str()),
+        ("SPILLWAY_REDIS_URL", Duration::from_secs(10), "spillway")
+    );
+    // C = 24 over 3 gateways: 8 each; Q = 4: 1 each; never 0 unless the limit is.
+    assert_eq!((r.share(24), r.share(4), r.share(1), r.share(0)), (8, 1, 1, 0));
+    assert!(
+        r.url(&|_| None)
+            .unwrap_err()
+            .to_string()
+            .contains("SPILLWAY_REDIS_URL")
+    );
+    for (bad, field) in [
+        ("{ gateways: 0 }", "gateways"),
+        ("{ gateways: 2, lease_ttl: 500ms }", "redis.lease_ttl"),
+        ("{ gateways: 2, timeout: 2s }", "redis.timeout"),
+        ("{ gateways: 2, namespace: 'a{b}' }", "redis.namespace"),
+        ("{ gateways: 2, password: x }", "password"),
+    ] {
+        let e = with(bad).unwrap_err().to_string();
+        assert!(e.contains(field), "{bad}: {e}");
+    }
+    let adaptive = GOOD
+        .replace("routes:\n", "redis: { gateways: 2 }\nroutes:\n")
+        .replace(
+            "concurrency: 24",
+            "concurrency: { adaptive: { min: 4, max: 32 } }",
+        );
+    let e = Config::from_yaml(&adaptive).unwrap_err().to_string();
+    assert!(e.contains("classes[0].concurrency") && e.contains("redis"), "{e}");
+}
