@@ -176,20 +176,7 @@ async fn serve(
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
-    if !admit_shared(g, &route, class, &tenant, &prepared, &budgets, ex).await? {
-        charge_quota(&tenant, &prepared, ex)?;
-        admit(&route, class, &prepared, &budgets, ex).await?;
-        if let Some(shared) = &g.shared {
-            let team_slot = tenant.limits.max_parallel.is_some();
-            ex.lease =
-                Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
-            if shared.is_shared() {
-                // Redis came back while this request waited here: it learns of the slot now, not
-                // at the next renewal, so that the shared count includes it.
-                shared.register().await;
-            }
-        }
-    }
+    admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
     answer(g, &route, upstream, &prepared, &budgets, ex).await
 }
@@ -216,6 +203,35 @@ async fn read_body(body: Body, server: &ServerConfig) -> Result<Bytes, GatewayEr
 fn reserved_tokens(prepared: &Prepared) -> u64 {
     u64::from(prepared.input_tokens)
         + u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences)
+}
+
+/// Stages 5 and 6: the team's quota, then a slot in the class — one call to Redis where limits
+/// are shared by several gateways, else (or while Redis does not answer) this gateway's own.
+async fn admit(
+    g: &Gateway,
+    route: &Route,
+    class: &Class,
+    tenant: &Tenant,
+    prepared: &Prepared,
+    budgets: &Budgets,
+    ex: &mut Exchange,
+) -> Result<(), GatewayError> {
+    if admit_shared(g, route, class, tenant, prepared, budgets, ex).await? {
+        return Ok(());
+    }
+    charge_quota(tenant, prepared, ex)?;
+    take_slot(route, class, prepared, budgets, ex).await?;
+    if let Some(shared) = &g.shared {
+        // Admitted on this gateway's share: Redis learns of it when it is back.
+        let team_slot = tenant.limits.max_parallel.is_some();
+        ex.lease = Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
+        if shared.is_shared() {
+            // Redis came back while this request waited here: it learns of the slot now, not
+            // at the next renewal, so that the shared count includes it.
+            shared.register().await;
+        }
+    }
+    Ok(())
 }
 
 /// Stages 5 and 6 against the limits shared by every gateway through Redis, in one call: false
@@ -288,7 +304,7 @@ fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Exchange) -> Resu
 }
 
 /// Stage 6: a slot in the class, or a fast refusal with `Retry-After`.
-async fn admit(
+async fn take_slot(
     route: &Route,
     class: &Class,
     prepared: &Prepared,
