@@ -465,6 +465,17 @@ async fn team_quotas_are_exact_across_gateways_and_tokens_are_settled() {
         "the tpm window holds exactly the tokens used"
     );
 
+    // Keys are checked before any limit: wrong or missing → 401, and nothing reaches Redis.
+    let wrong = keyed(&gws[0].url, "not-a-key", 4, false).await;
+    assert_eq!(wrong.status(), 401);
+    let missing = http()
+        .post(format!("{}/v1/chat/completions", gws[1].url))
+        .json(&chat("chat", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), 401);
+
     // max_parallel 2 over three gateways: two streams held, the third refused wherever it goes.
     let a = keyed(&gws[0].url, "other", 400, true).await;
     let b = keyed(&gws[1].url, "other", 400, true).await;
@@ -485,6 +496,7 @@ async fn team_quotas_are_exact_across_gateways_and_tokens_are_settled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn a_flooding_team_does_not_slow_another() {
     let Some(redis) = Redis::start().await else { return };
     let engine = engine(tiny()).await;
@@ -494,12 +506,15 @@ async fn a_flooding_team_does_not_slow_another() {
         let mut out = Vec::new();
         let mut ok = 0;
         for i in 0..n {
-            let r = keyed(&gws[i % 3].url, "test", 16, true).await;
+            // From sending the request to the first chunk of the stream.
+            let sent = Instant::now();
+            let mut r = keyed(&gws[i % 3].url, "test", 16, true).await;
             if r.status() == 200 {
                 ok += 1;
             }
-            let (_, first, _) = read_stream(r).await;
-            out.push(first.unwrap());
+            let _ = r.chunk().await;
+            out.push(sent.elapsed());
+            let _ = read_stream(r).await;
         }
         out.sort();
         (out, ok)
@@ -518,7 +533,7 @@ async fn a_flooding_team_does_not_slow_another() {
                     let r = keyed(&url, "other", 32, true).await;
                     if r.status() == 429 {
                         refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                     let _ = read_stream(r).await;
                 }
@@ -534,6 +549,12 @@ async fn a_flooding_team_does_not_slow_another() {
     assert_eq!((quiet_ok, loud_ok), (40, 40), "team search is always served");
     assert!(refused.load(Ordering::Relaxed) > 0, "the flood met its quota");
     let bound = p95(&quiet).mul_f64(1.25) + Duration::from_millis(10);
+    eprintln!(
+        "search TTFT p95: {:?} alone, {:?} while batch floods ({} of its requests refused)",
+        p95(&quiet),
+        p95(&loud),
+        refused.load(Ordering::Relaxed)
+    );
     assert!(
         p95(&loud) <= bound,
         "search's TTFT p95 {:?} during the flood vs {:?} alone (bound {bound:?})",
