@@ -242,7 +242,7 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     steps.step("applying the plan by a reload");
     std::fs::write(&config_path, &planned_yaml)
         .with_context(|| format!("cannot write {}", config_path.display()))?;
-    gateway::admin::reload_file(&stack.gateway, &config_path)
+    gateway::admin::reload_file(&stack.gateway, &config_path, "spillway demo")
         .map_err(|e| anyhow!("the gateway refused the planned config: {e}"))?;
     let limits = stack
         .gateway

@@ -115,7 +115,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let _ = gateway::admin::reload_file(&g, &path);
+                let _ = gateway::admin::reload_file(&g, &path, "SIGHUP");
             }
         });
     }
