@@ -127,7 +127,9 @@ fn drift(g: &Gateway) -> Vec<serde_json::Value> {
             .map_err(|e| format!("cannot read it: {e}"))
             .and_then(|text| Config::from_yaml(&text).map_err(|e| e.to_string()));
         let differs = match &file {
-            Ok(config) => (*config != g.applied_config()).then(|| "differs from the running configuration".to_owned()),
+            Ok(config) => {
+                (*config != g.applied_config()).then(|| "differs from the running configuration".to_owned())
+            }
             Err(e) => Some(format!("not loadable: {e}")),
         };
         if let Some(file) = differs {

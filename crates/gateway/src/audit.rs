@@ -85,7 +85,12 @@ pub(crate) fn limits(config: &Config) -> String {
                     )
                 })
                 .collect();
-            format!("{} [{} replicas; {}]", r.model, r.replicas.len(), classes.join(", "))
+            format!(
+                "{} [{} replicas; {}]",
+                r.model,
+                r.replicas.len(),
+                classes.join(", ")
+            )
         })
         .collect::<Vec<_>>()
         .join("; ")

@@ -135,7 +135,10 @@ impl Gateway {
 
     /// Why the last reload of the file was refused, while the file stays ahead of what runs.
     pub fn reload_error(&self) -> Option<String> {
-        self.reload_error.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.reload_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     pub(crate) fn set_reload_error(&self, error: Option<String>) {

@@ -135,7 +135,12 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
         s.replicas,
         s.slow,
         s.max_num_seqs,
-        stack.engines.iter().map(RunningEngine::url).collect::<Vec<_>>().join(", "),
+        stack
+            .engines
+            .iter()
+            .map(RunningEngine::url)
+            .collect::<Vec<_>>()
+            .join(", "),
         stack.url,
     ));
 
@@ -164,7 +169,7 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
         timeout: Duration::from_secs(60),
         ca_cert: None,
     };
-    let report = bench::run(bench_options(&s, &target, &workload, slo.clone(), &stack)).await?;
+    let report = bench::run(bench_options(&s, &target, &workload, slo, stack)).await?;
     steps.say(&indent(&bench::report::table(&report)));
     let Some(safe) = report.safe else {
         bail!(
@@ -199,7 +204,11 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     let deployment = deployment(&s, stack, wait_budget);
     let p = plan::plan(&measured, &deployment)?;
     steps.say("\n== 3. the plan (spillway plan, from the staircase's result)");
-    for line in p.lines.iter().filter(|l| ["throughput", "C", "Q"].contains(&l.name)) {
+    for line in p
+        .lines
+        .iter()
+        .filter(|l| ["throughput", "C", "Q"].contains(&l.name))
+    {
         steps.say(&format!("   {}\n      from: {}", line.text, line.from));
     }
     steps.say(&format!(
@@ -349,7 +358,8 @@ impl Stack {
         );
         std::fs::write(config_path, &yaml)
             .with_context(|| format!("cannot write {}", config_path.display()))?;
-        let config = gateway::Config::from_yaml(&yaml).map_err(|e| anyhow!("the demo's gateway config: {e}"))?;
+        let config =
+            gateway::Config::from_yaml(&yaml).map_err(|e| anyhow!("the demo's gateway config: {e}"))?;
         let gateway = Gateway::new(config, AccessLog::discard())?;
         gateway.set_config_path(config_path.to_owned());
         let (stop, stopped) = oneshot::channel::<()>();
@@ -480,7 +490,12 @@ async fn watch(targets: Vec<String>, window: Duration, ttft_slo: Duration) -> Re
         queue_time: slo / 4.0,
         ..diagnose::Thresholds::default()
     };
-    Ok(diagnose::diagnose(&start, &end, &thresholds, &diagnose::Cluster::default()))
+    Ok(diagnose::diagnose(
+        &start,
+        &end,
+        &thresholds,
+        &diagnose::Cluster::default(),
+    ))
 }
 
 /// Waits (at most 30 s) for the engines to finish what the unprotected burst left, so the second
@@ -498,18 +513,38 @@ async fn settle(engines: &[engine::Engine]) {
 }
 
 fn ms(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".into(), |v| bench::report::secs(v))
+    v.map_or_else(|| "-".into(), bench::report::secs)
 }
 
 /// The two runs in columns; the row names are what the test and a reader look for.
 fn side_by_side(open: &Outcomes, planned: &Outcomes, label: &str, slo: Duration) -> String {
     let rows: Vec<(String, String, String)> = vec![
         ("sent".into(), open.sent.to_string(), planned.sent.to_string()),
-        ("admitted (answered 200)".into(), open.admitted.to_string(), planned.admitted.to_string()),
-        ("rejected (503/429)".into(), open.rejected.to_string(), planned.rejected.to_string()),
-        ("other failures".into(), open.failed.to_string(), planned.failed.to_string()),
-        ("TTFT p50 of admitted".into(), ms(open.ttft_p50), ms(planned.ttft_p50)),
-        ("TTFT p95 of admitted".into(), ms(open.ttft_p95), ms(planned.ttft_p95)),
+        (
+            "admitted (answered 200)".into(),
+            open.admitted.to_string(),
+            planned.admitted.to_string(),
+        ),
+        (
+            "rejected (503/429)".into(),
+            open.rejected.to_string(),
+            planned.rejected.to_string(),
+        ),
+        (
+            "other failures".into(),
+            open.failed.to_string(),
+            planned.failed.to_string(),
+        ),
+        (
+            "TTFT p50 of admitted".into(),
+            ms(open.ttft_p50),
+            ms(planned.ttft_p50),
+        ),
+        (
+            "TTFT p95 of admitted".into(),
+            ms(open.ttft_p95),
+            ms(planned.ttft_p95),
+        ),
         (
             format!("admitted with TTFT <= {}ms", slo.as_millis()),
             pct(open.inside_slo),
@@ -545,7 +580,12 @@ fn side_by_side(open: &Outcomes, planned: &Outcomes, label: &str, slo: Duration)
         ),
     ];
     let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let w1 = rows.iter().map(|r| r.1.len()).max().unwrap_or(0).max("admission off".len());
+    let w1 = rows
+        .iter()
+        .map(|r| r.1.len())
+        .max()
+        .unwrap_or(0)
+        .max("admission off".len());
     let mut out = format!("{:w0$}  {:>w1$}  {label}\n", "", "admission off");
     for (name, a, b) in rows {
         out.push_str(&format!("{name:w0$}  {a:>w1$}  {b}\n"));

@@ -74,7 +74,14 @@ fn with_engines(stack: &Stack, text: &str) -> String {
 }
 
 async fn admin(stack: &Stack) -> String {
-    assert!(eventually(Duration::from_secs(2), || stack.gateway.admin_addr.get().is_some()).await);
+    assert!(
+        eventually(Duration::from_secs(2), || stack
+            .gateway
+            .admin_addr
+            .get()
+            .is_some())
+        .await
+    );
     format!("http://{}", stack.gateway.admin_addr.get().unwrap())
 }
 
@@ -108,8 +115,14 @@ async fn every_drain_undrain_and_reload_is_one_audit_event_naming_the_token_hold
     let admin = admin(&stack).await;
     let replica = stack.engines[1].url();
     let target = json!({"route": "chat", "replica": replica});
-    assert_eq!(post(format!("{admin}/admin/replicas/drain"), Some(target.clone())).await, 200);
-    assert_eq!(post(format!("{admin}/admin/replicas/undrain"), Some(target)).await, 200);
+    assert_eq!(
+        post(format!("{admin}/admin/replicas/drain"), Some(target.clone())).await,
+        200
+    );
+    assert_eq!(
+        post(format!("{admin}/admin/replicas/undrain"), Some(target)).await,
+        200
+    );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spillway.yaml");
     std::fs::write(&path, with_engines(&stack, &yaml("4"))).unwrap();
@@ -124,15 +137,30 @@ async fn every_drain_undrain_and_reload_is_one_audit_event_naming_the_token_hold
     assert_eq!(drain["action"], "drain");
     assert_eq!(drain["by"], "oncall-alice");
     assert_eq!(drain["replica"], replica.as_str());
-    assert_eq!((&drain["before"], &drain["after"]), (&json!("in service"), &json!("drained")));
+    assert_eq!(
+        (&drain["before"], &drain["after"]),
+        (&json!("in service"), &json!("drained"))
+    );
     assert_eq!(undrain["action"], "undrain");
-    assert_eq!((&undrain["before"], &undrain["after"]), (&json!("drained"), &json!("in service")));
+    assert_eq!(
+        (&undrain["before"], &undrain["after"]),
+        (&json!("drained"), &json!("in service"))
+    );
     assert_eq!(reload["action"], "reload");
     assert_eq!(reload["by"], "oncall-alice");
-    assert!(reload["before"].as_str().unwrap().contains("interactive C=1 Q=8"), "{reload}");
-    assert!(reload["after"].as_str().unwrap().contains("interactive C=4 Q=8"), "{reload}");
+    assert!(
+        reload["before"].as_str().unwrap().contains("interactive C=1 Q=8"),
+        "{reload}"
+    );
+    assert!(
+        reload["after"].as_str().unwrap().contains("interactive C=4 Q=8"),
+        "{reload}"
+    );
     assert_eq!(refused["action"], "reload");
-    assert!(refused["error"].as_str().unwrap().contains("at least one route"), "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("at least one route"),
+        "{refused}"
+    );
     assert!(!log.text().contains(TOKEN), "the token itself is never logged");
 }
 
@@ -160,7 +188,10 @@ async fn an_adaptive_move_is_an_audit_event_and_shows_as_drift() {
         .find(|e| e["action"] == "adaptive_concurrency")
         .expect("an audit event for the move");
     assert_eq!(event["by"], "adaptive controller");
-    assert_eq!((&event["route"], &event["class"]), (&json!("chat"), &json!("interactive")));
+    assert_eq!(
+        (&event["route"], &event["class"]),
+        (&json!("chat"), &json!("interactive"))
+    );
     assert_eq!(event["before"], 1);
     assert!(event["after"].as_u64().unwrap() > 1);
     let drift = drift(&admin).await;
@@ -184,7 +215,10 @@ async fn admin_state_shows_where_the_running_state_differs_from_the_file() {
 
     let replica = stack.engines[0].url();
     let target = json!({"route": "chat", "replica": replica});
-    assert_eq!(post(format!("{admin}/admin/replicas/drain"), Some(target)).await, 200);
+    assert_eq!(
+        post(format!("{admin}/admin/replicas/drain"), Some(target)).await,
+        200
+    );
     let d = drift(&admin).await;
     assert_eq!(d.len(), 1, "{d:#?}");
     assert_eq!(d[0]["what"], "replica_drained");
@@ -194,17 +228,29 @@ async fn admin_state_shows_where_the_running_state_differs_from_the_file() {
     std::fs::write(&path, with_engines(&stack, &yaml("0"))).unwrap();
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 400);
     let d = drift(&admin).await;
-    let file = d.iter().find(|d| d["what"] == "config_file").expect("the file drifts");
-    assert!(file["file"].as_str().unwrap().starts_with("not loadable"), "{file}");
+    let file = d
+        .iter()
+        .find(|d| d["what"] == "config_file")
+        .expect("the file drifts");
+    assert!(
+        file["file"].as_str().unwrap().starts_with("not loadable"),
+        "{file}"
+    );
     assert!(file["last_reload_error"].is_string(), "{file}");
 
     // A valid edit not yet reloaded differs too; reloading it ends that drift.
     std::fs::write(&path, with_engines(&stack, &yaml("3"))).unwrap();
     let d = drift(&admin).await;
-    let file = d.iter().find(|d| d["what"] == "config_file").expect("the file drifts");
+    let file = d
+        .iter()
+        .find(|d| d["what"] == "config_file")
+        .expect("the file drifts");
     assert_eq!(file["file"], "differs from the running configuration");
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 200);
     let d = drift(&admin).await;
     assert!(d.iter().all(|d| d["what"] != "config_file"), "{d:#?}");
-    assert!(d.iter().any(|d| d["what"] == "replica_drained"), "a drain survives the reload");
+    assert!(
+        d.iter().any(|d| d["what"] == "replica_drained"),
+        "a drain survives the reload"
+    );
 }

@@ -192,12 +192,11 @@ async fn refused_retry_after(addr: std::net::SocketAddr) -> Option<String> {
         if !text.starts_with("HTTP/1.1 503") {
             return None;
         }
-        text.lines()
-            .find_map(|l| {
-                let (name, value) = l.split_once(':')?;
-                name.eq_ignore_ascii_case("retry-after")
-                    .then(|| value.trim().to_owned())
-            })
+        text.lines().find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("retry-after")
+                .then(|| value.trim().to_owned())
+        })
     };
     tokio::time::timeout(Duration::from_secs(2), exchange)
         .await

@@ -33,13 +33,19 @@ fn the_quick_demo_tells_the_whole_story_and_writes_its_report() {
     assert!(out.status.success(), "exit {:?}\n{stdout}\n{stderr}", out.status);
     let report = dir.join("report.html");
     let html = std::fs::read_to_string(&report).expect("the report is written");
-    assert!(stdout.contains(&report.display().to_string()), "says where the report is:\n{stdout}");
+    assert!(
+        stdout.contains(&report.display().to_string()),
+        "says where the report is:\n{stdout}"
+    );
     assert!(html.contains("the same burst without and with the planned limits"));
     assert!(stdout.contains("C_safe = "), "{stdout}");
     assert!(stdout.contains("C = floor(C_safe × R × headroom)"), "{stdout}");
     assert!(stdout.contains("the gateway now enforces C = "), "{stdout}");
     let (open, planned) = row(&stdout, "max engine waiting queue");
-    assert!(planned < open, "the planned limits bound the engines' queue:\n{stdout}");
+    assert!(
+        planned < open,
+        "the planned limits bound the engines' queue:\n{stdout}"
+    );
     let (_, rejected) = row(&stdout, "rejected (503/429)");
     assert!(rejected > 0, "the overload met fast refusals:\n{stdout}");
     assert!(stdout.contains("verdict: "), "{stdout}");
