@@ -102,20 +102,32 @@ pub(crate) async fn run(args: DemoArgs) -> Result<()> {
     let mut stack: Option<Stack> = None;
     let result = tokio::select! {
         r = demo(&args, &steps, &mut stack) => r,
-        () = crate::engine_cmd::shutdown_signal() => Err(anyhow!("interrupted")),
+        () = crate::engine_cmd::shutdown_signal() => Err(Interrupted.into()),
     };
     steps.finish();
     if let Some(s) = stack.take() {
         s.stop().await;
     }
     match result {
-        Err(e) if e.to_string() == "interrupted" => {
+        Err(e) if e.is::<Interrupted>() => {
             eprintln!("spillway demo: interrupted; the gateway and the engines are stopped");
             std::process::exit(130);
         }
         r => r,
     }
 }
+
+/// Ctrl-C or SIGTERM arrived while the demo ran.
+#[derive(Debug)]
+struct Interrupted;
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("interrupted")
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Result<()> {
     let s = Settings::new(args.quick);
