@@ -66,9 +66,10 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
             }
             if let Some(a) = &config.admin {
                 println!(
-                    "  admin API on {} (token from ${}); /metrics on the {} listener",
+                    "  admin API on {} (token from ${}, named {} in the audit log); /metrics on the {} listener",
                     a.listen,
                     a.token_env,
+                    a.actor(),
                     if config.server.metrics == gateway::config::MetricsExposure::Admin {
                         "admin"
                     } else {
