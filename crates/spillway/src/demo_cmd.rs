@@ -134,7 +134,6 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     let out = &args.out;
     std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     let config_path = out.join("spillway.yaml");
-
     steps.say(&format!(
         "spillway demo{}: measure, plan, protect, diagnose — on simulated vLLM replicas, no GPU\n",
         if args.quick { " --quick" } else { "" }
@@ -155,7 +154,42 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
             .join(", "),
         stack.url,
     ));
+    let measured = measure(&s, stack, steps).await?;
+    let p = plan_limits(&s, stack, &measured.report, steps)?;
+    let shown = protect(&s, stack, &measured, &p, &config_path, steps).await?;
+    tell_verdict(&shown.verdict, steps);
+    steps.step("writing the report");
+    let html = page::render(
+        &measured.report,
+        &page::Story {
+            plan: &plan::report::text(&p),
+            table: &shown.table,
+            conclusion: &shown.conclusion,
+            verdict: &diagnose::render::text(&shown.verdict, diagnose::render::Style { colour: false }),
+        },
+    )?;
+    let path = out.join("report.html");
+    std::fs::write(&path, html).with_context(|| format!("cannot write {}", path.display()))?;
+    steps.say(&format!(
+        "\nreport: {} (the staircase's charts, the plan, the side-by-side and the verdict)\n\
+         done in {:.0} s; the gateway and the engines stop now.",
+        path.display(),
+        steps.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}
 
+/// What the staircase found, and how to send more of the same requests.
+struct Measured {
+    report: bench::Report,
+    target: Target,
+    workload: Workload,
+    /// The most requests per second a passing level served: what the engines hold inside the SLO.
+    capacity: f64,
+}
+
+/// Step 2: the staircase through the gateway, its table and C_safe.
+async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured> {
     let slo = s.slo()?;
     steps.step("staircase through the gateway (spillway bench)");
     steps.say(&format!(
@@ -181,7 +215,7 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
         timeout: Duration::from_secs(60),
         ca_cert: None,
     };
-    let report = bench::run(bench_options(&s, &target, &workload, slo, stack)).await?;
+    let report = bench::run(bench_options(s, &target, &workload, slo, stack)).await?;
     steps.say(&indent(&bench::report::table(&report)));
     let Some(safe) = report.safe else {
         bail!(
@@ -208,13 +242,21 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
         safe.value() / s.replicas as f64,
         safe_level.stats.throughput_rps,
     ));
+    Ok(Measured {
+        report,
+        target,
+        workload,
+        capacity,
+    })
+}
 
+/// Step 3: the planner on the staircase's result, its limits and why.
+fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Steps) -> Result<plan::Plan> {
     steps.step("planning the limits (spillway plan)");
-    let bench_json = serde_json::to_string(&report).context("cannot serialize the bench result")?;
+    let bench_json = serde_json::to_string(report).context("cannot serialize the bench result")?;
     let measured = plan::Measurement::from_bench_json(&bench_json, "the staircase", s.replicas as u32)?;
     let wait_budget = s.ttft_slo / 2;
-    let deployment = deployment(&s, stack, wait_budget);
-    let p = plan::plan(&measured, &deployment)?;
+    let p = plan::plan(&measured, &deployment(s, stack, wait_budget))?;
     steps.say("\n== 3. the plan (spillway plan, from the staircase's result)");
     for line in p
         .lines
@@ -235,16 +277,34 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     for w in &p.warnings {
         steps.say(&format!("   warning: {w}"));
     }
-    let files = plan::emit::render_all(&p, &[plan::Target::Spillway])?;
-    let planned_yaml = files
+    Ok(p)
+}
+
+/// The two bursts as the terminal and the report show them, and what diagnose saw.
+struct Shown {
+    table: String,
+    conclusion: String,
+    verdict: diagnose::Verdict,
+}
+
+/// Step 4: the burst with admission off (diagnose watching), the plan applied by a reload, the
+/// same burst with the planned limits, side by side.
+async fn protect(
+    s: &Settings,
+    stack: &Stack,
+    measured: &Measured,
+    p: &plan::Plan,
+    config_path: &Path,
+    steps: &Steps,
+) -> Result<Shown> {
+    let planned_yaml = plan::emit::render_all(p, &[plan::Target::Spillway])?
         .first()
         .map(|f| format!("{}{SERVER}", f.text))
         .context("the planner wrote no Spillway config")?;
-
     let shape = Shape {
-        target,
-        workload,
-        rate: capacity * s.overload,
+        target: measured.target.clone(),
+        workload: measured.workload.clone(),
+        rate: measured.capacity * s.overload,
         length: s.burst,
         ttft_slo: s.ttft_slo,
     };
@@ -261,37 +321,45 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     let verdict = watcher.await.context("the diagnosis task failed")??;
 
     steps.step("applying the plan by a reload");
-    std::fs::write(&config_path, &planned_yaml)
+    std::fs::write(config_path, &planned_yaml)
         .with_context(|| format!("cannot write {}", config_path.display()))?;
-    gateway::admin::reload_file(&stack.gateway, &config_path, "spillway demo")
+    gateway::admin::reload_file(&stack.gateway, config_path, "spillway demo")
         .map_err(|e| anyhow!("the gateway refused the planned config: {e}"))?;
     let limits = stack
         .gateway
         .admission(MODEL, CLASS)
         .context("the reloaded gateway has no demo class")?
         .limits();
-    steps.say(&format!(
-        "   reloaded {} (the path SIGHUP and POST /admin/reload take): the gateway now enforces C = {}, Q = {}, Wq = {}",
-        config_path.display(),
+    let (c, q, wq) = (
         limits.concurrency,
         limits.queue,
-        plan::arith::dur(limits.queue_wait)
+        plan::arith::dur(limits.queue_wait),
+    );
+    steps.say(&format!(
+        "   reloaded {} (the path SIGHUP and POST /admin/reload take): the gateway now enforces C = {c}, Q = {q}, Wq = {wq}",
+        config_path.display(),
     ));
     steps.step("the burst with the planned limits");
     settle(&engines).await;
     let planned = burst::run(&shape, &engines, &stack.gateway, Some(stack.addr)).await?;
-    let limits_label = format!(
-        "planned (C={}, Q={}, Wq={})",
-        limits.concurrency,
-        limits.queue,
-        plan::arith::dur(limits.queue_wait)
+    let table = side_by_side(
+        &open,
+        &planned,
+        &format!("planned (C={c}, Q={q}, Wq={wq})"),
+        s.ttft_slo,
     );
-    let table = side_by_side(&open, &planned, &limits_label, s.ttft_slo);
     steps.say(&indent(&table));
     let conclusion = conclusion(&open, &planned);
     steps.say(&format!("   {conclusion}"));
+    Ok(Shown {
+        table,
+        conclusion,
+        verdict,
+    })
+}
 
-    let verdict_text = diagnose::render::text(&verdict, diagnose::render::Style { colour: false });
+/// Step 5: diagnose's verdict on the unprotected burst, and its first suspects.
+fn tell_verdict(verdict: &diagnose::Verdict, steps: &Steps) {
     steps.say(&format!(
         "\n== 5. spillway diagnose, scraping the gateway and the engines during the unprotected burst\n   verdict: {:?} — {}",
         verdict.status, verdict.summary
@@ -302,26 +370,6 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
             f.suspect_text, f.signals, f.first_response
         ));
     }
-
-    steps.step("writing the report");
-    let html = page::render(
-        &report,
-        &page::Story {
-            plan: &plan::report::text(&p),
-            table: &table,
-            conclusion: &conclusion,
-            verdict: &verdict_text,
-        },
-    )?;
-    let path = out.join("report.html");
-    std::fs::write(&path, html).with_context(|| format!("cannot write {}", path.display()))?;
-    steps.say(&format!(
-        "\nreport: {} (the staircase's charts, the plan, the side-by-side and the verdict)\n\
-         done in {:.0} s; the gateway and the engines stop now.",
-        path.display(),
-        steps.elapsed().as_secs_f64()
-    ));
-    Ok(())
 }
 
 /// "Admission effectively off": more in flight than the burst can ever open.
