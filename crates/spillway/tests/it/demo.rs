@@ -37,7 +37,8 @@ fn the_quick_demo_tells_the_whole_story_and_writes_its_report() {
         stdout.contains(&report.display().to_string()),
         "says where the report is:\n{stdout}"
     );
-    assert!(html.contains("the same burst without and with the planned limits"));
+    assert!(html.contains("The same burst without and with the planned limits"));
+    assert!(html.contains("<svg"), "the staircase's charts are in the page");
     assert!(stdout.contains("C_safe = "), "{stdout}");
     assert!(stdout.contains("C = floor(C_safe × R × headroom)"), "{stdout}");
     assert!(stdout.contains("the gateway now enforces C = "), "{stdout}");
