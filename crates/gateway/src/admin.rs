@@ -1,5 +1,6 @@
 //! The admin API, on its own listener and behind a bearer token: read the state of every route,
-//! class and replica; drain or undrain a replica; reload the configuration file.
+//! class and replica and where it differs from the file; drain or undrain a replica; reload the
+//! configuration file. Every change is an audit event naming the token's holder.
 
 use crate::config::{Config, ConfigError, MetricsExposure};
 use crate::error::GatewayError;
@@ -30,9 +31,10 @@ pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
         .with_state(gateway)
 }
 
-/// Compares digests of the two tokens, so the comparison takes the same time whatever they hold.
-fn authorized(g: &Gateway, headers: &HeaderMap) -> Result<(), GatewayError> {
-    let Some(expected) = g.admin_token() else {
+/// Compares digests of the two tokens, so the comparison takes the same time whatever they hold;
+/// returns the name the audit log gives the token's holder.
+fn authorized(g: &Gateway, headers: &HeaderMap) -> Result<String, GatewayError> {
+    let (Some(expected), Some(admin)) = (g.admin_token(), &g.config.admin) else {
         return Err(GatewayError::AdminToken);
     };
     let given = headers
@@ -45,7 +47,7 @@ fn authorized(g: &Gateway, headers: &HeaderMap) -> Result<(), GatewayError> {
         Sha256::digest(expected.as_bytes()).into(),
     );
     if crate::tenant::digests_equal(&a, &b) {
-        Ok(())
+        Ok(admin.actor().to_owned())
     } else {
         Err(GatewayError::AdminToken)
     }
@@ -79,7 +81,68 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
             serde_json::json!({ "model": r.config.model, "classes": classes, "replicas": replicas })
         })
         .collect();
-    axum::Json(serde_json::json!({ "draining": g.is_draining(), "routes": routes })).into_response()
+    axum::Json(serde_json::json!({
+        "draining": g.is_draining(),
+        "routes": routes,
+        "drift": drift(&g),
+    }))
+    .into_response()
+}
+
+/// Where the running state differs from the configuration file: drained replicas, adaptive limits
+/// away from their configured start, and a file that is not what runs (edited and not reloaded,
+/// or its reload refused). An emergency change shows here until it is written back to the file.
+fn drift(g: &Gateway) -> Vec<serde_json::Value> {
+    let mut out = Vec::new();
+    for r in &g.table().routes {
+        for (i, replica) in r.replicas.iter().enumerate() {
+            if replica.is_drained() {
+                out.push(serde_json::json!({
+                    "what": "replica_drained",
+                    "route": r.config.model,
+                    "replica": replica.url,
+                    "index": i,
+                    "file": "in service",
+                    "running": "drained",
+                }));
+            }
+        }
+        for c in &r.classes {
+            let configured = c.config.concurrency.initial();
+            let running = c.admission.limits().concurrency;
+            if running != configured {
+                out.push(serde_json::json!({
+                    "what": "concurrency",
+                    "route": r.config.model,
+                    "class": c.config.name,
+                    "file": c.config.concurrency.to_string(),
+                    "configured": configured,
+                    "running": running,
+                }));
+            }
+        }
+    }
+    if let Some(path) = g.config_path() {
+        let file = std::fs::read_to_string(&path)
+            .map_err(|e| format!("cannot read it: {e}"))
+            .and_then(|text| Config::from_yaml(&text).map_err(|e| e.to_string()));
+        let differs = match &file {
+            Ok(config) => {
+                (*config != g.applied_config()).then(|| "differs from the running configuration".to_owned())
+            }
+            Err(e) => Some(format!("not loadable: {e}")),
+        };
+        if let Some(file) = differs {
+            out.push(serde_json::json!({
+                "what": "config_file",
+                "path": path,
+                "file": file,
+                "running": "the configuration last applied",
+                "last_reload_error": g.reload_error(),
+            }));
+        }
+    }
+    out
 }
 
 #[derive(serde::Deserialize)]
@@ -90,9 +153,10 @@ struct ReplicaRef {
 }
 
 async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: bool) -> Response {
-    if let Err(e) = authorized(g, headers) {
-        return e.into_response();
-    }
+    let by = match authorized(g, headers) {
+        Ok(by) => by,
+        Err(e) => return e.into_response(),
+    };
     let target: ReplicaRef = match protocol::error::parse_json(body) {
         Ok(t) => t,
         Err(e) => {
@@ -117,8 +181,8 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
         }
         .into_response();
     };
-    replica.set_drained(drained);
-    tracing::info!(route = %target.route, replica = %url, drained, "replica drain changed by the admin API");
+    let before = replica.set_drained(drained);
+    crate::audit::drain(&by, &target.route, url, before, drained);
     axum::Json(replica.state(index)).into_response()
 }
 
@@ -131,9 +195,10 @@ async fn undrain(State(g): State<Arc<Gateway>>, headers: HeaderMap, body: Bytes)
 }
 
 async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorized(&g, &headers) {
-        return e.into_response();
-    }
+    let by = match authorized(&g, &headers) {
+        Ok(by) => by,
+        Err(e) => return e.into_response(),
+    };
     let Some(path) = g.config_path() else {
         return GatewayError::Admin {
             status: 409,
@@ -142,7 +207,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
         }
         .into_response();
     };
-    match reload_file(&g, &path) {
+    match reload_file(&g, &path, &by) {
         Ok(()) => (
             StatusCode::OK,
             axum::Json(serde_json::json!({ "reloaded": path })),
@@ -153,18 +218,25 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
 }
 
 /// Reads, validates and applies the configuration file; on any error the running one stays.
-pub fn reload_file(g: &Gateway, path: &Path) -> Result<(), ConfigError> {
+/// `by` names who asked (an admin token's name, `SIGHUP`, the file watch) for the audit event.
+pub fn reload_file(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError> {
+    let before = g.applied_config();
     let result = std::fs::read_to_string(path)
         .map_err(|e| crate::config::err(path.display().to_string(), format!("cannot read it: {e}")))
         .and_then(|text| Config::from_yaml(&text))
-        .and_then(|config| g.reload(config));
+        .and_then(|config| g.reload(config.clone()).map(|()| config));
+    let shown = path.display().to_string();
     match &result {
-        Ok(()) => tracing::info!(path = %path.display(), "configuration reloaded"),
+        Ok(after) => {
+            g.set_reload_error(None);
+            crate::audit::reload(by, &shown, &before, Some(after), None);
+        }
         Err(e) => {
-            tracing::error!(path = %path.display(), error = %e, "reload refused; the running configuration stays")
+            g.set_reload_error(Some(e.to_string()));
+            crate::audit::reload(by, &shown, &before, None, Some(&e.to_string()));
         }
     }
-    result
+    result.map(|_| ())
 }
 
 /// Reloads whenever the file's contents change (polled, so it also sees ConfigMap symlink swaps).
@@ -177,7 +249,7 @@ pub async fn watch_file(g: Arc<Gateway>, path: std::path::PathBuf, every: Durati
         let now = std::fs::read(&path).ok();
         if now.is_some() && now != last {
             last = now;
-            let _ = reload_file(&g, &path);
+            let _ = reload_file(&g, &path, "file watch");
         }
     }
 }

@@ -96,12 +96,20 @@ impl RedisConfig {
 pub struct AdminConfig {
     pub listen: SocketAddr,
     pub token_env: String,
+    /// Who holds the token, as the audit log names them (default: `token_env`); never the token.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 /// An admin token shorter than this is refused: the admin API can drain replicas and reload.
 pub const MIN_ADMIN_TOKEN: usize = 16;
 
 impl AdminConfig {
+    /// The name audit events give changes made with this token.
+    pub fn actor(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.token_env)
+    }
+
     /// The admin token, read through `env`: it must be set and at least [`MIN_ADMIN_TOKEN`] long.
     pub fn token(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<String, ConfigError> {
         match env(&self.token_env) {

@@ -44,6 +44,10 @@ pub struct Gateway {
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Limits shared with the other gateways through Redis, when configured.
     pub(crate) shared: Option<Arc<crate::shared::Shared>>,
+    /// The configuration in force: the one it started with, or the last reload that applied.
+    applied: RwLock<Config>,
+    /// Why the last reload of the file was refused; cleared by one that applies.
+    reload_error: Mutex<Option<String>>,
 }
 
 impl Gateway {
@@ -77,6 +81,8 @@ impl Gateway {
         };
         Ok(Arc::new(Gateway {
             shared,
+            applied: RwLock::new(config.clone()),
+            reload_error: Mutex::new(None),
             table: RwLock::new(Arc::new(table)),
             metrics,
             access,
@@ -125,6 +131,7 @@ impl Gateway {
         let previous = self.table();
         let table = Table::build(&config, &self.metrics, Some(&previous))?;
         *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(table);
+        *self.applied.write().unwrap_or_else(|e| e.into_inner()) = config;
         self.start_probes();
         Ok(())
     }
@@ -137,6 +144,23 @@ impl Gateway {
     /// Whether limits are shared through Redis right now (`None`: no Redis configured).
     pub fn limits_shared(&self) -> Option<bool> {
         self.shared.as_ref().map(|s| s.is_shared())
+    }
+
+    /// The configuration in force, to compare with the file and to log what a reload changed.
+    pub fn applied_config(&self) -> Config {
+        self.applied.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Why the last reload of the file was refused, while the file stays ahead of what runs.
+    pub fn reload_error(&self) -> Option<String> {
+        self.reload_error
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub(crate) fn set_reload_error(&self, error: Option<String>) {
+        *self.reload_error.lock().unwrap_or_else(|e| e.into_inner()) = error;
     }
 
     /// (Re)starts the active health checks of the current routes.

@@ -21,11 +21,12 @@
 //!
 //! Around it: [`config`] (the YAML), `gateway` (the shared state, reloads, the drain),
 //! `listener` (connections: limits, header and idle timeouts, the drain's end), [`admin`] (the
-//! operator's API) and [`error`] (the one place failures become status codes and OpenAI bodies).
+//! operator's API, whose changes [`audit`] logs) and [`error`] (the one place failures become status codes and OpenAI bodies).
 
 pub mod access_log;
 pub mod admin;
 pub mod admission;
+pub mod audit;
 pub mod config;
 pub mod error;
 mod gateway;

@@ -1,6 +1,7 @@
 //! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
 
 mod bench_cmd;
+mod demo_cmd;
 mod diagnose_cmd;
 mod engine_cmd;
 mod key_cmd;
@@ -41,6 +42,10 @@ enum Command {
     /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM
     /// and KServe.
     Plan(Box<plan_cmd::PlanArgs>),
+    /// The whole story on this machine without a GPU: simulated engines behind the gateway, a
+    /// staircase to the safe concurrency, the planned limits applied by a reload, the same overload
+    /// burst without and with them, and diagnose's verdict; writes an HTML report.
+    Demo(demo_cmd::DemoArgs),
     /// Check a gateway configuration file and print what it would enforce; exit 1 if it is invalid.
     Check(serve_cmd::CheckArgs),
     /// Make a new API key and print it with its key_sha256 for the configuration; or, with --hash,
@@ -50,9 +55,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The demo tells its own story on stdout; its servers' routine logs would interleave with it.
+    let default_level = if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -93,6 +104,7 @@ fn main() -> ExitCode {
             Command::Bench(args) => bench_cmd::run(*args).await,
             Command::Diagnose(args) => diagnose_cmd::run(args).await,
             Command::Plan(args) => plan_cmd::run(*args),
+            Command::Demo(args) => demo_cmd::run(args).await,
             Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
         }
     });

@@ -75,9 +75,10 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
             }
             if let Some(a) = &config.admin {
                 println!(
-                    "  admin API on {} (token from ${}); /metrics on the {} listener",
+                    "  admin API on {} (token from ${}, named {} in the audit log); /metrics on the {} listener",
                     a.listen,
                     a.token_env,
+                    a.actor(),
                     if config.server.metrics == gateway::config::MetricsExposure::Admin {
                         "admin"
                     } else {
@@ -124,7 +125,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
         let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
         tokio::spawn(async move {
             while hup.recv().await.is_some() {
-                let _ = gateway::admin::reload_file(&g, &path);
+                let _ = gateway::admin::reload_file(&g, &path, "SIGHUP");
             }
         });
     }

@@ -31,7 +31,7 @@ impl Route {
                 let after = c.admission.adapt();
                 c.limit_gauge.set(i64::from(after));
                 if after != before {
-                    tracing::info!(route = %self.config.model, class = %c.config.name, from = before, to = after, "adaptive concurrency");
+                    crate::audit::adaptive(&self.config.model, &c.config.name, before, after);
                 }
             }
         }

@@ -158,9 +158,13 @@ impl Replica {
             .then(|| f64::from(self.outstanding()) + 2.0 * waiting + 4.0 * kv)
     }
 
-    /// An operator's drain (true) or undrain (false).
-    pub(crate) fn set_drained(&self, drained: bool) {
-        self.drained.store(drained, Ordering::Relaxed);
+    /// An operator's drain (true) or undrain (false); returns what it was, for the audit log.
+    pub(crate) fn set_drained(&self, drained: bool) -> bool {
+        self.drained.swap(drained, Ordering::Relaxed)
+    }
+
+    pub(crate) fn is_drained(&self) -> bool {
+        self.drained.load(Ordering::Relaxed)
     }
 
     /// The one place the gateway's view of this replica changes. Returns the ejection time when

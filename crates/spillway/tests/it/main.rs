@@ -2,6 +2,7 @@
 
 mod bench;
 mod commands;
+mod demo;
 mod deploy;
 mod diagnose;
 mod plan;
