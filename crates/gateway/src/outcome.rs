@@ -132,6 +132,16 @@ impl Exchange {
     }
 
     /// The request holds a slot until this record is dropped.
+    /// Gives back a slot and quota place this gateway granted on its own share, refunding the
+    /// reserved tokens: limits turned shared while the request waited, and Redis decides instead.
+    pub(crate) fn give_back_local(&mut self) {
+        self.permit = None;
+        if let Some(mut q) = self.quota.take() {
+            q.settle(0);
+        }
+        self.rate_headers = None;
+    }
+
     pub(crate) fn admitted(&mut self, permit: Permit) {
         if let Some(s) = &self.series {
             s.queue_wait.observe(permit.queue_wait.as_secs_f64());

@@ -67,6 +67,9 @@ pub(crate) struct Shared {
     gateway: String,
     next: AtomicU64,
     shared: AtomicBool,
+    /// Redis answers again but limits are not shared yet: requests admitted on the share are
+    /// put in Redis at once, so that the shared count includes them when sharing resumes.
+    rejoining: AtomicBool,
     /// Waiters of each class (by slots key), woken when a slot frees anywhere.
     wakers: Mutex<HashMap<String, Arc<Notify>>>,
     /// The leases to renew: set key → members.
@@ -236,6 +239,7 @@ impl Shared {
             gateway: format!("{:016x}", rand::random::<u64>()),
             next: AtomicU64::new(0),
             shared: AtomicBool::new(false),
+            rejoining: AtomicBool::new(false),
             wakers: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             scripts: Scripts {
@@ -275,6 +279,12 @@ impl Shared {
     /// Limits are shared right now (Redis answered its last call).
     pub(crate) fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
+    }
+
+    /// Redis answers, so a request admitted on this gateway's share should be put in it now:
+    /// limits are shared, or about to be again.
+    pub(crate) fn reachable(&self) -> bool {
+        self.is_shared() || self.rejoining.load(Ordering::Acquire)
     }
 
     fn set_mode(&self, shared: bool) {
@@ -544,14 +554,19 @@ impl Shared {
             match self.renew().await {
                 Ok(live) => {
                     let since = *rejoining.get_or_insert_with(Instant::now);
+                    self.rejoining.store(true, Ordering::Release);
                     if live >= self.config.gateways.get() || since.elapsed() >= self.config.lease_ttl {
                         rejoining = None;
                         self.set_mode(true);
+                        self.rejoining.store(false, Ordering::Release);
                         tracing::info!(live, "Redis answers: limits are shared by every gateway");
                         continue;
                     }
                 }
-                Err(Unavailable) => rejoining = None,
+                Err(Unavailable) => {
+                    rejoining = None;
+                    self.rejoining.store(false, Ordering::Release);
+                }
             }
             // Rejoining, gateways check often: one that shares while another still admits on its
             // own share alone can let the total pass C.

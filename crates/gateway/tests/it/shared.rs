@@ -371,9 +371,12 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
     ] {
         assert!(peak <= 6, "{phase}: the engine ran {peak} at once; C is 6");
     }
-    // Rejoining, requests admitted on a share just before the switch, and local waiters handed a
-    // slot just after it, reach Redis a moment late (seen: 9–10 for C = 6). Never unlimited.
-    assert!(peaks[1].max(peaks[4]) <= 2 * 6, "transitions stay within 2 × C");
+    // When Redis goes, the requests of that moment finish while the others fill their shares:
+    // at most C + (gateways − 1) × share (seen: 6–8). Rejoining, requests admitted on a share are
+    // put in Redis at once and local waiters ask Redis instead, so the switch back stays near C
+    // (seen: 6–7: a request admitted between a renewal and the switch).
+    assert!(peaks[1] <= 6 + 2 * 2, "Redis gone: {} at once", peaks[1]);
+    assert!(peaks[4] <= 6 + 2, "Redis back: {} at once", peaks[4]);
     // The leases put back and renewed: a fresh request is served.
     assert_eq!(one(gws[1].url.clone(), 4).await.0, 200);
 }
