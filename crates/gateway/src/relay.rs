@@ -16,6 +16,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+/// The relay's output buffer: about eight events' worth, reused write after write.
+const OUT_CAPACITY: usize = 2 * 1024;
+
 /// A whole (non-streamed) upstream answer may be at most this large.
 const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
 
@@ -215,7 +218,8 @@ pub(crate) struct Relay {
     upstream: Incoming,
     splitter: EventSplitter,
     exchange: Exchange,
-    /// Bytes ready for the client (the events read while the head was held).
+    /// Bytes for the client. Each write is split off its front, so one allocation serves many
+    /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
     done: bool,
 }
@@ -230,7 +234,7 @@ impl Relay {
             pending: BytesMut::new(),
             done: false,
         };
-        let mut out = BytesMut::new();
+        let mut out = BytesMut::with_capacity(OUT_CAPACITY);
         for e in opened.first {
             relay.event(&e, opened.at, &mut out);
         }
@@ -279,6 +283,9 @@ impl Relay {
         if !self.pending.is_empty() {
             return Some(self.pending.split().freeze());
         }
+        if self.pending.capacity() < OUT_CAPACITY / 4 {
+            self.pending.reserve(OUT_CAPACITY);
+        }
         if self.done {
             return None;
         }
@@ -294,7 +301,7 @@ impl Relay {
             match frame {
                 Ok(Some(Ok(frame))) => {
                     let now = Instant::now();
-                    let mut out = BytesMut::new();
+                    let mut out = std::mem::take(&mut self.pending);
                     if let Ok(data) = frame.into_data() {
                         self.feed(&data, now, &mut out);
                     }
@@ -304,8 +311,10 @@ impl Relay {
                             self.feed(&data, now, &mut out);
                         }
                     }
-                    if !out.is_empty() {
-                        return Some(out.freeze());
+                    let chunk = out.split().freeze();
+                    self.pending = out;
+                    if !chunk.is_empty() {
+                        return Some(chunk);
                     }
                 }
                 Ok(None) => {
