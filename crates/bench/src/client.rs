@@ -105,8 +105,36 @@ pub struct Record {
     pub id: Option<String>,
     /// Part of the long share of a long-mix level.
     pub long: bool,
+    /// The gateway's `Server-Timing` split of the time to the first byte, when it sent one
+    /// (Spillway does): how long the request waited in the gateway's queue…
+    #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
+    pub gateway_queue: Option<Duration>,
+    /// …and how long the upstream took to its first byte, retries included.
+    #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
+    pub upstream_first_byte: Option<Duration>,
     #[serde(skip)]
     pub error: Option<String>,
+}
+
+/// Reads `queue;dur=…` and `upstream;dur=…` (milliseconds) out of a `Server-Timing` header.
+pub fn server_timing(value: &str) -> (Option<Duration>, Option<Duration>) {
+    let mut queue = None;
+    let mut upstream = None;
+    for metric in value.split(',') {
+        let mut params = metric.split(';').map(str::trim);
+        let name = params.next().unwrap_or_default();
+        let dur = params
+            .filter_map(|p| p.strip_prefix("dur="))
+            .find_map(|d| d.trim_matches('"').parse::<f64>().ok())
+            .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            .map(|ms| Duration::from_secs_f64(ms / 1e3));
+        match name {
+            "queue" => queue = dur,
+            "upstream" => upstream = dur,
+            _ => {}
+        }
+    }
+    (queue, upstream)
 }
 
 impl Record {
@@ -123,6 +151,8 @@ impl Record {
             outcome: Outcome::Transport,
             id: None,
             long,
+            gateway_queue: None,
+            upstream_first_byte: None,
             error: None,
         }
     }
@@ -324,6 +354,9 @@ impl Client {
                 }
             };
             let status = resp.status();
+            if let Some(v) = resp.headers().get("server-timing").and_then(|v| v.to_str().ok()) {
+                (rec.gateway_queue, rec.upstream_first_byte) = server_timing(v);
+            }
             if status != hyper::StatusCode::OK {
                 rec.outcome = Outcome::Status {
                     code: status.as_u16(),
@@ -527,6 +560,20 @@ where
     } else {
         rec.outcome = Outcome::Truncated;
         rec.error = Some("the stream ended without [DONE]".into());
+    }
+}
+
+#[cfg(test)]
+mod server_timing_tests {
+    use super::*;
+
+    #[test]
+    fn server_timing_is_read_in_milliseconds_and_unknown_metrics_are_ignored() {
+        let (q, u) = server_timing("queue;dur=12.5, upstream;dur=80.0, retry;desc=1");
+        assert_eq!(q, Some(Duration::from_micros(12_500)));
+        assert_eq!(u, Some(Duration::from_millis(80)));
+        assert_eq!(server_timing("cdn-cache;desc=HIT, edge;dur=3"), (None, None));
+        assert_eq!(server_timing("queue;dur=-1, upstream;dur=x").0, None);
     }
 }
 

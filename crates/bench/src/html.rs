@@ -455,6 +455,9 @@ fn verdict_cell(l: &LevelReport) -> String {
     if let Some(errors) = crate::report::errors_line(l) {
         let _ = write!(cell, "<div>errors: {}</div>", esc(&errors));
     }
+    if let Some(split) = crate::report::split_line(l) {
+        let _ = write!(cell, "<div>{}</div>", esc(&split));
+    }
     for (what, note) in [("distorted", &l.distorted), ("too short", &l.too_short)] {
         if let Some(n) = note {
             let _ = write!(cell, "<div class=\"flag\">{what}: {}</div>", esc(n));

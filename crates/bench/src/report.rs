@@ -135,6 +135,23 @@ pub(crate) fn cells(l: &LevelReport) -> [String; 14] {
     ]
 }
 
+/// Where the time to the first token went, from the gateway's `Server-Timing` (means, which add
+/// up; then p95s): its queue, the upstream's first byte, and the rest (the gateway's own work and
+/// the network). `None` when the server sent no `Server-Timing`.
+pub(crate) fn split_line(l: &LevelReport) -> Option<String> {
+    let s = &l.stats;
+    let (ttft, queue, upstream) = (s.ttft?, s.gateway_queue?, s.upstream_first_byte?);
+    Some(format!(
+        "ttft split (Server-Timing), mean: gateway queue {} + upstream first byte {} + the rest {} = ttft {} · p95: queue {}, upstream {}",
+        secs(queue.mean),
+        secs(upstream.mean),
+        secs((ttft.mean - queue.mean - upstream.mean).max(0.0)),
+        secs(ttft.mean),
+        secs(queue.p95),
+        secs(upstream.p95),
+    ))
+}
+
 /// The final table: every level, then the bursts, the self-check and the conclusion.
 pub fn table(r: &Report) -> String {
     let mut out = String::new();
@@ -168,6 +185,9 @@ pub fn table(r: &Report) -> String {
         );
         if let Some(errs) = errors_line(l) {
             let _ = writeln!(out, "{:>26} errors: {errs}", "");
+        }
+        if let Some(split) = split_line(l) {
+            let _ = writeln!(out, "{:>26} {split}", "");
         }
         for reason in &l.reasons {
             let _ = writeln!(out, "{:>26} {reason}", "");

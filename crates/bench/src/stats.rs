@@ -81,6 +81,14 @@ pub struct LevelStats {
     pub tpot: Option<Percentiles>,
     pub e2e: Option<Percentiles>,
     pub send_lag: Option<Percentiles>,
+    /// TTFT split by the gateway's `Server-Timing`, over the successful requests that carried
+    /// it: time in the gateway's queue, and the upstream's time to its first byte (absent when
+    /// the server sent no `Server-Timing`). TTFT minus both is the gateway's own handling and
+    /// the network.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway_queue: Option<Percentiles>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub upstream_first_byte: Option<Percentiles>,
     pub input_tokens_mean: Option<f64>,
     pub output_tokens_mean: Option<f64>,
     pub verdicts: Vec<Verdict>,
@@ -196,6 +204,22 @@ impl LevelStats {
             send_lag: Percentiles::of(&sorted(
                 records.iter().map(|r| r.send_lag.as_secs_f64()).collect(),
             )),
+            gateway_queue: Percentiles::of(&sorted(
+                records
+                    .iter()
+                    .filter(|r| r.ok())
+                    .filter_map(|r| r.gateway_queue)
+                    .map(|d| d.as_secs_f64())
+                    .collect(),
+            )),
+            upstream_first_byte: Percentiles::of(&sorted(
+                records
+                    .iter()
+                    .filter(|r| r.ok())
+                    .filter_map(|r| r.upstream_first_byte)
+                    .map(|d| d.as_secs_f64())
+                    .collect(),
+            )),
             input_tokens_mean: mean(
                 records
                     .iter()
@@ -277,6 +301,8 @@ mod tests {
             outcome,
             id: None,
             long: false,
+            gateway_queue: None,
+            upstream_first_byte: None,
             error: None,
         }
     }

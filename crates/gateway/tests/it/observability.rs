@@ -99,3 +99,89 @@ async fn request_ids_round_trip_and_reach_the_access_log() {
     let line = serde_json::to_string(&rec).unwrap();
     assert!(!line.contains("hello there"), "no prompt text in the access log");
 }
+
+/// `spillway bench` through the gateway splits TTFT by the gateway's `Server-Timing`: with 8
+/// clients against C = 2 the queue takes a visible share, and queue + upstream + the rest add up
+/// to the TTFT the client saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_splits_ttft_by_server_timing() {
+    let stack = Stack::start(
+        vec![engine(tiny()).await],
+        r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: interactive, concurrency: 2, queue: 16, queue_wait: 10s }
+"#,
+    )
+    .await;
+    let len = bench::spec::LengthDist::Fixed { tokens: 16 };
+    let opts = bench::Options {
+        target: bench::Target {
+            url: stack.url.clone(),
+            model: "chat".into(),
+            api_key: None,
+            endpoint: bench::Endpoint::Chat,
+            ignore_eos: true,
+            timeout: Duration::from_secs(60),
+            ca_cert: None,
+        },
+        api_key_env: None,
+        loads: vec![bench::spec::Load::Concurrency(8)],
+        arrivals: bench::spec::Arrivals::Poisson,
+        stop: bench::load::Stop::After(Duration::from_millis(1500)),
+        warmup: Duration::from_millis(200),
+        workload: bench::workload::Workload {
+            source: bench::workload::Source::Synthetic {
+                input: len,
+                output: len,
+            },
+            long: None,
+        },
+        input_len: len,
+        output_len: len,
+        dataset: None,
+        slo: "ttft_p95=60s,error_rate=100%".parse().unwrap(),
+        metrics_url: None,
+        phases: vec![bench::spec::Phase::Staircase],
+        long_share: 0.0,
+        long_input: Some(len),
+        long_output: Some(len),
+        burst_factor: 2.0,
+        burst_length: Duration::from_secs(1),
+        recovery_timeout: Duration::from_secs(3),
+        max_concurrency: 8,
+        max_in_flight: 1000,
+        seed: 1,
+        keep_records: false,
+        quiet: true,
+    };
+    let report = bench::run(opts).await.unwrap();
+    let table = bench::report::table(&report);
+    let s = &report.levels[0].stats;
+    let (ttft, queue, upstream) = (
+        s.ttft.unwrap(),
+        s.gateway_queue.expect("the split is there"),
+        s.upstream_first_byte.expect("the split is there"),
+    );
+    assert_eq!(queue.count, s.ok, "every answer carried Server-Timing");
+    assert!(
+        queue.p50 > 0.001,
+        "8 clients on C = 2 wait in the queue:\n{table}"
+    );
+    let rest = ttft.mean - queue.mean - upstream.mean;
+    assert!(
+        (-0.0005..0.001).contains(&rest),
+        "queue {:.4}s + upstream {:.4}s vs ttft {:.4}s: the split adds up within 1 ms\n{table}",
+        queue.mean,
+        upstream.mean,
+        ttft.mean
+    );
+    assert!(table.contains("ttft split (Server-Timing)"), "{table}");
+    let json = serde_json::to_value(&report).unwrap();
+    assert!(json["levels"][0]["stats"]["gateway_queue"]["p95"].is_number());
+    println!("{table}");
+}
