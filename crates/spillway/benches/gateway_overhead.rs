@@ -7,6 +7,9 @@
 //! keep-alive connections) for a fixed window against the engine directly, then through the
 //! gateway, and reports TTFT p50/p99, throughput, and the gateway's CPU and memory.
 //!
+//! With `SPILLWAY_BENCH_BASELINE=/path/to/an/older/spillway`, that build runs beside this one on
+//! the same config, for a before/after in one run.
+//!
 //! With `SPILLWAY_BENCH_REDIS=1` (and `redis-server` on the PATH), a second Spillway runs the same
 //! config with its limits shared through a local `redis-server` (`redis: { gateways: 1 }`), and
 //! each of its rows also says how many Redis round trips a request took.
@@ -251,6 +254,37 @@ async fn run(levels: Vec<usize>) {
         child,
         rss_idle_kb: 0,
     });
+
+    // Another build of Spillway on the same config, to compare two versions in one run.
+    if let Ok(baseline) = std::env::var("SPILLWAY_BENCH_BASELINE") {
+        let port = free_port();
+        let text = std::fs::read_to_string(&config).unwrap().replace(
+            &format!(
+                "listen: 127.0.0.1:{}\n",
+                proxies[0].addr.rsplit(':').next().unwrap()
+            ),
+            &format!("listen: 127.0.0.1:{port}\n"),
+        );
+        let baseline_config = dir.join("gateway-baseline.yaml");
+        std::fs::write(&baseline_config, text).unwrap();
+        let child = spawn(
+            &baseline,
+            &[
+                "serve",
+                "--workers",
+                "1",
+                "--config",
+                baseline_config.to_str().unwrap(),
+            ],
+        );
+        proxies.push(Proxy {
+            name: "spillway (baseline)",
+            addr: format!("127.0.0.1:{port}"),
+            model: "chat",
+            child,
+            rss_idle_kb: 0,
+        });
+    }
 
     // The same gateway with its limits kept in Redis.
     let mut _redis = None;
