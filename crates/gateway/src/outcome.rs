@@ -299,9 +299,9 @@ impl Drop for Exchange {
             }
         }
         self.record.outcome = ending.outcome().into();
-        self.record.queue_ms = self.queue_wait.map(|w| w.as_secs_f64() * 1e3);
-        self.record.ttft_ms = self.first_chunk.map(|t| (t - self.arrival).as_secs_f64() * 1e3);
-        self.record.duration_ms = duration.as_secs_f64() * 1e3;
+        self.record.queue_ms = self.queue_wait.map(ms);
+        self.record.ttft_ms = self.first_chunk.map(|t| ms(t - self.arrival));
+        self.record.duration_ms = ms(duration);
         self.record.tokens_in = tokens_in;
         self.record.tokens_out = tokens_out;
         if let Some(r) = &self.replica {
@@ -332,4 +332,9 @@ fn status_label(status: u16) -> &'static str {
         s if s < 500 => "4xx",
         _ => "5xx",
     }
+}
+
+/// Milliseconds to the microsecond, so that the log reads `1.487`, not `1.4872729999999998`.
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1e3
 }

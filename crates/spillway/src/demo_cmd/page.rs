@@ -12,7 +12,10 @@ pub(crate) struct Story<'a> {
 }
 
 pub(crate) fn render(report: &bench::Report, story: &Story<'_>) -> Result<String> {
-    let page = bench::html::render(report)?.replacen("<title>spillway bench:", "<title>spillway demo:", 1);
+    let mut page = bench::html::render(report)?;
+    if let (Some(start), Some(end)) = (page.find("<title>"), page.find("</title>")) {
+        page.replace_range(start..end + "</title>".len(), "<title>spillway demo</title>");
+    }
     let section = format!(
         "<h1>spillway demo</h1>\n\
          <h2>The same burst without and with the planned limits</h2>\n\
