@@ -220,26 +220,33 @@ async fn admit(
         return Ok(());
     }
     charge_quota(tenant, prepared, ex)?;
-    take_slot(route, class, prepared, budgets, ex).await?;
-    if g.shared.as_ref().is_some_and(|s| s.is_shared()) {
-        // Limits turned shared while this request waited for a slot here: Redis decides, or a
-        // slot handed over at the switch would come on top of C.
-        ex.give_back_local();
-        if admit_shared(g, route, class, tenant, prepared, budgets, ex).await? {
-            return Ok(());
+    let Some(shared) = &g.shared else {
+        return take_slot(route, class, prepared, budgets, ex).await;
+    };
+    // Waiting on this gateway's share while Redis is out: if limits turn shared meanwhile, Redis
+    // decides instead (a slot of the share handed over then would come on top of C).
+    let local = tokio::select! {
+        r = take_slot(route, class, prepared, budgets, ex) => Some(r),
+        () = shared.sharing() => None,
+    };
+    match local {
+        Some(r) => r?,
+        None => {
+            ex.give_back_local();
+            if admit_shared(g, route, class, tenant, prepared, budgets, ex).await? {
+                return Ok(());
+            }
+            charge_quota(tenant, prepared, ex)?;
+            take_slot(route, class, prepared, budgets, ex).await?;
         }
-        charge_quota(tenant, prepared, ex)?;
-        take_slot(route, class, prepared, budgets, ex).await?;
     }
-    if let Some(shared) = &g.shared {
-        // Admitted on this gateway's share: Redis learns of it when it is back.
-        let team_slot = tenant.limits.max_parallel.is_some();
-        ex.lease = Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
-        if shared.reachable() {
-            // Redis is back (or coming back): it learns of the slot now, not at the next
-            // renewal, so that the shared count includes it.
-            shared.register().await;
-        }
+    // Admitted on this gateway's share: Redis learns of it when it is back.
+    let team_slot = tenant.limits.max_parallel.is_some();
+    ex.lease = Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
+    if shared.reachable() {
+        // Redis is back (or coming back): it learns of the slot now, not at the next renewal,
+        // so that the shared count includes it.
+        shared.register().await;
     }
     Ok(())
 }

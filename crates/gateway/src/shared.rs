@@ -70,6 +70,9 @@ pub(crate) struct Shared {
     /// Redis answers again but limits are not shared yet: requests admitted on the share are
     /// put in Redis at once, so that the shared count includes them when sharing resumes.
     rejoining: AtomicBool,
+    /// The mode, for requests waiting on this gateway's share that should ask Redis once it is
+    /// shared again.
+    mode_tx: tokio::sync::watch::Sender<bool>,
     /// Waiters of each class (by slots key), woken when a slot frees anywhere.
     wakers: Mutex<HashMap<String, Arc<Notify>>>,
     /// The leases to renew: set key → members.
@@ -125,6 +128,8 @@ pub(crate) struct Lease {
     /// The slot is granted (and renewed); a queued lease holds only its queue place.
     granted: bool,
     team_slot: bool,
+    /// Redis may hold something of it: its drop sends the release.
+    armed: bool,
 }
 
 #[derive(Clone)]
@@ -155,6 +160,9 @@ impl Drop for Lease {
                     }
                 }
             }
+        }
+        if !self.armed {
+            return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
@@ -240,6 +248,7 @@ impl Shared {
             next: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             rejoining: AtomicBool::new(false),
+            mode_tx: tokio::sync::watch::Sender::new(false),
             wakers: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             scripts: Scripts {
@@ -281,6 +290,12 @@ impl Shared {
         self.shared.load(Ordering::Acquire)
     }
 
+    /// Resolves when limits are shared (again).
+    pub(crate) async fn sharing(&self) {
+        let mut rx = self.mode_tx.subscribe();
+        let _ = rx.wait_for(|shared| *shared).await;
+    }
+
     /// Redis answers, so a request admitted on this gateway's share should be put in it now:
     /// limits are shared, or about to be again.
     pub(crate) fn reachable(&self) -> bool {
@@ -289,6 +304,7 @@ impl Shared {
 
     fn set_mode(&self, shared: bool) {
         self.shared.store(shared, Ordering::Release);
+        self.mode_tx.send_replace(shared);
         self.mode.with_label_values(&["shared"]).set(i64::from(shared));
         self.mode.with_label_values(&["local"]).set(i64::from(!shared));
     }
@@ -396,11 +412,25 @@ impl Shared {
             .arg(lane)
             .arg(most_ahead)
             .arg(ttl)
-            .arg(budget.as_millis() as u64)
+            // The class's Wq, not this request's budget: it decides when others' places expire.
+            .arg(ask.limits.queue_wait.as_millis() as u64)
             .arg(q.max_parallel.map_or(0, |m| m.get()))
             .arg(q.rpm.map_or(0, |m| m.get()))
             .arg(q.tpm.map_or(0, |m| m.get()))
             .arg(ask.tokens);
+        // Armed before the call: if it times out (or this future is dropped) after Redis ran the
+        // script, the drop gives back whatever it took instead of leaving it for the lease ttl.
+        let mut lease = Lease {
+            shared: self.clone(),
+            member,
+            keys,
+            second: 0,
+            charged: 0,
+            used: None,
+            granted: false,
+            team_slot: q.max_parallel.is_some(),
+            armed: true,
+        };
         let r: Vec<i64> = self.call("acquire", &call).await?;
         let [outcome, n, rpm_used, tpm_used, rpm_reset, tpm_reset, second] = r[..] else {
             self.fall_back("acquire: an answer of the wrong shape");
@@ -413,6 +443,10 @@ impl Shared {
                 q.tpm.map(|l| (l.get(), tpm_used.max(0) as u64, ms(tpm_reset))),
             )
         });
+        if !matches!(outcome, 1 | 2) {
+            // Refused: the script wrote nothing, so there is nothing to give back.
+            lease.armed = false;
+        }
         let over = |kind: QuotaKind, limit: u64, retry_after: Duration| {
             Ok(Err(GatewayError::QuotaExceeded {
                 team: ask.team.to_owned(),
@@ -456,20 +490,14 @@ impl Shared {
         if let Some(rejection) = rejection {
             return Ok(Err(ask.overloaded(rejection)));
         }
-        let mut lease = Lease {
-            shared: self.clone(),
-            member,
-            keys,
-            second,
-            charged: if q.tpm.is_some() { ask.tokens } else { 0 },
-            used: None,
-            granted: false,
-            team_slot: q.max_parallel.is_some(),
-        };
+        lease.second = second;
+        lease.charged = if q.tpm.is_some() { ask.tokens } else { 0 };
         if outcome == 2 {
             match self.wait(&mut lease, &ask, start + budget).await? {
                 Ok(()) => {}
                 Err(waited) => {
+                    // Refused after all: its reserved tokens go back.
+                    lease.settle(0);
                     let retry_after = ask.admission.retry_after_shared(0, ask.limits);
                     return Ok(Err(
                         ask.overloaded(Rejection::QueueTimeout { waited, retry_after })
@@ -524,6 +552,7 @@ impl Shared {
             let mut call = self.scripts.promote.prepare_invoke();
             call.key(&lease.keys.slots)
                 .key(&lease.keys.queue)
+                .key(format!("{}:gateways", self.prefix))
                 .arg(&lease.member)
                 .arg(ask.limits.concurrency)
                 .arg(ttl)
@@ -538,24 +567,26 @@ impl Shared {
     }
 
     /// Renews the leases held here every `lease_ttl / 3` (at most every second), and while
-    /// Redis is out, probes for it every [`PROBE`]. When it answers again, each gateway puts its
-    /// leases back with its first renewal; limits are shared again once all `gateways` have
-    /// (the shared count then includes every request in flight), or a `lease_ttl` after this
-    /// one did, should some gateway not come back.
+    /// Redis is out, probes for it every [`PROBE`]. When it answers again, this gateway puts all
+    /// its leases back (those of requests admitted on its share included), and limits are shared
+    /// again once every one of `gateways` has renewed since then — so has put its own back or
+    /// never stopped sharing — or a `lease_ttl` later, should some gateway not come back.
     async fn keep_leases(self: Arc<Self>) {
         let every = (self.config.lease_ttl / 3).min(Duration::from_secs(1));
-        let mut rejoining: Option<Instant> = None;
+        let mut rejoining: Option<(Instant, u64)> = None;
         loop {
             if self.is_shared() {
                 tokio::time::sleep(every).await;
-                let _ = self.renew().await;
+                let _ = self.renew_with(false, 0).await;
                 continue;
             }
-            match self.renew().await {
-                Ok(live) => {
-                    let since = *rejoining.get_or_insert_with(Instant::now);
+            let since = rejoining.map_or(0, |(_, since)| since);
+            match self.renew_with(true, since).await {
+                Ok((live, now)) => {
+                    let (started, _) = *rejoining.get_or_insert((Instant::now(), now));
                     self.rejoining.store(true, Ordering::Release);
-                    if live >= self.config.gateways.get() || since.elapsed() >= self.config.lease_ttl {
+                    let all_back = since > 0 && live >= self.config.gateways.get();
+                    if all_back || started.elapsed() >= self.config.lease_ttl {
                         rejoining = None;
                         self.set_mode(true);
                         self.rejoining.store(false, Ordering::Release);
@@ -574,13 +605,10 @@ impl Shared {
         }
     }
 
-    /// One call that renews every lease this gateway holds, or puts them all back where Redis
-    /// lost them (see `renew.lua`); returns how many gateways are live.
-    async fn renew(&self) -> Result<u32, Unavailable> {
-        self.renew_with(false).await
-    }
-
-    async fn renew_with(&self, add: bool) -> Result<u32, Unavailable> {
+    /// One call that renews every lease this gateway holds, or puts them all back (`add`, or
+    /// where Redis lost them; see `renew.lua`); returns how many gateways have renewed since
+    /// `since` (Redis ms; 0: how many are live) and Redis's time.
+    async fn renew_with(&self, add: bool, since: u64) -> Result<(u32, u64), Unavailable> {
         let held: Vec<(String, Vec<String>)> = self
             .held()
             .iter()
@@ -590,20 +618,21 @@ impl Shared {
         call.key(format!("{}:gateways", self.prefix))
             .arg(self.config.lease_ttl.as_millis() as u64)
             .arg(&self.gateway)
-            .arg(if add { "add" } else { "" });
+            .arg(if add { "add" } else { "" })
+            .arg(since);
         for (key, members) in &held {
             call.key(key).arg(members.len());
             for m in members {
                 call.arg(m);
             }
         }
-        let (_, live): (i64, u32) = self.call("renew", &call).await?;
-        Ok(live)
+        let (_, live, now): (i64, u32, u64) = self.call("renew", &call).await?;
+        Ok((live, now))
     }
 
     /// Puts this gateway's leases in Redis now (a renewal that adds the missing ones).
     pub(crate) async fn register(&self) {
-        let _ = self.renew_with(true).await;
+        let _ = self.renew_with(true, 0).await;
     }
 
     /// A lease for a request this gateway admitted on its own share while Redis was out: Redis
@@ -624,6 +653,7 @@ impl Shared {
             used: None,
             granted: false,
             team_slot,
+            armed: true,
         };
         self.hold(&mut lease);
         lease

@@ -19,7 +19,7 @@ local lost = not redis.call('ZSCORE', KEYS[1], ARGV[2])
 local add = lost or ARGV[3] == 'add'
 redis.call('ZADD', KEYS[1], expiry, ARGV[2])
 redis.call('PEXPIRE', KEYS[1], 3600000)
-local i = 4
+local i = 5
 for k = 2, #KEYS do
   local n = tonumber(ARGV[i])
   i = i + 1
@@ -39,6 +39,14 @@ for k = 2, #KEYS do
     end
   end
 end
-local live = redis.call('ZCARD', KEYS[1])
-if lost then return {1, live} end
-return {0, live}
+local since = tonumber(ARGV[4])
+local live
+if since > 0 then
+  -- An entry scores its last renewal + ttl.
+  live = redis.call('ZCOUNT', KEYS[1], since + ttl, '+inf')
+else
+  live = redis.call('ZCARD', KEYS[1])
+end
+local result = 0
+if lost then result = 1 end
+return {result, live, now}

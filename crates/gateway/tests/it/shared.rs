@@ -75,6 +75,20 @@ impl Redis {
         panic!("redis-server on port {} did not answer", self.port);
     }
 
+    /// Stops (SIGSTOP) or resumes (SIGCONT) the server: a stall that keeps its data.
+    fn signal(&self, signal: &str) {
+        let pid = self
+            .child
+            .as_ref()
+            .and_then(Child::id)
+            .expect("redis-server runs");
+        let ok = std::process::Command::new("kill")
+            .args([signal, &pid.to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {signal} {pid}");
+    }
+
     /// Kills the server at once (SIGKILL), as a crash would.
     async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -564,4 +578,68 @@ async fn a_flooding_team_does_not_slow_another() {
         p95(&loud),
         p95(&quiet)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
+    let Some(redis) = Redis::start().await else { return };
+    let engine = engine(tiny()).await;
+    let yaml = config("stall").replace("concurrency: 4", "concurrency: 6");
+    let gws = gateways(3, &yaml, &engine, &redis).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..24)
+        .map(|i| {
+            let (url, stop) = (gws[i % 3].url.clone(), stop.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, _, body) = one(url.clone(), 20).await;
+                    assert!([200, 503].contains(&status), "{status} {body}");
+                    if status != 200 {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Frozen for less than a lease ttl (3 s): every lease and gateway entry is still there when
+    // it wakes up, so nothing tells the gateways that Redis lost anything.
+    redis.signal("-STOP");
+    for g in &gws {
+        assert!(
+            crate::support::eventually(Duration::from_secs(3), || g.gateway.limits_shared()
+                == Some(false))
+            .await,
+            "a gateway notices Redis does not answer"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let peak = Arc::new(AtomicUsize::new(0));
+    let watcher = {
+        let (peak, e) = (peak.clone(), engine.engine.clone());
+        tokio::spawn(async move {
+            loop {
+                peak.fetch_max(e.snapshot().running, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_micros(500)).await;
+            }
+        })
+    };
+    redis.signal("-CONT");
+    for g in &gws {
+        assert!(
+            crate::support::eventually(Duration::from_secs(5), || g.gateway.limits_shared() == Some(true))
+                .await,
+            "shared again once Redis answers"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    watcher.abort();
+    let peak = peak.load(Ordering::Relaxed);
+    eprintln!("engine running at most {peak} from Redis waking up to 700 ms after sharing resumed");
+    // The requests admitted on shares while Redis was frozen are put back before sharing resumes.
+    assert!(peak <= 6 + 2, "{peak} at once; C is 6");
 }
