@@ -305,10 +305,27 @@ impl Relay {
                     if let Ok(data) = frame.into_data() {
                         self.feed(&data, now, &mut out);
                     }
-                    // Whatever else is already here goes out in the same write.
-                    while let Some(Some(Ok(frame))) = self.upstream.frame().now_or_never() {
-                        if let Ok(data) = frame.into_data() {
-                            self.feed(&data, now, &mut out);
+                    // Whatever else is already here goes out in the same write. hyper's client
+                    // hands over one HTTP chunk per run of its connection task, so after each
+                    // chunk the relay yields (up to twice in a row without one) to let that task
+                    // decode the next: an upstream that writes its events back to back reaches
+                    // the client in one write, and a lone token waits two scheduler turns, not
+                    // for data.
+                    let mut idle_turns = 0;
+                    loop {
+                        match self.upstream.frame().now_or_never() {
+                            Some(Some(Ok(frame))) => {
+                                idle_turns = 0;
+                                if let Ok(data) = frame.into_data() {
+                                    self.feed(&data, now, &mut out);
+                                }
+                            }
+                            Some(_) => break,
+                            None if idle_turns < 2 => {
+                                idle_turns += 1;
+                                tokio::task::yield_now().await;
+                            }
+                            None => break,
                         }
                     }
                     let chunk = out.split().freeze();
