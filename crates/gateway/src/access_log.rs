@@ -31,9 +31,15 @@ pub struct AccessRecord {
     pub retries: u32,
 }
 
+/// What the writer thread receives: a line, or a request to write out everything before it.
+enum Message {
+    Line(AccessRecord),
+    Flush(SyncSender<()>),
+}
+
 #[derive(Clone)]
 enum Sink {
-    Writer(SyncSender<AccessRecord>),
+    Writer(SyncSender<Message>),
     Memory(Arc<Mutex<Vec<AccessRecord>>>),
     Discard,
 }
@@ -104,6 +110,28 @@ impl AccessLog {
     }
 
     /// The counter of dropped lines, for the gateway's registry.
+    /// Writes out every line logged so far, waiting at most `timeout` (a stuck reader): the last
+    /// lines of a gateway that stops are not lost with the process.
+    pub fn flush(&self, timeout: std::time::Duration) {
+        if let Sink::Writer(tx) = &self.sink {
+            let start = tokio::time::Instant::now();
+            let (done_tx, done_rx) = std::sync::mpsc::sync_channel(1);
+            let mut message = Message::Flush(done_tx);
+            // The buffer may be full of lines: wait for room, within the timeout.
+            loop {
+                match tx.try_send(message) {
+                    Ok(()) => break,
+                    Err(TrySendError::Full(m)) if start.elapsed() < timeout => {
+                        message = m;
+                        std::thread::sleep(std::time::Duration::from_millis(1));
+                    }
+                    Err(_) => return,
+                }
+            }
+            let _ = done_rx.recv_timeout(timeout.saturating_sub(start.elapsed()));
+        }
+    }
+
     pub(crate) fn dropped(&self) -> IntCounter {
         self.dropped.clone()
     }
@@ -111,7 +139,7 @@ impl AccessLog {
     /// Hands the record to the writer without waiting; drops it (and counts it) when the buffer is full.
     pub fn write(&self, record: AccessRecord) {
         match &self.sink {
-            Sink::Writer(tx) => match tx.try_send(record) {
+            Sink::Writer(tx) => match tx.try_send(Message::Line(record)) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.dropped.inc(),
             },
@@ -123,19 +151,34 @@ impl AccessLog {
 
 /// The writer thread: serialises each record and writes them in batches, flushing whenever the
 /// buffer runs empty so a quiet gateway's last lines are not held back.
-fn write_lines(rx: Receiver<AccessRecord>, out: impl Write) {
+/// How long the writer rests after a write: lines that come meanwhile wait in the channel and go
+/// out together, so a busy gateway neither wakes the writer nor makes a system call per request.
+const WRITE_EVERY: std::time::Duration = std::time::Duration::from_millis(10);
+
+fn write_lines(rx: Receiver<Message>, out: impl Write) {
     let mut out = std::io::BufWriter::with_capacity(64 * 1024, out);
     while let Ok(first) = rx.recv() {
         let mut next = Some(first);
-        while let Some(record) = next {
-            if serde_json::to_writer(&mut out, &record).is_ok() {
-                let _ = out.write_all(b"\n");
+        let mut flushed = Vec::new();
+        while let Some(message) = next {
+            match message {
+                Message::Line(record) => {
+                    if serde_json::to_writer(&mut out, &record).is_ok() {
+                        let _ = out.write_all(b"\n");
+                    }
+                }
+                Message::Flush(done) => flushed.push(done),
             }
             next = rx.try_recv().ok();
         }
-        if out.flush().is_err() {
-            // The reader is gone (a closed pipe): keep draining so senders never block.
-            continue;
+        // A closed pipe fails the flush: keep draining so senders never block.
+        let _ = out.flush();
+        let asked = !flushed.is_empty();
+        for done in flushed {
+            let _ = done.try_send(());
+        }
+        if !asked {
+            std::thread::sleep(WRITE_EVERY);
         }
     }
 }
@@ -179,11 +222,11 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
         let mut out = Vec::new();
         for id in ["a", "b"] {
-            tx.send(AccessRecord {
+            tx.send(Message::Line(AccessRecord {
                 id: id.into(),
                 status: 200,
                 ..AccessRecord::default()
-            })
+            }))
             .unwrap();
         }
         drop(tx);
@@ -192,5 +235,34 @@ mod tests {
         let lines: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1]["id"], "b");
+    }
+
+    /// Lines wait up to [`WRITE_EVERY`] to go out together; a flush (the gateway's last act)
+    /// writes every line logged before it at once.
+    #[test]
+    fn a_flush_writes_every_line_logged_before_it() {
+        #[derive(Clone, Default)]
+        struct Shared(Arc<Mutex<Vec<u8>>>);
+        impl Write for Shared {
+            fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(b);
+                Ok(b.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let out = Shared::default();
+        let log = AccessLog::writer(out.clone());
+        for i in 0..500 {
+            log.write(AccessRecord {
+                id: format!("r{i}"),
+                ..AccessRecord::default()
+            });
+        }
+        log.flush(std::time::Duration::from_secs(5));
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(text.lines().count(), 500);
+        assert!(text.lines().last().unwrap().contains("\"r499\""));
     }
 }

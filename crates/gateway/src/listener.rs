@@ -149,6 +149,9 @@ pub async fn run(
         gateway.stop.send_replace(true);
         let _ = tokio::time::timeout(CUT_GRACE, drain).await;
     }
+    // The access log's last lines go out before the process does.
+    let access = gateway.access.clone();
+    let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
     Ok(())
 }
 
