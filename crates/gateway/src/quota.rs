@@ -113,7 +113,7 @@ pub(crate) struct Quota {
 }
 
 /// What an answer tells the client about its team's windows (OpenAI's `x-ratelimit-*`).
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub(crate) struct RateHeaders {
     requests: Option<(u32, u64, Duration)>,
     tokens: Option<(u64, u64, Duration)>,

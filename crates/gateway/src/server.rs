@@ -281,12 +281,9 @@ async fn admit_shared(
     match shared.admit(ask).await {
         Err(crate::shared::Unavailable) => Ok(false),
         Ok(Ok(admitted)) => {
-            ex.quota_admitted(crate::shared::count_quota(
-                &tenant.quota,
-                tokens,
-                admitted.headers,
-            ));
-            ex.rate_headers = admitted.headers;
+            // Counted here too, so that this gateway's share starts from it should Redis fail.
+            let headers = admitted.headers.unwrap_or_default();
+            ex.quota_admitted(tenant.quota.admit_counted(tokens, headers));
             ex.lease = Some(admitted.lease);
             ex.admitted(admitted.permit);
             Ok(true)

@@ -22,7 +22,7 @@
 use crate::admission::{Admission, Limits, Permit, Rejection};
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
-use crate::quota::{QuotaKind, QuotaLimits, QuotaPermit, RateHeaders};
+use crate::quota::{QuotaKind, QuotaLimits, RateHeaders};
 use futures::StreamExt;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -702,13 +702,4 @@ impl Ask<'_> {
             rejection,
         }
     }
-}
-
-/// The team's local permit for a request the shared quota admitted.
-pub(crate) fn count_quota(
-    quota: &Arc<crate::quota::Quota>,
-    tokens: u64,
-    headers: Option<RateHeaders>,
-) -> Option<QuotaPermit> {
-    quota.admit_counted(tokens, headers.unwrap_or(RateHeaders::from_counts(None, None)))
 }

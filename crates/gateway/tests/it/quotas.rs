@@ -1,7 +1,7 @@
 //! Tenant quotas: `max_parallel`, `rpm` and `tpm` per team, 429 with `Retry-After` and OpenAI's
 //! `x-ratelimit-*` headers, counted per team in the metrics, and keys revoked by a reload.
 
-use crate::support::{Stack, chat, engine, http, read_stream, stalling, tiny};
+use crate::support::{Stack, engine, header, keyed, read_stream, stalling, tiny};
 use serde_json::Value;
 use spillway_gateway::Config;
 
@@ -21,35 +21,18 @@ tenants:
     max_parallel: 1
 "#;
 
-async fn send(stack: &Stack, key: &str, max_tokens: u32, stream: bool) -> reqwest::Response {
-    http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .bearer_auth(key)
-        .json(&chat("chat", max_tokens, stream))
-        .send()
-        .await
-        .unwrap()
-}
-
-fn header(r: &reqwest::Response, name: &str) -> String {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers()))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpm_counts_down_in_the_headers_then_refuses_with_retry_after() {
     let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
     for remaining in ["2", "1", "0"] {
-        let r = send(&stack, "test", 4, false).await;
+        let r = keyed(&stack.url, "test", 4, false).await;
         assert_eq!(r.status(), 200);
         assert_eq!(header(&r, "x-ratelimit-limit-requests"), "3");
         assert_eq!(header(&r, "x-ratelimit-remaining-requests"), remaining);
         assert_eq!(header(&r, "x-ratelimit-limit-tokens"), "1000");
         assert!(header(&r, "x-ratelimit-reset-requests").ends_with('s'));
     }
-    let r = send(&stack, "test", 4, false).await;
+    let r = keyed(&stack.url, "test", 4, false).await;
     assert_eq!(r.status(), 429);
     let after: u64 = header(&r, "retry-after").parse().unwrap();
     assert!(
@@ -85,7 +68,7 @@ async fn rpm_counts_down_in_the_headers_then_refuses_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_reserved_at_admission_and_settled_at_the_end() {
     let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
-    let r = send(&stack, "test", 600, false).await;
+    let r = keyed(&stack.url, "test", 600, false).await;
     assert_eq!(r.status(), 200);
     let remaining: u64 = header(&r, "x-ratelimit-remaining-tokens").parse().unwrap();
     let v: Value = r.json().await.unwrap();
@@ -95,7 +78,7 @@ async fn tokens_are_reserved_at_admission_and_settled_at_the_end() {
         (1000 - 600 - 3 * prompt - 8..=1000 - 600).contains(&remaining),
         "{remaining}"
     );
-    let r = send(&stack, "test", 600, false).await;
+    let r = keyed(&stack.url, "test", 600, false).await;
     assert_eq!(r.status(), 429, "600 more would pass the minute's 1000 tokens");
     let v: Value = r.json().await.unwrap();
     testkit::assert_error_mentions(&v, "1000 tokens per minute");
@@ -104,17 +87,17 @@ async fn tokens_are_reserved_at_admission_and_settled_at_the_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_parallel_holds_a_slot_to_the_end_of_the_stream() {
     let stack = Stack::start(vec![engine(stalling(2)).await], TEAMS).await;
-    let mut first = send(&stack, "other", 50, true).await;
+    let mut first = keyed(&stack.url, "other", 50, true).await;
     assert_eq!(first.status(), 200);
     first.chunk().await.unwrap();
-    let r = send(&stack, "other", 2, true).await;
+    let r = keyed(&stack.url, "other", 2, true).await;
     assert_eq!(r.status(), 429);
     let v: Value = r.json().await.unwrap();
     testkit::assert_error_mentions(&v, "1 requests in flight (max_parallel)");
     drop(first);
     let mut freed = false;
     for _ in 0..100 {
-        let r = send(&stack, "other", 2, false).await;
+        let r = keyed(&stack.url, "other", 2, false).await;
         if r.status() != 429 {
             freed = true;
             break;
@@ -127,7 +110,7 @@ async fn max_parallel_holds_a_slot_to_the_end_of_the_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_that_removes_a_key_revokes_it_at_once() {
     let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
-    let r = send(&stack, "other", 2, true).await;
+    let r = keyed(&stack.url, "other", 2, true).await;
     assert_eq!(r.status(), 200);
     read_stream(r).await;
     let yaml = TEAMS.replace("{E0}", &stack.engines[0].url()).replace(
@@ -135,12 +118,12 @@ async fn a_reload_that_removes_a_key_revokes_it_at_once() {
         "1111111111111111111111111111111111111111111111111111111111111111",
     );
     stack.gateway.reload(Config::from_yaml(&yaml).unwrap()).unwrap();
-    let r = send(&stack, "other", 2, true).await;
+    let r = keyed(&stack.url, "other", 2, true).await;
     assert_eq!(r.status(), 401);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "invalid_api_key");
     assert_eq!(
-        send(&stack, "test", 2, false).await.status(),
+        keyed(&stack.url, "test", 2, false).await.status(),
         200,
         "other keys stay"
     );

@@ -2,7 +2,7 @@
 //! hold one C, one Q and one set of team quotas; with Redis gone each holds its share, and they
 //! share again when it is back.
 
-use crate::support::{chat, engine, http, read_stream, tiny};
+use crate::support::{chat, engine, header, http, keyed, read_stream, tiny};
 use engine::RunningEngine;
 use serde_json::Value;
 use spillway_gateway::access_log::AccessLog;
@@ -204,6 +204,32 @@ async fn one(url: String, max_tokens: u32) -> (u16, Option<String>, String) {
     }
 }
 
+type Statuses = Arc<std::sync::Mutex<Vec<(u16, String)>>>;
+
+/// 8 closed-loop clients per gateway streaming 20 tokens (more than C either way), each answer's
+/// status and body kept in `statuses`, until `stop`.
+fn closed_loop(
+    gws: &[Gw],
+    stop: &Arc<std::sync::atomic::AtomicBool>,
+    statuses: &Statuses,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..24)
+        .map(|i| {
+            let (url, stop, statuses) = (gws[i % 3].url.clone(), stop.clone(), statuses.clone());
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let (status, _, body) = one(url.clone(), 20).await;
+                    let refused = status != 200;
+                    statuses.lock().unwrap().push((status, body));
+                    if refused {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_c_and_one_q_hold_across_three_gateways_under_overload() {
     let Some(redis) = Redis::start().await else { return };
@@ -285,20 +311,7 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
     // Closed-loop load, 8 clients per gateway: more than C either way.
-    let load: Vec<_> = (0..24)
-        .map(|i| {
-            let (url, stop, statuses) = (gws[i % 3].url.clone(), stop.clone(), statuses.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let (status, _, body) = one(url.clone(), 20).await;
-                    statuses.lock().unwrap().push((status, body));
-                    if status != 200 {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            })
-        })
-        .collect();
+    let load = closed_loop(&gws, &stop, &statuses);
     let phase = Arc::new(AtomicUsize::new(0));
     let peaks = Arc::new(std::sync::Mutex::new([0usize; 6]));
     let watcher = {
@@ -416,23 +429,6 @@ tenants:
     key_sha256: [ "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa" ]
     max_parallel: 2
 "#;
-
-async fn keyed(url: &str, key: &str, max_tokens: u32, stream: bool) -> reqwest::Response {
-    http()
-        .post(format!("{url}/v1/chat/completions"))
-        .bearer_auth(key)
-        .json(&chat("chat", max_tokens, stream))
-        .send()
-        .await
-        .unwrap()
-}
-
-fn header(r: &reqwest::Response, name: &str) -> String {
-    r.headers()
-        .get(name)
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers()))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn team_quotas_are_exact_across_gateways_and_tokens_are_settled() {
@@ -587,20 +583,8 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
     let yaml = config("stall").replace("concurrency: 4", "concurrency: 6");
     let gws = gateways(3, &yaml, &engine, &redis).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let load: Vec<_> = (0..24)
-        .map(|i| {
-            let (url, stop) = (gws[i % 3].url.clone(), stop.clone());
-            tokio::spawn(async move {
-                while !stop.load(Ordering::Relaxed) {
-                    let (status, _, body) = one(url.clone(), 20).await;
-                    assert!([200, 503].contains(&status), "{status} {body}");
-                    if status != 200 {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                    }
-                }
-            })
-        })
-        .collect();
+    let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let load = closed_loop(&gws, &stop, &statuses);
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Frozen for less than a lease ttl (3 s): every lease and gateway entry is still there when
     // it wakes up, so nothing tells the gateways that Redis lost anything.
@@ -638,6 +622,9 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
         l.await.unwrap();
     }
     watcher.abort();
+    for (status, body) in statuses.lock().unwrap().iter() {
+        assert!([200, 503].contains(status), "{status} {body}");
+    }
     let peak = peak.load(Ordering::Relaxed);
     eprintln!("engine running at most {peak} from Redis waking up to 700 ms after sharing resumed");
     // The requests admitted on shares while Redis was frozen are put back before sharing resumes.

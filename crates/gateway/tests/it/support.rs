@@ -116,6 +116,25 @@ pub(crate) fn http() -> reqwest::Client {
         .unwrap()
 }
 
+/// POSTs a chat completion for the route `chat` to the gateway at `url` with an API key.
+pub(crate) async fn keyed(url: &str, key: &str, max_tokens: u32, stream: bool) -> reqwest::Response {
+    http()
+        .post(format!("{url}/v1/chat/completions"))
+        .bearer_auth(key)
+        .json(&chat("chat", max_tokens, stream))
+        .send()
+        .await
+        .unwrap()
+}
+
+/// A response header's value; panics naming the headers there are when it is missing.
+pub(crate) fn header(r: &reqwest::Response, name: &str) -> String {
+    r.headers()
+        .get(name)
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no {name} in {:?}", r.headers()))
+}
+
 pub(crate) fn chat(model: &str, max_tokens: u32, stream: bool) -> serde_json::Value {
     serde_json::json!({
         "model": model,
