@@ -2,11 +2,10 @@
 //! naming the token's holder, and `/admin/state`'s account of where the running state differs
 //! from the file.
 
-use crate::operations::TOKEN;
-use crate::support::{Stack, engine, eventually, http, read_stream, tiny};
+use crate::operations::{TOKEN, admin_url};
+use crate::support::{Stack, engine, http, read_stream, tiny};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// Everything logged on this thread while installed, as the JSON lines a log pipeline reads.
 #[derive(Clone, Default)]
@@ -65,26 +64,6 @@ routes:
     )
 }
 
-fn with_engines(stack: &Stack, text: &str) -> String {
-    let mut text = text.to_owned();
-    for (i, e) in stack.engines.iter().enumerate() {
-        text = text.replace(&format!("{{E{i}}}"), &e.url());
-    }
-    text
-}
-
-async fn admin(stack: &Stack) -> String {
-    assert!(
-        eventually(Duration::from_secs(2), || stack
-            .gateway
-            .admin_addr
-            .get()
-            .is_some())
-        .await
-    );
-    format!("http://{}", stack.gateway.admin_addr.get().unwrap())
-}
-
 async fn post(url: String, body: Option<Value>) -> u16 {
     let mut req = http().post(url).bearer_auth(TOKEN);
     if let Some(b) = body {
@@ -112,7 +91,7 @@ async fn every_drain_undrain_and_reload_is_one_audit_event_naming_the_token_hold
     let log = Captured::default();
     let _guard = log.install();
     let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], &yaml("1")).await;
-    let admin = admin(&stack).await;
+    let admin = admin_url(&stack).await;
     let replica = stack.engines[1].url();
     let target = json!({"route": "chat", "replica": replica});
     assert_eq!(
@@ -125,7 +104,7 @@ async fn every_drain_undrain_and_reload_is_one_audit_event_naming_the_token_hold
     );
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spillway.yaml");
-    std::fs::write(&path, with_engines(&stack, &yaml("4"))).unwrap();
+    std::fs::write(&path, stack.fill(&yaml("4"))).unwrap();
     stack.gateway.set_config_path(path.clone());
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 200);
     std::fs::write(&path, "listen: 127.0.0.1:0\nroutes: []\n").unwrap();
@@ -170,7 +149,7 @@ async fn an_adaptive_move_is_an_audit_event_and_shows_as_drift() {
     let _guard = log.install();
     let adaptive = "{ adaptive: { min: 1, max: 8, interval: 100ms } }";
     let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], &yaml(adaptive)).await;
-    let admin = admin(&stack).await;
+    let admin = admin_url(&stack).await;
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     // Fast first tokens against a 2 s objective, with the one slot in use: the controller raises C.
     let mut moved = false;
@@ -206,10 +185,10 @@ async fn an_adaptive_move_is_an_audit_event_and_shows_as_drift() {
 #[tokio::test]
 async fn admin_state_shows_where_the_running_state_differs_from_the_file() {
     let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], &yaml("2")).await;
-    let admin = admin(&stack).await;
+    let admin = admin_url(&stack).await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("spillway.yaml");
-    std::fs::write(&path, with_engines(&stack, &yaml("2"))).unwrap();
+    std::fs::write(&path, stack.fill(&yaml("2"))).unwrap();
     stack.gateway.set_config_path(path.clone());
     assert_eq!(drift(&admin).await, Vec::<Value>::new(), "the file is what runs");
 
@@ -225,7 +204,7 @@ async fn admin_state_shows_where_the_running_state_differs_from_the_file() {
     assert_eq!(d[0]["replica"], replica.as_str());
 
     // An edit that fails to load: the running configuration is now older than the file.
-    std::fs::write(&path, with_engines(&stack, &yaml("0"))).unwrap();
+    std::fs::write(&path, stack.fill(&yaml("0"))).unwrap();
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 400);
     let d = drift(&admin).await;
     let file = d
@@ -239,7 +218,7 @@ async fn admin_state_shows_where_the_running_state_differs_from_the_file() {
     assert!(file["last_reload_error"].is_string(), "{file}");
 
     // A valid edit not yet reloaded differs too; reloading it ends that drift.
-    std::fs::write(&path, with_engines(&stack, &yaml("3"))).unwrap();
+    std::fs::write(&path, stack.fill(&yaml("3"))).unwrap();
     let d = drift(&admin).await;
     let file = d
         .iter()

@@ -27,14 +27,11 @@ async fn stack() -> Stack {
 }
 
 fn config(stack: &Stack, c: u32) -> Config {
-    let mut text = yaml(c);
-    for (i, e) in stack.engines.iter().enumerate() {
-        text = text.replace(&format!("{{E{i}}}"), &e.url());
-    }
-    Config::from_yaml(&text).unwrap()
+    Config::from_yaml(&stack.fill(&yaml(c))).unwrap()
 }
 
-async fn admin_url(stack: &Stack) -> String {
+/// The admin API's base URL, once its listener is up.
+pub(crate) async fn admin_url(stack: &Stack) -> String {
     assert!(
         eventually(Duration::from_secs(2), || stack
             .gateway

@@ -68,6 +68,15 @@ impl Stack {
         }
     }
 
+    /// `yaml` with `{E0}`, `{E1}`… replaced by this stack's engine URLs, as `start` does.
+    pub(crate) fn fill(&self, yaml: &str) -> String {
+        let mut text = yaml.to_owned();
+        for (i, e) in self.engines.iter().enumerate() {
+            text = text.replace(&format!("{{E{i}}}"), &e.url());
+        }
+        text
+    }
+
     /// Sends the shutdown signal (as SIGTERM does).
     pub(crate) fn shutdown(&mut self) {
         if let Some(s) = self.stop.take() {
