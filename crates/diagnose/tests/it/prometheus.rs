@@ -1,7 +1,7 @@
 //! The same situations through a real Prometheus server scraping the engine, its DCGM listener
 //! and the gateway: the verdict must not depend on the path the samples took.
 
-use crate::support::{MODEL, WARM_UP, busy_but_healthy, dcgm, gateway, open, tiny, verdict};
+use crate::support::{WARM_UP, busy_but_healthy, dcgm, gateway, open, tiny, verdict};
 use spillway_diagnose::{Status, Suspect, Verdict, source};
 use std::process::Stdio;
 use std::time::Duration;
@@ -116,16 +116,8 @@ async fn arrivals_above_throughput_through_prometheus() {
     let d = dcgm(&[&e]).await;
     let g = gateway(
         &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    timeouts: {{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }}
-    classes:
-      - {{ name: interactive, concurrency: 256, queue: 16, queue_wait: 1s }}
-"
-        ),
+        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+        "{ name: interactive, concurrency: 256, queue: 16, queue_wait: 1s }",
     )
     .await;
     let _load = open(&g.url, 120.0, 16, 32);

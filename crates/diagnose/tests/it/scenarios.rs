@@ -2,7 +2,7 @@
 //! that the suspect named first is the right one (and that the healthy case names none).
 
 use crate::support::{
-    MODEL, busy_but_healthy, closed, dcgm, diagnose_scraped, gateway, open, thresholds, tiny, verdict,
+    busy_but_healthy, closed, dcgm, diagnose_scraped, gateway, open, thresholds, tiny, verdict,
 };
 use engine::cost::CostModel;
 use spillway_diagnose::{Status, Suspect, Verdict, source};
@@ -78,16 +78,8 @@ async fn gateway_timeouts_while_the_engine_is_healthy() {
     // 400 tokens take ~0.5 s; the route's total deadline cuts every stream at 150 ms.
     let g = gateway(
         &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    timeouts: {{ connect: 50ms, first_token: 100ms, stream_idle: 100ms, total: 150ms }}
-    classes:
-      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 50ms }}
-"
-        ),
+        "{ connect: 50ms, first_token: 100ms, stream_idle: 100ms, total: 150ms }",
+        "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 50ms }",
     )
     .await;
     let _load = closed(&g.url, 8, 16, 400);
@@ -104,16 +96,8 @@ async fn queue_growing_with_the_gpu_idle() {
     let d = dcgm(&[&e]).await;
     let g = gateway(
         &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    timeouts: {{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }}
-    classes:
-      - {{ name: interactive, concurrency: 4, queue: 200, queue_wait: 20s }}
-"
-        ),
+        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+        "{ name: interactive, concurrency: 4, queue: 200, queue_wait: 20s }",
     )
     .await;
     let _load = open(&g.url, 20.0, 16, 16);
@@ -179,16 +163,8 @@ async fn queue_growing_behind_a_starved_api_server() {
     let d = dcgm(&[&e]).await;
     let g = gateway(
         &e,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    timeouts: {{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }}
-    classes:
-      - {{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }}
-"
-        ),
+        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+        "{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }",
     )
     .await;
     let _load = open(&g.url, 40.0, 16, 4);

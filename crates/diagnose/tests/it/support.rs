@@ -55,15 +55,8 @@ pub(crate) async fn busy_but_healthy() -> Busy {
     let dcgm = dcgm(&[&engine]).await;
     let gateway = gateway(
         &engine,
-        &format!(
-            "listen: 127.0.0.1:0
-routes:
-  - model: {MODEL}
-    replicas: [{{E0}}]
-    classes:
-      - {{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }}
-"
-        ),
+        "",
+        "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }",
     )
     .await;
     let _load = closed(&gateway.url, 16, 100, 50);
@@ -93,8 +86,18 @@ pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
 }
 
 /// A gateway from `yaml`, `{E0}` replaced by the engine's URL.
-pub(crate) async fn gateway(engine: &RunningEngine, yaml: &str) -> Served {
-    let yaml = yaml.replace("{E0}", &engine.url());
+/// A gateway with one route, of [`MODEL`], to `engine`: the route's `timeouts` (a YAML flow map,
+/// or "" for the defaults) and one class (a YAML flow map).
+pub(crate) async fn gateway(engine: &RunningEngine, timeouts: &str, class: &str) -> Served {
+    let timeouts = if timeouts.is_empty() {
+        String::new()
+    } else {
+        format!("    timeouts: {timeouts}\n")
+    };
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: {MODEL}\n    replicas: [{}]\n{timeouts}    classes:\n      - {class}\n",
+        engine.url()
+    );
     let config = gateway::Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     let (access, _log) = gateway::access_log::AccessLog::memory();
     let gw = gateway::Gateway::new(config, access).expect("gateway builds");
