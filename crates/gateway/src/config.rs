@@ -27,6 +27,57 @@ pub struct Config {
     /// Limits shared by several gateways through Redis; absent: this process enforces them alone.
     #[serde(default)]
     pub redis: Option<RedisConfig>,
+    /// OpenTelemetry traces of each request, sent over OTLP/HTTP; absent: no spans are made (a
+    /// caller's `traceparent` is still passed on to the replica).
+    #[serde(default)]
+    pub tracing: Option<TracingConfig>,
+}
+
+/// Where and how much to trace. Spans leave through a bounded queue on an exporter thread: a slow
+/// or absent collector costs dropped spans (counted), never a slower request.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TracingConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`); `/v1/traces` is appended
+    /// unless the URL already ends with it. Plain HTTP: put a collector beside the gateway for TLS.
+    pub otlp_endpoint: String,
+    /// The share of traces started here that are recorded (0–1); a caller's sampled flag wins.
+    #[serde(default = "TracingConfig::default_sample_ratio")]
+    pub sample_ratio: f64,
+    /// `service.name` of the spans.
+    #[serde(default = "TracingConfig::default_service_name")]
+    pub service_name: String,
+    /// Finished requests waiting for the exporter at most; beyond it their spans are dropped.
+    #[serde(default = "TracingConfig::default_max_queued")]
+    pub max_queued: usize,
+    /// One export call gives up after this long, and its spans count as dropped.
+    #[serde(default = "TracingConfig::default_export_timeout", with = "humantime_serde")]
+    pub export_timeout: Duration,
+}
+
+impl TracingConfig {
+    fn default_sample_ratio() -> f64 {
+        1.0
+    }
+    fn default_service_name() -> String {
+        "spillway".into()
+    }
+    fn default_max_queued() -> usize {
+        2048
+    }
+    fn default_export_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
+
+    /// The URL spans are posted to.
+    pub fn traces_url(&self) -> String {
+        let base = self.otlp_endpoint.trim_end_matches('/');
+        if base.ends_with("/v1/traces") {
+            base.to_owned()
+        } else {
+            format!("{base}/v1/traces")
+        }
+    }
 }
 
 /// One set of limits for every gateway of a deployment: C, Q and team quotas are kept in Redis,
@@ -694,7 +745,41 @@ impl Config {
         self.validate_tenants(&models)?;
         self.validate_listeners()?;
         self.validate_redis()?;
+        self.validate_tracing()?;
         Ok(self)
+    }
+
+    fn validate_tracing(&self) -> Result<(), ConfigError> {
+        let Some(t) = &self.tracing else { return Ok(()) };
+        let url = t.traces_url();
+        match url.parse::<hyper::Uri>() {
+            Ok(u) if u.scheme_str() == Some("http") && u.host().is_some() => {}
+            Ok(u) if u.scheme_str() == Some("https") => {
+                return Err(err(
+                    "tracing.otlp_endpoint",
+                    "https is not supported: send to a collector beside the gateway over http",
+                ));
+            }
+            _ => {
+                return Err(err(
+                    "tracing.otlp_endpoint",
+                    format!("'{}' is not an http://host:port URL", t.otlp_endpoint),
+                ));
+            }
+        }
+        if !(0.0..=1.0).contains(&t.sample_ratio) {
+            return Err(err("tracing.sample_ratio", "must be between 0 and 1"));
+        }
+        if t.service_name.is_empty() {
+            return Err(err("tracing.service_name", "must not be empty"));
+        }
+        if t.max_queued == 0 || t.max_queued > 1_000_000 {
+            return Err(err("tracing.max_queued", "must be between 1 and 1000000"));
+        }
+        if t.export_timeout.is_zero() {
+            return Err(err("tracing.export_timeout", "must be more than zero"));
+        }
+        Ok(())
     }
 
     /// Shared limits: a lease must outlive a renewal round and a call's timeout.

@@ -44,6 +44,8 @@ pub struct Gateway {
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Limits shared with the other gateways through Redis, when configured.
     pub(crate) shared: Option<Arc<crate::shared::Shared>>,
+    /// OpenTelemetry traces, when configured.
+    pub(crate) tracer: Option<Arc<crate::traces::Tracer>>,
     /// The configuration in force: the one it started with, or the last reload that applied.
     applied: RwLock<Config>,
     /// Why the last reload of the file was refused; cleared by one that applies.
@@ -79,8 +81,16 @@ impl Gateway {
             Some(r) => Some(crate::shared::Shared::new(r, &r.url(env)?, &metrics.registry)?),
             None => None,
         };
+        let tracer = match &config.tracing {
+            Some(t) => Some(
+                crate::traces::Tracer::start(t, &metrics.registry)
+                    .map_err(|e| err("tracing", format!("cannot start the exporter thread: {e}")))?,
+            ),
+            None => None,
+        };
         Ok(Arc::new(Gateway {
             shared,
+            tracer,
             applied: RwLock::new(config.clone()),
             reload_error: Mutex::new(None),
             table: RwLock::new(Arc::new(table)),
@@ -122,10 +132,11 @@ impl Gateway {
             || config.server != self.config.server
             || config.admin != self.config.admin
             || config.redis != self.config.redis
+            || config.tracing != self.config.tracing
         {
             return Err(err(
                 "config",
-                "'listen', 'server', 'admin' and 'redis' cannot change without a restart",
+                "'listen', 'server', 'admin', 'redis' and 'tracing' cannot change without a restart",
             ));
         }
         let previous = self.table();

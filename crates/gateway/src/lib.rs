@@ -20,6 +20,7 @@
 //!    until the body ends.
 //!
 //! Around it: [`config`] (the YAML), `gateway` (the shared state, reloads, the drain),
+//! `traces` (OpenTelemetry spans of each request, exported off the request path),
 //! `listener` (connections: limits, header and idle timeouts, the drain's end), [`admin`] (the
 //! operator's API, whose changes [`audit`] logs) and [`error`] (the one place failures become status codes and OpenAI bodies).
 
@@ -42,6 +43,7 @@ mod server;
 mod shared;
 mod table;
 mod tenant;
+mod traces;
 mod upstream;
 mod window;
 

@@ -152,6 +152,10 @@ pub async fn run(
     // The access log's last lines go out before the process does.
     let access = gateway.access.clone();
     let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
+    // So do the spans of the last requests.
+    if let Some(tracer) = gateway.tracer.clone() {
+        let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
+    }
     Ok(())
 }
 

@@ -86,6 +86,8 @@ pub(crate) struct Exchange {
     pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     pub(crate) lease: Option<crate::shared::Lease>,
+    /// The request's trace context and, when sampled, its spans' instants.
+    pub(crate) trace: crate::traces::Trace,
 }
 
 impl Exchange {
@@ -115,6 +117,7 @@ impl Exchange {
             quota: None,
             rate_headers: None,
             lease: None,
+            trace: crate::traces::Trace::Off,
         }
     }
 
@@ -307,6 +310,27 @@ impl Drop for Exchange {
         if let Some(r) = &self.replica {
             self.record.replica = Some(r.replica.url.clone());
         }
+        let error = match ending {
+            Ending::Refused(code) | Ending::Failed(code) => Some(code),
+            _ => None,
+        };
+        std::mem::take(&mut self.trace).finish(|| crate::traces::Summary {
+            id: self.record.id.clone(),
+            route: self.record.route.clone(),
+            class: self.record.class.clone(),
+            team: self.record.team.clone(),
+            status: self.record.status,
+            outcome: ending.outcome(),
+            error,
+            retries: self.record.retries,
+            tokens_in,
+            tokens_out,
+            queue_wait: self.queue_wait,
+            upstream_start: self.upstream_start,
+            first_token: self.first_chunk,
+            chunks: self.chunks,
+            end: now,
+        });
         self.access.write(std::mem::take(&mut self.record));
     }
 }

@@ -263,6 +263,9 @@ impl Relay {
             EventKind::Done => self.exchange.end(Ending::Finished, 200),
             EventKind::Other => {}
         }
+        if matches!(self.exchange.trace, crate::traces::Trace::Record(_)) {
+            self.exchange.trace.finish_reasons(event);
+        }
         match &self.config.rename {
             Some(r) => r.append(event, out),
             None => out.extend_from_slice(event),

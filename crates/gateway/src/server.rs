@@ -143,6 +143,7 @@ async fn handle(g: Arc<Gateway>, api: Api, req: Request) -> Response {
         None => prepare::request_id(&parts.headers),
     };
     let mut ex = Exchange::new(g.metrics.clone(), g.access.clone(), id);
+    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
     let answer = serve(&g, api, &parts.headers, body, &mut ex).await;
     respond(answer, ex)
 }
@@ -161,6 +162,12 @@ async fn serve(
     let body = read_body(body, &g.config.server).await?;
     let parsed = Parsed::parse(api, &body)?;
     ex.record.stream = parsed.stream();
+    ex.trace.request(
+        api == Api::Chat,
+        parsed.model(),
+        parsed.max_tokens(),
+        parsed.stream(),
+    );
     let table = g.table();
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
     let tenant = table.tenants.identify(auth(headers))?;
@@ -176,6 +183,7 @@ async fn serve(
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
+    ex.trace.admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
     answer(g, &route, upstream, &prepared, &budgets, ex).await
@@ -404,6 +412,7 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
     let rate = ex.rate_headers.take();
     let mut response = match answer {
         Ok(Answer::Whole(body)) => {
+            ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), relay::parse_usage(&body));
             ex.end(Ending::Finished, 200);
             ([(header::CONTENT_TYPE, "application/json")], body).into_response()

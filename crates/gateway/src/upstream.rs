@@ -68,7 +68,13 @@ pub(crate) async fn call(
         tried.push(replica.index);
         let index = replica.index;
         ex.replica = Some(replica);
-        let error = match attempt(route, api, prepared, budgets, &ex.record.id, index).await {
+        let trace = ex.trace.attempt(&route.replicas[index].url);
+        let result = attempt(route, api, prepared, budgets, &ex.record.id, index, trace).await;
+        ex.trace.attempt_done(match &result {
+            Ok(r) => Ok(r.status().as_u16()),
+            Err(e) => Err((e.reason(), e.status())),
+        });
+        let error = match result {
             Ok(response) => {
                 ex.upstream_first_byte = Some(Instant::now());
                 return Ok(response);
@@ -105,22 +111,28 @@ async fn attempt(
     budgets: &Budgets,
     id: &str,
     index: usize,
+    trace: Option<crate::traces::TraceHeaders>,
 ) -> Result<hyper::Response<Incoming>, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let (head_deadline, head_budget) = budgets.head(prepared.stream);
     let remaining = budgets.deadline.saturating_duration_since(Instant::now());
-    let request = hyper::Request::post(format!("{}{}", replica.url, api.path()))
+    let mut request = hyper::Request::post(format!("{}{}", replica.url, api.path()))
         .header(header::CONTENT_TYPE, "application/json")
         .header("x-request-id", id)
-        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()))
-        .body(Full::new(prepared.body.clone()))
-        .map_err(|e| {
-            GatewayError::upstream(
-                "bad_upstream_url",
-                format!("cannot build the upstream request: {e}"),
-            )
-        })?;
+        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()));
+    if let Some(t) = trace {
+        request = request.header("traceparent", t.traceparent);
+        if let Some(state) = t.tracestate {
+            request = request.header("tracestate", state);
+        }
+    }
+    let request = request.body(Full::new(prepared.body.clone())).map_err(|e| {
+        GatewayError::upstream(
+            "bad_upstream_url",
+            format!("cannot build the upstream request: {e}"),
+        )
+    })?;
     let response = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {

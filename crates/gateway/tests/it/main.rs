@@ -16,3 +16,4 @@ mod resilience;
 mod shared;
 mod streaming;
 mod support;
+mod traces;
