@@ -725,7 +725,10 @@ mod tests {
         assert!(matches!(t, Trace::Forward(_)));
         let tp = t.attempt("http://r").unwrap().traceparent;
         let tp = tp.to_str().unwrap();
-        assert!(tp.starts_with("00-") && tp.ends_with("-00") && tp.len() == 55, "{tp}");
+        assert!(
+            tp.starts_with("00-") && tp.ends_with("-00") && tp.len() == 55,
+            "{tp}"
+        );
         // A sampled caller: recorded whatever the ratio, under the caller's trace ID.
         let mut headers = HeaderMap::new();
         headers.insert(
@@ -737,6 +740,9 @@ mod tests {
         assert!(matches!(t, Trace::Record(_)));
         let tp = tp.to_str().unwrap();
         assert!(tp.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && tp.ends_with("-01"));
-        assert!(!tp.contains("00f067aa0ba902b7"), "the attempt's own span is the parent: {tp}");
+        assert!(
+            !tp.contains("00f067aa0ba902b7"),
+            "the attempt's own span is the parent: {tp}"
+        );
     }
 }

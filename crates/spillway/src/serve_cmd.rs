@@ -73,6 +73,14 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                     r.url_env, r.gateways, r.namespace, r.lease_ttl
                 );
             }
+            if let Some(t) = &config.tracing {
+                println!(
+                    "  traces to {} (service {}), {}% of new traces sampled, a caller's decision kept",
+                    t.traces_url(),
+                    t.service_name,
+                    t.sample_ratio * 100.0
+                );
+            }
             if let Some(a) = &config.admin {
                 println!(
                     "  admin API on {} (token from ${}, named {} in the audit log); /metrics on the {} listener",
