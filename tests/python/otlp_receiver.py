@@ -1,11 +1,12 @@
 """An OTLP/HTTP trace receiver for the tests: decodes what it is sent with OpenTelemetry's own
 protobuf definitions (the `opentelemetry-proto` package) and prints each span as a JSON line.
 
-usage: otlp_receiver.py [--delay SECONDS]
+usage: otlp_receiver.py [--delay SECONDS] [--discard]
 Prints `listening PORT` first (it binds a free loopback port), then one line per span:
 {"trace_id", "span_id", "parent_span_id", "name", "kind", "flags", "start", "end", "status",
  "attributes", "service"}. With --delay it waits that long before answering each export, as a
-collector that has fallen behind does.
+collector that has fallen behind does. With --discard it answers without decoding or printing
+(a collector that costs nothing, for measuring the gateway's side of exporting).
 """
 
 import json
@@ -19,6 +20,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 delay = float(sys.argv[sys.argv.index("--delay") + 1]) if "--delay" in sys.argv else 0.0
+discard = "--discard" in sys.argv
 
 
 def value(v):
@@ -42,7 +44,8 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
             return
         request = ExportTraceServiceRequest()
-        request.ParseFromString(body)
+        if not discard:
+            request.ParseFromString(body)
         if delay:
             time.sleep(delay)
         for rs in request.resource_spans:

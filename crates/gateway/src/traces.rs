@@ -20,12 +20,14 @@ use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{IdGenerator, RandomIdGenerator, Sampler, SamplingDecision, ShouldSample};
 use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use std::sync::Arc;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, TrySendError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::time::Instant;
 
 /// Spans are sent at least this often while requests finish.
 const EXPORT_EVERY: Duration = Duration::from_secs(1);
+/// The exporter looks at its queue this often.
+const REST: Duration = Duration::from_millis(10);
 /// Or as soon as this many are waiting.
 const BATCH_SPANS: usize = 512;
 /// Finish reasons kept per request (one per choice).
@@ -602,24 +604,32 @@ impl Exporter {
         let mut batch: Vec<Span> = Vec::new();
         let mut due = Instant::now() + EXPORT_EVERY;
         loop {
-            let wait = due.saturating_duration_since(Instant::now());
-            let mut flushed = None;
-            match rx.recv_timeout(wait) {
-                Ok(Message::Finished(f)) => batch.extend(f.spans()),
-                Ok(Message::Flush(done)) => flushed = Some(done),
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => {
-                    runtime.block_on(self.export(&client, std::mem::take(&mut batch)));
-                    return;
+            // Everything queued since the last look, then a rest: the exporter is never parked
+            // on the queue, so a request handing over its spans never has to wake it.
+            loop {
+                match rx.try_recv() {
+                    Ok(Message::Finished(f)) => {
+                        batch.extend(f.spans());
+                        if batch.len() >= BATCH_SPANS {
+                            runtime.block_on(self.export(&client, std::mem::take(&mut batch)));
+                        }
+                    }
+                    Ok(Message::Flush(done)) => {
+                        runtime.block_on(self.export(&client, std::mem::take(&mut batch)));
+                        let _ = done.send(());
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        runtime.block_on(self.export(&client, std::mem::take(&mut batch)));
+                        return;
+                    }
                 }
             }
-            if batch.len() >= BATCH_SPANS || Instant::now() >= due || flushed.is_some() {
+            if Instant::now() >= due {
                 runtime.block_on(self.export(&client, std::mem::take(&mut batch)));
                 due = Instant::now() + EXPORT_EVERY;
             }
-            if let Some(done) = flushed {
-                let _ = done.send(());
-            }
+            std::thread::sleep(REST);
         }
     }
 
