@@ -6,12 +6,15 @@
 //! - [`window`]: two snapshots and what moved between them — gauge levels, counter increases
 //!   with resets, histogram quantiles as PromQL's `histogram_quantile` computes them;
 //! - [`rows`]: the four rows on one screen (user impact, generation, engine, infrastructure);
+//! - [`breakdown`]: the same window narrowed to each model and each replica, judged by the same
+//!   table, so a finding says where it comes from and a sick replica is not averaged away;
 //! - `rules`: the signal-combination table, the saturation rule, "busy but healthy";
 //! - [`verdict`]: the answer and its exit code; [`render`] prints it for a terminal;
 //! - [`kube`]: an InferenceService's conditions and its pods' restarts, from kubectl's JSON;
 //! - [`source`]: the only I/O — scraping `/metrics` endpoints, or asking a Prometheus server for
 //!   the same series at the window's two ends, so both paths feed the same pure functions.
 
+pub mod breakdown;
 pub mod catalog;
 pub mod kube;
 pub mod render;

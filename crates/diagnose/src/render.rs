@@ -1,5 +1,6 @@
 //! The verdict as text for a terminal: the four rows, then the findings with their evidence.
 
+use crate::breakdown::{Breakdown, Dimension};
 use crate::rows::Rows;
 use crate::verdict::{Evidence, Status, Verdict};
 use crate::window::{Distribution, Level};
@@ -157,6 +158,72 @@ fn rows(out: &mut String, r: &Rows) {
     );
 }
 
+/// One line per model and per replica, under a header per dimension.
+fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
+    for dimension in [Dimension::Model, Dimension::Replica] {
+        let slices: Vec<_> = b.slices.iter().filter(|s| s.dimension == dimension).collect();
+        if slices.is_empty() {
+            continue;
+        }
+        let width = slices
+            .iter()
+            .map(|s| s.name.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(4);
+        let _ = writeln!(
+            out,
+            "\nby {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>8} {:>6}  suspects",
+            dimension.word(),
+            "name",
+            "req/s",
+            "errors",
+            "TTFT p95",
+            "ITL p95",
+            "running",
+            "waiting",
+            "KV",
+            "preempt",
+            "tokens/s",
+            "calls/s",
+            "failed",
+        );
+        for s in slices {
+            let mut notes: Vec<String> = s.breached.iter().map(|b| format!("{b} breached")).collect();
+            notes.extend(s.suspects.iter().map(|x| x.table_row().1.to_owned()));
+            let notes = if notes.is_empty() {
+                "–".to_owned()
+            } else {
+                style.paint("1", &notes.join("; "))
+            };
+            let _ = writeln!(
+                out,
+                "   {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>8} {:>6}  {notes}",
+                "",
+                s.name,
+                opt(s.requests_per_s, ""),
+                pct(s.error_ratio),
+                opt(s.ttft_p95, " s"),
+                opt(s.itl_p95, " s"),
+                level(s.running),
+                level(s.waiting),
+                pct(s.kv_peak),
+                opt(s.preemptions, ""),
+                opt(s.generation_tokens_per_s, ""),
+                opt(s.upstream_calls_per_s, ""),
+                pct(s.upstream_failed_ratio),
+            );
+        }
+    }
+    if b.omitted > 0 {
+        let _ = writeln!(
+            out,
+            "   ({} more not shown: those with a finding first, then the busiest)",
+            b.omitted
+        );
+    }
+}
+
 /// The whole verdict for a terminal.
 pub fn text(v: &Verdict, style: Style) -> String {
     let mut out = String::new();
@@ -175,6 +242,7 @@ pub fn text(v: &Verdict, style: Style) -> String {
         v.summary
     );
     rows(&mut out, &v.rows);
+    breakdown(&mut out, &v.breakdown, style);
     let c = &v.cluster;
     if !c.conditions.is_empty() || !c.restarts.is_empty() {
         let conditions: Vec<String> = c
@@ -256,6 +324,18 @@ pub fn text(v: &Verdict, style: Style) -> String {
                 f.signals,
                 f.first_response
             );
+            if !f.at.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "     at: {}{}",
+                    f.at.join(", "),
+                    if f.only_in_slices {
+                        " (only there: the totals hide it)"
+                    } else {
+                        ""
+                    }
+                );
+            }
             for e in &f.evidence {
                 let _ = writeln!(out, "     - {}", evidence(e));
             }

@@ -75,6 +75,11 @@ fn mean(d: Option<Distribution>) -> Option<f64> {
     d.filter(|d| d.count > 0.0).and_then(|d| d.mean)
 }
 
+/// Most specific first; ties keep their order.
+pub(crate) fn rank(findings: &mut [Finding]) {
+    findings.sort_by_key(|f| RANK.iter().position(|s| *s == f.suspect));
+}
+
 pub(crate) fn apply(
     r: &Reader<'_>,
     rows: &Rows,
@@ -273,12 +278,18 @@ pub(crate) fn apply(
 
     // 6. Queue up with the GPU idle (or the engine making no progress): CPU, network, process.
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
-    if queue_present && (queue_growth || queue_time_high) {
+    // Requests still taken into the batch while nothing comes out: a queue of the engine's own,
+    // which a scheduler with room to spare never moves to `waiting`.
+    let piling = stuck && e.running.is_some_and(|l| l.growth() > 0.0);
+    if (queue_present && (queue_growth || queue_time_high)) || piling {
         let idle = gpu.is_some_and(|(_, v)| v < t.gpu_idle);
         if idle || (gpu.is_none() && stuck) {
             let mut ev = queue_ev.clone();
             ev.extend(queue_time_ev.clone());
             ev.extend(gpu_ev("<", t.gpu_idle));
+            if let Some(run) = e.running.filter(|_| piling) {
+                ev.push(c.ev(Key::Running, "growth", run.growth(), "requests", ">", Some(0.0)));
+            }
             if stuck {
                 ev.push(c.ev(Key::GenerationTokens, "per_s", 0.0, "tokens/s", "=", Some(0.0)));
             }
@@ -332,7 +343,7 @@ pub(crate) fn apply(
         found.push(Finding::new(Suspect::GpuFault, ev));
     }
 
-    found.sort_by_key(|f| RANK.iter().position(|s| *s == f.suspect));
+    rank(&mut found);
 
     let mut saturation = Saturation {
         slo: [ttft_breach, itl_breach].into_iter().flatten().collect(),

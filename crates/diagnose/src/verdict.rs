@@ -1,5 +1,6 @@
 //! The answer: status, ranked suspects with evidence, saturation, SLO breaches, blind spots.
 
+use crate::breakdown::{self, Breakdown};
 use crate::catalog::{self, Found, Layer};
 use crate::kube::Cluster;
 use crate::rows::{self, Reader, Rows};
@@ -122,6 +123,10 @@ pub struct Finding {
     pub suspect_text: &'static str,
     pub first_response: &'static str,
     pub evidence: Vec<Evidence>,
+    /// The models and replicas it also matches in on their own (`replica 10.0.0.7:8000`).
+    pub at: Vec<String>,
+    /// Matched only in those slices: the totals hide it (a local cause in one replica).
+    pub only_in_slices: bool,
 }
 
 impl Finding {
@@ -133,6 +138,8 @@ impl Finding {
             suspect_text,
             first_response,
             evidence,
+            at: Vec::new(),
+            only_in_slices: false,
         }
     }
 }
@@ -181,6 +188,8 @@ pub struct Verdict {
     pub thresholds: Thresholds,
     pub discovery: Vec<Found>,
     pub rows: Rows,
+    /// The rows narrowed to each model and each replica.
+    pub breakdown: Breakdown,
     /// Ranked, most specific first.
     pub findings: Vec<Finding>,
     pub saturation: Saturation,
@@ -213,7 +222,10 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
     };
     let rows = rows::build(&reader);
     let mut blind_spots = blind_spots(&found, &rows);
-    let outcome = rules::apply(&reader, &rows, thresholds, cluster, &mut blind_spots);
+    let mut outcome = rules::apply(&reader, &rows, thresholds, cluster, &mut blind_spots);
+    let (breakdown, local) = breakdown::build(start, end, thresholds);
+    breakdown::place(&mut outcome.findings, local);
+    rules::rank(&mut outcome.findings);
     let seen_layer = |l: Layer| found.iter().any(|f| f.layer == l && f.name.is_some());
     let decidable =
         rows.infrastructure.targets_up > 0 && (seen_layer(Layer::Engine) || seen_layer(Layer::Gateway));
@@ -244,13 +256,18 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         }
         Status::Incident => match outcome.findings.first() {
             Some(f) => format!(
-                "{}suspect first: {} — {}",
+                "{}suspect first: {}{} — {}",
                 if outcome.saturation.declared {
                     "saturated; "
                 } else {
                     ""
                 },
                 f.suspect_text,
+                if f.only_in_slices {
+                    format!(" at {}", f.at.join(", "))
+                } else {
+                    String::new()
+                },
                 f.first_response
             ),
             None if outcome.saturation.declared => {
@@ -269,6 +286,7 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         thresholds: *thresholds,
         discovery: found,
         rows,
+        breakdown,
         findings: outcome.findings,
         saturation: outcome.saturation,
         slo_breaches: outcome.breaches,

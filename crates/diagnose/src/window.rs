@@ -65,6 +65,14 @@ impl Snapshot {
         });
     }
 
+    /// The series `keep` accepts, at the same moment.
+    pub fn filtered(&self, keep: impl Fn(&Series) -> bool) -> Snapshot {
+        Snapshot {
+            at: self.at,
+            series: self.series.iter().filter(|s| keep(s)).cloned().collect(),
+        }
+    }
+
     pub fn has(&self, name: &str) -> bool {
         self.series.iter().any(|s| s.name == name)
     }

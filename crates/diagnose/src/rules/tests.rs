@@ -1,6 +1,7 @@
 //! The table's rows, the saturation rule and "busy but healthy" on scripted expositions.
 
 use crate::Cluster;
+use crate::breakdown::Dimension;
 use crate::verdict::{Status, Suspect, Thresholds, Verdict, diagnose};
 use crate::window::Snapshot;
 
@@ -425,4 +426,144 @@ fn nothing_answering_is_unknown() {
     assert_eq!(v.status, Status::Unknown);
     assert_eq!(v.exit_code(), 2);
     assert!(v.blind_spots.iter().any(|s| s.contains("e:1")));
+}
+
+/// The engine's exposition under another model name.
+fn as_model(text: &str, model: &str) -> String {
+    text.replace("model_name=\"m\"", &format!("model_name=\"{model}\""))
+}
+
+#[test]
+fn a_hung_replica_is_named_though_the_totals_hide_it() {
+    let healthy = Engine::default();
+    // Requests pile up in e:2 and it generates nothing: its counters and histograms stand still.
+    let hung = Engine {
+        waiting: 8.0,
+        n: 0,
+        gen_tokens: 0.0,
+        ..Engine::default()
+    };
+    let hung_before = Engine {
+        waiting: 2.0,
+        ..hung.before()
+    };
+    // The gateway's calls to e:2 time out; those to e:1 succeed.
+    let gateway = |ok: f64, timeouts: f64| {
+        Expo::default()
+            .line(
+                "spillway_upstream_requests_total",
+                "route=\"m\",replica=\"http://e:1\",result=\"ok\"",
+                ok,
+            )
+            .line(
+                "spillway_upstream_requests_total",
+                "route=\"m\",replica=\"http://e:2/\",result=\"timeout\"",
+                timeouts,
+            )
+            .0
+    };
+    let g = dcgm(0.6, 0.0, 0.0);
+    let b = [
+        healthy.before().text(KV, ITL_NAME),
+        hung_before.text(KV, ITL_NAME),
+        gateway(0.0, 0.0),
+    ];
+    let a = [
+        healthy.text(KV, ITL_NAME),
+        hung.text(KV, ITL_NAME),
+        gateway(100.0, 20.0),
+    ];
+    let v = run(
+        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g), ("gw:1", &b[2])],
+        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g), ("gw:1", &a[2])],
+    );
+
+    // The totals alone: tokens still flow and the GPU is 60% busy, so rule 3 does not match them.
+    assert!(v.rows.generation.generation_tokens_per_s > Some(0.0));
+    assert_eq!(suspects(&v), [Suspect::ProcessHealth], "{v:#?}");
+    let f = &v.findings[0];
+    assert!(f.only_in_slices);
+    assert_eq!(f.at, ["replica e:2"]);
+    assert_eq!(v.status, Status::Incident);
+    assert!(v.summary.contains("replica e:2"), "{}", v.summary);
+
+    let replica = |name: &str| {
+        v.breakdown
+            .slices
+            .iter()
+            .find(|s| s.label() == format!("replica {name}"))
+            .unwrap_or_else(|| panic!("no slice for {name}: {:#?}", v.breakdown))
+    };
+    let (e1, e2) = (replica("e:1"), replica("e:2"));
+    assert!(e1.suspects.is_empty());
+    assert_eq!(e2.suspects, [Suspect::ProcessHealth]);
+    assert_eq!(e2.generation_tokens_per_s, Some(0.0));
+    assert_eq!(e2.waiting.map(|l| l.growth()), Some(6.0));
+    // The gateway's side of each replica, joined by host:port.
+    assert_eq!(e1.upstream_calls_per_s, Some(10.0));
+    assert_eq!(e1.upstream_failed_ratio, Some(0.0));
+    assert_eq!(e2.upstream_calls_per_s, Some(2.0));
+    assert_eq!(e2.upstream_failed_ratio, Some(1.0));
+    // The hung replica is listed first; one model is no breakdown by model.
+    assert_eq!(v.breakdown.slices[0].name, "e:2");
+    assert!(
+        v.breakdown
+            .slices
+            .iter()
+            .all(|s| s.dimension == Dimension::Replica)
+    );
+
+    let text = crate::render::text(&v, crate::render::Style { colour: false });
+    assert!(text.contains("by replica"), "{text}");
+    assert!(text.contains("at: replica e:2 (only there"), "{text}");
+}
+
+#[test]
+fn a_finding_of_the_totals_names_the_model_and_replica_it_comes_from() {
+    let big = Engine {
+        kv: 0.97,
+        preemptions: 12.0,
+        ..Engine::default()
+    };
+    let small = Engine::default();
+    let g = dcgm(0.6, 0.0, 0.0);
+    let b = [
+        as_model(&big.before().text(KV, ITL_NAME), "big"),
+        as_model(&small.before().text(KV, ITL_NAME), "small"),
+    ];
+    let a = [
+        as_model(&big.text(KV, ITL_NAME), "big"),
+        as_model(&small.text(KV, ITL_NAME), "small"),
+    ];
+    let v = run(
+        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g)],
+        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g)],
+    );
+    assert_eq!(suspects(&v), [Suspect::KvPressure], "{v:#?}");
+    let f = &v.findings[0];
+    assert!(!f.only_in_slices);
+    assert_eq!(f.at, ["model big", "replica e:1"]);
+    let labels: Vec<String> = v.breakdown.slices.iter().map(|s| s.label()).collect();
+    assert_eq!(labels, ["model big", "model small", "replica e:1", "replica e:2"]);
+    let small = &v.breakdown.slices[1];
+    assert!(
+        small.suspects.is_empty() && small.breached.is_empty(),
+        "{small:#?}"
+    );
+    assert_eq!(small.kv_peak, Some(0.2));
+}
+
+#[test]
+fn healthy_replicas_raise_nothing() {
+    let e = Engine::default();
+    let g = dcgm(0.6, 0.0, 0.0);
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(
+        &[("e:1", &b), ("e:2", &b), ("d:1", &g)],
+        &[("e:1", &a), ("e:2", &a), ("d:1", &g)],
+    );
+    assert_eq!(v.status, Status::Healthy, "{v:#?}");
+    assert!(v.findings.is_empty());
+    assert_eq!(v.breakdown.slices.len(), 2);
+    assert!(v.breakdown.slices.iter().all(|s| s.suspects.is_empty()));
 }

@@ -115,7 +115,7 @@ async fn arrivals_above_throughput_through_prometheus() {
     let e = engine::spawn_local(cfg).await.unwrap();
     let d = dcgm(&[&e]).await;
     let g = gateway(
-        &e,
+        &[&e],
         "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
         "{ name: interactive, concurrency: 256, queue: 16, queue_wait: 1s }",
     )

@@ -77,7 +77,7 @@ async fn gateway_timeouts_while_the_engine_is_healthy() {
     let d = dcgm(&[&e]).await;
     // 400 tokens take ~0.5 s; the route's total deadline cuts every stream at 150 ms.
     let g = gateway(
-        &e,
+        &[&e],
         "{ connect: 50ms, first_token: 100ms, stream_idle: 100ms, total: 150ms }",
         "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 50ms }",
     )
@@ -95,7 +95,7 @@ async fn queue_growing_with_the_gpu_idle() {
     let e = engine::spawn_local(cfg).await.unwrap();
     let d = dcgm(&[&e]).await;
     let g = gateway(
-        &e,
+        &[&e],
         "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
         "{ name: interactive, concurrency: 4, queue: 200, queue_wait: 20s }",
     )
@@ -103,6 +103,33 @@ async fn queue_growing_with_the_gpu_idle() {
     let _load = open(&g.url, 20.0, 16, 16);
     let v = diagnose_scraped(&[&g.url, &e.url(), &d.url]).await;
     assert_eq!(first(&v), Some(Suspect::ProcessHealth));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hung_replica_among_healthy_ones_is_named() {
+    let mut hung = tiny();
+    hung.faults.stall_after_tokens = Some(0);
+    let (bad, good) = (
+        engine::spawn_local(hung).await.unwrap(),
+        engine::spawn_local(tiny()).await.unwrap(),
+    );
+    let d = dcgm(&[&bad, &good]).await;
+    // Each replica behind a plain round-robin Service: half the load each. (Spillway's balancer
+    // would steer around the hung one; its slices then show it running with no tokens.)
+    let _load = (open(&bad.url(), 20.0, 16, 16), open(&good.url(), 20.0, 16, 16));
+    let v = diagnose_scraped(&[&bad.url(), &good.url(), &d.url]).await;
+    let f = v.findings.first().expect("a finding");
+    assert_eq!(f.suspect, Suspect::ProcessHealth);
+    let (bad, good) = (
+        format!("replica {}", source::instance_of(&bad.url())),
+        format!("replica {}", source::instance_of(&good.url())),
+    );
+    assert!(f.at.contains(&bad), "{:?} names {bad}", f.at);
+    assert!(!f.at.contains(&good), "{:?} spares {good}", f.at);
+    let slice = |label: &str| v.breakdown.slices.iter().find(|s| s.label() == label).unwrap();
+    assert!(slice(&good).suspects.is_empty(), "{:#?}", slice(&good));
+    assert!(slice(&good).generation_tokens_per_s > Some(0.0));
+    assert_eq!(slice(&bad).generation_tokens_per_s, Some(0.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,7 +189,7 @@ async fn queue_growing_behind_a_starved_api_server() {
     let e = engine::spawn_local(cfg).await.unwrap();
     let d = dcgm(&[&e]).await;
     let g = gateway(
-        &e,
+        &[&e],
         "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
         "{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }",
     )

@@ -54,7 +54,7 @@ pub(crate) async fn busy_but_healthy() -> Busy {
     let engine = engine::spawn_local(tiny()).await.unwrap();
     let dcgm = dcgm(&[&engine]).await;
     let gateway = gateway(
-        &engine,
+        &[&engine],
         "",
         "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }",
     )
@@ -85,10 +85,9 @@ pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
     Served { url, _stop: stop }
 }
 
-/// A gateway from `yaml`, `{E0}` replaced by the engine's URL.
-/// A gateway with one route, of [`MODEL`], to `engine`: the route's `timeouts` (a YAML flow map,
+/// A gateway with one route, of [`MODEL`], to `engines`: the route's `timeouts` (a YAML flow map,
 /// or "" for the defaults) and one class (a YAML flow map).
-pub(crate) async fn gateway(engine: &RunningEngine, timeouts: &str, class: &str) -> Served {
+pub(crate) async fn gateway(engines: &[&RunningEngine], timeouts: &str, class: &str) -> Served {
     let timeouts = if timeouts.is_empty() {
         String::new()
     } else {
@@ -96,7 +95,7 @@ pub(crate) async fn gateway(engine: &RunningEngine, timeouts: &str, class: &str)
     };
     let yaml = format!(
         "listen: 127.0.0.1:0\nroutes:\n  - model: {MODEL}\n    replicas: [{}]\n{timeouts}    classes:\n      - {class}\n",
-        engine.url()
+        engines.iter().map(|e| e.url()).collect::<Vec<_>>().join(", ")
     );
     let config = gateway::Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
     let (access, _log) = gateway::access_log::AccessLog::memory();

@@ -1,0 +1,251 @@
+//! The rows narrowed to one model or one replica: where a finding comes from, and a replica that
+//! is sick while the totals still look fine (one hung engine among four still generates 75% of
+//! the tokens).
+
+use crate::catalog;
+use crate::kube::Cluster;
+use crate::rows::{self, Reader};
+use crate::rules;
+use crate::source::instance_of;
+use crate::verdict::{Finding, Suspect, Thresholds};
+use crate::window::{Distribution, Level, Series, Snapshot, Window};
+use serde::Serialize;
+use std::collections::BTreeSet;
+
+/// Slices shown per dimension, the busiest first; the rest are only counted, so that a fleet of
+/// hundreds of replicas does not bury the verdict.
+const MAX_SLICES: usize = 16;
+
+/// Causes that live in one replica: found there, they stand as findings even when the totals
+/// hide them. Symptoms of load (arrivals, decode contention, long prompts, timeouts) are judged
+/// on the totals only, and shown per slice.
+const LOCAL_CAUSES: [Suspect; 3] = [Suspect::GpuFault, Suspect::KvPressure, Suspect::ProcessHealth];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dimension {
+    /// The gateway's `route` and the engines' `model_name`: a route that serves a model under
+    /// another name shows as two slices.
+    Model,
+    /// An engine's scrape target (`instance`), joined with the gateway's series about the
+    /// replica at the same `host:port`.
+    Replica,
+}
+
+impl Dimension {
+    pub fn word(self) -> &'static str {
+        match self {
+            Dimension::Model => "model",
+            Dimension::Replica => "replica",
+        }
+    }
+}
+
+/// One model's or one replica's figures over the window.
+#[derive(Debug, Clone, Serialize)]
+pub struct Slice {
+    pub dimension: Dimension,
+    pub name: String,
+    /// The gateway's count when the slice has it (a model), else the engines'.
+    pub requests_per_s: Option<f64>,
+    pub error_ratio: Option<f64>,
+    /// The gateway's when it relays this slice, else the engines'.
+    pub ttft_p95: Option<f64>,
+    pub itl_p95: Option<f64>,
+    pub running: Option<Level>,
+    pub waiting: Option<Level>,
+    pub kv_peak: Option<f64>,
+    pub preemptions: Option<f64>,
+    pub generation_tokens_per_s: Option<f64>,
+    /// The gateway's calls to this replica per second, and the share that failed (an error or
+    /// a timeout; a replica's 429/503 "busy" is not a failure).
+    pub upstream_calls_per_s: Option<f64>,
+    pub upstream_failed_ratio: Option<f64>,
+    /// Rows of the table that match on this slice alone.
+    pub suspects: Vec<Suspect>,
+    /// Objectives this slice breaches on its own: `ttft`, `itl`, `errors`.
+    pub breached: Vec<&'static str>,
+}
+
+impl Slice {
+    /// `replica 10.0.0.7:8000`, `model llama`: how findings name where they were seen.
+    pub fn label(&self) -> String {
+        format!("{} {}", self.dimension.word(), self.name)
+    }
+}
+
+/// Every slice worth showing: a dimension appears only when it has two or more values.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Breakdown {
+    pub slices: Vec<Slice>,
+    /// Slices beyond the first MAX_SLICES of a dimension, left out.
+    pub omitted: usize,
+}
+
+/// The breakdown, and each slice's findings (to say where the totals' findings come from, and
+/// to raise the local causes the totals hide).
+pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakdown, Vec<(String, Finding)>) {
+    let mut out = Breakdown::default();
+    let mut findings = Vec::new();
+    for dimension in [Dimension::Model, Dimension::Replica] {
+        let names = values(end, dimension);
+        if names.len() < 2 {
+            continue;
+        }
+        let mut slices: Vec<(Slice, Vec<Finding>)> = names
+            .into_iter()
+            .map(|name| slice(start, end, t, dimension, name))
+            .collect();
+        slices.sort_by(|a, b| {
+            let rate = |s: &Slice| s.requests_per_s.or(s.upstream_calls_per_s).unwrap_or(0.0);
+            rate(&b.0)
+                .total_cmp(&rate(&a.0))
+                .then_with(|| a.0.name.cmp(&b.0.name))
+        });
+        out.omitted += slices.len().saturating_sub(MAX_SLICES);
+        // A slice with a finding is never the one left out.
+        slices.sort_by_key(|(s, _)| s.suspects.is_empty());
+        for (s, f) in slices.into_iter().take(MAX_SLICES) {
+            let label = s.label();
+            findings.extend(f.into_iter().map(|f| (label.clone(), f)));
+            out.slices.push(s);
+        }
+    }
+    (out, findings)
+}
+
+/// Where a slice's finding stands in the verdict: beside the totals' finding of the same row,
+/// or, for a local cause, as a finding of its own.
+pub(crate) fn place(findings: &mut Vec<Finding>, local: Vec<(String, Finding)>) {
+    for (label, f) in local {
+        if let Some(global) = findings.iter_mut().find(|g| g.suspect == f.suspect) {
+            if !global.at.contains(&label) {
+                global.at.push(label);
+            }
+        } else if LOCAL_CAUSES.contains(&f.suspect) {
+            let mut f = f;
+            f.at.push(label);
+            f.only_in_slices = true;
+            findings.push(f);
+        }
+    }
+    // The new ones merge with each other: one finding per row, every slice it matched in.
+    let mut merged: Vec<Finding> = Vec::new();
+    for f in findings.drain(..) {
+        match merged
+            .iter_mut()
+            .find(|m| m.suspect == f.suspect && m.only_in_slices && f.only_in_slices)
+        {
+            Some(m) => {
+                m.at.extend(f.at);
+                m.evidence.extend(f.evidence);
+            }
+            None => merged.push(f),
+        }
+    }
+    *findings = merged;
+}
+
+fn model_of(s: &Series) -> Option<&str> {
+    s.label("model_name").or_else(|| {
+        s.name
+            .starts_with("spillway_")
+            .then(|| s.label("route"))
+            .flatten()
+    })
+}
+
+/// Engines' scrape targets, and the replicas the gateway calls.
+fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
+    end.series
+        .iter()
+        .filter(|s| s.name.starts_with("vllm:"))
+        .filter_map(|s| s.label("instance").map(str::to_owned))
+        .collect()
+}
+
+fn values(end: &Snapshot, dimension: Dimension) -> BTreeSet<String> {
+    match dimension {
+        Dimension::Model => end
+            .series
+            .iter()
+            .filter_map(|s| model_of(s).map(str::to_owned))
+            .collect(),
+        Dimension::Replica => {
+            let mut all = engine_instances(end);
+            all.extend(
+                end.series
+                    .iter()
+                    .filter(|s| s.name.starts_with("spillway_"))
+                    .filter_map(|s| s.label("replica").map(instance_of)),
+            );
+            all
+        }
+    }
+}
+
+fn slice(
+    start: &Snapshot,
+    end: &Snapshot,
+    t: &Thresholds,
+    dimension: Dimension,
+    name: String,
+) -> (Slice, Vec<Finding>) {
+    let engines = engine_instances(end);
+    let keep = |s: &Series| {
+        s.name == "up"
+            || match dimension {
+                Dimension::Model => model_of(s) == Some(name.as_str()),
+                Dimension::Replica => {
+                    (s.label("instance") == Some(name.as_str()) && engines.contains(&name))
+                        || s.label("replica").is_some_and(|r| instance_of(r) == name)
+                }
+            }
+    };
+    let (a, b) = (start.filtered(keep), end.filtered(keep));
+    let w = Window::new(&a, &b);
+    // Discovered again: a replica's slice has no `spillway_requests_total`, so its user impact
+    // is the engine's.
+    let found = catalog::discover(&b);
+    let reader = Reader { w: &w, found: &found };
+    let rows = rows::build(&reader);
+    let outcome = rules::apply(&reader, &rows, t, &Cluster::default(), &mut Vec::new());
+    let (u, g, e) = (&rows.user_impact, &rows.generation, &rows.engine);
+    let p95 = |d: Option<Distribution>| d.filter(|d| d.count > 0.0).and_then(|d| d.p95);
+    let ttft_p95 = p95(g.gateway_ttft).or(p95(g.engine_ttft));
+    let itl_p95 = p95(g.gateway_itl).or(p95(g.engine_itl));
+    let secs = w.secs();
+    let upstream = |keep: fn(&Series) -> bool| {
+        w.increase("spillway_upstream_requests_total", keep)
+            .filter(|_| secs > 0.0)
+            .map(|v| v / secs)
+    };
+    let calls = upstream(|_| true);
+    let failed = upstream(|s| matches!(s.label("result"), Some("error" | "timeout")));
+    let breached = [
+        ("ttft", ttft_p95.is_some_and(|v| v > t.ttft_p95)),
+        ("itl", itl_p95.is_some_and(|v| v > t.itl_p95)),
+        ("errors", u.error_ratio.is_some_and(|v| v > t.error_ratio)),
+    ]
+    .into_iter()
+    .filter_map(|(what, yes)| yes.then_some(what))
+    .collect();
+    let slice = Slice {
+        dimension,
+        name,
+        requests_per_s: u.requests_per_s,
+        error_ratio: u.error_ratio,
+        ttft_p95,
+        itl_p95,
+        running: e.running,
+        waiting: e.waiting,
+        kv_peak: e.kv_usage.map(|l| l.peak()),
+        preemptions: e.preemptions,
+        generation_tokens_per_s: g.generation_tokens_per_s,
+        upstream_calls_per_s: calls,
+        upstream_failed_ratio: calls.filter(|c| *c > 0.0).map(|c| failed.unwrap_or(0.0) / c),
+        suspects: outcome.findings.iter().map(|f| f.suspect).collect(),
+        breached,
+    };
+    (slice, outcome.findings)
+}
