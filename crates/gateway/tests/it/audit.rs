@@ -24,14 +24,19 @@ impl std::io::Write for Captured {
 
 impl Captured {
     /// Logs of this (current-thread) test go here until the guard drops.
-    fn install(&self) -> tracing::subscriber::DefaultGuard {
+    /// This thread's subscriber, and a second dispatcher held beside it: tracing caches each
+    /// callsite's interest process-wide, and while only one dispatcher exists the first thread to
+    /// reach a callsite decides it from its own default — a sibling test with none would cache
+    /// "never" and the event would be lost here. With two, interest is their union.
+    fn install(&self) -> (tracing::subscriber::DefaultGuard, tracing::Dispatch) {
         let w = self.clone();
         let subscriber = tracing_subscriber::fmt()
             .json()
             .with_max_level(tracing::Level::INFO)
             .with_writer(move || w.clone())
             .finish();
-        tracing::subscriber::set_default(subscriber)
+        let anchor = tracing::Dispatch::new(tracing_subscriber::registry());
+        (tracing::subscriber::set_default(subscriber), anchor)
     }
 
     fn text(&self) -> String {
