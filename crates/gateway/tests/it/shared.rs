@@ -222,7 +222,7 @@ fn closed_loop(
                     let refused = status != 200;
                     statuses.lock().unwrap().push((status, body));
                     if refused {
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
             })
@@ -534,8 +534,10 @@ async fn a_flooding_team_does_not_slow_another() {
     }
     let p95 = |v: &[Duration]| v[(v.len() * 95 / 100).min(v.len() - 1)];
     let (quiet, quiet_ok) = ttfts(&gws, 40).await;
-    // Team batch floods: 60 clients in a closed loop over the three gateways; its max_parallel
-    // of 2 holds across all of them.
+    // Team batch floods: 60 clients in a closed loop over the three gateways, each retrying a
+    // refusal after 100 ms (Retry-After ignored): 30 times its max_parallel of 2, which holds
+    // across all of them. The retry pace bounds the CPU the refusals cost, so what is measured is
+    // admission, not how fast this machine answers 429s.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let refused = Arc::new(AtomicUsize::new(0));
     let flood: Vec<_> = (0..60)
@@ -546,7 +548,7 @@ async fn a_flooding_team_does_not_slow_another() {
                     let r = keyed(&url, "other", 32, true).await;
                     if r.status() == 429 {
                         refused.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                     let _ = read_stream(r).await;
                 }
