@@ -17,9 +17,11 @@ use std::collections::BTreeSet;
 const MAX_SLICES: usize = 16;
 
 /// Causes that live in one replica: found there, they stand as findings even when the totals
-/// hide them. Symptoms of load (arrivals, decode contention, long prompts, timeouts) are judged
-/// on the totals only, and shown per slice.
-const LOCAL_CAUSES: [Suspect; 3] = [Suspect::GpuFault, Suspect::KvPressure, Suspect::ProcessHealth];
+/// hide them. Only rule 3 can be hidden: GPU faults come from DCGM series, which no slice holds,
+/// and KV pressure is judged on the highest replica's cache, which the totals see too. Symptoms
+/// of load (arrivals, decode contention, long prompts, timeouts) are judged on the totals only,
+/// and shown per slice.
+const LOCAL_CAUSES: [Suspect; 1] = [Suspect::ProcessHealth];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -103,12 +105,20 @@ pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakd
                 .then_with(|| a.0.name.cmp(&b.0.name))
         });
         out.omitted += slices.len().saturating_sub(MAX_SLICES);
-        // A slice with a finding is never the one left out.
-        slices.sort_by_key(|(s, _)| s.suspects.is_empty());
-        for (s, f) in slices.into_iter().take(MAX_SLICES) {
+        // Shown first, so never the ones left out: a local cause, then any finding. (Every
+        // slice's findings count, shown or not.)
+        slices.sort_by_key(|(s, _)| {
+            (
+                !s.suspects.iter().any(|x| LOCAL_CAUSES.contains(x)),
+                s.suspects.is_empty(),
+            )
+        });
+        for (i, (s, f)) in slices.into_iter().enumerate() {
             let label = s.label();
             findings.extend(f.into_iter().map(|f| (label.clone(), f)));
-            out.slices.push(s);
+            if i < MAX_SLICES {
+                out.slices.push(s);
+            }
         }
     }
     (out, findings)
@@ -116,34 +126,29 @@ pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakd
 
 /// Where a slice's finding stands in the verdict: beside the totals' finding of the same row,
 /// or, for a local cause, as a finding of its own.
+/// A finding raised from slices alone carries each slice's evidence, named by its slice.
 pub(crate) fn place(findings: &mut Vec<Finding>, local: Vec<(String, Finding)>) {
-    for (label, f) in local {
-        if let Some(global) = findings.iter_mut().find(|g| g.suspect == f.suspect) {
-            if !global.at.contains(&label) {
-                global.at.push(label);
+    for (label, mut f) in local {
+        for e in &mut f.evidence {
+            e.series = format!("{label}: {}", e.series);
+        }
+        match findings.iter_mut().find(|g| g.suspect == f.suspect) {
+            Some(g) => {
+                if g.only_in_slices {
+                    g.evidence.append(&mut f.evidence);
+                }
+                if !g.at.contains(&label) {
+                    g.at.push(label);
+                }
             }
-        } else if LOCAL_CAUSES.contains(&f.suspect) {
-            let mut f = f;
-            f.at.push(label);
-            f.only_in_slices = true;
-            findings.push(f);
+            None if LOCAL_CAUSES.contains(&f.suspect) => {
+                f.at.push(label);
+                f.only_in_slices = true;
+                findings.push(f);
+            }
+            None => {}
         }
     }
-    // The new ones merge with each other: one finding per row, every slice it matched in.
-    let mut merged: Vec<Finding> = Vec::new();
-    for f in findings.drain(..) {
-        match merged
-            .iter_mut()
-            .find(|m| m.suspect == f.suspect && m.only_in_slices && f.only_in_slices)
-        {
-            Some(m) => {
-                m.at.extend(f.at);
-                m.evidence.extend(f.evidence);
-            }
-            None => merged.push(f),
-        }
-    }
-    *findings = merged;
 }
 
 fn model_of(s: &Series) -> Option<&str> {

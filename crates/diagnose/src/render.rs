@@ -173,7 +173,7 @@ fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
             .max(4);
         let _ = writeln!(
             out,
-            "\nby {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>8} {:>6}  suspects",
+            "\nby {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>6}  suspects",
             dimension.word(),
             "name",
             "req/s",
@@ -198,7 +198,7 @@ fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
             };
             let _ = writeln!(
                 out,
-                "   {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>6} {:>8} {:>8} {:>6}  {notes}",
+                "   {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>6}  {notes}",
                 "",
                 s.name,
                 opt(s.requests_per_s, ""),

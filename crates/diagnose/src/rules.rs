@@ -280,7 +280,11 @@ pub(crate) fn apply(
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
     // Requests still taken into the batch while nothing comes out: a queue of the engine's own,
     // which a scheduler with room to spare never moves to `waiting`.
-    let piling = stuck && e.running.is_some_and(|l| l.growth() > 0.0);
+    // Running through the whole window, so one request that arrived at its end and is still in
+    // prefill is not a hang.
+    let piling = stuck
+        && e.running
+            .is_some_and(|l| l.start.is_some_and(|s| s >= 1.0) && l.growth() > 0.0);
     if (queue_present && (queue_growth || queue_time_high)) || piling {
         let idle = gpu.is_some_and(|(_, v)| v < t.gpu_idle);
         if idle || (gpu.is_none() && stuck) {

@@ -226,6 +226,10 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
     let (breakdown, local) = breakdown::build(start, end, thresholds);
     breakdown::place(&mut outcome.findings, local);
     rules::rank(&mut outcome.findings);
+    if !outcome.findings.is_empty() {
+        // A finding raised from a slice: "busy but inside the objectives" no longer holds.
+        outcome.busy.clear();
+    }
     let seen_layer = |l: Layer| found.iter().any(|f| f.layer == l && f.name.is_some());
     let decidable =
         rows.infrastructure.targets_up > 0 && (seen_layer(Layer::Engine) || seen_layer(Layer::Gateway));

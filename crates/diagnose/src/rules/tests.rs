@@ -484,6 +484,15 @@ fn a_hung_replica_is_named_though_the_totals_hide_it() {
     let f = &v.findings[0];
     assert!(f.only_in_slices);
     assert_eq!(f.at, ["replica e:2"]);
+    assert!(
+        f.evidence.iter().all(|e| e.series.starts_with("replica e:2: ")),
+        "each line names its slice: {:#?}",
+        f.evidence
+    );
+    assert!(
+        v.healthy_evidence.is_empty(),
+        "an incident is not also busy-but-healthy"
+    );
     assert_eq!(v.status, Status::Incident);
     assert!(v.summary.contains("replica e:2"), "{}", v.summary);
 
@@ -565,5 +574,30 @@ fn healthy_replicas_raise_nothing() {
     assert_eq!(v.status, Status::Healthy, "{v:#?}");
     assert!(v.findings.is_empty());
     assert_eq!(v.breakdown.slices.len(), 2);
+    assert!(v.breakdown.slices.iter().all(|s| s.suspects.is_empty()));
+}
+
+#[test]
+fn a_quiet_replica_given_its_first_request_at_the_end_is_not_a_hang() {
+    let busy = Engine::default();
+    // Idle through the window, then one request still in prefill: running 0 → 1, no token yet.
+    let quiet = Engine {
+        running: 1.0,
+        n: 0,
+        gen_tokens: 0.0,
+        ..Engine::default()
+    };
+    let quiet_before = Engine {
+        running: 0.0,
+        ..quiet.before()
+    };
+    let g = dcgm(0.6, 0.0, 0.0);
+    let b = [busy.before().text(KV, ITL_NAME), quiet_before.text(KV, ITL_NAME)];
+    let a = [busy.text(KV, ITL_NAME), quiet.text(KV, ITL_NAME)];
+    let v = run(
+        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g)],
+        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g)],
+    );
+    assert_eq!(v.status, Status::Healthy, "{v:#?}");
     assert!(v.breakdown.slices.iter().all(|s| s.suspects.is_empty()));
 }
