@@ -222,7 +222,7 @@ fn closed_loop(
                     let refused = status != 200;
                     statuses.lock().unwrap().push((status, body));
                     if refused {
-                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
             })
