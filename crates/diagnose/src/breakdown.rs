@@ -8,7 +8,7 @@ use crate::rows::{self, Reader};
 use crate::rules;
 use crate::source::instance_of;
 use crate::verdict::{Finding, Suspect, Thresholds};
-use crate::window::{Distribution, Level, Series, Snapshot, Window};
+use crate::window::{Level, Series, Snapshot, Window};
 use serde::Serialize;
 use std::collections::BTreeSet;
 
@@ -23,7 +23,7 @@ const MAX_SLICES: usize = 16;
 /// and shown per slice.
 const LOCAL_CAUSES: [Suspect; 1] = [Suspect::ProcessHealth];
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Dimension {
     /// The gateway's `route` and the engines' `model_name`: a route that serves a model under
@@ -89,30 +89,32 @@ pub struct Breakdown {
 pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakdown, Vec<(String, Finding)>) {
     let mut out = Breakdown::default();
     let mut findings = Vec::new();
+    let engines = engine_instances(end);
     for dimension in [Dimension::Model, Dimension::Replica] {
-        let names = values(end, dimension);
+        let names = values(end, dimension, &engines);
         if names.len() < 2 {
             continue;
         }
         let mut slices: Vec<(Slice, Vec<Finding>)> = names
             .into_iter()
-            .map(|name| slice(start, end, t, dimension, name))
+            .map(|name| slice(start, end, t, dimension, name, &engines))
             .collect();
-        slices.sort_by(|a, b| {
-            let rate = |s: &Slice| s.requests_per_s.or(s.upstream_calls_per_s).unwrap_or(0.0);
-            rate(&b.0)
-                .total_cmp(&rate(&a.0))
-                .then_with(|| a.0.name.cmp(&b.0.name))
-        });
-        out.omitted += slices.len().saturating_sub(MAX_SLICES);
-        // Shown first, so never the ones left out: a local cause, then any finding. (Every
-        // slice's findings count, shown or not.)
-        slices.sort_by_key(|(s, _)| {
+        // Shown first, so never the ones left out: a local cause, then any finding, then the
+        // busiest. (Every slice's findings count, shown or not.)
+        let order = |s: &Slice| {
             (
                 !s.suspects.iter().any(|x| LOCAL_CAUSES.contains(x)),
                 s.suspects.is_empty(),
             )
+        };
+        let rate = |s: &Slice| s.requests_per_s.or(s.upstream_calls_per_s).unwrap_or(0.0);
+        slices.sort_by(|(a, _), (b, _)| {
+            order(a)
+                .cmp(&order(b))
+                .then_with(|| rate(b).total_cmp(&rate(a)))
+                .then_with(|| a.name.cmp(&b.name))
         });
+        out.omitted += slices.len().saturating_sub(MAX_SLICES);
         for (i, (s, f)) in slices.into_iter().enumerate() {
             let label = s.label();
             findings.extend(f.into_iter().map(|f| (label.clone(), f)));
@@ -125,8 +127,8 @@ pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakd
 }
 
 /// Where a slice's finding stands in the verdict: beside the totals' finding of the same row,
-/// or, for a local cause, as a finding of its own.
-/// A finding raised from slices alone carries each slice's evidence, named by its slice.
+/// or, for a local cause, as a finding of its own that carries each slice's evidence, named by
+/// its slice.
 pub(crate) fn place(findings: &mut Vec<Finding>, local: Vec<(String, Finding)>) {
     for (label, mut f) in local {
         for e in &mut f.evidence {
@@ -160,7 +162,7 @@ fn model_of(s: &Series) -> Option<&str> {
     })
 }
 
-/// Engines' scrape targets, and the replicas the gateway calls.
+/// Engines' scrape targets: the `instance` of any `vllm:` series.
 fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
     end.series
         .iter()
@@ -169,7 +171,9 @@ fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
         .collect()
 }
 
-fn values(end: &Snapshot, dimension: Dimension) -> BTreeSet<String> {
+/// A dimension's values: models by name; replicas as the engines' targets and the gateway's
+/// replicas, by `host:port`.
+fn values(end: &Snapshot, dimension: Dimension, engines: &BTreeSet<String>) -> BTreeSet<String> {
     match dimension {
         Dimension::Model => end
             .series
@@ -177,7 +181,7 @@ fn values(end: &Snapshot, dimension: Dimension) -> BTreeSet<String> {
             .filter_map(|s| model_of(s).map(str::to_owned))
             .collect(),
         Dimension::Replica => {
-            let mut all = engine_instances(end);
+            let mut all = engines.clone();
             all.extend(
                 end.series
                     .iter()
@@ -195,8 +199,8 @@ fn slice(
     t: &Thresholds,
     dimension: Dimension,
     name: String,
+    engines: &BTreeSet<String>,
 ) -> (Slice, Vec<Finding>) {
-    let engines = engine_instances(end);
     let keep = |s: &Series| {
         s.name == "up"
             || match dimension {
@@ -214,11 +218,15 @@ fn slice(
     let found = catalog::discover(&b);
     let reader = Reader { w: &w, found: &found };
     let rows = rows::build(&reader);
-    let outcome = rules::apply(&reader, &rows, t, &Cluster::default(), &mut Vec::new());
+    let outcome = rules::apply(
+        &reader,
+        &rows,
+        t,
+        &Cluster::default(),
+        Vec::new(),
+        &mut Vec::new(),
+    );
     let (u, g, e) = (&rows.user_impact, &rows.generation, &rows.engine);
-    let p95 = |d: Option<Distribution>| d.filter(|d| d.count > 0.0).and_then(|d| d.p95);
-    let ttft_p95 = p95(g.gateway_ttft).or(p95(g.engine_ttft));
-    let itl_p95 = p95(g.gateway_itl).or(p95(g.engine_itl));
     let secs = w.secs();
     let upstream = |keep: fn(&Series) -> bool| {
         w.increase("spillway_upstream_requests_total", keep)
@@ -227,21 +235,13 @@ fn slice(
     };
     let calls = upstream(|_| true);
     let failed = upstream(|s| matches!(s.label("result"), Some("error" | "timeout")));
-    let breached = [
-        ("ttft", ttft_p95.is_some_and(|v| v > t.ttft_p95)),
-        ("itl", itl_p95.is_some_and(|v| v > t.itl_p95)),
-        ("errors", u.error_ratio.is_some_and(|v| v > t.error_ratio)),
-    ]
-    .into_iter()
-    .filter_map(|(what, yes)| yes.then_some(what))
-    .collect();
     let slice = Slice {
         dimension,
         name,
         requests_per_s: u.requests_per_s,
         error_ratio: u.error_ratio,
-        ttft_p95,
-        itl_p95,
+        ttft_p95: outcome.user_ttft_p95,
+        itl_p95: outcome.user_itl_p95,
         running: e.running,
         waiting: e.waiting,
         kv_peak: e.kv_usage.map(|l| l.peak()),
@@ -250,7 +250,7 @@ fn slice(
         upstream_calls_per_s: calls,
         upstream_failed_ratio: calls.filter(|c| *c > 0.0).map(|c| failed.unwrap_or(0.0) / c),
         suspects: outcome.findings.iter().map(|f| f.suspect).collect(),
-        breached,
+        breached: outcome.breached,
     };
     (slice, outcome.findings)
 }

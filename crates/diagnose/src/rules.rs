@@ -9,6 +9,11 @@ use crate::window::{Distribution, Level};
 pub(crate) struct Outcome {
     pub(crate) findings: Vec<Finding>,
     pub(crate) breaches: Vec<Evidence>,
+    /// The objectives breached, by name: `ttft`, `itl`, `errors`.
+    pub(crate) breached: Vec<&'static str>,
+    /// TTFT and ITL p95 as the user sees them: the gateway's when it relays, else the engines'.
+    pub(crate) user_ttft_p95: Option<f64>,
+    pub(crate) user_itl_p95: Option<f64>,
     pub(crate) saturation: Saturation,
     pub(crate) busy: Vec<Evidence>,
 }
@@ -75,16 +80,15 @@ fn mean(d: Option<Distribution>) -> Option<f64> {
     d.filter(|d| d.count > 0.0).and_then(|d| d.mean)
 }
 
-/// Most specific first; ties keep their order.
-pub(crate) fn rank(findings: &mut [Finding]) {
-    findings.sort_by_key(|f| RANK.iter().position(|s| *s == f.suspect));
-}
-
+/// The table applied to the rows. `local` holds the findings of each model's and replica's slice
+/// (empty when judging a slice): they say where the totals' findings match, and raise the local
+/// causes the totals hide, before the ranking and "busy but healthy" are decided.
 pub(crate) fn apply(
     r: &Reader<'_>,
     rows: &Rows,
     t: &Thresholds,
     cluster: &Cluster,
+    local: Vec<(String, Finding)>,
     blind: &mut Vec<String>,
 ) -> Outcome {
     let c = Ctx { r, secs: r.w.secs() };
@@ -121,6 +125,14 @@ pub(crate) fn apply(
         .into_iter()
         .flatten()
         .collect();
+    let breached = [
+        ("ttft", &ttft_breach),
+        ("itl", &itl_breach),
+        ("errors", &error_breach),
+    ]
+    .into_iter()
+    .filter_map(|(name, b)| b.is_some().then_some(name))
+    .collect();
 
     // Queues: the engines' waiting list and the gateway's admission queue.
     let present = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0);
@@ -278,10 +290,10 @@ pub(crate) fn apply(
 
     // 6. Queue up with the GPU idle (or the engine making no progress): CPU, network, process.
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
-    // Requests still taken into the batch while nothing comes out: a queue of the engine's own,
-    // which a scheduler with room to spare never moves to `waiting`.
-    // Running through the whole window, so one request that arrived at its end and is still in
-    // prefill is not a hang.
+    // Requests running through the whole window and more still taken into the batch while
+    // nothing comes out: a queue of the engine's own, which a scheduler with room to spare never
+    // moves to `waiting`. (One request that arrived at the window's end and is still in prefill
+    // is not a hang.)
     let piling = stuck
         && e.running
             .is_some_and(|l| l.start.is_some_and(|s| s >= 1.0) && l.growth() > 0.0);
@@ -347,7 +359,8 @@ pub(crate) fn apply(
         found.push(Finding::new(Suspect::GpuFault, ev));
     }
 
-    rank(&mut found);
+    crate::breakdown::place(&mut found, local);
+    found.sort_by_key(|f| RANK.iter().position(|s| *s == f.suspect));
 
     let mut saturation = Saturation {
         slo: [ttft_breach, itl_breach].into_iter().flatten().collect(),
@@ -389,6 +402,9 @@ pub(crate) fn apply(
     Outcome {
         findings: found,
         breaches,
+        breached,
+        user_ttft_p95: user_ttft.map(|(_, v)| v),
+        user_itl_p95: user_itl.map(|(_, v)| v),
         saturation,
         busy,
     }

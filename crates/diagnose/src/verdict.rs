@@ -222,14 +222,8 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
     };
     let rows = rows::build(&reader);
     let mut blind_spots = blind_spots(&found, &rows);
-    let mut outcome = rules::apply(&reader, &rows, thresholds, cluster, &mut blind_spots);
     let (breakdown, local) = breakdown::build(start, end, thresholds);
-    breakdown::place(&mut outcome.findings, local);
-    rules::rank(&mut outcome.findings);
-    if !outcome.findings.is_empty() {
-        // A finding raised from a slice: "busy but inside the objectives" no longer holds.
-        outcome.busy.clear();
-    }
+    let outcome = rules::apply(&reader, &rows, thresholds, cluster, local, &mut blind_spots);
     let seen_layer = |l: Layer| found.iter().any(|f| f.layer == l && f.name.is_some());
     let decidable =
         rows.infrastructure.targets_up > 0 && (seen_layer(Layer::Engine) || seen_layer(Layer::Gateway));

@@ -433,6 +433,25 @@ fn as_model(text: &str, model: &str) -> String {
     text.replace("model_name=\"m\"", &format!("model_name=\"{model}\""))
 }
 
+/// An engine's expositions at the window's start and end.
+fn both(before: &Engine, after: &Engine) -> (String, String) {
+    (before.text(KV, ITL_NAME), after.text(KV, ITL_NAME))
+}
+
+/// Targets (instance, exposition at the window's start, at its end) beside a GPU exporter `d:1`
+/// at 60% activity: not idle, so rule 3 cannot match the totals on the GPU's word.
+fn fleet(targets: &[(&str, (String, String))]) -> Verdict {
+    let g = dcgm(0.6, 0.0, 0.0);
+    let at = |end: bool| -> Vec<(&str, &str)> {
+        targets
+            .iter()
+            .map(|(i, (b, a))| (*i, if end { a.as_str() } else { b.as_str() }))
+            .chain([("d:1", g.as_str())])
+            .collect()
+    };
+    run(&at(false), &at(true))
+}
+
 #[test]
 fn a_hung_replica_is_named_though_the_totals_hide_it() {
     let healthy = Engine::default();
@@ -462,21 +481,11 @@ fn a_hung_replica_is_named_though_the_totals_hide_it() {
             )
             .0
     };
-    let g = dcgm(0.6, 0.0, 0.0);
-    let b = [
-        healthy.before().text(KV, ITL_NAME),
-        hung_before.text(KV, ITL_NAME),
-        gateway(0.0, 0.0),
-    ];
-    let a = [
-        healthy.text(KV, ITL_NAME),
-        hung.text(KV, ITL_NAME),
-        gateway(100.0, 20.0),
-    ];
-    let v = run(
-        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g), ("gw:1", &b[2])],
-        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g), ("gw:1", &a[2])],
-    );
+    let v = fleet(&[
+        ("e:1", both(&healthy.before(), &healthy)),
+        ("e:2", both(&hung_before, &hung)),
+        ("gw:1", (gateway(0.0, 0.0), gateway(100.0, 20.0))),
+    ]);
 
     // The totals alone: tokens still flow and the GPU is 60% busy, so rule 3 does not match them.
     assert!(v.rows.generation.generation_tokens_per_s > Some(0.0));
@@ -535,19 +544,11 @@ fn a_finding_of_the_totals_names_the_model_and_replica_it_comes_from() {
         ..Engine::default()
     };
     let small = Engine::default();
-    let g = dcgm(0.6, 0.0, 0.0);
-    let b = [
-        as_model(&big.before().text(KV, ITL_NAME), "big"),
-        as_model(&small.before().text(KV, ITL_NAME), "small"),
-    ];
-    let a = [
-        as_model(&big.text(KV, ITL_NAME), "big"),
-        as_model(&small.text(KV, ITL_NAME), "small"),
-    ];
-    let v = run(
-        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g)],
-        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g)],
-    );
+    let named = |e: &Engine, model: &str| {
+        let (b, a) = both(&e.before(), e);
+        (as_model(&b, model), as_model(&a, model))
+    };
+    let v = fleet(&[("e:1", named(&big, "big")), ("e:2", named(&small, "small"))]);
     assert_eq!(suspects(&v), [Suspect::KvPressure], "{v:#?}");
     let f = &v.findings[0];
     assert!(!f.only_in_slices);
@@ -565,12 +566,7 @@ fn a_finding_of_the_totals_names_the_model_and_replica_it_comes_from() {
 #[test]
 fn healthy_replicas_raise_nothing() {
     let e = Engine::default();
-    let g = dcgm(0.6, 0.0, 0.0);
-    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
-    let v = run(
-        &[("e:1", &b), ("e:2", &b), ("d:1", &g)],
-        &[("e:1", &a), ("e:2", &a), ("d:1", &g)],
-    );
+    let v = fleet(&[("e:1", both(&e.before(), &e)), ("e:2", both(&e.before(), &e))]);
     assert_eq!(v.status, Status::Healthy, "{v:#?}");
     assert!(v.findings.is_empty());
     assert_eq!(v.breakdown.slices.len(), 2);
@@ -591,13 +587,10 @@ fn a_quiet_replica_given_its_first_request_at_the_end_is_not_a_hang() {
         running: 0.0,
         ..quiet.before()
     };
-    let g = dcgm(0.6, 0.0, 0.0);
-    let b = [busy.before().text(KV, ITL_NAME), quiet_before.text(KV, ITL_NAME)];
-    let a = [busy.text(KV, ITL_NAME), quiet.text(KV, ITL_NAME)];
-    let v = run(
-        &[("e:1", &b[0]), ("e:2", &b[1]), ("d:1", &g)],
-        &[("e:1", &a[0]), ("e:2", &a[1]), ("d:1", &g)],
-    );
+    let v = fleet(&[
+        ("e:1", both(&busy.before(), &busy)),
+        ("e:2", both(&quiet_before, &quiet)),
+    ]);
     assert_eq!(v.status, Status::Healthy, "{v:#?}");
     assert!(v.breakdown.slices.iter().all(|s| s.suspects.is_empty()));
 }
