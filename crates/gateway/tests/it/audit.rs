@@ -23,8 +23,8 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
-    /// Logs of this (current-thread) test go here until the guard drops.
-    /// This thread's subscriber, and a second dispatcher held beside it: tracing caches each
+    /// Logs of this (current-thread) test go here until the guards drop: this thread's
+    /// subscriber, and a second dispatcher held beside it. Tracing caches each
     /// callsite's interest process-wide, and while only one dispatcher exists the first thread to
     /// reach a callsite decides it from its own default — a sibling test with none would cache
     /// "never" and the event would be lost here. With two, interest is their union.
