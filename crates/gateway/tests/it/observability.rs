@@ -102,8 +102,12 @@ async fn request_ids_round_trip_and_reach_the_access_log() {
 
 /// `spillway bench` through the gateway splits TTFT by the gateway's `Server-Timing`: with 8
 /// clients against C = 2 the queue takes a visible share, and queue + upstream + the rest add up
-/// to the TTFT the client saw.
+/// to the TTFT the client saw. "The rest" is the time neither part holds: the request's way in
+/// (parse, route) and the first chunk's way out, in an unoptimised build. It was under 1 ms on
+/// the machine this was written on and 1.1–1.2 ms on a slower one, even alone. A missing or
+/// doubled part would be off by the upstream's ≥ 2.8 ms or the queue's ~60 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn bench_splits_ttft_by_server_timing() {
     let stack = Stack::start(
         vec![engine(tiny()).await],
@@ -174,8 +178,8 @@ routes:
     );
     let rest = ttft.mean - queue.mean - upstream.mean;
     assert!(
-        (-0.0005..0.001).contains(&rest),
-        "queue {:.4}s + upstream {:.4}s vs ttft {:.4}s: the split adds up within 1 ms\n{table}",
+        (-0.0005..0.002).contains(&rest),
+        "queue {:.4}s + upstream {:.4}s vs ttft {:.4}s: the split adds up within 2 ms\n{table}",
         queue.mean,
         upstream.mean,
         ttft.mean
