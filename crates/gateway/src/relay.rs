@@ -6,10 +6,8 @@
 
 use crate::error::GatewayError;
 use crate::outcome::{Cut, Ending, Exchange};
+use crate::upstream::h1::{Body, Read};
 use bytes::{Bytes, BytesMut};
-use futures::FutureExt;
-use http_body_util::{BodyExt, Limited};
-use hyper::body::Incoming;
 use memchr::memmem;
 use protocol::sse::EventSplitter;
 use std::time::Duration;
@@ -123,41 +121,35 @@ impl Rename {
     }
 }
 
-/// A streamed answer whose first chunk has arrived: the head can go out.
+/// A streamed answer whose first event has arrived: the head can go out.
 pub(crate) struct Opened {
-    upstream: Incoming,
+    upstream: Body,
+    /// Holds the bytes read while the head was held, at least one whole event.
     splitter: EventSplitter,
-    /// The events read while the head was held.
-    first: Vec<Bytes>,
     at: Instant,
 }
 
-/// Waits for the upstream's first chunk carrying an event, at most until `deadline` (the end of
-/// the `budget` for the first token).
+/// Waits for the upstream's first complete event, at most until `deadline` (the end of the
+/// `budget` for the first token).
 pub(crate) async fn open(
-    mut upstream: Incoming,
+    mut upstream: Body,
     deadline: Instant,
     budget: Duration,
 ) -> Result<Opened, GatewayError> {
     let mut splitter = EventSplitter::default();
-    let mut first = Vec::new();
-    while first.is_empty() {
-        match tokio::time::timeout_at(deadline, upstream.frame()).await {
-            Ok(Some(Ok(frame))) => {
-                if let Ok(data) = frame.into_data() {
-                    splitter.feed(&data, |e| first.push(e));
-                }
-            }
-            Ok(Some(Err(e))) => {
-                return Err(GatewayError::upstream(
-                    "upstream_error",
-                    format!("the replica's stream failed before the first token: {e}"),
-                ));
-            }
-            Ok(None) => {
+    while !splitter.holds_event() {
+        match tokio::time::timeout_at(deadline, upstream.read(&mut |data| splitter.hold(data))).await {
+            Ok(Ok(Read::Data)) => {}
+            Ok(Ok(Read::End)) => {
                 return Err(GatewayError::upstream(
                     "upstream_error",
                     "the replica closed the stream before the first token",
+                ));
+            }
+            Ok(Err(e)) => {
+                return Err(GatewayError::upstream(
+                    "upstream_error",
+                    format!("the replica's stream failed before the first token: {e}"),
                 ));
             }
             Err(_) => return Err(GatewayError::FirstTokenTimeout(budget)),
@@ -166,26 +158,22 @@ pub(crate) async fn open(
     Ok(Opened {
         upstream,
         splitter,
-        first,
         at: Instant::now(),
     })
 }
 
 /// Reads a non-streamed answer whole within the total budget.
 pub(crate) async fn whole(
-    upstream: Incoming,
+    upstream: Body,
     deadline: Instant,
     budget: Duration,
     rename: Option<&Rename>,
 ) -> Result<Bytes, GatewayError> {
-    match tokio::time::timeout_at(deadline, Limited::new(upstream, MAX_RESPONSE_BODY).collect()).await {
-        Ok(Ok(collected)) => {
-            let body = collected.to_bytes();
-            Ok(match rename {
-                Some(r) => r.apply(body),
-                None => body,
-            })
-        }
+    match tokio::time::timeout_at(deadline, upstream.collect(MAX_RESPONSE_BODY)).await {
+        Ok(Ok(body)) => Ok(match rename {
+            Some(r) => r.apply(body),
+            None => body,
+        }),
         Ok(Err(e)) => Err(GatewayError::upstream(
             "upstream_error",
             format!("the replica's answer failed: {e}"),
@@ -212,33 +200,75 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 }
 
 /// The state of one relayed stream; the response body owns it, and dropping it (the client left)
-/// drops the upstream body, which makes the replica abort the request.
+/// drops the upstream body, whose connection closes, which makes the replica abort the request.
 pub(crate) struct Relay {
-    config: RelayConfig,
-    upstream: Incoming,
+    upstream: Body,
     splitter: EventSplitter,
-    exchange: Exchange,
+    events: Events,
+    rename: Option<Rename>,
+    idle: Duration,
+    deadline: Instant,
+    stop: watch::Receiver<bool>,
     /// Bytes for the client. Each write is split off its front, so one allocation serves many
     /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
     done: bool,
 }
 
+/// What the relay does with each event: time it, read its usage, pass it on (renamed).
+struct Events {
+    exchange: Exchange,
+    strip_usage: bool,
+}
+
+impl Events {
+    /// Handles one complete event at `now`, appending what the client gets to `out`.
+    fn event(&mut self, event: &[u8], now: Instant, rename: Option<&Rename>, out: &mut BytesMut) {
+        match classify(event) {
+            EventKind::Tokens => self.exchange.token_chunk(now),
+            EventKind::Usage => {
+                self.exchange.usage = parse_usage(event);
+                if self.strip_usage {
+                    return;
+                }
+            }
+            EventKind::Done => self.exchange.end(Ending::Finished, 200),
+            EventKind::Other => {}
+        }
+        if matches!(self.exchange.trace, crate::traces::Trace::Record(_)) {
+            self.exchange.trace.finish_reasons(event);
+        }
+        match rename {
+            Some(r) => r.append(event, out),
+            None => out.extend_from_slice(event),
+        }
+    }
+}
+
 impl Relay {
     pub(crate) fn new(opened: Opened, config: RelayConfig, exchange: Exchange) -> Relay {
         let mut relay = Relay {
-            config,
             upstream: opened.upstream,
             splitter: opened.splitter,
-            exchange,
-            pending: BytesMut::new(),
+            events: Events {
+                exchange,
+                strip_usage: config.strip_usage,
+            },
+            rename: config.rename,
+            idle: config.idle,
+            deadline: config.deadline,
+            stop: config.stop,
+            pending: BytesMut::with_capacity(OUT_CAPACITY),
             done: false,
         };
-        let mut out = BytesMut::with_capacity(OUT_CAPACITY);
-        for e in opened.first {
-            relay.event(&e, opened.at, &mut out);
-        }
-        relay.pending = out;
+        let Relay {
+            splitter,
+            events,
+            rename,
+            pending,
+            ..
+        } = &mut relay;
+        splitter.feed_slices(&[], |e| events.event(e, opened.at, rename.as_ref(), pending));
         relay
     }
 
@@ -250,38 +280,9 @@ impl Relay {
         )
     }
 
-    /// Handles one complete event at `now`, appending what the client gets to `out`.
-    fn event(&mut self, event: &[u8], now: Instant, out: &mut BytesMut) {
-        match classify(event) {
-            EventKind::Tokens => self.exchange.token_chunk(now),
-            EventKind::Usage => {
-                self.exchange.usage = parse_usage(event);
-                if self.config.strip_usage {
-                    return;
-                }
-            }
-            EventKind::Done => self.exchange.end(Ending::Finished, 200),
-            EventKind::Other => {}
-        }
-        if matches!(self.exchange.trace, crate::traces::Trace::Record(_)) {
-            self.exchange.trace.finish_reasons(event);
-        }
-        match &self.config.rename {
-            Some(r) => r.append(event, out),
-            None => out.extend_from_slice(event),
-        }
-    }
-
-    /// Feeds one upstream frame's bytes through the splitter into `out`.
-    fn feed(&mut self, data: &[u8], now: Instant, out: &mut BytesMut) {
-        // The splitter is taken out for the call so each event can update the rest of the relay.
-        let mut splitter = std::mem::take(&mut self.splitter);
-        splitter.feed(data, |e| self.event(&e, now, out));
-        self.splitter = splitter;
-    }
-
     /// The next bytes for the client, or `None` at the end: everything the upstream has ready when
-    /// the relay wakes, in one piece, without ever waiting for more.
+    /// the relay wakes (what one read of its connection brings), in one piece, without ever
+    /// waiting for more.
     async fn next(&mut self) -> Option<Bytes> {
         if !self.pending.is_empty() {
             return Some(self.pending.split().freeze());
@@ -293,54 +294,45 @@ impl Relay {
             return None;
         }
         loop {
-            let until = (Instant::now() + self.config.idle).min(self.config.deadline);
-            let frame = tokio::select! {
-                biased;
-                _ = stopped(&mut self.config.stop) => {
-                    return Some(self.fail(Cut::DrainTimeout, "gateway_shutdown", "the gateway is shutting down and its drain time ran out"));
-                }
-                f = tokio::time::timeout_at(until, self.upstream.frame()) => f,
+            let until = (Instant::now() + self.idle).min(self.deadline);
+            let Relay {
+                upstream,
+                splitter,
+                events,
+                rename,
+                pending,
+                stop,
+                ..
+            } = self;
+            // Events that arrive together share one instant: the time of the read that brought
+            // them (see docs/metrics.md on inter-token latency).
+            let mut now = None;
+            let mut each = |data: &[u8]| {
+                let at = *now.get_or_insert_with(Instant::now);
+                splitter.feed_slices(data, |e| events.event(e, at, rename.as_ref(), pending));
             };
-            match frame {
-                Ok(Some(Ok(frame))) => {
-                    let now = Instant::now();
-                    let mut out = std::mem::take(&mut self.pending);
-                    if let Ok(data) = frame.into_data() {
-                        self.feed(&data, now, &mut out);
-                    }
-                    // Whatever else is already here goes out in the same write. hyper's client
-                    // hands over one HTTP chunk per run of its connection task, so after each
-                    // chunk the relay yields (up to twice in a row without one) to let that task
-                    // decode the next: an upstream that writes its events back to back reaches
-                    // the client in one write, and a lone token waits two scheduler turns, not
-                    // for data.
-                    let mut idle_turns = 0;
-                    loop {
-                        match self.upstream.frame().now_or_never() {
-                            Some(Some(Ok(frame))) => {
-                                idle_turns = 0;
-                                if let Ok(data) = frame.into_data() {
-                                    self.feed(&data, now, &mut out);
-                                }
-                            }
-                            Some(_) => break,
-                            None if idle_turns < 2 => {
-                                idle_turns += 1;
-                                tokio::task::yield_now().await;
-                            }
-                            None => break,
-                        }
-                    }
-                    let chunk = out.split().freeze();
-                    self.pending = out;
-                    if !chunk.is_empty() {
-                        return Some(chunk);
+            let read = tokio::select! {
+                biased;
+                _ = stopped(stop) => None,
+                r = tokio::time::timeout_at(until, upstream.read(&mut each)) => Some(r),
+            };
+            let Some(read) = read else {
+                return Some(self.fail(
+                    Cut::DrainTimeout,
+                    "gateway_shutdown",
+                    "the gateway is shutting down and its drain time ran out",
+                ));
+            };
+            match read {
+                Ok(Ok(Read::Data)) => {
+                    if !self.pending.is_empty() {
+                        return Some(self.pending.split().freeze());
                     }
                 }
-                Ok(None) => {
+                Ok(Ok(Read::End)) => {
                     self.done = true;
                     let rest = self.splitter.rest();
-                    if !self.exchange.ended() {
+                    if !self.events.exchange.ended() {
                         // The upstream closed without `[DONE]`: tell the client rather than end quietly.
                         let mut out = BytesMut::from(&rest[..]);
                         if !out.is_empty() && !out.ends_with(b"\n\n") {
@@ -355,11 +347,11 @@ impl Relay {
                     }
                     return (!rest.is_empty()).then_some(rest);
                 }
-                Ok(Some(Err(e))) => {
+                Ok(Err(e)) => {
                     let msg = format!("the replica's stream failed: {e}");
                     return Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg));
                 }
-                Err(_) if Instant::now() >= self.config.deadline => {
+                Err(_) if Instant::now() >= self.deadline => {
                     return Some(self.fail(
                         Cut::Deadline,
                         "deadline_exceeded",
@@ -367,10 +359,7 @@ impl Relay {
                     ));
                 }
                 Err(_) => {
-                    let msg = format!(
-                        "no chunk from the replica for {:?} (stream_idle)",
-                        self.config.idle
-                    );
+                    let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
                     return Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg));
                 }
             }
@@ -380,7 +369,7 @@ impl Relay {
     /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
     fn fail(&mut self, cut: Cut, code: &'static str, message: &str) -> Bytes {
         self.done = true;
-        self.exchange.end(Ending::Cut(cut), 200);
+        self.events.exchange.end(Ending::Cut(cut), 200);
         GatewayError::upstream(code, message).sse_event()
     }
 }

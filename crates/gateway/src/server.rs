@@ -361,7 +361,7 @@ async fn take_slot(
 async fn answer(
     g: &Gateway,
     route: &Route,
-    upstream: hyper::Response<hyper::body::Incoming>,
+    upstream: axum::http::Response<upstream::h1::Body>,
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Exchange,

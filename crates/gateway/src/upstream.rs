@@ -6,9 +6,9 @@ use crate::error::GatewayError;
 use crate::outcome::Exchange;
 use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::route::{Observation, Route};
-use axum::http::header;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
+pub(crate) mod h1;
+
+use axum::http::{Response, header};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -54,7 +54,7 @@ pub(crate) async fn call(
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Exchange,
-) -> Result<hyper::Response<Incoming>, GatewayError> {
+) -> Result<Response<h1::Body>, GatewayError> {
     let pool = &route.classes[prepared.class].pool;
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
@@ -112,28 +112,35 @@ async fn attempt(
     id: &str,
     index: usize,
     trace: Option<crate::traces::TraceHeaders>,
-) -> Result<hyper::Response<Incoming>, GatewayError> {
+) -> Result<Response<h1::Body>, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let (head_deadline, head_budget) = budgets.head(prepared.stream);
     let remaining = budgets.deadline.saturating_duration_since(Instant::now());
-    let mut request = hyper::Request::post(format!("{}{}", replica.url, api.path()))
-        .header(header::CONTENT_TYPE, "application/json")
-        .header("x-request-id", id)
-        .header(DEADLINE_HEADER, format!("{}ms", remaining.as_millis()));
-    if let Some(t) = trace {
-        request = request.header("traceparent", t.traceparent);
-        if let Some(state) = t.tracestate {
-            request = request.header("tracestate", state);
+    let deadline = format!("{}ms", remaining.as_millis());
+    let none: (&str, &[u8]) = ("", b"");
+    let mut headers = [
+        ("x-request-id", id.as_bytes()),
+        (DEADLINE_HEADER, deadline.as_bytes()),
+        none,
+        none,
+    ];
+    let mut n = 2;
+    if let Some(t) = &trace {
+        headers[n] = ("traceparent", t.traceparent.as_bytes());
+        n += 1;
+        if let Some(state) = &t.tracestate {
+            headers[n] = ("tracestate", state.as_bytes());
+            n += 1;
         }
     }
-    let request = request.body(Full::new(prepared.body.clone())).map_err(|e| {
-        GatewayError::upstream(
-            "bad_upstream_url",
-            format!("cannot build the upstream request: {e}"),
-        )
-    })?;
-    let response = match tokio::time::timeout_at(head_deadline, route.client.request(request)).await {
+    let request = h1::Request {
+        path: api.path(),
+        headers: &headers[..n],
+        body: &prepared.body,
+    };
+    let call = h1::send(&replica.conns, &request, route.config.timeouts.connect);
+    let response = match tokio::time::timeout_at(head_deadline, call).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
             let connect = e.is_connect();
@@ -191,15 +198,7 @@ async fn attempt(
         }
         _ => {
             route.observe(replica, Observation::Failed);
-            let body = tokio::time::timeout_at(
-                budgets.deadline,
-                Limited::new(response.into_body(), MAX_ERROR_BODY).collect(),
-            )
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+            let body = error_body(response, budgets.deadline).await;
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, status, body = %detail, "upstream answered an error");
             Err(GatewayError::upstream(
@@ -211,14 +210,10 @@ async fn attempt(
 }
 
 /// Reads the replica's own 4xx body (bounded) to relay it as it is.
-pub(crate) async fn error_body(response: hyper::Response<Incoming>, deadline: Instant) -> bytes::Bytes {
-    tokio::time::timeout_at(
-        deadline,
-        Limited::new(response.into_body(), MAX_ERROR_BODY).collect(),
-    )
-    .await
-    .ok()
-    .and_then(Result::ok)
-    .map(|b| b.to_bytes())
-    .unwrap_or_default()
+pub(crate) async fn error_body(response: Response<h1::Body>, deadline: Instant) -> bytes::Bytes {
+    tokio::time::timeout_at(deadline, response.into_body().collect(MAX_ERROR_BODY))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default()
 }

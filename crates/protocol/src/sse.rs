@@ -2,7 +2,7 @@
 //! writing events, and the one decoder that splits a byte stream into events and reads their data,
 //! shared by the gateway's relay and the load tester.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use memchr::memmem;
 use serde::Serialize;
 use std::borrow::Cow;
@@ -40,6 +40,38 @@ impl EventSplitter {
         while let Some(end) = event_end(&self.partial) {
             each(self.partial.split_to(end).freeze());
         }
+    }
+
+    /// As [`EventSplitter::feed`], but each event is lent as a slice, without a copy or a
+    /// reference count when it arrives whole: a relay that writes events on does not need them
+    /// to outlive the call.
+    pub fn feed_slices(&mut self, data: &[u8], mut each: impl FnMut(&[u8])) {
+        if self.partial.is_empty() {
+            let mut rest = data;
+            while let Some(end) = event_end(rest) {
+                each(&rest[..end]);
+                rest = &rest[end..];
+            }
+            self.partial.extend_from_slice(rest);
+            return;
+        }
+        self.partial.extend_from_slice(data);
+        let mut start = 0;
+        while let Some(end) = event_end(&self.partial[start..]) {
+            each(&self.partial[start..start + end]);
+            start += end;
+        }
+        self.partial.advance(start);
+    }
+
+    /// Keeps bytes without splitting them yet; the next feed hands out their events.
+    pub fn hold(&mut self, data: &[u8]) {
+        self.partial.extend_from_slice(data);
+    }
+
+    /// Whether the bytes held make at least one complete event.
+    pub fn holds_event(&self) -> bool {
+        event_end(&self.partial).is_some()
     }
 
     /// Whatever is left when the stream ends (an event without its blank line).
@@ -112,6 +144,28 @@ mod tests {
             assert_eq!(events.len(), 4, "cut at {cut}");
             assert!(s.rest().is_empty());
         }
+    }
+
+    #[test]
+    fn lent_events_are_the_same_events_however_the_bytes_are_cut() {
+        let stream = b"data: {\"a\":1}\n\ndata: {\"b\":2}\r\n\r\n: keep-alive\n\ndata: [DONE]\n\n";
+        for a in 0..=stream.len() {
+            for b in a..=stream.len() {
+                let mut s = EventSplitter::default();
+                let mut events: Vec<Vec<u8>> = Vec::new();
+                s.hold(&stream[..a]);
+                s.feed_slices(&stream[a..b], |e| events.push(e.to_vec()));
+                s.feed_slices(&stream[b..], |e| events.push(e.to_vec()));
+                assert_eq!(events.concat(), stream.to_vec(), "cut at {a}, {b}");
+                assert_eq!(events.len(), 4, "cut at {a}, {b}");
+                assert!(s.rest().is_empty());
+            }
+        }
+        let mut s = EventSplitter::default();
+        s.hold(b"data: 1\n");
+        assert!(!s.holds_event());
+        s.hold(b"\n");
+        assert!(s.holds_event());
     }
 
     #[test]

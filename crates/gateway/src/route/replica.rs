@@ -45,6 +45,8 @@ struct Ejection {
 /// One upstream replica and its live state.
 pub(crate) struct Replica {
     pub(crate) url: String,
+    /// Its idle connections, for the request path (health checks and scrapes use their own).
+    pub(crate) conns: Arc<crate::upstream::h1::Conns>,
     /// The last attempt to reach it failed to connect (cleared by any answer).
     unreachable: AtomicBool,
     /// Set by the active health checks; only healthy replicas are picked.
@@ -92,6 +94,7 @@ impl Replica {
         healthy.set(1);
         Replica {
             url: url.to_owned(),
+            conns: Arc::new(crate::upstream::h1::Conns::new(url)),
             unreachable: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),

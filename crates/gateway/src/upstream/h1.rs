@@ -1,0 +1,576 @@
+//! HTTP/1.1 to the replicas, on the request's own task. hyper's client runs every connection as a
+//! task of its own and hands each chunk of a stream across a channel: a task wake-up and a
+//! refcounted buffer per SSE chunk, and a second task per stream. Here the request's task writes
+//! the request, parses the answer's head and decodes its body straight out of one read buffer,
+//! which goes back to the replica's pool with the connection: a relayed stream costs one read and
+//! one write per wake-up. Connections are reused (most recent first) when an answer was read to
+//! its end; dropping a [`Body`] before that closes its connection, which is how a replica learns
+//! that the client left.
+
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Version};
+use bytes::{Buf, Bytes, BytesMut};
+use std::fmt;
+use std::io::{self, IoSlice, Write as _};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Each connection's read buffer: SSE chunks are a few hundred bytes, and decoded data never waits
+/// in it, so it grows only for an answer's head.
+const READ_BUF: usize = 4096;
+/// An answer's head (status line and headers) may be at most this large.
+const MAX_HEAD: usize = 64 * 1024;
+const MAX_HEADERS: usize = 64;
+/// A chunk-size or trailer line may be at most this long.
+const MAX_LINE: usize = 4096;
+/// Idle connections kept per replica; more are closed.
+const MAX_IDLE: usize = 1024;
+/// An idle connection older than this is closed rather than reused: servers close theirs too
+/// (uvicorn, under vLLM, after 5 s), and a long-idle socket is the likeliest to be half dead.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a call to a replica failed.
+#[derive(Debug)]
+pub(crate) enum Error {
+    /// No connection could be opened (refused, unreachable, or over the connect timeout).
+    Connect(io::Error),
+    /// The connection failed or closed in the middle of the exchange.
+    Io(io::Error),
+    /// The replica closed the connection before the answer was whole.
+    Closed,
+    /// The replica's answer is not valid HTTP/1.1.
+    Protocol(&'static str),
+    /// The answer's body is over the caller's limit.
+    TooLarge(usize),
+}
+
+impl Error {
+    pub(crate) fn is_connect(&self) -> bool {
+        matches!(self, Error::Connect(_))
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::Connect(e) => write!(f, "cannot connect: {e}"),
+            Error::Io(e) => write!(f, "connection error: {e}"),
+            Error::Closed => f.write_str("the connection closed before the answer was whole"),
+            Error::Protocol(what) => write!(f, "invalid HTTP answer: {what}"),
+            Error::TooLarge(limit) => write!(f, "the answer is over {limit} bytes"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// One open connection and its read buffer, which travel together through the pool.
+struct Conn {
+    stream: TcpStream,
+    buf: BytesMut,
+}
+
+/// A replica's address and its idle connections.
+pub(crate) struct Conns {
+    host: String,
+    port: u16,
+    /// The `Host` header's value and the request-target's prefix, as the configured URL says.
+    authority: String,
+    prefix: String,
+    idle: Mutex<Vec<(Conn, Instant)>>,
+}
+
+impl Conns {
+    /// `url` is a replica's base URL as configuration checked it (`http://host:port[/prefix]`).
+    pub(crate) fn new(url: &str) -> Conns {
+        let uri: axum::http::Uri = url.parse().unwrap_or_default();
+        let authority = uri
+            .authority()
+            .map_or_else(String::new, |a| a.as_str().to_owned());
+        let host = uri.host().unwrap_or("localhost");
+        Conns {
+            host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
+            port: uri.port_u16().unwrap_or(80),
+            authority,
+            prefix: uri.path().trim_end_matches('/').to_owned(),
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, Instant)>> {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The most recently used idle connection that still looks open.
+    fn reuse(&self) -> Option<Conn> {
+        let now = Instant::now();
+        loop {
+            let (conn, since) = self.lock().pop()?;
+            if now.saturating_duration_since(since) < IDLE_TIMEOUT && looks_open(&conn.stream) {
+                return Some(conn);
+            }
+        }
+    }
+
+    async fn connect(&self, timeout: Duration) -> Result<Conn, Error> {
+        let stream =
+            match tokio::time::timeout(timeout, TcpStream::connect((self.host.as_str(), self.port))).await {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return Err(Error::Connect(e)),
+                Err(_) => {
+                    return Err(Error::Connect(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        format!("no connection within {timeout:?}"),
+                    )));
+                }
+            };
+        // Each SSE event must leave at once, not wait for the previous one's ACK.
+        stream.set_nodelay(true).map_err(Error::Connect)?;
+        Ok(Conn {
+            stream,
+            buf: BytesMut::with_capacity(READ_BUF),
+        })
+    }
+
+    fn put_back(&self, conn: Conn) {
+        let mut idle = self.lock();
+        if idle.len() < MAX_IDLE {
+            idle.push((conn, Instant::now()));
+        }
+    }
+
+    /// Idle connections right now, for tests.
+    #[cfg(test)]
+    fn idle_count(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// Whether an idle connection can carry a request: the peer has not closed it and sent nothing
+/// unasked. The reactor's readiness says so without a system call in the common case.
+fn looks_open(stream: &TcpStream) -> bool {
+    let mut cx = Context::from_waker(Waker::noop());
+    match stream.poll_read_ready(&mut cx) {
+        Poll::Pending => true,
+        Poll::Ready(Err(_)) => false,
+        Poll::Ready(Ok(())) => {
+            let mut byte = [0u8; 1];
+            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        }
+    }
+}
+
+/// A POST to a replica: its path under the replica's URL, extra headers, and the JSON body.
+pub(crate) struct Request<'a> {
+    pub(crate) path: &'a str,
+    pub(crate) headers: &'a [(&'a str, &'a [u8])],
+    pub(crate) body: &'a Bytes,
+}
+
+/// Sends `request` and reads the answer's head; the body is read from the returned [`Body`].
+/// A reused connection that fails before any byte of the answer (the replica closed it while it
+/// sat idle) is replaced by a new one once, as the request cannot have been taken.
+pub(crate) async fn send(
+    conns: &Arc<Conns>,
+    request: &Request<'_>,
+    connect_timeout: Duration,
+) -> Result<Response<Body>, Error> {
+    let head = request_head(conns, request);
+    if let Some(mut conn) = conns.reuse() {
+        match exchange(&mut conn, &head, request.body).await {
+            Ok(parsed) => return Ok(parsed.into_response(conn, conns)),
+            Err((e, false)) => return Err(e),
+            Err((_, true)) => {}
+        }
+    }
+    let mut conn = conns.connect(connect_timeout).await?;
+    match exchange(&mut conn, &head, request.body).await {
+        Ok(parsed) => Ok(parsed.into_response(conn, conns)),
+        Err((e, _)) => Err(e),
+    }
+}
+
+fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
+    let mut head = Vec::with_capacity(256);
+    let mut put = |parts: &[&[u8]]| parts.iter().for_each(|p| head.extend_from_slice(p));
+    put(&[
+        b"POST ",
+        conns.prefix.as_bytes(),
+        request.path.as_bytes(),
+        b" HTTP/1.1\r\nhost: ",
+        conns.authority.as_bytes(),
+        b"\r\ncontent-type: application/json\r\ncontent-length: ",
+    ]);
+    let _ = write!(head, "{}\r\n", request.body.len());
+    let mut put = |parts: &[&[u8]]| parts.iter().for_each(|p| head.extend_from_slice(p));
+    for (name, value) in request.headers {
+        // Values come from checked headers; a line break would still split the request.
+        if !value.iter().any(|b| *b == b'\r' || *b == b'\n') {
+            put(&[name.as_bytes(), b": ", value, b"\r\n"]);
+        }
+    }
+    head.extend_from_slice(b"\r\n");
+    head
+}
+
+/// The parts of an answer's head the gateway uses, and how its body is framed.
+struct Head {
+    status: StatusCode,
+    version: Version,
+    headers: HeaderMap,
+    framing: Framing,
+    reusable: bool,
+}
+
+impl Head {
+    fn into_response(self, conn: Conn, conns: &Arc<Conns>) -> Response<Body> {
+        let body = Body {
+            conn: Some(conn),
+            framing: self.framing,
+            reusable: self.reusable,
+            conns: conns.clone(),
+        };
+        let mut response = Response::new(body);
+        *response.status_mut() = self.status;
+        *response.version_mut() = self.version;
+        *response.headers_mut() = self.headers;
+        response
+    }
+}
+
+/// Writes the request and reads the answer's head. On failure, whether nothing at all came back
+/// (so the request may go again on another connection).
+async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, (Error, bool)> {
+    if let Err(e) = write_all(&mut conn.stream, head, body).await {
+        return Err((Error::Io(e), true));
+    }
+    conn.buf.clear();
+    loop {
+        if !conn.buf.is_empty() {
+            match parse_head(&conn.buf) {
+                Ok(Some((n, head))) => {
+                    conn.buf.advance(n);
+                    match head {
+                        Some(head) => return Ok(head),
+                        // An interim 1xx answer: the real one follows.
+                        None => continue,
+                    }
+                }
+                Ok(None) if conn.buf.len() >= MAX_HEAD => {
+                    return Err((Error::Protocol("the head is over 64 KiB"), false));
+                }
+                Ok(None) => {}
+                Err(e) => return Err((e, false)),
+            }
+        }
+        let nothing_yet = conn.buf.is_empty();
+        conn.buf.reserve(READ_BUF);
+        match conn.stream.read_buf(&mut conn.buf).await {
+            Ok(0) => return Err((Error::Closed, nothing_yet)),
+            Ok(_) => {}
+            Err(e) => return Err((Error::Io(e), nothing_yet)),
+        }
+    }
+}
+
+async fn write_all(stream: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
+    while !a.is_empty() || !b.is_empty() {
+        let n = stream.write_vectored(&[IoSlice::new(a), IoSlice::new(b)]).await?;
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let from_a = n.min(a.len());
+        a = &a[from_a..];
+        b = &b[n - from_a..];
+    }
+    Ok(())
+}
+
+/// Parses a complete head at the start of `buf`: its length, and the head (`None` for a 1xx).
+/// `Ok(None)` when more bytes are needed.
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
+    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut slots);
+    let n = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(Error::Protocol("more than 64 headers")),
+        Err(_) => return Err(Error::Protocol("malformed status line or header")),
+    };
+    let status = parsed
+        .code
+        .and_then(|c| StatusCode::from_u16(c).ok())
+        .ok_or(Error::Protocol("bad status code"))?;
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(Error::Protocol("101 Switching Protocols"));
+    }
+    if status.is_informational() {
+        return Ok(Some((n, None)));
+    }
+    let version = if parsed.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let mut chunked = false;
+    let mut length: Option<u64> = None;
+    let mut close = version == Version::HTTP_10;
+    for h in parsed.headers.iter() {
+        let name =
+            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Error::Protocol("bad header name"))?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| Error::Protocol("bad header value"))?;
+        if name == axum::http::header::TRANSFER_ENCODING {
+            // Only the last coding frames the body; anything but chunked runs to the close.
+            chunked = value
+                .as_bytes()
+                .rsplit(|b| *b == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            close |= !chunked;
+        } else if name == axum::http::header::CONTENT_LENGTH {
+            let n = std::str::from_utf8(value.as_bytes())
+                .ok()
+                .and_then(|s| s.trim().parse::<u64>().ok())
+                .ok_or(Error::Protocol("bad content-length"))?;
+            if length.is_some_and(|l| l != n) {
+                return Err(Error::Protocol("two different content-lengths"));
+            }
+            length = Some(n);
+        } else if name == axum::http::header::CONNECTION {
+            for token in value.as_bytes().split(|b| *b == b',') {
+                let token = token.trim_ascii();
+                if token.eq_ignore_ascii_case(b"close") {
+                    close = true;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                    close = false;
+                }
+            }
+        }
+        headers.append(name, value);
+    }
+    let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        Framing::Length(0)
+    } else if headers.contains_key(axum::http::header::TRANSFER_ENCODING) {
+        if chunked {
+            Framing::Chunked(Chunk::Size)
+        } else {
+            Framing::UntilClose
+        }
+    } else if let Some(n) = length {
+        Framing::Length(n)
+    } else {
+        close = true;
+        Framing::UntilClose
+    };
+    Ok(Some((
+        n,
+        Some(Head {
+            status,
+            version,
+            headers,
+            framing,
+            reusable: !close,
+        }),
+    )))
+}
+
+/// How the rest of a body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Framing {
+    /// This many bytes are left.
+    Length(u64),
+    Chunked(Chunk),
+    /// Until the replica closes the connection.
+    UntilClose,
+    Done,
+}
+
+/// Where a chunked body's decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Chunk {
+    /// Expecting a chunk-size line.
+    Size,
+    /// This many bytes of the current chunk are left.
+    Data(u64),
+    /// Expecting the line break after a chunk's data.
+    DataEnd,
+    /// After the last chunk: trailer lines until an empty one.
+    Trailer,
+}
+
+/// What one call to [`Body::read`] found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Read {
+    /// Some of the body was handed over.
+    Data,
+    /// The body is whole.
+    End,
+}
+
+/// An answer's body, read on the caller's task.
+pub(crate) struct Body {
+    /// `None` once the body is whole (the connection went back to the pool, or was closed).
+    conn: Option<Conn>,
+    framing: Framing,
+    reusable: bool,
+    conns: Arc<Conns>,
+}
+
+impl Body {
+    /// Waits until some of the body is here (one read of the socket at most), then hands every
+    /// decoded piece of what the buffer holds to `each`, in order, without copying it.
+    pub(crate) async fn read(&mut self, each: &mut (dyn FnMut(&[u8]) + Send)) -> Result<Read, Error> {
+        loop {
+            let Some(conn) = self.conn.as_mut() else {
+                return Ok(Read::End);
+            };
+            let handed = decode(&mut self.framing, &mut conn.buf, each)?;
+            if self.framing == Framing::Done {
+                self.finish();
+                return Ok(if handed { Read::Data } else { Read::End });
+            }
+            if handed {
+                return Ok(Read::Data);
+            }
+            // What is left is part of a line, or nothing: only more bytes can move it on.
+            if conn.buf.capacity() - conn.buf.len() < READ_BUF / 4 {
+                conn.buf.reserve(READ_BUF);
+            }
+            let n = conn.stream.read_buf(&mut conn.buf).await.map_err(Error::Io)?;
+            if n == 0 {
+                if self.framing == Framing::UntilClose {
+                    self.framing = Framing::Done;
+                    self.reusable = false;
+                    self.finish();
+                    return Ok(Read::End);
+                }
+                self.conn = None;
+                return Err(Error::Closed);
+            }
+        }
+    }
+
+    /// The whole body, up to `limit` bytes.
+    pub(crate) async fn collect(mut self, limit: usize) -> Result<Bytes, Error> {
+        let mut out = BytesMut::new();
+        loop {
+            let mut over = false;
+            let read = self
+                .read(&mut |data| {
+                    if out.len() + data.len() > limit {
+                        over = true;
+                    } else {
+                        out.extend_from_slice(data);
+                    }
+                })
+                .await?;
+            if over {
+                return Err(Error::TooLarge(limit));
+            }
+            if read == Read::End {
+                return Ok(out.freeze());
+            }
+        }
+    }
+
+    /// The body is whole: its connection goes back to the pool if it can carry another request.
+    fn finish(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && self.reusable
+            && conn.buf.is_empty()
+        {
+            self.conns.put_back(conn);
+        }
+    }
+}
+
+/// Decodes what `buf` holds, handing data to `each` and consuming it; true if any data was
+/// handed over. Stops when it needs more bytes or the body is whole.
+fn decode(framing: &mut Framing, buf: &mut BytesMut, each: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
+    let mut handed = false;
+    loop {
+        match framing {
+            Framing::Done => return Ok(handed),
+            Framing::Length(0) => *framing = Framing::Done,
+            Framing::Length(left) => {
+                let n = take(buf, left, each);
+                handed |= n > 0;
+                if n == 0 {
+                    return Ok(handed);
+                }
+            }
+            Framing::UntilClose => {
+                if buf.is_empty() {
+                    return Ok(handed);
+                }
+                each(&buf[..]);
+                buf.clear();
+                handed = true;
+            }
+            Framing::Chunked(Chunk::Data(left)) => {
+                let n = take(buf, left, each);
+                handed |= n > 0;
+                if *left == 0 {
+                    *framing = Framing::Chunked(Chunk::DataEnd);
+                } else if n == 0 {
+                    return Ok(handed);
+                }
+            }
+            Framing::Chunked(state) => {
+                let Some(end) = memchr::memchr(b'\n', &buf[..buf.len().min(MAX_LINE)]) else {
+                    if buf.len() >= MAX_LINE {
+                        return Err(Error::Protocol("a chunk line is over 4 KiB"));
+                    }
+                    return Ok(handed);
+                };
+                let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+                *framing = match *state {
+                    Chunk::Size => match chunk_size(line)? {
+                        0 => Framing::Chunked(Chunk::Trailer),
+                        n => Framing::Chunked(Chunk::Data(n)),
+                    },
+                    Chunk::DataEnd if line.is_empty() => Framing::Chunked(Chunk::Size),
+                    Chunk::DataEnd => return Err(Error::Protocol("a chunk is longer than its size")),
+                    Chunk::Trailer if line.is_empty() => Framing::Done,
+                    Chunk::Trailer => Framing::Chunked(Chunk::Trailer),
+                    Chunk::Data(_) => unreachable!("handled above"),
+                };
+                buf.advance(end + 1);
+            }
+        }
+    }
+}
+
+/// Hands up to `left` bytes from the front of `buf` to `each`; how many.
+fn take(buf: &mut BytesMut, left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usize {
+    let n = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+    if n > 0 {
+        each(&buf[..n]);
+        buf.advance(n);
+        *left -= n as u64;
+    }
+    n
+}
+
+/// A chunk-size line: hex digits, then optional extensions after `;`.
+fn chunk_size(line: &[u8]) -> Result<u64, Error> {
+    let digits = line.split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
+    if digits.is_empty() || digits.len() > 15 {
+        return Err(Error::Protocol("bad chunk size"));
+    }
+    let mut size = 0u64;
+    for d in digits {
+        let v = (*d as char)
+            .to_digit(16)
+            .ok_or(Error::Protocol("bad chunk size"))?;
+        size = size * 16 + u64::from(v);
+    }
+    Ok(size)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,262 @@
+use super::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// Decodes `wire` fed in pieces cut at `cuts`, returning the data and the framing at the end.
+fn decode_in_pieces(framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, Framing), Error> {
+    let mut framing = framing;
+    let mut buf = BytesMut::new();
+    let mut out = Vec::new();
+    let mut from = 0;
+    for &to in cuts.iter().chain(std::iter::once(&wire.len())) {
+        buf.extend_from_slice(&wire[from..to]);
+        from = to;
+        decode(&mut framing, &mut buf, &mut |d| out.extend_from_slice(d))?;
+    }
+    Ok((out, framing))
+}
+
+#[test]
+fn a_chunked_body_decodes_the_same_however_it_is_cut() {
+    let second = b": ping\n\ndata: {\"x\":1}\n\n";
+    let wire = [
+        &b"5;ext=1\r\nhello\r\n"[..],
+        format!("{:X} \r\n", second.len()).as_bytes(),
+        second,
+        b"\r\n0\r\nx-trailer: y\r\n\r\n",
+    ]
+    .concat();
+    let wire = &wire[..];
+    let want = [&b"hello"[..], second].concat();
+    for a in 0..=wire.len() {
+        for b in a..=wire.len() {
+            let (data, framing) = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[a, b]).unwrap();
+            assert_eq!(data, want, "cut at {a} and {b}");
+            assert_eq!(framing, Framing::Done, "cut at {a} and {b}");
+        }
+    }
+}
+
+#[test]
+fn bad_chunks_are_errors_not_hangs() {
+    for wire in [
+        &b"zz\r\nhello\r\n"[..],
+        b"\r\n",
+        b"5\r\nhelloX\r\n",
+        b"fffffffffffffffff\r\n",
+    ] {
+        let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[]);
+        assert!(
+            matches!(r, Err(Error::Protocol(_))),
+            "{:?}: {r:?}",
+            String::from_utf8_lossy(wire)
+        );
+    }
+    let long = vec![b'1'; MAX_LINE + 1];
+    let r = decode_in_pieces(Framing::Chunked(Chunk::Size), &long, &[]);
+    assert!(matches!(r, Err(Error::Protocol(_))), "{r:?}");
+}
+
+#[test]
+fn a_length_body_stops_at_its_length() {
+    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hello", &[2]).unwrap();
+    assert_eq!(data, b"hello");
+    assert_eq!(framing, Framing::Done);
+    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hel", &[]).unwrap();
+    assert_eq!(data, b"hel");
+    assert_eq!(framing, Framing::Length(2));
+}
+
+#[test]
+fn heads_say_how_the_body_is_framed_and_whether_the_connection_lives_on() {
+    let head = |wire: &str| parse_head(wire.as_bytes()).unwrap().unwrap().1.unwrap();
+    let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+    assert_eq!((h.framing, h.reusable), (Framing::Chunked(Chunk::Size), true));
+    let h = head("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\nretry-after: 3\r\n\r\n");
+    assert_eq!(
+        (h.status.as_u16(), h.framing, h.reusable),
+        (503, Framing::Length(2), true)
+    );
+    assert_eq!(h.headers["retry-after"], "3");
+    let h = head("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n");
+    assert!(!h.reusable);
+    let h = head("HTTP/1.1 200 OK\r\n\r\n");
+    assert_eq!((h.framing, h.reusable), (Framing::UntilClose, false));
+    let h = head("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n");
+    assert!(!h.reusable);
+    let h = head("HTTP/1.0 200 OK\r\ncontent-length: 1\r\nconnection: keep-alive\r\n\r\n");
+    assert!(h.reusable);
+    let h = head("HTTP/1.1 204 No Content\r\n\r\n");
+    assert_eq!(h.framing, Framing::Length(0));
+    assert!(matches!(
+        parse_head(b"HTTP/1.1 100 Continue\r\n\r\n"),
+        Ok(Some((25, None)))
+    ));
+    assert!(matches!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le"), Ok(None)));
+    assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n").is_err());
+    assert!(parse_head(b"garbage\r\n\r\n").is_err());
+}
+
+/// A server for one connection: it reads one request (head, and body by content-length) per
+/// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
+/// `close_after`. It ends, returning each request's peer and head, when its client closes.
+async fn serve_script(
+    answers: Vec<&'static [u8]>,
+    close_after: bool,
+) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut answers = answers.into_iter();
+        let (mut s, peer) = listener.accept().await.unwrap();
+        loop {
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n\r\n") {
+                if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                    return seen;
+                }
+                got.push(byte[0]);
+            }
+            let head = String::from_utf8(got).unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            let mut body = vec![0u8; len];
+            s.read_exact(&mut body).await.unwrap();
+            seen.push(format!("{peer} {head}"));
+            let Some(answer) = answers.next() else { return seen };
+            s.write_all(answer).await.unwrap();
+            if close_after && answers.len() == 0 {
+                return seen;
+            }
+        }
+    });
+    (url, task)
+}
+
+fn post(body: &Bytes) -> Request<'_> {
+    Request {
+        path: "/v1/chat/completions",
+        headers: &[("x-request-id", b"abc")],
+        body,
+    }
+}
+
+#[tokio::test]
+async fn a_connection_is_reused_once_its_answer_was_read_whole() {
+    let ok: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+    let (url, server) = serve_script(vec![ok, ok, ok], true).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = Bytes::from_static(b"{}");
+    for _ in 0..3 {
+        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"abc");
+        assert_eq!(conns.idle_count(), 1);
+    }
+    let seen = server.await.unwrap();
+    let peers: std::collections::HashSet<_> = seen
+        .iter()
+        .map(|s| s.split(' ').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(peers.len(), 1, "one connection for three requests: {seen:?}");
+    assert!(
+        seen[0].contains("POST /v1/chat/completions HTTP/1.1\r\n"),
+        "{}",
+        seen[0]
+    );
+    assert!(seen[0].contains(&format!("host: {}\r\n", url.trim_start_matches("http://"))));
+    assert!(seen[0].contains("content-length: 2\r\n"), "{}", seen[0]);
+    assert!(seen[0].contains("x-request-id: abc\r\n"), "{}", seen[0]);
+}
+
+#[tokio::test]
+async fn a_connection_the_replica_closed_while_idle_is_replaced() {
+    let ok: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+    // The server answers once per connection and then closes it without saying so.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = [0u8; 1024];
+            let mut got = Vec::new();
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"{}") {
+                let n = s.read(&mut buf).await.unwrap();
+                got.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(ok).await.unwrap();
+            drop(s);
+        }
+    });
+    let conns = Arc::new(Conns::new(&url));
+    let body = Bytes::from_static(b"{}");
+    for i in 0..5 {
+        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        assert_eq!(
+            &r.into_body().collect(100).await.unwrap()[..],
+            b"ok",
+            "request {i}"
+        );
+        // Whether the close is seen before the next request or only by it, the request succeeds.
+        if i % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_body_dropped_before_its_end_closes_its_connection() {
+    let part: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n";
+    let (url, server) = serve_script(vec![part], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = Bytes::from_static(b"{}");
+    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let mut body = r.into_body();
+    let mut got = Vec::new();
+    assert_eq!(
+        body.read(&mut |d| got.extend_from_slice(d)).await.unwrap(),
+        Read::Data
+    );
+    assert_eq!(got, b"abc");
+    drop(body);
+    assert_eq!(conns.idle_count(), 0);
+    // The server sees the connection close (its read returns 0) and ends.
+    tokio::time::timeout(Duration::from_secs(5), server)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn nothing_listening_is_a_connect_error_and_a_cut_answer_is_not() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let conns = Arc::new(Conns::new(&url));
+    let body = Bytes::from_static(b"{}");
+    let Err(e) = send(&conns, &post(&body), Duration::from_secs(1)).await else {
+        panic!("connected to a closed port");
+    };
+    assert!(e.is_connect(), "{e}");
+
+    let cut: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
+    let (url, _server) = serve_script(vec![cut], true).await;
+    let conns = Arc::new(Conns::new(&url));
+    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let e = r.into_body().collect(100).await.unwrap_err();
+    assert!(matches!(e, Error::Closed), "{e}");
+    assert!(!e.is_connect());
+}
+
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused() {
+    let big: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789";
+    let (url, _server) = serve_script(vec![big], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = Bytes::from_static(b"{}");
+    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    assert!(matches!(r.into_body().collect(4).await, Err(Error::TooLarge(4))));
+}
