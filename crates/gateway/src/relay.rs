@@ -121,24 +121,36 @@ impl Rename {
     }
 }
 
-/// A streamed answer whose first event has arrived: the head can go out.
+/// A streamed answer whose first event has arrived (and been handled): the head can go out.
 pub(crate) struct Opened {
     upstream: Body,
-    /// Holds the bytes read while the head was held, at least one whole event.
     splitter: EventSplitter,
-    at: Instant,
+    /// What the client gets of the events read so far.
+    out: BytesMut,
 }
 
 /// Waits for the upstream's first complete event, at most until `deadline` (the end of the
-/// `budget` for the first token).
+/// `budget` for the first token), and handles the events read meanwhile as the relay would.
 pub(crate) async fn open(
     mut upstream: Body,
+    config: &RelayConfig,
+    ex: &mut Exchange,
     deadline: Instant,
     budget: Duration,
 ) -> Result<Opened, GatewayError> {
     let mut splitter = EventSplitter::default();
-    while !splitter.holds_event() {
-        match tokio::time::timeout_at(deadline, upstream.read(&mut |data| splitter.hold(data))).await {
+    let mut out = BytesMut::with_capacity(OUT_CAPACITY);
+    let mut events = 0;
+    while events == 0 {
+        let mut now = None;
+        let mut each = |data: &[u8]| {
+            let at = *now.get_or_insert_with(Instant::now);
+            splitter.feed_slices(data, |e| {
+                events += 1;
+                pass_on(ex, e, at, config.rename.as_ref(), config.strip_usage, &mut out);
+            });
+        };
+        match tokio::time::timeout_at(deadline, upstream.read(&mut each)).await {
             Ok(Ok(Read::Data)) => {}
             Ok(Ok(Read::End)) => {
                 return Err(GatewayError::upstream(
@@ -158,8 +170,38 @@ pub(crate) async fn open(
     Ok(Opened {
         upstream,
         splitter,
-        at: Instant::now(),
+        out,
     })
+}
+
+/// Handles one complete event at `now`: times it, reads its usage, and appends what the client
+/// gets of it to `out`.
+fn pass_on(
+    ex: &mut Exchange,
+    event: &[u8],
+    now: Instant,
+    rename: Option<&Rename>,
+    strip_usage: bool,
+    out: &mut BytesMut,
+) {
+    match classify(event) {
+        EventKind::Tokens => ex.token_chunk(now),
+        EventKind::Usage => {
+            ex.usage = parse_usage(event);
+            if strip_usage {
+                return;
+            }
+        }
+        EventKind::Done => ex.end(Ending::Finished, 200),
+        EventKind::Other => {}
+    }
+    if matches!(ex.trace, crate::traces::Trace::Record(_)) {
+        ex.trace.finish_reasons(event);
+    }
+    match rename {
+        Some(r) => r.append(event, out),
+        None => out.extend_from_slice(event),
+    }
 }
 
 /// Reads a non-streamed answer whole within the total budget.
@@ -204,72 +246,24 @@ async fn stopped(stop: &mut watch::Receiver<bool>) {
 pub(crate) struct Relay {
     upstream: Body,
     splitter: EventSplitter,
-    events: Events,
-    rename: Option<Rename>,
-    idle: Duration,
-    deadline: Instant,
-    stop: watch::Receiver<bool>,
+    exchange: Exchange,
+    config: RelayConfig,
     /// Bytes for the client. Each write is split off its front, so one allocation serves many
     /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
     done: bool,
 }
 
-/// What the relay does with each event: time it, read its usage, pass it on (renamed).
-struct Events {
-    exchange: Exchange,
-    strip_usage: bool,
-}
-
-impl Events {
-    /// Handles one complete event at `now`, appending what the client gets to `out`.
-    fn event(&mut self, event: &[u8], now: Instant, rename: Option<&Rename>, out: &mut BytesMut) {
-        match classify(event) {
-            EventKind::Tokens => self.exchange.token_chunk(now),
-            EventKind::Usage => {
-                self.exchange.usage = parse_usage(event);
-                if self.strip_usage {
-                    return;
-                }
-            }
-            EventKind::Done => self.exchange.end(Ending::Finished, 200),
-            EventKind::Other => {}
-        }
-        if matches!(self.exchange.trace, crate::traces::Trace::Record(_)) {
-            self.exchange.trace.finish_reasons(event);
-        }
-        match rename {
-            Some(r) => r.append(event, out),
-            None => out.extend_from_slice(event),
-        }
-    }
-}
-
 impl Relay {
     pub(crate) fn new(opened: Opened, config: RelayConfig, exchange: Exchange) -> Relay {
-        let mut relay = Relay {
+        Relay {
             upstream: opened.upstream,
             splitter: opened.splitter,
-            events: Events {
-                exchange,
-                strip_usage: config.strip_usage,
-            },
-            rename: config.rename,
-            idle: config.idle,
-            deadline: config.deadline,
-            stop: config.stop,
-            pending: BytesMut::with_capacity(OUT_CAPACITY),
+            exchange,
+            config,
+            pending: opened.out,
             done: false,
-        };
-        let Relay {
-            splitter,
-            events,
-            rename,
-            pending,
-            ..
-        } = &mut relay;
-        splitter.feed_slices(&[], |e| events.event(e, opened.at, rename.as_ref(), pending));
-        relay
+        }
     }
 
     /// The relay as a response body stream.
@@ -294,14 +288,13 @@ impl Relay {
             return None;
         }
         loop {
-            let until = (Instant::now() + self.idle).min(self.deadline);
+            let until = (Instant::now() + self.config.idle).min(self.config.deadline);
             let Relay {
                 upstream,
                 splitter,
-                events,
-                rename,
+                exchange,
+                config,
                 pending,
-                stop,
                 ..
             } = self;
             // Events that arrive together share one instant: the time of the read that brought
@@ -309,11 +302,20 @@ impl Relay {
             let mut now = None;
             let mut each = |data: &[u8]| {
                 let at = *now.get_or_insert_with(Instant::now);
-                splitter.feed_slices(data, |e| events.event(e, at, rename.as_ref(), pending));
+                splitter.feed_slices(data, |e| {
+                    pass_on(
+                        exchange,
+                        e,
+                        at,
+                        config.rename.as_ref(),
+                        config.strip_usage,
+                        pending,
+                    );
+                });
             };
             let read = tokio::select! {
                 biased;
-                _ = stopped(stop) => None,
+                _ = stopped(&mut config.stop) => None,
                 r = tokio::time::timeout_at(until, upstream.read(&mut each)) => Some(r),
             };
             let Some(read) = read else {
@@ -332,7 +334,7 @@ impl Relay {
                 Ok(Ok(Read::End)) => {
                     self.done = true;
                     let rest = self.splitter.rest();
-                    if !self.events.exchange.ended() {
+                    if !self.exchange.ended() {
                         // The upstream closed without `[DONE]`: tell the client rather than end quietly.
                         let mut out = BytesMut::from(&rest[..]);
                         if !out.is_empty() && !out.ends_with(b"\n\n") {
@@ -351,7 +353,7 @@ impl Relay {
                     let msg = format!("the replica's stream failed: {e}");
                     return Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg));
                 }
-                Err(_) if Instant::now() >= self.deadline => {
+                Err(_) if Instant::now() >= self.config.deadline => {
                     return Some(self.fail(
                         Cut::Deadline,
                         "deadline_exceeded",
@@ -359,7 +361,10 @@ impl Relay {
                     ));
                 }
                 Err(_) => {
-                    let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
+                    let msg = format!(
+                        "no chunk from the replica for {:?} (stream_idle)",
+                        self.config.idle
+                    );
                     return Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg));
                 }
             }
@@ -369,7 +374,7 @@ impl Relay {
     /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
     fn fail(&mut self, cut: Cut, code: &'static str, message: &str) -> Bytes {
         self.done = true;
-        self.events.exchange.end(Ending::Cut(cut), 200);
+        self.exchange.end(Ending::Cut(cut), 200);
         GatewayError::upstream(code, message).sse_event()
     }
 }

@@ -361,7 +361,7 @@ async fn take_slot(
 async fn answer(
     g: &Gateway,
     route: &Route,
-    upstream: axum::http::Response<upstream::h1::Body>,
+    upstream: upstream::h1::Response,
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Exchange,
@@ -381,8 +381,17 @@ async fn answer(
         .await?;
         return Ok(Answer::Whole(body));
     }
+    let config = RelayConfig {
+        rename: route.rename.clone(),
+        strip_usage: !prepared.client_wants_usage,
+        idle: route.config.timeouts.stream_idle,
+        deadline: budgets.deadline,
+        stop: g.stop.subscribe(),
+    };
     let opened = relay::open(
         upstream.into_body(),
+        &config,
+        ex,
         budgets.first_token_deadline,
         budgets.first_token,
     )
@@ -396,13 +405,6 @@ async fn answer(
         };
         route.observe(&r.replica, seen);
     }
-    let config = RelayConfig {
-        rename: route.rename.clone(),
-        strip_usage: !prepared.client_wants_usage,
-        idle: route.config.timeouts.stream_idle,
-        deadline: budgets.deadline,
-        stop: g.stop.subscribe(),
-    };
     Ok(Answer::Stream(opened?, config))
 }
 

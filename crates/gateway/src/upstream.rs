@@ -8,7 +8,6 @@ use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::route::{Observation, Route};
 pub(crate) mod h1;
 
-use axum::http::{Response, header};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -54,7 +53,7 @@ pub(crate) async fn call(
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Exchange,
-) -> Result<Response<h1::Body>, GatewayError> {
+) -> Result<h1::Response, GatewayError> {
     let pool = &route.classes[prepared.class].pool;
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
@@ -112,7 +111,7 @@ async fn attempt(
     id: &str,
     index: usize,
     trace: Option<crate::traces::TraceHeaders>,
-) -> Result<Response<h1::Body>, GatewayError> {
+) -> Result<h1::Response, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let (head_deadline, head_budget) = budgets.head(prepared.stream);
@@ -179,10 +178,7 @@ async fn attempt(
         }
         429 | 503 => {
             let retry_after = response
-                .headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                .retry_after()
                 .map_or(Duration::from_secs(1), Duration::from_secs);
             route.observe(replica, Observation::Busy { retry_after });
             Err(GatewayError::UpstreamBusy {
@@ -210,7 +206,7 @@ async fn attempt(
 }
 
 /// Reads the replica's own 4xx body (bounded) to relay it as it is.
-pub(crate) async fn error_body(response: Response<h1::Body>, deadline: Instant) -> bytes::Bytes {
+pub(crate) async fn error_body(response: h1::Response, deadline: Instant) -> bytes::Bytes {
     tokio::time::timeout_at(deadline, response.into_body().collect(MAX_ERROR_BODY))
         .await
         .ok()

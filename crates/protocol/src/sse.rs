@@ -76,6 +76,9 @@ impl EventSplitter {
 
     /// Whatever is left when the stream ends (an event without its blank line).
     pub fn rest(&mut self) -> Bytes {
+        if self.partial.is_empty() {
+            return Bytes::new();
+        }
         self.partial.split().freeze()
     }
 }

@@ -7,7 +7,7 @@
 //! its end; dropping a [`Body`] before that closes its connection, which is how a replica learns
 //! that the client left.
 
-use axum::http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Version};
+use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
 use std::fmt;
 use std::io::{self, IoSlice, Write as _};
@@ -177,7 +177,7 @@ pub(crate) async fn send(
     conns: &Arc<Conns>,
     request: &Request<'_>,
     connect_timeout: Duration,
-) -> Result<Response<Body>, Error> {
+) -> Result<Response, Error> {
     let head = request_head(conns, request);
     if let Some(mut conn) = conns.reuse() {
         match exchange(&mut conn, &head, request.body).await {
@@ -216,28 +216,50 @@ fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
     head
 }
 
-/// The parts of an answer's head the gateway uses, and how its body is framed.
+/// A replica's answer: what the gateway reads of its head, and its body to read on.
+pub(crate) struct Response {
+    status: StatusCode,
+    retry_after: Option<u64>,
+    body: Body,
+}
+
+impl Response {
+    pub(crate) fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// `Retry-After` in seconds, when the replica sent it as a number.
+    pub(crate) fn retry_after(&self) -> Option<u64> {
+        self.retry_after
+    }
+
+    pub(crate) fn into_body(self) -> Body {
+        self.body
+    }
+}
+
+/// The parts of an answer's head the gateway uses, and how its body is framed. No header map:
+/// the relay forwards none of the replica's headers.
+#[derive(Debug)]
 struct Head {
     status: StatusCode,
-    version: Version,
-    headers: HeaderMap,
+    retry_after: Option<u64>,
     framing: Framing,
     reusable: bool,
 }
 
 impl Head {
-    fn into_response(self, conn: Conn, conns: &Arc<Conns>) -> Response<Body> {
-        let body = Body {
-            conn: Some(conn),
-            framing: self.framing,
-            reusable: self.reusable,
-            conns: conns.clone(),
-        };
-        let mut response = Response::new(body);
-        *response.status_mut() = self.status;
-        *response.version_mut() = self.version;
-        *response.headers_mut() = self.headers;
-        response
+    fn into_response(self, conn: Conn, conns: &Arc<Conns>) -> Response {
+        Response {
+            status: self.status,
+            retry_after: self.retry_after,
+            body: Body {
+                conn: Some(conn),
+                framing: self.framing,
+                reusable: self.reusable,
+                conns: conns.clone(),
+            },
+        }
     }
 }
 
@@ -310,51 +332,49 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     if status.is_informational() {
         return Ok(Some((n, None)));
     }
-    let version = if parsed.version == Some(0) {
-        Version::HTTP_10
-    } else {
-        Version::HTTP_11
-    };
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    let http10 = parsed.version == Some(0);
+    let mut encoded = false;
     let mut chunked = false;
     let mut length: Option<u64> = None;
-    let mut close = version == Version::HTTP_10;
+    let mut retry_after = None;
+    let mut close = http10;
+    let number = |value: &[u8]| {
+        std::str::from_utf8(value)
+            .ok()
+            .and_then(|s| s.trim().parse::<u64>().ok())
+    };
     for h in parsed.headers.iter() {
-        let name =
-            HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| Error::Protocol("bad header name"))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| Error::Protocol("bad header value"))?;
-        if name == axum::http::header::TRANSFER_ENCODING {
+        let (name, value) = (h.name, h.value);
+        if name.eq_ignore_ascii_case("transfer-encoding") {
             // Only the last coding frames the body; anything but chunked runs to the close.
+            encoded = true;
             chunked = value
-                .as_bytes()
                 .rsplit(|b| *b == b',')
                 .next()
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             close |= !chunked;
-        } else if name == axum::http::header::CONTENT_LENGTH {
-            let n = std::str::from_utf8(value.as_bytes())
-                .ok()
-                .and_then(|s| s.trim().parse::<u64>().ok())
-                .ok_or(Error::Protocol("bad content-length"))?;
+        } else if name.eq_ignore_ascii_case("content-length") {
+            let n = number(value).ok_or(Error::Protocol("bad content-length"))?;
             if length.is_some_and(|l| l != n) {
                 return Err(Error::Protocol("two different content-lengths"));
             }
             length = Some(n);
-        } else if name == axum::http::header::CONNECTION {
-            for token in value.as_bytes().split(|b| *b == b',') {
+        } else if name.eq_ignore_ascii_case("connection") {
+            for token in value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
                 if token.eq_ignore_ascii_case(b"close") {
                     close = true;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == Version::HTTP_10 {
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
                     close = false;
                 }
             }
+        } else if name.eq_ignore_ascii_case("retry-after") {
+            retry_after = number(value);
         }
-        headers.append(name, value);
     }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Length(0)
-    } else if headers.contains_key(axum::http::header::TRANSFER_ENCODING) {
+    } else if encoded {
         if chunked {
             Framing::Chunked(Chunk::Size)
         } else {
@@ -370,8 +390,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
         n,
         Some(Head {
             status,
-            version,
-            headers,
+            retry_after,
             framing,
             reusable: !close,
         }),

@@ -77,7 +77,7 @@ fn heads_say_how_the_body_is_framed_and_whether_the_connection_lives_on() {
         (h.status.as_u16(), h.framing, h.reusable),
         (503, Framing::Length(2), true)
     );
-    assert_eq!(h.headers["retry-after"], "3");
+    assert_eq!(h.retry_after, Some(3));
     let h = head("HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n");
     assert!(!h.reusable);
     let h = head("HTTP/1.1 200 OK\r\n\r\n");
