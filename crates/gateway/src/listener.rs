@@ -6,13 +6,13 @@
 use crate::config::MetricsExposure;
 use crate::error::GatewayError;
 use crate::gateway::{AbortOnDrop, Gateway, StopProbes};
+use crate::server::Front;
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use hyper_util::service::TowerToHyperService;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -62,8 +62,8 @@ pub async fn run(
         }
         None => None,
     };
-    let app = crate::server::router(gateway.clone());
-    let overloaded = overloaded_router(gateway.clone(), max);
+    let app = Front::new(Some(gateway.clone()), crate::server::router(gateway.clone()));
+    let overloaded = Front::new(None, overloaded_router(gateway.clone(), max));
     let builder = Arc::new(connection_builder(&server, server.header_timeout));
     let over_limit_builder = Arc::new(connection_builder(
         &server,
@@ -127,7 +127,7 @@ pub async fn run(
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _conn = conn;
-            let serving = builder.serve_connection(TokioIo::new(tcp), TowerToHyperService::new(service));
+            let serving = builder.serve_connection(TokioIo::new(tcp), service);
             let _ = watcher.watch(serving).await;
         });
     }

@@ -14,13 +14,17 @@ use crate::upstream::{self, Budgets};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
+use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
 use std::fmt::Write as _;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::time::Instant;
 
@@ -70,7 +74,7 @@ async fn request_id(State(g): State<Arc<Gateway>>, mut req: Request, next: Next)
     response
 }
 
-fn head_size(req: &Request) -> usize {
+fn head_size<B>(req: &axum::http::Request<B>) -> usize {
     let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     req.headers()
         .iter()
@@ -117,11 +121,78 @@ fn auth(headers: &HeaderMap) -> Option<&str> {
 }
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(g, Api::Chat, req).await
+    let id = settled_id(&req);
+    handle(g, Api::Chat, id, req).await
 }
 
 async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
-    handle(g, Api::Completions, req).await
+    let id = settled_id(&req);
+    handle(g, Api::Completions, id, req).await
+}
+
+/// The request ID the middleware settled (or a new one, for a router without it).
+fn settled_id(req: &Request) -> String {
+    match req.extensions().get::<RequestId>() {
+        Some(RequestId(id)) => id.clone(),
+        None => prepare::request_id(req.headers()),
+    }
+}
+
+/// The public listener's service. The two completion endpoints go straight to the request path:
+/// axum's routing, middleware and body boxing cost about ten allocations and as many dynamic
+/// calls per request, which the hot path does without. Every other request, and any other
+/// method on those paths, goes through the [`router`], which answers them as before.
+#[derive(Clone)]
+pub(crate) struct Front {
+    /// `None` on connections over the limit: the router answers everything there.
+    gateway: Option<Arc<Gateway>>,
+    router: TowerToHyperService<Router>,
+}
+
+impl Front {
+    pub(crate) fn new(gateway: Option<Arc<Gateway>>, router: Router) -> Front {
+        Front {
+            gateway,
+            router: TowerToHyperService::new(router),
+        }
+    }
+}
+
+impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
+        let api = match (req.method(), req.uri().path()) {
+            (&Method::POST, "/v1/chat/completions") => Some(Api::Chat),
+            (&Method::POST, "/v1/completions") => Some(Api::Completions),
+            _ => None,
+        };
+        match (api, &self.gateway) {
+            (Some(api), Some(g)) => {
+                let g = g.clone();
+                Box::pin(async move { Ok(completion(g, api, req).await) })
+            }
+            _ => Box::pin(self.router.call(req)),
+        }
+    }
+}
+
+/// A completion request as the router's middleware and handler would serve it.
+async fn completion(g: Arc<Gateway>, api: Api, req: axum::http::Request<Incoming>) -> Response {
+    let id = prepare::request_id(req.headers());
+    let limit = g.config.server.max_header_bytes;
+    let value = HeaderValue::from_str(&id);
+    let mut response = if head_size(&req) > limit {
+        GatewayError::HeadersTooLarge { limit }.into_response()
+    } else {
+        handle(g, api, id, req).await
+    };
+    if let Ok(v) = value {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    response
 }
 
 /// What the stages produced, before the exchange becomes part of the response.
@@ -136,12 +207,12 @@ enum Answer {
     Relayed(StatusCode, Bytes),
 }
 
-async fn handle(g: Arc<Gateway>, api: Api, req: Request) -> Response {
+async fn handle<B>(g: Arc<Gateway>, api: Api, id: String, req: axum::http::Request<B>) -> Response
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<axum::BoxError>,
+{
     let (parts, body) = req.into_parts();
-    let id = match parts.extensions.get::<RequestId>() {
-        Some(RequestId(id)) => id.clone(),
-        None => prepare::request_id(&parts.headers),
-    };
     let mut ex = Exchange::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
     let answer = serve(&g, api, &parts.headers, body, &mut ex).await;
@@ -149,13 +220,17 @@ async fn handle(g: Arc<Gateway>, api: Api, req: Request) -> Response {
 }
 
 /// Stages 1–10 of the request path, in order; the first that fails ends the request.
-async fn serve(
+async fn serve<B>(
     g: &Gateway,
     api: Api,
     headers: &HeaderMap,
-    body: Body,
+    body: B,
     ex: &mut Exchange,
-) -> Result<Answer, GatewayError> {
+) -> Result<Answer, GatewayError>
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<axum::BoxError>,
+{
     if g.is_draining() {
         return Err(GatewayError::Draining);
     }
@@ -190,7 +265,11 @@ async fn serve(
 }
 
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).
-async fn read_body(body: Body, server: &ServerConfig) -> Result<Bytes, GatewayError> {
+async fn read_body<B>(body: B, server: &ServerConfig) -> Result<Bytes, GatewayError>
+where
+    B: hyper::body::Body<Data = Bytes>,
+    B::Error: Into<axum::BoxError>,
+{
     let limit = server.max_body_bytes;
     match tokio::time::timeout(server.body_timeout, Limited::new(body, limit).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
