@@ -52,15 +52,16 @@ pub fn classify(event: &[u8]) -> EventKind {
         return EventKind::Done;
     }
     let n = &*NEEDLES;
-    if n.usage.find(event).is_some() && n.no_choices.find(event).is_some() {
-        return EventKind::Usage;
-    }
+    // Text first: nearly every event carries some, and a usage-only chunk carries none (a chunk
+    // with both, as vLLM's continuous usage stats send, counts as tokens either way).
     let has_text = |f: &memmem::Finder<'_>| {
         f.find(event)
             .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != b'"'))
     };
     if has_text(&n.content) || has_text(&n.text) {
         EventKind::Tokens
+    } else if n.usage.find(event).is_some() && n.no_choices.find(event).is_some() {
+        EventKind::Usage
     } else {
         EventKind::Other
     }
