@@ -10,9 +10,12 @@ use crate::upstream::h1::{Body, Read};
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 use protocol::sse::EventSplitter;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// The relay's output buffer: about eight events' worth, reused write after write.
 const OUT_CAPACITY: usize = 2 * 1024;
@@ -236,19 +239,29 @@ pub(crate) struct RelayConfig {
 }
 
 /// Resolves when the drain runs out; never if the gateway that would say so is gone.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
+async fn stopped(mut stop: watch::Receiver<bool>) {
     if stop.wait_for(|stop| *stop).await.is_err() {
         std::future::pending::<()>().await;
     }
 }
 
-/// The state of one relayed stream; the response body owns it, and dropping it (the client left)
-/// drops the upstream body, whose connection closes, which makes the replica abort the request.
+/// The state of one relayed stream, which is the response body's stream; dropping it (the client
+/// left) drops the upstream body, whose connection closes, which makes the replica abort the
+/// request.
 pub(crate) struct Relay {
     upstream: Body,
     splitter: EventSplitter,
     exchange: Exchange,
-    config: RelayConfig,
+    rename: Option<Rename>,
+    strip_usage: bool,
+    idle: Duration,
+    deadline: Instant,
+    /// When the last data came: `stream_idle` counts from here.
+    last_read: Instant,
+    /// Set at the idle or total deadline and moved only when it fires early, so a chunk costs no
+    /// timer update; the drain's signal, likewise waited on once for the whole stream.
+    timer: Pin<Box<Sleep>>,
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
     /// Bytes for the client. Each write is split off its front, so one allocation serves many
     /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
@@ -257,44 +270,50 @@ pub(crate) struct Relay {
 
 impl Relay {
     pub(crate) fn new(opened: Opened, config: RelayConfig, exchange: Exchange) -> Relay {
+        let now = Instant::now();
         Relay {
             upstream: opened.upstream,
             splitter: opened.splitter,
             exchange,
-            config,
+            rename: config.rename,
+            strip_usage: config.strip_usage,
+            idle: config.idle,
+            deadline: config.deadline,
+            last_read: now,
+            timer: Box::pin(tokio::time::sleep_until((now + config.idle).min(config.deadline))),
+            stop: Box::pin(stopped(config.stop)),
             pending: opened.out,
             done: false,
         }
     }
 
-    /// The relay as a response body stream.
-    pub(crate) fn into_stream(self) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
-        futures::stream::unfold(
-            self,
-            |mut r| async move { r.next().await.map(|item| (Ok(item), r)) },
-        )
-    }
-
     /// The next bytes for the client, or `None` at the end: everything the upstream has ready when
     /// the relay wakes (what one read of its connection brings), in one piece, without ever
     /// waiting for more.
-    async fn next(&mut self) -> Option<Bytes> {
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         if !self.pending.is_empty() {
-            return Some(self.pending.split().freeze());
+            return Poll::Ready(Some(self.pending.split().freeze()));
         }
         if self.pending.capacity() < OUT_CAPACITY / 4 {
             self.pending.reserve(OUT_CAPACITY);
         }
         if self.done {
-            return None;
+            return Poll::Ready(None);
         }
         loop {
-            let until = (Instant::now() + self.config.idle).min(self.config.deadline);
+            if self.stop.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(Some(self.fail(
+                    Cut::DrainTimeout,
+                    "gateway_shutdown",
+                    "the gateway is shutting down and its drain time ran out",
+                )));
+            }
             let Relay {
                 upstream,
                 splitter,
                 exchange,
-                config,
+                rename,
+                strip_usage,
                 pending,
                 ..
             } = self;
@@ -304,72 +323,67 @@ impl Relay {
             let mut each = |data: &[u8]| {
                 let at = *now.get_or_insert_with(Instant::now);
                 splitter.feed_slices(data, |e| {
-                    pass_on(
-                        exchange,
-                        e,
-                        at,
-                        config.rename.as_ref(),
-                        config.strip_usage,
-                        pending,
-                    );
+                    pass_on(exchange, e, at, rename.as_ref(), *strip_usage, pending);
                 });
             };
-            let read = tokio::select! {
-                biased;
-                _ = stopped(&mut config.stop) => None,
-                r = tokio::time::timeout_at(until, upstream.read(&mut each)) => Some(r),
-            };
-            let Some(read) = read else {
-                return Some(self.fail(
-                    Cut::DrainTimeout,
-                    "gateway_shutdown",
-                    "the gateway is shutting down and its drain time ran out",
-                ));
-            };
-            match read {
-                Ok(Ok(Read::Data)) => {
+            match upstream.poll_read(cx, &mut each) {
+                Poll::Ready(Ok(Read::Data)) => {
+                    if let Some(at) = now {
+                        self.last_read = at;
+                    }
                     if !self.pending.is_empty() {
-                        return Some(self.pending.split().freeze());
+                        return Poll::Ready(Some(self.pending.split().freeze()));
                     }
                 }
-                Ok(Ok(Read::End)) => {
-                    self.done = true;
-                    let rest = self.splitter.rest();
-                    if !self.exchange.ended() {
-                        // The upstream closed without `[DONE]`: tell the client rather than end quietly.
-                        let mut out = BytesMut::from(&rest[..]);
-                        if !out.is_empty() && !out.ends_with(b"\n\n") {
-                            out.extend_from_slice(b"\n\n");
-                        }
-                        out.extend_from_slice(&self.fail(
-                            Cut::Upstream,
-                            "upstream_stream_error",
-                            "the replica ended the stream early",
-                        ));
-                        return Some(out.freeze());
-                    }
-                    return (!rest.is_empty()).then_some(rest);
-                }
-                Ok(Err(e)) => {
+                Poll::Ready(Ok(Read::End)) => return Poll::Ready(self.ended()),
+                Poll::Ready(Err(e)) => {
                     let msg = format!("the replica's stream failed: {e}");
-                    return Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg));
+                    return Poll::Ready(Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg)));
                 }
-                Err(_) if Instant::now() >= self.config.deadline => {
-                    return Some(self.fail(
-                        Cut::Deadline,
-                        "deadline_exceeded",
-                        "the request's total time budget ran out",
-                    ));
-                }
-                Err(_) => {
-                    let msg = format!(
-                        "no chunk from the replica for {:?} (stream_idle)",
-                        self.config.idle
-                    );
-                    return Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg));
+                Poll::Pending => {
+                    if self.timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let now = Instant::now();
+                    if now >= self.deadline {
+                        return Poll::Ready(Some(self.fail(
+                            Cut::Deadline,
+                            "deadline_exceeded",
+                            "the request's total time budget ran out",
+                        )));
+                    }
+                    let due = (self.last_read + self.idle).min(self.deadline);
+                    if now >= due {
+                        let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
+                        return Poll::Ready(Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg)));
+                    }
+                    // Data came since the timer was set: it moves to the new deadline, and the
+                    // next turn of the loop waits on it again.
+                    self.timer.as_mut().reset(due);
                 }
             }
         }
+    }
+
+    /// The upstream's body ended: what is left for the client, with an error event if the
+    /// stream ended without `[DONE]`.
+    fn ended(&mut self) -> Option<Bytes> {
+        self.done = true;
+        let rest = self.splitter.rest();
+        if !self.exchange.ended() {
+            // The upstream closed without `[DONE]`: tell the client rather than end quietly.
+            let mut out = BytesMut::from(&rest[..]);
+            if !out.is_empty() && !out.ends_with(b"\n\n") {
+                out.extend_from_slice(b"\n\n");
+            }
+            out.extend_from_slice(&self.fail(
+                Cut::Upstream,
+                "upstream_stream_error",
+                "the replica ended the stream early",
+            ));
+            return Some(out.freeze());
+        }
+        (!rest.is_empty()).then_some(rest)
     }
 
     /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
@@ -377,6 +391,14 @@ impl Relay {
         self.done = true;
         self.exchange.end(Ending::Cut(cut), 200);
         GatewayError::upstream(code, message).sse_event()
+    }
+}
+
+impl futures::Stream for Relay {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().poll_chunk(cx).map(|chunk| chunk.map(Ok))
     }
 }
 

@@ -526,7 +526,7 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
         }
         Ok(Answer::Stream(opened, config)) => {
             ex.answering(200);
-            let body = Body::from_stream(Relay::new(opened, config, ex).into_stream());
+            let body = Body::from_stream(Relay::new(opened, config, ex));
             (
                 [
                     (

@@ -10,6 +10,7 @@
 use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
 use std::fmt;
+use std::future::Future as _;
 use std::io::{self, IoSlice, Write as _};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -443,32 +444,48 @@ impl Body {
     /// Waits until some of the body is here (one read of the socket at most), then hands every
     /// decoded piece of what the buffer holds to `each`, in order, without copying it.
     pub(crate) async fn read(&mut self, each: &mut (dyn FnMut(&[u8]) + Send)) -> Result<Read, Error> {
+        std::future::poll_fn(|cx| self.poll_read(cx, each)).await
+    }
+
+    /// [`Body::read`] for a caller that polls: `Pending` (with the task woken later) when the
+    /// buffer holds no data and the socket has none ready.
+    pub(crate) fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        each: &mut dyn FnMut(&[u8]),
+    ) -> Poll<Result<Read, Error>> {
         loop {
             let Some(conn) = self.conn.as_mut() else {
-                return Ok(Read::End);
+                return Poll::Ready(Ok(Read::End));
             };
             let handed = decode(&mut self.framing, &mut conn.buf, each)?;
             if self.framing == Framing::Done {
                 self.finish();
-                return Ok(if handed { Read::Data } else { Read::End });
+                return Poll::Ready(Ok(if handed { Read::Data } else { Read::End }));
             }
             if handed {
-                return Ok(Read::Data);
+                return Poll::Ready(Ok(Read::Data));
             }
             // What is left is part of a line, or nothing: only more bytes can move it on.
             if conn.buf.capacity() - conn.buf.len() < READ_BUF / 4 {
                 conn.buf.reserve(READ_BUF);
             }
-            let n = conn.stream.read_buf(&mut conn.buf).await.map_err(Error::Io)?;
+            // tokio's read marks the socket drained when it returns less than asked, so the next
+            // poll waits for the reactor instead of trying a read that would fail.
+            let read = std::pin::pin!(conn.stream.read_buf(&mut conn.buf));
+            let n = match read.poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(r) => r.map_err(Error::Io)?,
+            };
             if n == 0 {
                 if self.framing == Framing::UntilClose {
                     self.framing = Framing::Done;
                     self.reusable = false;
                     self.finish();
-                    return Ok(Read::End);
+                    return Poll::Ready(Ok(Read::End));
                 }
                 self.conn = None;
-                return Err(Error::Closed);
+                return Poll::Ready(Err(Error::Closed));
             }
         }
     }
