@@ -259,9 +259,15 @@ pub(crate) struct Relay {
     /// When the last data came: `stream_idle` counts from here.
     last_read: Instant,
     /// Set at the idle or total deadline and moved only when it fires early, so a chunk costs no
-    /// timer update; the drain's signal, likewise waited on once for the whole stream.
+    /// timer update. It is polled (which registers the task's waker) only when set; other wake-ups
+    /// read its state.
     timer: Pin<Box<Sleep>>,
+    timer_armed: bool,
+    /// The drain's signal: waited on once for the whole stream (its wake-up reaches this task),
+    /// then read through `stop_seen` without a lock.
     stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+    stop_seen: watch::Receiver<bool>,
+    stop_waiting: bool,
     /// Bytes for the client. Each write is split off its front, so one allocation serves many
     /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
@@ -281,7 +287,10 @@ impl Relay {
             deadline: config.deadline,
             last_read: now,
             timer: Box::pin(tokio::time::sleep_until((now + config.idle).min(config.deadline))),
+            timer_armed: false,
+            stop_seen: config.stop.clone(),
             stop: Box::pin(stopped(config.stop)),
+            stop_waiting: false,
             pending: opened.out,
             done: false,
         }
@@ -301,7 +310,7 @@ impl Relay {
             return Poll::Ready(None);
         }
         loop {
-            if self.stop.as_mut().poll(cx).is_ready() {
+            if self.stopping(cx) {
                 return Poll::Ready(Some(self.fail(
                     Cut::DrainTimeout,
                     "gateway_shutdown",
@@ -341,7 +350,7 @@ impl Relay {
                     return Poll::Ready(Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg)));
                 }
                 Poll::Pending => {
-                    if self.timer.as_mut().poll(cx).is_pending() {
+                    if !self.timer_due(cx) {
                         return Poll::Pending;
                     }
                     let now = Instant::now();
@@ -360,9 +369,30 @@ impl Relay {
                     // Data came since the timer was set: it moves to the new deadline, and the
                     // next turn of the loop waits on it again.
                     self.timer.as_mut().reset(due);
+                    self.timer_armed = false;
                 }
             }
         }
+    }
+
+    /// Whether the drain has run out. The first call waits on the signal (so that it wakes this
+    /// task); later ones read the channel's version, an atomic load, unless the task changed.
+    fn stopping(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.stop_waiting {
+            self.stop_waiting = true;
+            return self.stop.as_mut().poll(cx).is_ready();
+        }
+        self.stop_seen.has_changed().unwrap_or(false) && self.stop.as_mut().poll(cx).is_ready()
+    }
+
+    /// Whether the timer has fired. It is polled once after each setting, which registers the
+    /// waker; until it fires, a look at its state is enough.
+    fn timer_due(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.timer_armed {
+            self.timer_armed = true;
+            return self.timer.as_mut().poll(cx).is_ready();
+        }
+        self.timer.is_elapsed() && self.timer.as_mut().poll(cx).is_ready()
     }
 
     /// The upstream's body ended: what is left for the client, with an error event if the

@@ -91,6 +91,47 @@ async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
     assert_eq!(stack.records()[0].outcome, "stream_idle_timeout");
 }
 
+/// The relay's one timer is set at stream_idle and moved only when it fires early: a stream many
+/// idle periods long whose chunks come well within it must finish whole, and the total budget
+/// must still cut one whose chunks keep coming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stream_idle_counts_from_the_last_chunk_and_total_cuts_a_flowing_stream() {
+    let yaml = ROUTE.replace("stream_idle: 300ms", "stream_idle: 100ms");
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let t = Instant::now();
+    let (body, _, _) = read_stream(stack.stream("chat", 600).await).await;
+    let took = t.elapsed();
+    assert!(body.contains("[DONE]"), "{body}");
+    assert!(!body.contains("\"error\""), "{body}");
+    assert!(
+        took >= Duration::from_millis(300),
+        "several idle periods long: {took:?}"
+    );
+    println!("a {took:?} stream under a 100 ms stream_idle finished whole");
+
+    let yaml = yaml.replace("total: 20s", "total: 700ms");
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let t = Instant::now();
+    let r = stack.stream("chat", 3000).await;
+    assert_eq!(r.status(), 200);
+    let (body, _, _) = read_stream(r).await;
+    let took = t.elapsed();
+    let events = sse_data(&body);
+    let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
+    assert_eq!(last["error"]["code"], "deadline_exceeded", "{body}");
+    assert!(
+        events.len() > 100,
+        "tokens flowed until the cut: {}",
+        events.len()
+    );
+    assert!(
+        took >= Duration::from_millis(650) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    assert!(eventually(Duration::from_secs(1), || stack.records().len() == 1).await);
+    assert_eq!(stack.records()[0].outcome, "deadline");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_callers_deadline_shrinks_every_budget() {
     let cfg = stalling(0);
