@@ -173,7 +173,9 @@ pub(crate) struct Request<'a> {
 
 /// Sends `request` and reads the answer's head; the body is read from the returned [`Body`].
 /// A reused connection that fails before any byte of the answer (the replica closed it while it
-/// sat idle) is replaced by a new one once, as the request cannot have been taken.
+/// sat idle, just as the request went out) is replaced by a new one once: an end of stream
+/// before any byte of an answer on a reused connection is taken for an idle close, as Go's HTTP
+/// client does, even for a POST.
 pub(crate) async fn send(
     conns: &Arc<Conns>,
     request: &Request<'_>,
