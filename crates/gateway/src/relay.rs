@@ -245,6 +245,55 @@ async fn stopped(mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// What can end a stream besides its upstream: the idle/total timer and the drain's signal.
+/// Each is polled (which registers the task's waker) once per setting, and later wake-ups read
+/// its state: a chunk then costs no timer update and no lock on the signal's waiter list.
+struct Alarms {
+    /// Set at the idle or total deadline, and moved only when it fires early.
+    timer: Pin<Box<Sleep>>,
+    timer_armed: bool,
+    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
+    stop_seen: watch::Receiver<bool>,
+    stop_waiting: bool,
+}
+
+impl Alarms {
+    fn new(at: Instant, stop: watch::Receiver<bool>) -> Alarms {
+        Alarms {
+            timer: Box::pin(tokio::time::sleep_until(at)),
+            timer_armed: false,
+            stop_seen: stop.clone(),
+            stop: Box::pin(stopped(stop)),
+            stop_waiting: false,
+        }
+    }
+
+    /// Whether the drain has run out.
+    fn stopping(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.stop_waiting {
+            // A poll made once the task's budget is spent returns Pending without registering
+            // anything (tokio's coop); it counts as waiting only if it could register.
+            self.stop_waiting = tokio::task::coop::has_budget_remaining();
+            return self.stop.as_mut().poll(cx).is_ready();
+        }
+        self.stop_seen.has_changed().unwrap_or(false) && self.stop.as_mut().poll(cx).is_ready()
+    }
+
+    /// Whether the timer has fired.
+    fn timer_due(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.timer_armed {
+            self.timer_armed = tokio::task::coop::has_budget_remaining();
+            return self.timer.as_mut().poll(cx).is_ready();
+        }
+        self.timer.is_elapsed() && self.timer.as_mut().poll(cx).is_ready()
+    }
+
+    fn reset(&mut self, at: Instant) {
+        self.timer.as_mut().reset(at);
+        self.timer_armed = false;
+    }
+}
+
 /// The state of one relayed stream, which is the response body's stream; dropping it (the client
 /// left) drops the upstream body, whose connection closes, which makes the replica abort the
 /// request.
@@ -258,16 +307,7 @@ pub(crate) struct Relay {
     deadline: Instant,
     /// When the last data came: `stream_idle` counts from here.
     last_read: Instant,
-    /// Set at the idle or total deadline and moved only when it fires early, so a chunk costs no
-    /// timer update. It is polled (which registers the task's waker) only when set; other wake-ups
-    /// read its state.
-    timer: Pin<Box<Sleep>>,
-    timer_armed: bool,
-    /// The drain's signal: waited on once for the whole stream (its wake-up reaches this task),
-    /// then read through `stop_seen` without a lock.
-    stop: Pin<Box<dyn Future<Output = ()> + Send>>,
-    stop_seen: watch::Receiver<bool>,
-    stop_waiting: bool,
+    alarms: Alarms,
     /// Bytes for the client. Each write is split off its front, so one allocation serves many
     /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     pending: BytesMut,
@@ -286,11 +326,7 @@ impl Relay {
             idle: config.idle,
             deadline: config.deadline,
             last_read: now,
-            timer: Box::pin(tokio::time::sleep_until((now + config.idle).min(config.deadline))),
-            timer_armed: false,
-            stop_seen: config.stop.clone(),
-            stop: Box::pin(stopped(config.stop)),
-            stop_waiting: false,
+            alarms: Alarms::new((now + config.idle).min(config.deadline), config.stop),
             pending: opened.out,
             done: false,
         }
@@ -310,7 +346,7 @@ impl Relay {
             return Poll::Ready(None);
         }
         loop {
-            if self.stopping(cx) {
+            if self.alarms.stopping(cx) {
                 return Poll::Ready(Some(self.fail(
                     Cut::DrainTimeout,
                     "gateway_shutdown",
@@ -350,7 +386,7 @@ impl Relay {
                     return Poll::Ready(Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg)));
                 }
                 Poll::Pending => {
-                    if !self.timer_due(cx) {
+                    if !self.alarms.timer_due(cx) {
                         return Poll::Pending;
                     }
                     let now = Instant::now();
@@ -368,31 +404,10 @@ impl Relay {
                     }
                     // Data came since the timer was set: it moves to the new deadline, and the
                     // next turn of the loop waits on it again.
-                    self.timer.as_mut().reset(due);
-                    self.timer_armed = false;
+                    self.alarms.reset(due);
                 }
             }
         }
-    }
-
-    /// Whether the drain has run out. The first call waits on the signal (so that it wakes this
-    /// task); later ones read the channel's version, an atomic load, unless the task changed.
-    fn stopping(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.stop_waiting {
-            self.stop_waiting = true;
-            return self.stop.as_mut().poll(cx).is_ready();
-        }
-        self.stop_seen.has_changed().unwrap_or(false) && self.stop.as_mut().poll(cx).is_ready()
-    }
-
-    /// Whether the timer has fired. It is polled once after each setting, which registers the
-    /// waker; until it fires, a look at its state is enough.
-    fn timer_due(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.timer_armed {
-            self.timer_armed = true;
-            return self.timer.as_mut().poll(cx).is_ready();
-        }
-        self.timer.is_elapsed() && self.timer.as_mut().poll(cx).is_ready()
     }
 
     /// The upstream's body ended: what is left for the client, with an error event if the
@@ -435,6 +450,60 @@ impl futures::Stream for Relay {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits until `alarm` says yes, polling it the way the relay does.
+    async fn until(alarms: &mut Alarms, alarm: fn(&mut Alarms, &mut Context<'_>) -> bool) {
+        std::future::poll_fn(|cx| {
+            if alarm(alarms, cx) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+    }
+
+    /// A task that spent its budget (a backlog relayed in one go) before it first looked at the
+    /// alarms must still be woken by them: tokio answers such a poll Pending without registering
+    /// the waker, so that look cannot count as the one that arms them.
+    #[tokio::test(start_paused = true)]
+    async fn alarms_first_looked_at_without_budget_still_wake_the_task() {
+        let (stop_tx, stop) = watch::channel(false);
+        let mut alarms = Alarms::new(Instant::now() + Duration::from_millis(100), stop);
+        let (backlog_tx, mut backlog) = tokio::sync::mpsc::unbounded_channel::<u32>();
+        for i in 0..1000 {
+            backlog_tx.send(i).unwrap();
+        }
+        std::future::poll_fn(|cx| {
+            while backlog.poll_recv(cx).is_ready() {}
+            assert!(!tokio::task::coop::has_budget_remaining());
+            assert!(!alarms.timer_due(cx));
+            assert!(!alarms.stopping(cx));
+            Poll::Ready(())
+        })
+        .await;
+        let t = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), until(&mut alarms, Alarms::timer_due))
+            .await
+            .expect("the timer wakes the task");
+        assert_eq!(t.elapsed(), Duration::from_millis(100));
+
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            stop_tx.send_replace(true);
+            std::future::pending::<()>().await;
+        });
+        let t = Instant::now();
+        // The timeout also wakes the task, at 5 s: the signal must have done so at 50 ms.
+        tokio::time::timeout(Duration::from_secs(5), until(&mut alarms, Alarms::stopping))
+            .await
+            .expect("the drain's signal is seen");
+        assert_eq!(
+            t.elapsed(),
+            Duration::from_millis(50),
+            "woken by the signal itself"
+        );
+    }
 
     #[test]
     fn kinds_are_told_apart_without_parsing() {

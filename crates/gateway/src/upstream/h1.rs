@@ -9,6 +9,7 @@
 
 use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
+use std::collections::VecDeque;
 use std::fmt;
 use std::future::Future as _;
 use std::io::{self, IoSlice, Write as _};
@@ -24,14 +25,20 @@ use tokio::time::Instant;
 const READ_BUF: usize = 4096;
 /// An answer's head (status line and headers) may be at most this large.
 const MAX_HEAD: usize = 64 * 1024;
-const MAX_HEADERS: usize = 64;
+const MAX_HEADERS: usize = 100;
 /// A chunk-size or trailer line may be at most this long.
 const MAX_LINE: usize = 4096;
 /// Idle connections kept per replica; more are closed.
 const MAX_IDLE: usize = 1024;
-/// An idle connection older than this is closed rather than reused: servers close theirs too
-/// (uvicorn, under vLLM, after 5 s), and a long-idle socket is the likeliest to be half dead.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// An idle connection older than this is closed rather than reused: uvicorn, under vLLM, closes
+/// its own after 5 s, and reusing one just as it does is the race [`send`] has to mend.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
+/// A reused connection that ends this soon after the request went out, with no byte of an
+/// answer, was closed while idle (the close crossed the request); later, the replica had it.
+const IDLE_CLOSE_WINDOW: Duration = Duration::from_millis(100);
+/// A connection whose read buffer grew past this (a large head) goes back to the pool with a
+/// new one of the usual size.
+const MAX_POOLED_BUF: usize = 4 * READ_BUF;
 
 /// Why a call to a replica failed.
 #[derive(Debug)]
@@ -81,27 +88,30 @@ pub(crate) struct Conns {
     /// The `Host` header's value and the request-target's prefix, as the configured URL says.
     authority: String,
     prefix: String,
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Oldest first; reuse takes from the back.
+    idle: Mutex<VecDeque<(Conn, Instant)>>,
 }
 
 impl Conns {
     /// `url` is a replica's base URL as configuration checked it (`http://host:port[/prefix]`).
     pub(crate) fn new(url: &str) -> Conns {
         let uri: axum::http::Uri = url.parse().unwrap_or_default();
-        let authority = uri
-            .authority()
-            .map_or_else(String::new, |a| a.as_str().to_owned());
+        // Host and port only: never credentials a URL might carry.
+        let authority = uri.authority().map_or_else(String::new, |a| {
+            let s = a.as_str();
+            s.rsplit_once('@').map_or(s, |(_, hostport)| hostport).to_owned()
+        });
         let host = uri.host().unwrap_or("localhost");
         Conns {
             host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
             port: uri.port_u16().unwrap_or(80),
             authority,
             prefix: uri.path().trim_end_matches('/').to_owned(),
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(VecDeque::new()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(Conn, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Conn, Instant)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -109,7 +119,11 @@ impl Conns {
     fn reuse(&self) -> Option<Conn> {
         let now = Instant::now();
         loop {
-            let (conn, since) = self.lock().pop()?;
+            let (conn, since) = {
+                let mut idle = self.lock();
+                expire(&mut idle, now);
+                idle.pop_back()?
+            };
             if now.saturating_duration_since(since) < IDLE_TIMEOUT && looks_open(&conn.stream) {
                 return Some(conn);
             }
@@ -136,17 +150,36 @@ impl Conns {
         })
     }
 
-    fn put_back(&self, conn: Conn) {
-        let mut idle = self.lock();
-        if idle.len() < MAX_IDLE {
-            idle.push((conn, Instant::now()));
+    /// Keeps a connection whose answer was read whole; the oldest go first when there are too
+    /// many, and those idle too long are closed here rather than left half-closed.
+    fn put_back(&self, mut conn: Conn) {
+        if conn.buf.capacity() > MAX_POOLED_BUF {
+            conn.buf = BytesMut::with_capacity(READ_BUF);
         }
+        let now = Instant::now();
+        let mut idle = self.lock();
+        expire(&mut idle, now);
+        if idle.len() >= MAX_IDLE {
+            idle.pop_front();
+        }
+        idle.push_back((conn, now));
     }
 
     /// Idle connections right now, for tests.
     #[cfg(test)]
     fn idle_count(&self) -> usize {
         self.lock().len()
+    }
+}
+
+/// Closes the idle connections that have waited longer than [`IDLE_TIMEOUT`] (the oldest are at
+/// the front).
+fn expire(idle: &mut VecDeque<(Conn, Instant)>, now: Instant) {
+    while idle
+        .front()
+        .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= IDLE_TIMEOUT)
+    {
+        idle.pop_front();
     }
 }
 
@@ -172,10 +205,11 @@ pub(crate) struct Request<'a> {
 }
 
 /// Sends `request` and reads the answer's head; the body is read from the returned [`Body`].
-/// A reused connection that fails before any byte of the answer (the replica closed it while it
-/// sat idle, just as the request went out) is replaced by a new one once: an end of stream
-/// before any byte of an answer on a reused connection is taken for an idle close, as Go's HTTP
-/// client does, even for a POST.
+/// A reused connection that fails before any byte of an answer, at once or within
+/// [`IDLE_CLOSE_WINDOW`] of the request (the replica closed it while it sat idle, and the close
+/// crossed the request), is replaced by a new one, once. A later failure is the replica's, which
+/// had the request: it is not sent again, and if the new connection cannot be opened, the first
+/// failure is the one reported.
 pub(crate) async fn send(
     conns: &Arc<Conns>,
     request: &Request<'_>,
@@ -185,15 +219,36 @@ pub(crate) async fn send(
     if let Some(mut conn) = conns.reuse() {
         match exchange(&mut conn, &head, request.body).await {
             Ok(parsed) => return Ok(parsed.into_response(conn, conns)),
-            Err((e, false)) => return Err(e),
-            Err((_, true)) => {}
+            Err(Failure {
+                error,
+                idle_close: false,
+            }) => return Err(error),
+            Err(Failure {
+                error,
+                idle_close: true,
+            }) => {
+                let mut conn = match conns.connect(connect_timeout).await {
+                    Ok(conn) => conn,
+                    Err(_) => return Err(error),
+                };
+                return match exchange(&mut conn, &head, request.body).await {
+                    Ok(parsed) => Ok(parsed.into_response(conn, conns)),
+                    Err(f) => Err(f.error),
+                };
+            }
         }
     }
     let mut conn = conns.connect(connect_timeout).await?;
     match exchange(&mut conn, &head, request.body).await {
         Ok(parsed) => Ok(parsed.into_response(conn, conns)),
-        Err((e, _)) => Err(e),
+        Err(f) => Err(f.error),
     }
+}
+
+/// Why an exchange failed, and whether it looks like an idle close that crossed the request.
+struct Failure {
+    error: Error,
+    idle_close: bool,
 }
 
 fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
@@ -266,12 +321,20 @@ impl Head {
     }
 }
 
-/// Writes the request and reads the answer's head. On failure, whether nothing at all came back
-/// (so the request may go again on another connection).
-async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, (Error, bool)> {
+/// Writes the request and reads the answer's head.
+async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, Failure> {
     if let Err(e) = write_all(&mut conn.stream, head, body).await {
-        return Err((Error::Io(e), true));
+        return Err(Failure {
+            error: Error::Io(e),
+            idle_close: true,
+        });
     }
+    let sent = Instant::now();
+    let mut received = false;
+    let failed = |error: Error, received: bool| Failure {
+        error,
+        idle_close: !received && sent.elapsed() < IDLE_CLOSE_WINDOW,
+    };
     conn.buf.clear();
     loop {
         if !conn.buf.is_empty() {
@@ -285,18 +348,17 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, (Er
                     }
                 }
                 Ok(None) if conn.buf.len() >= MAX_HEAD => {
-                    return Err((Error::Protocol("the head is over 64 KiB"), false));
+                    return Err(failed(Error::Protocol("the head is over 64 KiB"), true));
                 }
                 Ok(None) => {}
-                Err(e) => return Err((e, false)),
+                Err(e) => return Err(failed(e, true)),
             }
         }
-        let nothing_yet = conn.buf.is_empty();
         conn.buf.reserve(READ_BUF);
         match conn.stream.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err((Error::Closed, nothing_yet)),
-            Ok(_) => {}
-            Err(e) => return Err((Error::Io(e), nothing_yet)),
+            Ok(0) => return Err(failed(Error::Closed, received)),
+            Ok(_) => received = true,
+            Err(e) => return Err(failed(Error::Io(e), received)),
         }
     }
 }
@@ -378,6 +440,9 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Length(0)
     } else if encoded {
+        // Both framings at once may be a smuggling attempt (RFC 9112 §6.3): the body is read by
+        // its transfer coding and the connection is not used again.
+        close |= length.is_some();
         if chunked {
             Framing::Chunked(Chunk::Size)
         } else {
@@ -597,7 +662,11 @@ fn take(buf: &mut BytesMut, left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usiz
 /// A chunk-size line: hex digits, then optional extensions after `;`.
 fn chunk_size(line: &[u8]) -> Result<u64, Error> {
     let digits = line.split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
-    if digits.is_empty() || digits.len() > 15 {
+    let significant = {
+        let start = digits.iter().position(|d| *d != b'0').unwrap_or(digits.len());
+        &digits[start..]
+    };
+    if digits.is_empty() || significant.len() > 15 {
         return Err(Error::Protocol("bad chunk size"));
     }
     let mut size = 0u64;

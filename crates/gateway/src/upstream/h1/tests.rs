@@ -20,7 +20,7 @@ fn decode_in_pieces(framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<(Ve
 fn a_chunked_body_decodes_the_same_however_it_is_cut() {
     let second = b": ping\n\ndata: {\"x\":1}\n\n";
     let wire = [
-        &b"5;ext=1\r\nhello\r\n"[..],
+        &b"0005;ext=1\r\nhello\r\n"[..],
         format!("{:X} \r\n", second.len()).as_bytes(),
         second,
         b"\r\n0\r\nx-trailer: y\r\n\r\n",
@@ -205,6 +205,124 @@ async fn a_connection_the_replica_closed_while_idle_is_replaced() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
+}
+
+/// A server that answers `ok` once per connection, then, when the next request arrives on that
+/// connection, waits `linger` and closes it without a word; it counts the requests it read.
+async fn answer_once_then_close(linger: Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                for answered in 0.. {
+                    let mut got = Vec::new();
+                    while !(got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"{}")) {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    if answered > 0 {
+                        tokio::time::sleep(linger).await;
+                        return;
+                    }
+                    s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .unwrap();
+                }
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn a_close_that_crosses_the_request_is_mended_once_and_a_late_one_is_not() {
+    let body = Bytes::from_static(b"{}");
+    // Closed as the request arrives: the close could not be seen before it went out.
+    let (url, seen) = answer_once_then_close(Duration::ZERO).await;
+    let conns = Arc::new(Conns::new(&url));
+    for _ in 0..2 {
+        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"ok");
+    }
+    // The second request went out on the reused connection, met the close, and went again.
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 3);
+
+    // Closed well after the request arrived: the replica had it, so it is not sent again.
+    let (url, seen) = answer_once_then_close(IDLE_CLOSE_WINDOW * 3).await;
+    let conns = Arc::new(Conns::new(&url));
+    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"ok");
+    let Err(e) = send(&conns, &post(&body), Duration::from_secs(1)).await else {
+        panic!("a request the replica dropped was answered");
+    };
+    assert!(matches!(e, Error::Closed), "{e}");
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn only_connections_left_clean_go_back_to_the_pool() {
+    let body = Bytes::from_static(b"{}");
+    let cases: [(&'static [u8], &[u8], usize); 4] = [
+        // An interim answer first, then the real one.
+        (
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+            b"ok",
+            1,
+        ),
+        // Both framings: read as chunked, and the connection is not used again.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 2\r\n\r\n2\r\nok\r\n0\r\n\r\n",
+            b"ok",
+            0,
+        ),
+        // Bytes after the answer's end: not a connection to send anything else on.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n",
+            b"ok",
+            0,
+        ),
+        // No length: the body runs to the close.
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", b"until the end", 0),
+    ];
+    for (answer, want, pooled) in cases {
+        let (url, _server) = serve_script(vec![answer], true).await;
+        let conns = Arc::new(Conns::new(&url));
+        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert_eq!(&r.into_body().collect(100).await.unwrap()[..], want);
+        assert_eq!(conns.idle_count(), pooled, "{}", String::from_utf8_lossy(answer));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_connections_expire_when_one_is_returned_or_taken() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let _keep = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let conns = Conns::new(&url);
+    conns.put_back(conns.connect(Duration::from_secs(1)).await.unwrap());
+    tokio::time::advance(IDLE_TIMEOUT / 2).await;
+    conns.put_back(conns.connect(Duration::from_secs(1)).await.unwrap());
+    tokio::time::advance(IDLE_TIMEOUT / 2).await;
+    // The first has waited IDLE_TIMEOUT: the next return closes it.
+    conns.put_back(conns.connect(Duration::from_secs(1)).await.unwrap());
+    assert_eq!(conns.idle_count(), 2);
+    tokio::time::advance(IDLE_TIMEOUT).await;
+    assert!(conns.reuse().is_none(), "every idle connection has expired");
+    assert_eq!(conns.idle_count(), 0);
 }
 
 #[tokio::test]
