@@ -20,6 +20,10 @@ use tokio::time::{Instant, Sleep};
 /// The relay's output buffer: about eight events' worth, reused write after write.
 const OUT_CAPACITY: usize = 2 * 1024;
 
+/// One SSE event from a replica may be at most this large (a token's event with 20 top logprobs
+/// is a few KiB): past it, the stream ends rather than hold an event that never ends.
+const MAX_EVENT: usize = 1024 * 1024;
+
 /// A whole (non-streamed) upstream answer may be at most this large.
 const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
 
@@ -155,6 +159,9 @@ pub(crate) async fn open(
             });
         };
         match tokio::time::timeout_at(deadline, upstream.read(&mut each)).await {
+            Ok(Ok(Read::Data)) if splitter.held() > MAX_EVENT => {
+                return Err(GatewayError::upstream("upstream_error", event_too_large()));
+            }
             Ok(Ok(Read::Data)) => {}
             Ok(Ok(Read::End)) => {
                 return Err(GatewayError::upstream(
@@ -176,6 +183,10 @@ pub(crate) async fn open(
         splitter,
         out,
     })
+}
+
+fn event_too_large() -> String {
+    format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
@@ -375,6 +386,16 @@ impl Relay {
                 Poll::Ready(Ok(Read::Data)) => {
                     if let Some(at) = now {
                         self.last_read = at;
+                    }
+                    if self.splitter.held() > MAX_EVENT {
+                        // What came before it goes out, then the error event.
+                        let mut out = self.pending.split();
+                        out.extend_from_slice(&self.fail(
+                            Cut::Upstream,
+                            "upstream_stream_error",
+                            &event_too_large(),
+                        ));
+                        return Poll::Ready(Some(out.freeze()));
                     }
                     if !self.pending.is_empty() {
                         return Poll::Ready(Some(self.pending.split().freeze()));

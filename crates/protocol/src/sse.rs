@@ -31,15 +31,20 @@ pub fn event<T: Serialize>(value: &T) -> Bytes {
 #[derive(Debug, Default)]
 pub struct EventSplitter {
     partial: BytesMut,
+    /// How much of `partial` is known to hold no whole terminator: a long event arriving in many
+    /// pieces is searched once, not again from its start with every piece.
+    searched: usize,
 }
 
 impl EventSplitter {
     /// Feeds bytes; calls `each` with every event completed by them, terminator included.
     pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(Bytes)) {
         self.partial.extend_from_slice(data);
-        while let Some(end) = event_end(&self.partial) {
+        while let Some(end) = self.next_end(0) {
             each(self.partial.split_to(end).freeze());
+            self.searched = 0;
         }
+        self.searched = self.partial.len();
     }
 
     /// As [`EventSplitter::feed`], but each event is lent as a slice, without a copy or a
@@ -53,29 +58,35 @@ impl EventSplitter {
                 rest = &rest[end..];
             }
             self.partial.extend_from_slice(rest);
+            self.searched = rest.len();
             return;
         }
         self.partial.extend_from_slice(data);
         let mut start = 0;
-        while let Some(end) = event_end(&self.partial[start..]) {
-            each(&self.partial[start..start + end]);
-            start += end;
+        while let Some(end) = self.next_end(start) {
+            each(&self.partial[start..end]);
+            start = end;
+            self.searched = end;
         }
         self.partial.advance(start);
+        self.searched = self.partial.len();
     }
 
-    /// Keeps bytes without splitting them yet; the next feed hands out their events.
-    pub fn hold(&mut self, data: &[u8]) {
-        self.partial.extend_from_slice(data);
+    /// The end of the first event that starts at `start`, searching only what was not searched
+    /// before (less three bytes, where a terminator may have begun).
+    fn next_end(&self, start: usize) -> Option<usize> {
+        let from = self.searched.saturating_sub(3).max(start);
+        event_end(&self.partial[from..]).map(|end| from + end)
     }
 
-    /// Whether the bytes held make at least one complete event.
-    pub fn holds_event(&self) -> bool {
-        event_end(&self.partial).is_some()
+    /// Bytes held for an event not yet complete: a relay bounds this, as nothing else does.
+    pub fn held(&self) -> usize {
+        self.partial.len()
     }
 
     /// Whatever is left when the stream ends (an event without its blank line).
     pub fn rest(&mut self) -> Bytes {
+        self.searched = 0;
         if self.partial.is_empty() {
             return Bytes::new();
         }
@@ -156,19 +167,33 @@ mod tests {
             for b in a..=stream.len() {
                 let mut s = EventSplitter::default();
                 let mut events: Vec<Vec<u8>> = Vec::new();
-                s.hold(&stream[..a]);
-                s.feed_slices(&stream[a..b], |e| events.push(e.to_vec()));
-                s.feed_slices(&stream[b..], |e| events.push(e.to_vec()));
+                for part in [&stream[..a], &stream[a..b], &stream[b..]] {
+                    s.feed_slices(part, |e| events.push(e.to_vec()));
+                }
                 assert_eq!(events.concat(), stream.to_vec(), "cut at {a}, {b}");
                 assert_eq!(events.len(), 4, "cut at {a}, {b}");
                 assert!(s.rest().is_empty());
             }
         }
-        let mut s = EventSplitter::default();
-        s.hold(b"data: 1\n");
-        assert!(!s.holds_event());
-        s.hold(b"\n");
-        assert!(s.holds_event());
+    }
+
+    #[test]
+    fn a_long_event_in_many_pieces_comes_out_whole_and_is_held_until_then() {
+        let event = [&b"data: "[..], &vec![b'x'; 10_000], b"\r\n\r\n"].concat();
+        for piece in [1, 2, 3, 7, 4096] {
+            let (mut lent, mut owned) = (EventSplitter::default(), EventSplitter::default());
+            let (mut a, mut b) = (Vec::new(), Vec::new());
+            for chunk in event.chunks(piece) {
+                lent.feed_slices(chunk, |e| a.push(e.to_vec()));
+                owned.feed(chunk, |e| b.push(e.to_vec()));
+                if a.is_empty() {
+                    assert_eq!(lent.held(), owned.held());
+                }
+            }
+            assert_eq!(a, vec![event.clone()], "pieces of {piece}");
+            assert_eq!(b, vec![event.clone()], "pieces of {piece}");
+            assert_eq!(lent.held(), 0);
+        }
     }
 
     #[test]

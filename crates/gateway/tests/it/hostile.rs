@@ -388,3 +388,71 @@ routes:
     assert!((190.0..2000.0).contains(&waited), "{waited}");
     drop(holder);
 }
+
+/// A replica whose stream starts well, then sends one event that never ends: the gateway holds at
+/// most 1 MiB of it, then ends the stream with an SSE error and drops the replica's connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_event_that_never_ends_is_cut_at_its_bound() {
+    let replica = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", replica.local_addr().unwrap());
+    let (closed_tx, closed) = tokio::sync::oneshot::channel::<usize>();
+    tokio::spawn(async move {
+        let (mut s, _) = replica.accept().await.unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") || !got.ends_with(b"}") {
+            let n = s.read(&mut buf).await.unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        let first = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+            first.len()
+        );
+        s.write_all(head.as_bytes()).await.unwrap();
+        s.write_all(first).await.unwrap();
+        s.write_all(b"\r\n6\r\ndata: \r\n").await.unwrap();
+        // Then 8 KiB chunks of an event with no end, until the gateway hangs up.
+        let piece = [b'x'; 8192];
+        let mut sent = 0;
+        loop {
+            let chunk = [format!("{:x}\r\n", piece.len()).as_bytes(), &piece[..], b"\r\n"].concat();
+            if s.write_all(&chunk).await.is_err() || sent > 64 << 20 {
+                break;
+            }
+            sent += piece.len();
+        }
+        let _ = closed_tx.send(sent);
+    });
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    replicas: [{url}]\n    health: {{ enabled: false }}\n    timeouts: {{ connect: 1s, first_token: 2s, stream_idle: 2s, total: 20s }}\n"
+    );
+    let stack = Stack::start(vec![], &yaml).await;
+    let r = stack.stream("chat", 10).await;
+    let status = r.status();
+    let (body, _, _) = read_stream(r).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.starts_with("data: {\"choices\""),
+        "{}",
+        &body[..body.len().min(200)]
+    );
+    assert!(
+        body.contains("\"code\":\"upstream_stream_error\""),
+        "{}",
+        &body[..body.len().min(400)]
+    );
+    assert!(body.contains("over 1024 KiB"), "{}", &body[..body.len().min(400)]);
+    assert!(
+        body.len() < 4096,
+        "the endless event is not relayed: {} bytes",
+        body.len()
+    );
+    let sent = tokio::time::timeout(Duration::from_secs(10), closed)
+        .await
+        .expect("the replica sees its connection closed")
+        .unwrap();
+    println!("the replica sent {} KiB before the gateway hung up", sent / 1024);
+    assert!(sent < 16 << 20, "{sent}");
+    assert_eq!(stack.records()[0].outcome, "upstream_error");
+}
