@@ -28,7 +28,7 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
 /// A chunk-size or trailer line may be at most this long.
 const MAX_LINE: usize = 4096;
-/// Idle connections kept per replica; more are closed.
+/// Idle connections kept per replica; past it, the oldest is closed.
 const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed rather than reused: uvicorn, under vLLM, closes
 /// its own after 5 s, and reusing one just as it does is the race [`send`] has to mend.
