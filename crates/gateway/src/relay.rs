@@ -6,7 +6,7 @@
 
 use crate::error::GatewayError;
 use crate::outcome::{Cut, Ending, Exchange};
-use crate::upstream::h1::{Body, Read};
+use crate::upstream::h1::{self, Body, Read};
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 use protocol::sse::EventSplitter;
@@ -129,41 +129,85 @@ impl Rename {
     }
 }
 
-/// A streamed answer whose first event has arrived (and been handled): the head can go out.
-pub(crate) struct Opened {
+/// A stream's upstream side and what the client gets of it: the replica's body, the splitter,
+/// how events are passed on, and the bytes not yet written. [`open`] fills it until the first
+/// event; the [`Relay`] then owns it.
+pub(crate) struct Events {
     upstream: Body,
     splitter: EventSplitter,
-    /// What the client gets of the events read so far.
+    rename: Option<Rename>,
+    strip_usage: bool,
+    /// Bytes for the client. Each write is split off its front, so one allocation serves many
+    /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
     out: BytesMut,
+}
+
+/// What one read of the upstream brought.
+struct Got {
+    read: Read,
+    /// When its data came; events that arrive together share it (docs/metrics.md on ITL).
+    at: Option<Instant>,
+    events: usize,
+}
+
+impl Events {
+    /// One read of the upstream, each event it completes passed on (timed, its usage read,
+    /// renamed) into `out`.
+    fn poll_read(&mut self, cx: &mut Context<'_>, ex: &mut Exchange) -> Poll<Result<Got, h1::Error>> {
+        let Events {
+            upstream,
+            splitter,
+            rename,
+            strip_usage,
+            out,
+        } = self;
+        let (mut at, mut events) = (None, 0);
+        let read = upstream.poll_read(cx, &mut |data| {
+            let now = *at.get_or_insert_with(Instant::now);
+            splitter.feed_slices(data, |e| {
+                events += 1;
+                pass_on(ex, e, now, rename.as_ref(), *strip_usage, out);
+            });
+        });
+        read.map(|r| r.map(|read| Got { read, at, events }))
+    }
+
+    /// An event still incomplete has passed [`MAX_EVENT`].
+    fn event_too_large(&self) -> bool {
+        self.splitter.held() > MAX_EVENT
+    }
 }
 
 /// Waits for the upstream's first complete event, at most until `deadline` (the end of the
 /// `budget` for the first token), and handles the events read meanwhile as the relay would.
 pub(crate) async fn open(
-    mut upstream: Body,
-    config: &RelayConfig,
+    upstream: Body,
+    rename: Option<Rename>,
+    strip_usage: bool,
     ex: &mut Exchange,
     deadline: Instant,
     budget: Duration,
-) -> Result<Opened, GatewayError> {
-    let mut splitter = EventSplitter::default();
-    let mut out = BytesMut::with_capacity(OUT_CAPACITY);
-    let mut events = 0;
-    while events == 0 {
-        let mut now = None;
-        let mut each = |data: &[u8]| {
-            let at = *now.get_or_insert_with(Instant::now);
-            splitter.feed_slices(data, |e| {
-                events += 1;
-                pass_on(ex, e, at, config.rename.as_ref(), config.strip_usage, &mut out);
-            });
-        };
-        match tokio::time::timeout_at(deadline, upstream.read(&mut each)).await {
-            Ok(Ok(Read::Data)) if splitter.held() > MAX_EVENT => {
-                return Err(GatewayError::upstream("upstream_error", event_too_large()));
+) -> Result<Events, GatewayError> {
+    let mut events = Events {
+        upstream,
+        splitter: EventSplitter::default(),
+        rename,
+        strip_usage,
+        out: BytesMut::with_capacity(OUT_CAPACITY),
+    };
+    loop {
+        let read = std::future::poll_fn(|cx| events.poll_read(cx, ex));
+        match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(_)) if events.event_too_large() => {
+                return Err(GatewayError::upstream("upstream_error", too_large_message()));
             }
-            Ok(Ok(Read::Data)) => {}
-            Ok(Ok(Read::End)) => {
+            Ok(Ok(Got {
+                read: Read::Data,
+                events: 0,
+                ..
+            })) => {}
+            Ok(Ok(Got { read: Read::Data, .. })) => return Ok(events),
+            Ok(Ok(Got { read: Read::End, .. })) => {
                 return Err(GatewayError::upstream(
                     "upstream_error",
                     "the replica closed the stream before the first token",
@@ -178,15 +222,6 @@ pub(crate) async fn open(
             Err(_) => return Err(GatewayError::FirstTokenTimeout(budget)),
         }
     }
-    Ok(Opened {
-        upstream,
-        splitter,
-        out,
-    })
-}
-
-fn event_too_large() -> String {
-    format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
@@ -219,6 +254,10 @@ fn pass_on(
     }
 }
 
+fn too_large_message() -> String {
+    format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
+}
+
 /// Reads a non-streamed answer whole within the total budget.
 pub(crate) async fn whole(
     upstream: Body,
@@ -241,8 +280,6 @@ pub(crate) async fn whole(
 
 /// What a relayed stream needs to know besides its bytes.
 pub(crate) struct RelayConfig {
-    pub(crate) rename: Option<Rename>,
-    pub(crate) strip_usage: bool,
     pub(crate) idle: Duration,
     pub(crate) deadline: Instant,
     /// Turns true when the gateway's drain runs out: open streams end with an error event.
@@ -309,36 +346,26 @@ impl Alarms {
 /// left) drops the upstream body, whose connection closes, which makes the replica abort the
 /// request.
 pub(crate) struct Relay {
-    upstream: Body,
-    splitter: EventSplitter,
+    events: Events,
     exchange: Exchange,
-    rename: Option<Rename>,
-    strip_usage: bool,
     idle: Duration,
     deadline: Instant,
     /// When the last data came: `stream_idle` counts from here.
     last_read: Instant,
     alarms: Alarms,
-    /// Bytes for the client. Each write is split off its front, so one allocation serves many
-    /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
-    pending: BytesMut,
     done: bool,
 }
 
 impl Relay {
-    pub(crate) fn new(opened: Opened, config: RelayConfig, exchange: Exchange) -> Relay {
+    pub(crate) fn new(events: Events, config: RelayConfig, exchange: Exchange) -> Relay {
         let now = Instant::now();
         Relay {
-            upstream: opened.upstream,
-            splitter: opened.splitter,
+            events,
             exchange,
-            rename: config.rename,
-            strip_usage: config.strip_usage,
             idle: config.idle,
             deadline: config.deadline,
             last_read: now,
             alarms: Alarms::new((now + config.idle).min(config.deadline), config.stop),
-            pending: opened.out,
             done: false,
         }
     }
@@ -347,11 +374,12 @@ impl Relay {
     /// the relay wakes (what one read of its connection brings), in one piece, without ever
     /// waiting for more.
     fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        if !self.pending.is_empty() {
-            return Poll::Ready(Some(self.pending.split().freeze()));
+        let out = &mut self.events.out;
+        if !out.is_empty() {
+            return Poll::Ready(Some(out.split().freeze()));
         }
-        if self.pending.capacity() < OUT_CAPACITY / 4 {
-            self.pending.reserve(OUT_CAPACITY);
+        if out.capacity() < OUT_CAPACITY / 4 {
+            out.reserve(OUT_CAPACITY);
         }
         if self.done {
             return Poll::Ready(None);
@@ -364,44 +392,28 @@ impl Relay {
                     "the gateway is shutting down and its drain time ran out",
                 )));
             }
-            let Relay {
-                upstream,
-                splitter,
-                exchange,
-                rename,
-                strip_usage,
-                pending,
-                ..
-            } = self;
-            // Events that arrive together share one instant: the time of the read that brought
-            // them (see docs/metrics.md on inter-token latency).
-            let mut now = None;
-            let mut each = |data: &[u8]| {
-                let at = *now.get_or_insert_with(Instant::now);
-                splitter.feed_slices(data, |e| {
-                    pass_on(exchange, e, at, rename.as_ref(), *strip_usage, pending);
-                });
-            };
-            match upstream.poll_read(cx, &mut each) {
-                Poll::Ready(Ok(Read::Data)) => {
-                    if let Some(at) = now {
+            match self.events.poll_read(cx, &mut self.exchange) {
+                Poll::Ready(Ok(Got {
+                    read: Read::Data, at, ..
+                })) => {
+                    if let Some(at) = at {
                         self.last_read = at;
                     }
-                    if self.splitter.held() > MAX_EVENT {
+                    if self.events.event_too_large() {
                         // What came before it goes out, then the error event.
-                        let mut out = self.pending.split();
+                        let mut out = self.events.out.split();
                         out.extend_from_slice(&self.fail(
                             Cut::Upstream,
                             "upstream_stream_error",
-                            &event_too_large(),
+                            &too_large_message(),
                         ));
                         return Poll::Ready(Some(out.freeze()));
                     }
-                    if !self.pending.is_empty() {
-                        return Poll::Ready(Some(self.pending.split().freeze()));
+                    if !self.events.out.is_empty() {
+                        return Poll::Ready(Some(self.events.out.split().freeze()));
                     }
                 }
-                Poll::Ready(Ok(Read::End)) => return Poll::Ready(self.ended()),
+                Poll::Ready(Ok(Got { read: Read::End, .. })) => return Poll::Ready(self.ended()),
                 Poll::Ready(Err(e)) => {
                     let msg = format!("the replica's stream failed: {e}");
                     return Poll::Ready(Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg)));
@@ -435,7 +447,7 @@ impl Relay {
     /// stream ended without `[DONE]`.
     fn ended(&mut self) -> Option<Bytes> {
         self.done = true;
-        let rest = self.splitter.rest();
+        let rest = self.events.splitter.rest();
         if !self.exchange.ended() {
             // The upstream closed without `[DONE]`: tell the client rather than end quietly.
             let mut out = BytesMut::from(&rest[..]);

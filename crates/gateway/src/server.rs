@@ -7,7 +7,7 @@ use crate::error::GatewayError;
 use crate::gateway::Gateway;
 use crate::outcome::{Ending, Exchange};
 use crate::prepare::{self, Api, Parsed, Prepared};
-use crate::relay::{self, Opened, Relay, RelayConfig};
+use crate::relay::{self, Events, Relay, RelayConfig};
 use crate::route::{Class, Observation, Route};
 use crate::tenant::Tenant;
 use crate::upstream::{self, Budgets};
@@ -57,18 +57,32 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 #[derive(Clone)]
 struct RequestId(String);
 
-/// Every answer carries an `x-request-id` (the client's, if plain and short, else a new one), and
-/// a request head over `server.max_header_bytes` gets 431 in the OpenAI shape.
-async fn request_id(State(g): State<Arc<Gateway>>, mut req: Request, next: Next) -> Response {
-    let id = prepare::request_id(req.headers());
+/// The router's side of [`identified`]: the ID goes into the request for the handlers.
+async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let limit = g.config.server.max_header_bytes;
+    identified(limit, req, |id, mut req| async move {
+        req.extensions_mut().insert(RequestId(id));
+        next.run(req).await
+    })
+    .await
+}
+
+/// Every answer carries an `x-request-id` (the client's, if plain and short, else a new one), and
+/// a request head over `server.max_header_bytes` (`limit`) gets 431 in the OpenAI shape; `serve`
+/// answers the rest, given the ID.
+async fn identified<B, F, Fut>(limit: usize, req: axum::http::Request<B>, serve: F) -> Response
+where
+    F: FnOnce(String, axum::http::Request<B>) -> Fut,
+    Fut: Future<Output = Response>,
+{
+    let id = prepare::request_id(req.headers());
+    let value = HeaderValue::from_str(&id);
     let mut response = if head_size(&req) > limit {
         GatewayError::HeadersTooLarge { limit }.into_response()
     } else {
-        req.extensions_mut().insert(RequestId(id.clone()));
-        next.run(req).await
+        serve(id, req).await
     };
-    if let Ok(v) = HeaderValue::from_str(&id) {
+    if let Ok(v) = value {
         response.headers_mut().insert("x-request-id", v);
     }
     response
@@ -181,18 +195,8 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
 
 /// A completion request as the router's middleware and handler would serve it.
 async fn completion(g: Arc<Gateway>, api: Api, req: axum::http::Request<Incoming>) -> Response {
-    let id = prepare::request_id(req.headers());
     let limit = g.config.server.max_header_bytes;
-    let value = HeaderValue::from_str(&id);
-    let mut response = if head_size(&req) > limit {
-        GatewayError::HeadersTooLarge { limit }.into_response()
-    } else {
-        handle(g, api, id, req).await
-    };
-    if let Ok(v) = value {
-        response.headers_mut().insert("x-request-id", v);
-    }
-    response
+    identified(limit, req, |id, req| handle(g, api, id, req)).await
 }
 
 /// What the stages produced, before the exchange becomes part of the response.
@@ -202,7 +206,7 @@ enum Answer {
     /// A non-streamed answer, read whole.
     Whole(Bytes),
     /// A stream whose first chunk has arrived.
-    Stream(Opened, RelayConfig),
+    Stream(Events, RelayConfig),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
 }
@@ -483,15 +487,14 @@ async fn answer(
         return Ok(Answer::Whole(body));
     }
     let config = RelayConfig {
-        rename: route.rename.clone(),
-        strip_usage: !prepared.client_wants_usage,
         idle: route.config.timeouts.stream_idle,
         deadline: budgets.deadline,
         stop: g.stop.subscribe(),
     };
     let opened = relay::open(
         upstream.into_body(),
-        &config,
+        route.rename.clone(),
+        !prepared.client_wants_usage,
         ex,
         budgets.first_token_deadline,
         budgets.first_token,

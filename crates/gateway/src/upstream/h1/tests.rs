@@ -137,12 +137,15 @@ async fn serve_script(
     (url, task)
 }
 
-fn post(body: &Bytes) -> Request<'_> {
-    Request {
+/// One POST of `{}` with an `x-request-id`, as the gateway sends them, on `conns`.
+async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
+    let body = Bytes::from_static(b"{}");
+    let request = Request {
         path: "/v1/chat/completions",
         headers: &[("x-request-id", b"abc")],
-        body,
-    }
+        body: &body,
+    };
+    send(conns, &request, Duration::from_secs(1)).await
 }
 
 #[tokio::test]
@@ -150,9 +153,8 @@ async fn a_connection_is_reused_once_its_answer_was_read_whole() {
     let ok: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
     let (url, server) = serve_script(vec![ok, ok, ok], true).await;
     let conns = Arc::new(Conns::new(&url));
-    let body = Bytes::from_static(b"{}");
     for _ in 0..3 {
-        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        let r = call(&conns).await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"abc");
         assert_eq!(conns.idle_count(), 1);
@@ -192,9 +194,8 @@ async fn a_connection_the_replica_closed_while_idle_is_replaced() {
         }
     });
     let conns = Arc::new(Conns::new(&url));
-    let body = Bytes::from_static(b"{}");
     for i in 0..5 {
-        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        let r = call(&conns).await.unwrap();
         assert_eq!(
             &r.into_body().collect(100).await.unwrap()[..],
             b"ok",
@@ -244,12 +245,11 @@ async fn answer_once_then_close(linger: Duration) -> (String, Arc<std::sync::ato
 
 #[tokio::test]
 async fn a_close_that_crosses_the_request_is_mended_once_and_a_late_one_is_not() {
-    let body = Bytes::from_static(b"{}");
     // Closed as the request arrives: the close could not be seen before it went out.
     let (url, seen) = answer_once_then_close(Duration::ZERO).await;
     let conns = Arc::new(Conns::new(&url));
     for _ in 0..2 {
-        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        let r = call(&conns).await.unwrap();
         assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"ok");
     }
     // The second request went out on the reused connection, met the close, and went again.
@@ -258,9 +258,9 @@ async fn a_close_that_crosses_the_request_is_mended_once_and_a_late_one_is_not()
     // Closed well after the request arrived: the replica had it, so it is not sent again.
     let (url, seen) = answer_once_then_close(IDLE_CLOSE_WINDOW * 3).await;
     let conns = Arc::new(Conns::new(&url));
-    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let r = call(&conns).await.unwrap();
     assert_eq!(&r.into_body().collect(100).await.unwrap()[..], b"ok");
-    let Err(e) = send(&conns, &post(&body), Duration::from_secs(1)).await else {
+    let Err(e) = call(&conns).await else {
         panic!("a request the replica dropped was answered");
     };
     assert!(matches!(e, Error::Closed), "{e}");
@@ -269,7 +269,6 @@ async fn a_close_that_crosses_the_request_is_mended_once_and_a_late_one_is_not()
 
 #[tokio::test]
 async fn only_connections_left_clean_go_back_to_the_pool() {
-    let body = Bytes::from_static(b"{}");
     let cases: [(&'static [u8], &[u8], usize); 4] = [
         // An interim answer first, then the real one.
         (
@@ -295,7 +294,7 @@ async fn only_connections_left_clean_go_back_to_the_pool() {
     for (answer, want, pooled) in cases {
         let (url, _server) = serve_script(vec![answer], true).await;
         let conns = Arc::new(Conns::new(&url));
-        let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+        let r = call(&conns).await.unwrap();
         assert_eq!(r.status(), 200);
         assert_eq!(&r.into_body().collect(100).await.unwrap()[..], want);
         assert_eq!(conns.idle_count(), pooled, "{}", String::from_utf8_lossy(answer));
@@ -330,8 +329,7 @@ async fn a_body_dropped_before_its_end_closes_its_connection() {
     let part: &[u8] = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\nabc\r\n";
     let (url, server) = serve_script(vec![part], false).await;
     let conns = Arc::new(Conns::new(&url));
-    let body = Bytes::from_static(b"{}");
-    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let r = call(&conns).await.unwrap();
     let mut body = r.into_body();
     let mut got = Vec::new();
     assert_eq!(
@@ -354,8 +352,7 @@ async fn nothing_listening_is_a_connect_error_and_a_cut_answer_is_not() {
     let url = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
     let conns = Arc::new(Conns::new(&url));
-    let body = Bytes::from_static(b"{}");
-    let Err(e) = send(&conns, &post(&body), Duration::from_secs(1)).await else {
+    let Err(e) = call(&conns).await else {
         panic!("connected to a closed port");
     };
     assert!(e.is_connect(), "{e}");
@@ -363,7 +360,7 @@ async fn nothing_listening_is_a_connect_error_and_a_cut_answer_is_not() {
     let cut: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc";
     let (url, _server) = serve_script(vec![cut], true).await;
     let conns = Arc::new(Conns::new(&url));
-    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let r = call(&conns).await.unwrap();
     let e = r.into_body().collect(100).await.unwrap_err();
     assert!(matches!(e, Error::Closed), "{e}");
     assert!(!e.is_connect());
@@ -374,7 +371,6 @@ async fn a_body_over_the_limit_is_refused() {
     let big: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\n0123456789";
     let (url, _server) = serve_script(vec![big], false).await;
     let conns = Arc::new(Conns::new(&url));
-    let body = Bytes::from_static(b"{}");
-    let r = send(&conns, &post(&body), Duration::from_secs(1)).await.unwrap();
+    let r = call(&conns).await.unwrap();
     assert!(matches!(r.into_body().collect(4).await, Err(Error::TooLarge(4))));
 }
