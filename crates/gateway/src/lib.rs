@@ -30,6 +30,7 @@ pub mod admission;
 pub mod audit;
 pub mod config;
 pub mod error;
+mod front;
 mod gateway;
 mod listener;
 mod metrics;

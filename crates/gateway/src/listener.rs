@@ -70,6 +70,8 @@ pub async fn run(
         server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
     ));
     let graceful = GracefulShutdown::new();
+    // The connections `front` serves hold a receiver each; the drain waits for them all to go.
+    let (closing, _) = tokio::sync::watch::channel(false);
     let open = Arc::new(AtomicUsize::new(0));
     let metrics = gateway.metrics.clone();
     let mut last_warning: Option<Instant> = None;
@@ -110,33 +112,46 @@ pub async fn run(
         let _ = tcp.set_nodelay(true);
         let count = open.fetch_add(1, Ordering::Relaxed) + 1;
         metrics.connections.set(count as i64);
-        let (service, builder) = if count > max {
-            metrics.connections_over_limit.inc();
-            warn(
-                "over server.max_connections: answering 503 and closing",
-                format!("{count} open, limit {max}"),
-            );
-            (overloaded.clone(), over_limit_builder.clone())
-        } else {
-            (app.clone(), builder.clone())
-        };
         let conn = Connection {
             open: open.clone(),
             gauge: metrics.connections.clone(),
         };
         let watcher = graceful.watcher();
-        tokio::spawn(async move {
-            let _conn = conn;
-            let serving = builder.serve_connection(TokioIo::new(tcp), service);
-            let _ = watcher.watch(serving).await;
-        });
+        if count > max {
+            metrics.connections_over_limit.inc();
+            warn(
+                "over server.max_connections: answering 503 and closing",
+                format!("{count} open, limit {max}"),
+            );
+            let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
+            tokio::spawn(async move {
+                let _conn = conn;
+                let serving = builder.serve_connection(TokioIo::new(tcp), service);
+                let _ = watcher.watch(serving).await;
+            });
+        } else {
+            let serving = crate::front::Serving {
+                gateway: gateway.clone(),
+                front: app.clone(),
+                hyper: builder.clone(),
+                watcher,
+                closing: closing.subscribe(),
+            };
+            tokio::spawn(async move {
+                let _conn = conn;
+                crate::front::serve(tcp, serving).await;
+            });
+        }
     }
     drop(listener);
     tracing::info!(
         in_flight = gateway.in_flight(),
         "closed the listener; waiting for streams in flight"
     );
-    let drain = graceful.shutdown();
+    closing.send_replace(true);
+    let drain = async {
+        tokio::join!(graceful.shutdown(), closing.closed());
+    };
     let mut drain = std::pin::pin!(drain);
     if tokio::time::timeout(server.drain_timeout, &mut drain)
         .await

@@ -194,7 +194,11 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
 }
 
 /// A completion request as the router's middleware and handler would serve it.
-async fn completion(g: Arc<Gateway>, api: Api, req: axum::http::Request<Incoming>) -> Response {
+pub(crate) async fn completion<B>(g: Arc<Gateway>, api: Api, req: axum::http::Request<B>) -> Response
+where
+    B: hyper::body::Body<Data = Bytes> + Send,
+    B::Error: Into<axum::BoxError>,
+{
     let limit = g.config.server.max_header_bytes;
     identified(limit, req, |id, req| handle(g, api, id, req)).await
 }
@@ -279,6 +283,9 @@ where
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(GatewayError::BodyTooLarge { limit })
+        }
+        Ok(Err(e)) if e.downcast_ref::<crate::front::BodyTimedOut>().is_some() => {
+            Err(GatewayError::BodyTimeout(server.body_timeout))
         }
         Ok(Err(e)) => Err(GatewayError::bad_request(
             "invalid_request",

@@ -84,12 +84,19 @@ fn main() -> ExitCode {
     if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
         tracing::warn!(error = %e, "cannot raise the open-files limit");
     }
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Command::Serve(args) = &cli.command
-        && let Some(n) = args.workers
-    {
-        builder.worker_threads(n.get());
-    }
+    let workers = match &cli.command {
+        Command::Serve(args) => args.workers,
+        _ => None,
+    };
+    let mut builder = match workers {
+        Some(n) if n.get() == 1 => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n.get());
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

@@ -1,0 +1,553 @@
+//! The public port's HTTP/1.1 for the requests that make up the hot path: a POST to one of the
+//! two completion endpoints, with a `Content-Length` body. They are served on the connection's
+//! own task: the head parsed with httparse, the body read into the connection's buffer, the
+//! answer written as it comes, one write per relayed chunk.
+//!
+//! hyper's server costs, per client connection, two 8 KiB buffers, and per relayed chunk a pass
+//! through its dispatcher and the body's layers. Everything else keeps hyper: HTTP/2, other
+//! paths and methods, HTTP/1.0, chunked or `Expect` uploads, `Upgrade`, heads too large or
+//! malformed. The first such request hands the connection, with every byte read so far, to hyper
+//! for the rest of its life, which then answers it as it always did.
+
+use crate::gateway::Gateway;
+use crate::prepare::Api;
+use crate::server::Front;
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
+use axum::response::Response;
+use bytes::{Buf, Bytes, BytesMut};
+use hyper::body::{Body, Frame, SizeHint};
+use hyper_util::rt::TokioExecutor;
+use hyper_util::rt::TokioIo;
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::Watcher;
+use std::cell::RefCell;
+use std::future::{Future, poll_fn};
+use std::io::Write as _;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// Header lines a head may have, as hyper allows.
+const MAX_HEADERS: usize = 100;
+/// What one read asks for.
+const READ_SIZE: usize = 4096;
+/// Bytes of a next request read ahead while one is answered; past them the client is no longer
+/// watched until the answer ends.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+/// The end of a chunked body.
+const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// What a connection's task needs besides its socket.
+pub(crate) struct Serving {
+    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) front: Front,
+    pub(crate) hyper: Arc<auto::Builder<TokioExecutor>>,
+    /// For the connection once it is hyper's.
+    pub(crate) watcher: Watcher,
+    /// True once the listener has closed: idle connections close, busy ones after their answer.
+    pub(crate) closing: watch::Receiver<bool>,
+}
+
+/// Serves one client connection until it closes, the drain closes it, or it is handed to hyper.
+pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
+    let mut conn = Conn {
+        tcp,
+        buf: BytesMut::new(),
+        out: BytesMut::new(),
+        watching: true,
+    };
+    let server = s.gateway.config.server.clone();
+    // hyper's own limit on a head; past it, hyper answers 431 itself.
+    let max_head = (server.max_header_bytes * 4).max(16 * 1024);
+    loop {
+        let head_deadline = Instant::now() + server.header_timeout;
+        let idle = conn.buf.is_empty();
+        let head = tokio::select! {
+            biased;
+            h = tokio::time::timeout_at(head_deadline, conn.read_head(max_head)) => match h {
+                Ok(h) => h,
+                Err(_) => return,
+            },
+            () = closed(&mut s.closing), if idle => return,
+        };
+        let (head, request) = match head {
+            Head::Closed => return,
+            Head::Other => return conn.hand_to_hyper(None, s).await,
+            Head::Complete(head) => match Request::from_head(&head) {
+                Some(r) => (head, r),
+                None => return conn.hand_to_hyper(Some(head), s).await,
+            },
+        };
+        if request.content_length > server.max_body_bytes {
+            // hyper's path answers 413 without reading the body.
+            return conn.hand_to_hyper(Some(head), s).await;
+        }
+        let body_deadline = Instant::now() + server.body_timeout;
+        let body = match tokio::time::timeout_at(body_deadline, conn.read_body(request.content_length)).await
+        {
+            Ok(Some(body)) => Upload::Whole(Some(body)),
+            Ok(None) => return,
+            Err(_) => Upload::TimedOut,
+        };
+        let timed_out = matches!(body, Upload::TimedOut);
+        let close = request.close || timed_out;
+        let req = request.http(head, body);
+        let answer = crate::server::completion(s.gateway.clone(), request.api, req);
+        let Some(response) = conn.or_gone(answer).await else {
+            return;
+        };
+        let close = close || *s.closing.borrow();
+        if !conn.respond(response, close).await || close {
+            return;
+        }
+    }
+}
+
+/// Resolves once the listener is closing.
+async fn closed(closing: &mut watch::Receiver<bool>) {
+    let _ = closing.wait_for(|closing| *closing).await;
+}
+
+/// A client connection while this module serves it.
+struct Conn {
+    tcp: TcpStream,
+    /// Bytes read and not yet taken: a head, a body, what a client sent ahead.
+    buf: BytesMut,
+    /// What goes out next, in one write.
+    out: BytesMut,
+    /// Whether the client's side is read while an answer is prepared or streamed.
+    watching: bool,
+}
+
+enum Head {
+    /// The client closed, or its connection failed, before a whole head.
+    Closed,
+    /// Not a head this module parses: too large, malformed, or HTTP/2's preface.
+    Other,
+    Complete(Bytes),
+}
+
+impl Conn {
+    /// Reads until `buf` starts with a whole head, which is split off.
+    async fn read_head(&mut self, max_head: usize) -> Head {
+        loop {
+            if !self.buf.is_empty() {
+                if self.buf.starts_with(b"PRI ") {
+                    return Head::Other;
+                }
+                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                match httparse::Request::new(&mut headers).parse(&self.buf) {
+                    Ok(httparse::Status::Complete(n)) => {
+                        return Head::Complete(self.buf.split_to(n).freeze());
+                    }
+                    Ok(httparse::Status::Partial) if self.buf.len() <= max_head => {}
+                    Ok(httparse::Status::Partial) | Err(_) => return Head::Other,
+                }
+            }
+            self.buf.reserve(READ_SIZE);
+            match self.tcp.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return Head::Closed,
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// The body, once `len` bytes of it have arrived; `None` if the client left first.
+    async fn read_body(&mut self, len: usize) -> Option<Bytes> {
+        if self.buf.len() < len {
+            self.buf.reserve(len - self.buf.len());
+        }
+        while self.buf.len() < len {
+            match self.tcp.read_buf(&mut self.buf).await {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+        }
+        Some(self.buf.split_to(len).freeze())
+    }
+
+    /// `fut`'s output, unless the client closes its side first: then it has left, and its
+    /// request is dropped with whatever it holds (a queue place, a replica's stream). That is
+    /// hyper's default too (`half_close` off).
+    async fn or_gone<F: Future>(&mut self, fut: F) -> Option<F::Output> {
+        let mut fut = pin!(fut);
+        poll_fn(|cx| {
+            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(v));
+            }
+            if self.client_left(cx) {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Reads what the client sends while it waits for its answer (a next request, kept for
+    /// later, or the end of its side), and registers to hear of more.
+    fn client_left(&mut self, cx: &mut Context<'_>) -> bool {
+        while self.watching {
+            match self.tcp.poll_read_ready(cx) {
+                Poll::Pending => return false,
+                Poll::Ready(Err(_)) => return true,
+                Poll::Ready(Ok(())) => {}
+            }
+            if self.buf.len() >= MAX_READ_AHEAD {
+                self.watching = false;
+                break;
+            }
+            self.buf.reserve(READ_SIZE);
+            match self.tcp.try_read_buf(&mut self.buf) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(_) => return true,
+            }
+        }
+        false
+    }
+
+    /// Writes the answer; false when the connection cannot carry another one.
+    async fn respond(&mut self, response: Response, close: bool) -> bool {
+        let (parts, mut body) = response.into_parts();
+        let length = body.size_hint().exact();
+        self.out.clear();
+        encode_head(&mut self.out, &parts, length, close);
+        let ok = match length {
+            Some(_) => self.write_whole(&mut body).await,
+            None => self.write_chunked(&mut body).await,
+        };
+        self.watching = true;
+        ok
+    }
+
+    /// A body of known length: its bytes after the head, then one write.
+    async fn write_whole(&mut self, body: &mut axum::body::Body) -> bool {
+        loop {
+            match poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data() {
+                        self.out.extend_from_slice(&data);
+                    }
+                }
+                Some(Err(_)) => return false,
+                None => return self.flush().await,
+            }
+        }
+    }
+
+    /// A stream: whatever is ready goes out in one write (the head with the first chunk, the
+    /// last chunk with the end), and the client is watched while the next is awaited.
+    async fn write_chunked(&mut self, body: &mut axum::body::Body) -> bool {
+        loop {
+            let frame = {
+                let next = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx));
+                match self.or_gone(next).await {
+                    Some(frame) => frame,
+                    None => return false,
+                }
+            };
+            let mut next = Some(frame);
+            // Take what else is ready now, so that it shares the write.
+            while let Some(frame) = next.take() {
+                match frame {
+                    Some(Ok(frame)) => {
+                        if let Ok(data) = frame.into_data() {
+                            encode_chunk(&mut self.out, &data);
+                        }
+                    }
+                    // A stream cut short: the client must not take it for a whole one.
+                    Some(Err(_)) => return false,
+                    None => {
+                        self.out.extend_from_slice(LAST_CHUNK);
+                        return self.flush().await;
+                    }
+                }
+                next = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
+                    Poll::Ready(frame) => Some(frame),
+                    Poll::Pending => None,
+                };
+            }
+            if !self.out.is_empty() && !self.flush().await {
+                return false;
+            }
+        }
+    }
+
+    async fn flush(&mut self) -> bool {
+        let ok = self.tcp.write_all(&self.out).await.is_ok();
+        self.out.clear();
+        ok
+    }
+
+    /// hyper serves the connection from here on, starting with the bytes already read.
+    async fn hand_to_hyper(self, head: Option<Bytes>, s: Serving) {
+        let mut read = BytesMut::with_capacity(head.as_ref().map_or(0, Bytes::len) + self.buf.len());
+        if let Some(head) = head {
+            read.extend_from_slice(&head);
+        }
+        read.extend_from_slice(&self.buf);
+        let io = Rewind {
+            read: read.freeze(),
+            tcp: self.tcp,
+        };
+        // hyper's drain watches it from here on.
+        drop(s.closing);
+        let serving = s.hyper.serve_connection(TokioIo::new(io), s.front);
+        // Boxed: hyper's connection would otherwise make every connection's task that large.
+        let _ = Box::pin(s.watcher.watch(serving)).await;
+    }
+}
+
+/// The status line and headers, with hyper's framing and `date`.
+fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: Option<u64>, close: bool) {
+    let status = parts.status;
+    let _ = write!(
+        Writer(out),
+        "HTTP/1.1 {} {}\r\n",
+        status.as_str(),
+        status.canonical_reason().unwrap_or("")
+    );
+    for (name, value) in &parts.headers {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
+            continue;
+        }
+        out.extend_from_slice(name.as_str().as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    match length {
+        Some(n) => {
+            let _ = write!(Writer(out), "content-length: {n}\r\n");
+        }
+        None => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+    }
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"date: ");
+    DATE.with_borrow_mut(|d| out.extend_from_slice(d.now()));
+    out.extend_from_slice(b"\r\n\r\n");
+}
+
+fn encode_chunk(out: &mut BytesMut, data: &[u8]) {
+    if data.is_empty() {
+        return;
+    }
+    let _ = write!(Writer(out), "{:x}\r\n", data.len());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// `io::Write` into a `BytesMut`, for `write!`.
+struct Writer<'a>(&'a mut BytesMut);
+
+impl std::io::Write for Writer<'_> {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+thread_local! {
+    static DATE: RefCell<Date> = const { RefCell::new(Date { second: u64::MAX, text: String::new() }) };
+}
+
+/// The `date` header's value, formatted once a second.
+struct Date {
+    second: u64,
+    text: String,
+}
+
+impl Date {
+    fn now(&mut self) -> &[u8] {
+        let now = std::time::SystemTime::now();
+        let second = now
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        if second != self.second {
+            self.second = second;
+            self.text = httpdate::fmt_http_date(now);
+        }
+        self.text.as_bytes()
+    }
+}
+
+/// The parts of a completion request's head this module acts on.
+struct Request {
+    api: Api,
+    content_length: usize,
+    /// The client asked to close after the answer.
+    close: bool,
+}
+
+impl Request {
+    /// `None` for a head hyper answers instead.
+    fn from_head(head: &[u8]) -> Option<Request> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        req.parse(head).ok()?;
+        if req.method? != "POST" || req.version? != 1 {
+            return None;
+        }
+        let path = req.path?;
+        let api = match path.split_once('?').map_or(path, |(p, _)| p) {
+            "/v1/chat/completions" => Api::Chat,
+            "/v1/completions" => Api::Completions,
+            _ => return None,
+        };
+        let mut content_length = None;
+        let mut close = false;
+        for h in req.headers.iter() {
+            if h.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str()) {
+                let n = std::str::from_utf8(h.value).ok()?;
+                if content_length.is_some() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+                    return None;
+                }
+                content_length = Some(n.parse::<usize>().ok()?);
+            } else if h.name.eq_ignore_ascii_case(TRANSFER_ENCODING.as_str())
+                || h.name.eq_ignore_ascii_case(EXPECT.as_str())
+                || h.name.eq_ignore_ascii_case(UPGRADE.as_str())
+            {
+                return None;
+            } else if h.name.eq_ignore_ascii_case(CONNECTION.as_str()) {
+                let v = std::str::from_utf8(h.value).ok()?;
+                if v.split(',').any(|t| t.trim().eq_ignore_ascii_case("upgrade")) {
+                    return None;
+                }
+                close |= v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
+            }
+        }
+        Some(Request {
+            api,
+            content_length: content_length?,
+            close,
+        })
+    }
+
+    /// The request as the request path takes it, its header values sharing `head`'s bytes.
+    fn http(&self, head: Bytes, body: Upload) -> axum::http::Request<Upload> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Request::new(&mut headers);
+        let _ = parsed.parse(&head);
+        let mut map = HeaderMap::with_capacity(parsed.headers.len());
+        for h in parsed.headers.iter() {
+            let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(h.name.as_bytes()),
+                HeaderValue::from_maybe_shared(head.slice_ref(h.value)),
+            ) else {
+                continue;
+            };
+            map.append(name, value);
+        }
+        let uri = parsed
+            .path
+            .and_then(|p| Uri::from_maybe_shared(head.slice_ref(p.as_bytes())).ok())
+            .unwrap_or_else(|| Uri::from_static("/"));
+        let mut req = axum::http::Request::new(body);
+        *req.method_mut() = Method::POST;
+        *req.uri_mut() = uri;
+        *req.version_mut() = Version::HTTP_11;
+        *req.headers_mut() = map;
+        req
+    }
+}
+
+/// A request body read whole before the request path starts, or one that did not arrive within
+/// `server.body_timeout`.
+pub(crate) enum Upload {
+    Whole(Option<Bytes>),
+    TimedOut,
+}
+
+/// The error of an [`Upload`] that ran out of time; the request path answers it with 408.
+#[derive(Debug, thiserror::Error)]
+#[error("the request body did not arrive in time")]
+pub(crate) struct BodyTimedOut;
+
+impl Body for Upload {
+    type Data = Bytes;
+    type Error = BodyTimedOut;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BodyTimedOut>>> {
+        Poll::Ready(match &mut *self {
+            Upload::Whole(body) => body.take().map(|b| Ok(Frame::data(b))),
+            Upload::TimedOut => Some(Err(BodyTimedOut)),
+        })
+    }
+
+    fn is_end_stream(&self) -> bool {
+        matches!(self, Upload::Whole(None))
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Upload::Whole(Some(b)) => SizeHint::with_exact(b.len() as u64),
+            _ => SizeHint::default(),
+        }
+    }
+}
+
+/// A socket that gives back the bytes already read from it before reading more.
+struct Rewind {
+    read: Bytes,
+    tcp: TcpStream,
+}
+
+impl AsyncRead for Rewind {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if !self.read.is_empty() {
+            let n = self.read.len().min(buf.remaining());
+            buf.put_slice(&self.read[..n]);
+            self.read.advance(n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Rewind {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
