@@ -17,3 +17,4 @@ mod shared;
 mod streaming;
 mod support;
 mod traces;
+mod wire;

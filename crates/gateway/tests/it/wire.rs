@@ -1,0 +1,282 @@
+//! HTTP/1.1 on the wire, as raw clients send it: several requests on one connection (pipelined,
+//! or mixing the completion endpoints with the others), `Connection: close`, chunked and
+//! `Expect` uploads, malformed heads, and a drain that finds connections idle or busy.
+
+use crate::support::{Stack, chat, engine, stalling, tiny};
+use serde_json::Value;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+const ONE: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+"#;
+
+/// One answer as it came over the wire.
+#[derive(Debug)]
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Reads one answer, framed by `content-length` or chunked; `None` once the server closed.
+async fn read_answer(r: &mut BufReader<TcpStream>) -> Option<Answer> {
+    let read = async {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if r.read_line(&mut line).await.ok()? == 0 {
+                return None;
+            }
+            // Skip interim answers (100 Continue) and their blank line.
+            if line.starts_with("HTTP/1.1 1") {
+                let mut blank = String::new();
+                r.read_line(&mut blank).await.ok()?;
+                continue;
+            }
+            break;
+        }
+        let status: u16 = line.split(' ').nth(1)?.parse().ok()?;
+        let mut headers = Vec::new();
+        loop {
+            let mut h = String::new();
+            r.read_line(&mut h).await.ok()?;
+            let h = h.trim_end();
+            if h.is_empty() {
+                break;
+            }
+            let (n, v) = h.split_once(':')?;
+            headers.push((n.trim().to_owned(), v.trim().to_owned()));
+        }
+        let mut answer = Answer {
+            status,
+            headers,
+            body: String::new(),
+        };
+        if let Some(n) = answer.header("content-length") {
+            let mut body = vec![0; n.parse().ok()?];
+            r.read_exact(&mut body).await.ok()?;
+            answer.body = String::from_utf8(body).ok()?;
+        } else if answer.header("transfer-encoding") == Some("chunked") {
+            loop {
+                let mut size = String::new();
+                r.read_line(&mut size).await.ok()?;
+                let n = usize::from_str_radix(size.trim(), 16).ok()?;
+                let mut chunk = vec![0; n + 2];
+                r.read_exact(&mut chunk).await.ok()?;
+                if n == 0 {
+                    break;
+                }
+                answer.body.push_str(std::str::from_utf8(&chunk[..n]).ok()?);
+            }
+        }
+        Some(answer)
+    };
+    tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("an answer within 20 s")
+}
+
+fn post(path: &str, body: &Value, extra: &str) -> Vec<u8> {
+    let body = body.to_string();
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{extra}\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+async fn connect(stack: &Stack) -> BufReader<TcpStream> {
+    let tcp = TcpStream::connect(stack.url.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    BufReader::new(tcp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_requests_are_answered_in_order_whichever_server_part_answers_them() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let mut c = connect(&stack).await;
+    // All in one write: a stream, a whole answer, a probe (which hands the connection over to
+    // the router's server), then a completion again, behind it.
+    let mut all = post("/v1/chat/completions", &chat("chat", 3, true), "");
+    all.extend(post("/v1/chat/completions?x=1", &chat("chat", 2, false), ""));
+    all.extend(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n");
+    all.extend(post(
+        "/v1/completions",
+        &serde_json::json!({"model": "chat", "prompt": "hi", "max_tokens": 2}),
+        "",
+    ));
+    c.get_mut().write_all(&all).await.unwrap();
+
+    let stream = read_answer(&mut c).await.expect("the stream");
+    assert_eq!(stream.status, 200, "{stream:?}");
+    assert_eq!(
+        stream.header("content-type"),
+        Some("text/event-stream; charset=utf-8")
+    );
+    assert!(
+        stream.header("date").is_some_and(|d| d.ends_with(" GMT")),
+        "{stream:?}"
+    );
+    assert!(stream.header("x-request-id").is_some(), "{stream:?}");
+    assert!(
+        stream.body.trim_end().ends_with("data: [DONE]"),
+        "{}",
+        stream.body
+    );
+    let whole = read_answer(&mut c).await.expect("the whole answer");
+    assert_eq!(whole.status, 200, "{whole:?}");
+    let v: Value = serde_json::from_str(&whole.body).unwrap();
+    assert_eq!(v["object"], "chat.completion", "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{v}");
+    let probe = read_answer(&mut c).await.expect("the probe");
+    assert_eq!(probe.status, 200, "{probe:?}");
+    let last = read_answer(&mut c).await.expect("the completion after the probe");
+    assert_eq!(last.status, 200, "{last:?}");
+    let v: Value = serde_json::from_str(&last.body).unwrap();
+    assert_eq!(v["object"], "text_completion", "{v}");
+    let records = stack.records();
+    assert_eq!(records.len(), 3, "{records:?}");
+    assert!(records.iter().all(|r| r.status == 200), "{records:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_close_is_answered_then_done_and_keep_alive_is_not() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let mut c = connect(&stack).await;
+    c.get_mut()
+        .write_all(&post("/v1/chat/completions", &chat("chat", 2, false), ""))
+        .await
+        .unwrap();
+    let first = read_answer(&mut c).await.expect("an answer");
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("connection"), None, "kept alive: {first:?}");
+    c.get_mut()
+        .write_all(&post(
+            "/v1/chat/completions",
+            &chat("chat", 2, true),
+            "Connection: close\r\n",
+        ))
+        .await
+        .unwrap();
+    let second = read_answer(&mut c)
+        .await
+        .expect("an answer on the same connection");
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("connection"), Some("close"), "{second:?}");
+    assert!(second.body.contains("[DONE]"), "{}", second.body);
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut rest))
+        .await
+        .expect("closed after the answer")
+        .unwrap();
+    assert_eq!(
+        n,
+        0,
+        "nothing after the answer: {:?}",
+        String::from_utf8_lossy(&rest)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chunked_and_expect_uploads_and_bad_lengths_are_answered_too() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let body = chat("chat", 2, false).to_string();
+
+    let mut c = connect(&stack).await;
+    let (a, b) = body.split_at(10);
+    let chunked = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    c.get_mut().write_all(chunked.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut c).await.expect("an answer to a chunked upload");
+    assert_eq!(answer.status, 200, "{answer:?}");
+
+    let mut c = connect(&stack).await;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.get_mut().write_all(head.as_bytes()).await.unwrap();
+    let mut interim = String::new();
+    tokio::time::timeout(Duration::from_secs(5), c.read_line(&mut interim))
+        .await
+        .expect("100 Continue before the body")
+        .unwrap();
+    assert!(interim.starts_with("HTTP/1.1 100"), "{interim}");
+    let mut blank = String::new();
+    c.read_line(&mut blank).await.unwrap();
+    c.get_mut().write_all(body.as_bytes()).await.unwrap();
+    let answer = read_answer(&mut c).await.expect("an answer after 100 Continue");
+    assert_eq!(answer.status, 200, "{answer:?}");
+
+    let mut c = connect(&stack).await;
+    c.get_mut()
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n{}")
+        .await
+        .unwrap();
+    let answer = read_answer(&mut c).await.expect("an answer to a bad length");
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert_eq!(
+        stack.engines[0].engine.records().len(),
+        2,
+        "only the two good uploads reached the replica"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_mid_stream_frees_its_slot() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
+"#;
+    let stack = Stack::start(vec![engine(stalling(2)).await], yaml).await;
+    let mut c = connect(&stack).await;
+    c.get_mut()
+        .write_all(&post("/v1/chat/completions", &chat("chat", 50, true), ""))
+        .await
+        .unwrap();
+    // The head and the first tokens arrive; the replica then stalls with the slot held.
+    let mut line = String::new();
+    tokio::time::timeout(Duration::from_secs(5), c.read_line(&mut line))
+        .await
+        .expect("the head")
+        .unwrap();
+    assert!(line.starts_with("HTTP/1.1 200"), "{line}");
+    drop(c);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = stack.stream("chat", 2).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot of a client that left is not freed: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
