@@ -472,11 +472,23 @@ impl Relay {
     }
 }
 
-impl futures::Stream for Relay {
-    type Item = Result<Bytes, std::io::Error>;
+/// The relay is the response's body itself: a stream adapter between them costs a layer of
+/// calls per relayed chunk. A failure reaches the client as an SSE error event, never as an error.
+impl hyper::body::Body for Relay {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
 
-    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.get_mut().poll_chunk(cx).map(|chunk| chunk.map(Ok))
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        self.get_mut()
+            .poll_chunk(cx)
+            .map(|chunk| chunk.map(|c| Ok(hyper::body::Frame::data(c))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.events.out.is_empty()
     }
 }
 

@@ -536,7 +536,7 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
         }
         Ok(Answer::Stream(opened, config)) => {
             ex.answering(200);
-            let body = Body::from_stream(Relay::new(opened, config, ex));
+            let body = Body::new(Relay::new(opened, config, ex));
             (
                 [
                     (
