@@ -244,6 +244,11 @@ impl Conn {
     /// A stream: whatever is ready goes out in one write (the head with the first chunk, the
     /// last chunk with the end), and the client is watched while the next is awaited.
     async fn write_chunked(&mut self, body: &mut axum::body::Body) -> bool {
+        if self.buf.is_empty() {
+            // A stream can last minutes: its connection holds no read buffer meanwhile (one
+            // comes back if the client sends more).
+            self.buf = BytesMut::new();
+        }
         loop {
             let frame = {
                 let next = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx));
@@ -340,7 +345,16 @@ fn encode_chunk(out: &mut BytesMut, data: &[u8]) {
     if data.is_empty() {
         return;
     }
-    let _ = write!(Writer(out), "{:x}\r\n", data.len());
+    let mut size = [0u8; 16];
+    let mut at = size.len();
+    let mut n = data.len();
+    while n > 0 || at == size.len() {
+        at -= 1;
+        size[at] = b"0123456789abcdef"[n % 16];
+        n /= 16;
+    }
+    out.extend_from_slice(&size[at..]);
+    out.extend_from_slice(b"\r\n");
     out.extend_from_slice(data);
     out.extend_from_slice(b"\r\n");
 }
@@ -549,5 +563,80 @@ impl AsyncWrite for Rewind {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(lines: &str) -> Option<Request> {
+        Request::from_head(format!("{lines}\r\n\r\n").as_bytes())
+    }
+
+    #[test]
+    fn only_plain_completion_posts_are_served_here() {
+        let r = head("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12").unwrap();
+        assert_eq!((r.api, r.content_length, r.close), (Api::Chat, 12, false));
+        let r =
+            head("POST /v1/completions?a=b HTTP/1.1\r\ncontent-length: 0\r\nConnection: keep-alive, Close")
+                .unwrap();
+        assert_eq!((r.api, r.content_length, r.close), (Api::Completions, 0, true));
+        for other in [
+            "GET /v1/chat/completions HTTP/1.1\r\nContent-Length: 1",
+            "POST /v1/models HTTP/1.1\r\nContent-Length: 1",
+            "POST /v1/chat/completions/ HTTP/1.1\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.0\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.1",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: +1",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999999",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-continue",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nConnection: Upgrade",
+            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nUpgrade: h2c",
+        ] {
+            assert!(head(other).is_none(), "{other}");
+        }
+    }
+
+    #[test]
+    fn the_request_shares_the_heads_bytes_and_keeps_every_header() {
+        let raw = Bytes::from_static(
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: abc\r\nX-Tag: 1\r\nX-Tag: 2\r\nContent-Length: 2\r\n\r\n",
+        );
+        let r = Request::from_head(&raw).unwrap();
+        let req = r.http(raw.clone(), Upload::Whole(Some(Bytes::from_static(b"{}"))));
+        assert_eq!(req.uri().path(), "/v1/chat/completions");
+        assert_eq!(req.uri().query(), Some("x=1"));
+        assert_eq!(req.headers()["x-request-id"], "abc");
+        assert_eq!(req.headers().get_all("x-tag").iter().count(), 2);
+        assert_eq!(req.body().size_hint().exact(), Some(2));
+    }
+
+    #[test]
+    fn chunks_are_framed_in_hex_and_empty_ones_are_not_written() {
+        let mut out = BytesMut::new();
+        encode_chunk(&mut out, b"");
+        assert!(out.is_empty(), "an empty chunk would end the stream");
+        encode_chunk(&mut out, b"hi");
+        encode_chunk(&mut out, &[b'a'; 0x1f3]);
+        assert!(out.starts_with(b"2\r\nhi\r\n1f3\r\naaa"), "{:?}", &out[..16]);
+        assert!(out.ends_with(b"a\r\n"));
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_socket_gives_back_what_was_read_first() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        client.write_all(b" world").await.unwrap();
+        let mut io = Rewind {
+            read: Bytes::from_static(b"hello"),
+            tcp,
+        };
+        let mut got = [0u8; 11];
+        io.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello world");
     }
 }

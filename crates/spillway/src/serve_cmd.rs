@@ -16,8 +16,8 @@ pub(crate) struct ServeArgs {
     /// Listen here instead of the file's `listen`.
     #[arg(long)]
     listen: Option<std::net::SocketAddr>,
-    /// Worker threads (default: one per core). One worker avoids cross-thread wake-ups and is how
-    /// proxies are compared per worker.
+    /// Worker threads (default: one per core). One worker runs everything on one thread (tokio's
+    /// current-thread runtime): no cross-thread wake-ups, and how proxies are compared per worker.
     #[arg(long)]
     pub(crate) workers: Option<std::num::NonZeroUsize>,
 }
