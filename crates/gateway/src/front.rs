@@ -159,10 +159,9 @@ impl Conn {
 
     /// The body, once `len` bytes of it have arrived; `None` if the client left first.
     async fn read_body(&mut self, len: usize) -> Option<Bytes> {
-        if self.buf.len() < len {
-            self.buf.reserve(len - self.buf.len());
-        }
         while self.buf.len() < len {
+            // Room for what has arrived, not for what the head claims will.
+            self.buf.reserve((len - self.buf.len()).min(MAX_READ_AHEAD));
             match self.tcp.read_buf(&mut self.buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
