@@ -36,9 +36,9 @@ use tokio::time::Instant;
 const MAX_HEADERS: usize = 100;
 /// What one read asks for.
 const READ_SIZE: usize = 4096;
-/// Bytes of a next request read ahead while one is answered; past them the client is no longer
-/// watched until the answer ends.
-const MAX_READ_AHEAD: usize = 64 * 1024;
+/// The most room made for a body before its bytes arrive, and the most buffer capacity a
+/// connection keeps between requests.
+const MAX_ROOM: usize = 64 * 1024;
 /// The end of a chunked body.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
@@ -59,21 +59,20 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         tcp,
         buf: BytesMut::new(),
         out: BytesMut::new(),
-        watching: true,
     };
     let server = s.gateway.config.server.clone();
     // hyper's own limit on a head; past it, hyper answers 431 itself.
     let max_head = (server.max_header_bytes * 4).max(16 * 1024);
     loop {
         let head_deadline = Instant::now() + server.header_timeout;
-        let idle = conn.buf.is_empty();
+        // A head already read ahead is taken first; a partial one does not hold up the drain.
         let head = tokio::select! {
             biased;
             h = tokio::time::timeout_at(head_deadline, conn.read_head(max_head)) => match h {
                 Ok(h) => h,
                 Err(_) => return,
             },
-            () = closed(&mut s.closing), if idle => return,
+            () = closed(&mut s.closing) => return,
         };
         let (head, request) = match head {
             Head::Closed => return,
@@ -84,7 +83,7 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
             },
         };
         if request.content_length > server.max_body_bytes {
-            // hyper's path answers 413 without reading the body.
+            // hyper's path answers 413, reading no more than the limit.
             return conn.hand_to_hyper(Some(head), s).await;
         }
         let body_deadline = Instant::now() + server.body_timeout;
@@ -105,6 +104,7 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         if !conn.respond(response, close).await || close {
             return;
         }
+        conn.shrink();
     }
 }
 
@@ -120,8 +120,6 @@ struct Conn {
     buf: BytesMut,
     /// What goes out next, in one write.
     out: BytesMut,
-    /// Whether the client's side is read while an answer is prepared or streamed.
-    watching: bool,
 }
 
 enum Head {
@@ -135,19 +133,29 @@ enum Head {
 impl Conn {
     /// Reads until `buf` starts with a whole head, which is split off.
     async fn read_head(&mut self, max_head: usize) -> Head {
+        // Where the search for a head's end resumes: a head sent a byte at a time is not parsed
+        // again from its start with every byte.
+        let mut searched: usize = 0;
         loop {
-            if !self.buf.is_empty() {
-                if self.buf.starts_with(b"PRI ") {
-                    return Head::Other;
-                }
+            if self.buf.starts_with(b"PRI ") {
+                return Head::Other;
+            }
+            let from = searched.saturating_sub(2);
+            searched = self.buf.len();
+            let new = &self.buf[from..];
+            if memchr::memmem::find(new, b"\n\r\n").is_some() || memchr::memmem::find(new, b"\n\n").is_some()
+            {
                 let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
                 match httparse::Request::new(&mut headers).parse(&self.buf) {
                     Ok(httparse::Status::Complete(n)) => {
                         return Head::Complete(self.buf.split_to(n).freeze());
                     }
-                    Ok(httparse::Status::Partial) if self.buf.len() <= max_head => {}
-                    Ok(httparse::Status::Partial) | Err(_) => return Head::Other,
+                    Ok(httparse::Status::Partial) => {}
+                    Err(_) => return Head::Other,
                 }
+            }
+            if self.buf.len() > max_head {
+                return Head::Other;
             }
             self.buf.reserve(READ_SIZE);
             match self.tcp.read_buf(&mut self.buf).await {
@@ -161,7 +169,7 @@ impl Conn {
     async fn read_body(&mut self, len: usize) -> Option<Bytes> {
         while self.buf.len() < len {
             // Room for what has arrived, not for what the head claims will.
-            self.buf.reserve((len - self.buf.len()).min(MAX_READ_AHEAD));
+            self.buf.reserve((len - self.buf.len()).min(MAX_ROOM));
             match self.tcp.read_buf(&mut self.buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
@@ -190,15 +198,13 @@ impl Conn {
     /// Reads what the client sends while it waits for its answer (a next request, kept for
     /// later, or the end of its side), and registers to hear of more.
     fn client_left(&mut self, cx: &mut Context<'_>) -> bool {
-        while self.watching {
+        // Once a next request has been read ahead, the client is no longer watched, as with
+        // hyper: a client that sends it and then closes its side still gets this answer.
+        while self.buf.is_empty() {
             match self.tcp.poll_read_ready(cx) {
                 Poll::Pending => return false,
                 Poll::Ready(Err(_)) => return true,
                 Poll::Ready(Ok(())) => {}
-            }
-            if self.buf.len() >= MAX_READ_AHEAD {
-                self.watching = false;
-                break;
             }
             self.buf.reserve(READ_SIZE);
             match self.tcp.try_read_buf(&mut self.buf) {
@@ -217,12 +223,10 @@ impl Conn {
         let length = body.size_hint().exact();
         self.out.clear();
         encode_head(&mut self.out, &parts, length, close);
-        let ok = match length {
+        match length {
             Some(_) => self.write_whole(&mut body).await,
             None => self.write_chunked(&mut body).await,
-        };
-        self.watching = true;
-        ok
+        }
     }
 
     /// A body of known length: its bytes after the head, then one write.
@@ -283,6 +287,16 @@ impl Conn {
         }
     }
 
+    /// Buffers grown by a large upload or answer go back to nothing between requests.
+    fn shrink(&mut self) {
+        if self.buf.capacity() > MAX_ROOM {
+            self.buf = BytesMut::from(&self.buf[..]);
+        }
+        if self.out.capacity() > MAX_ROOM {
+            self.out = BytesMut::new();
+        }
+    }
+
     async fn flush(&mut self) -> bool {
         let ok = self.tcp.write_all(&self.out).await.is_ok();
         self.out.clear();
@@ -291,6 +305,10 @@ impl Conn {
 
     /// hyper serves the connection from here on, starting with the bytes already read.
     async fn hand_to_hyper(self, head: Option<Bytes>, s: Serving) {
+        if *s.closing.borrow() {
+            // hyper would be told to stop before it read the request: close instead.
+            return;
+        }
         let mut read = BytesMut::with_capacity(head.as_ref().map_or(0, Bytes::len) + self.buf.len());
         if let Some(head) = head {
             read.extend_from_slice(&head);
@@ -398,6 +416,7 @@ impl Date {
 /// The parts of a completion request's head this module acts on.
 struct Request {
     api: Api,
+    uri: Uri,
     content_length: usize,
     /// The client asked to close after the answer.
     close: bool,
@@ -405,7 +424,7 @@ struct Request {
 
 impl Request {
     /// `None` for a head hyper answers instead.
-    fn from_head(head: &[u8]) -> Option<Request> {
+    fn from_head(head: &Bytes) -> Option<Request> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
         req.parse(head).ok()?;
@@ -413,7 +432,9 @@ impl Request {
             return None;
         }
         let path = req.path?;
-        let api = match path.split_once('?').map_or(path, |(p, _)| p) {
+        // A target httparse takes and `http` does not (raw UTF-8, say) gets hyper's 400.
+        let uri = Uri::from_maybe_shared(head.slice_ref(path.as_bytes())).ok()?;
+        let api = match uri.path() {
             "/v1/chat/completions" => Api::Chat,
             "/v1/completions" => Api::Completions,
             _ => return None,
@@ -442,6 +463,7 @@ impl Request {
         }
         Some(Request {
             api,
+            uri,
             content_length: content_length?,
             close,
         })
@@ -462,13 +484,9 @@ impl Request {
             };
             map.append(name, value);
         }
-        let uri = parsed
-            .path
-            .and_then(|p| Uri::from_maybe_shared(head.slice_ref(p.as_bytes())).ok())
-            .unwrap_or_else(|| Uri::from_static("/"));
         let mut req = axum::http::Request::new(body);
         *req.method_mut() = Method::POST;
-        *req.uri_mut() = uri;
+        *req.uri_mut() = self.uri.clone();
         *req.version_mut() = Version::HTTP_11;
         *req.headers_mut() = map;
         req
@@ -570,7 +588,7 @@ mod tests {
     use super::*;
 
     fn head(lines: &str) -> Option<Request> {
-        Request::from_head(format!("{lines}\r\n\r\n").as_bytes())
+        Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")))
     }
 
     #[test]

@@ -280,3 +280,44 @@ routes:
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_sends_ahead_then_closes_its_side_gets_the_answer_in_progress() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let mut c = connect(&stack).await;
+    let mut both = post("/v1/chat/completions", &chat("chat", 3, true), "");
+    both.extend(post("/v1/chat/completions", &chat("chat", 2, false), ""));
+    c.get_mut().write_all(&both).await.unwrap();
+    c.get_mut().shutdown().await.unwrap();
+    // The request read ahead keeps the first one's client counted as present, as with hyper.
+    // The second one then finds the client's side closed and nothing more to read: like hyper
+    // (half_close off), that is a client that has left, and the connection closes.
+    let first = read_answer(&mut c).await.expect("the first answer");
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(first.body.contains("[DONE]"), "{}", first.body);
+    let mut rest = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut rest))
+        .await
+        .expect("the connection closes")
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_a_byte_at_a_time_is_served() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let mut c = connect(&stack).await;
+    c.get_mut().set_nodelay(true).unwrap();
+    // Bare LF line ends as well as CRLF, and every cut point, including inside "\r\n\r\n".
+    let mut raw = post("/v1/chat/completions", &chat("chat", 2, false), "");
+    raw.extend(b"POST /v1/chat/completions HTTP/1.1\nHost: x\nContent-Length: ");
+    let body = chat("chat", 2, false).to_string();
+    raw.extend(format!("{}\n\n{body}", body.len()).as_bytes());
+    for b in raw {
+        c.get_mut().write_all(&[b]).await.unwrap();
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    for which in ["CRLF", "LF"] {
+        let answer = read_answer(&mut c).await.expect("an answer");
+        assert_eq!(answer.status, 200, "{which}: {answer:?}");
+    }
+}
