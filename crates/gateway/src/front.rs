@@ -96,10 +96,13 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         let timed_out = matches!(body, Upload::TimedOut);
         let close = request.close || timed_out;
         let req = request.http(head, body);
-        let answer = crate::server::completion(s.gateway.clone(), request.api, req);
-        let Some(response) = conn.or_gone(answer).await else {
+        // Boxed: the request path's future is over 4 KB, and a connection's task would otherwise
+        // hold that much for as long as it lives, streaming or idle.
+        let mut answer = Box::pin(crate::server::completion(s.gateway.clone(), request.api, req));
+        let Some(response) = conn.or_gone(answer.as_mut()).await else {
             return;
         };
+        drop(answer);
         let close = close || *s.closing.borrow();
         if !conn.respond(response, close).await || close {
             return;
@@ -181,8 +184,7 @@ impl Conn {
     /// `fut`'s output, unless the client closes its side first: then it has left, and its
     /// request is dropped with whatever it holds (a queue place, a replica's stream). That is
     /// hyper's default too (`half_close` off).
-    async fn or_gone<F: Future>(&mut self, fut: F) -> Option<F::Output> {
-        let mut fut = pin!(fut);
+    async fn or_gone<F: Future>(&mut self, mut fut: Pin<&mut F>) -> Option<F::Output> {
         poll_fn(|cx| {
             if let Poll::Ready(v) = fut.as_mut().poll(cx) {
                 return Poll::Ready(Some(v));
@@ -254,7 +256,7 @@ impl Conn {
         }
         loop {
             let frame = {
-                let next = poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx));
+                let next = pin!(poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)));
                 match self.or_gone(next).await {
                     Some(frame) => frame,
                     None => return false,
