@@ -173,11 +173,11 @@ impl Parsed {
                         m.content.as_ref().map(|c| c.text()).unwrap_or_default(),
                     )
                 }));
-                route.tokenizer.encode(&text).len()
+                route.tokenizer.count(&text)
             }
             Parsed::Completion(c) => match &c.prompt {
-                Prompt::Text(t) => route.tokenizer.encode(t).len(),
-                Prompt::Texts(ts) => ts.iter().map(|t| route.tokenizer.encode(t).len()).sum(),
+                Prompt::Text(t) => route.tokenizer.count(t),
+                Prompt::Texts(ts) => ts.iter().map(|t| route.tokenizer.count(t)).sum(),
                 Prompt::Tokens(ids) => ids.len(),
                 Prompt::TokenBatches(b) => b.iter().map(Vec::len).sum(),
             },

@@ -51,23 +51,43 @@ impl Tokenizer {
             Tokenizer::Estimate => estimate(text),
         }
     }
+
+    /// `encode(text).len()`, without the ids where they are not needed: the gateway counts every
+    /// prompt on its request path, and the estimate's ids cost a hash per byte.
+    pub fn count(&self, text: &str) -> usize {
+        match self {
+            Tokenizer::Hf(_) => self.encode(text).len(),
+            Tokenizer::Estimate => pieces(text).count(),
+        }
+    }
 }
 
-fn estimate(text: &str) -> Vec<u32> {
-    let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+/// The ends of the estimate's pieces: 4 bytes each, never splitting a character.
+fn pieces(text: &str) -> impl Iterator<Item = (usize, usize)> + '_ {
     let mut start = 0;
-    while start < text.len() {
+    std::iter::from_fn(move || {
+        if start >= text.len() {
+            return None;
+        }
         let mut end = (start + 4).min(text.len());
         while !text.is_char_boundary(end) {
             end += 1;
         }
+        let piece = (start, end);
+        start = end;
+        Some(piece)
+    })
+}
+
+fn estimate(text: &str) -> Vec<u32> {
+    let mut ids = Vec::with_capacity(text.len() / 4 + 1);
+    for (start, end) in pieces(text) {
         let mut h: u32 = 0x811c_9dc5;
         for b in &text.as_bytes()[start..end] {
             h ^= u32::from(*b);
             h = h.wrapping_mul(0x0100_0193);
         }
         ids.push(h % 128_000);
-        start = end;
     }
     ids
 }
@@ -90,6 +110,23 @@ pub fn chat_prompt<'a>(messages: impl Iterator<Item = (&'a str, String)>) -> Str
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counting_gives_the_number_of_ids_encoding_gives() {
+        let t = Tokenizer::Estimate;
+        for text in [
+            "",
+            "a",
+            "abcd",
+            "abcde",
+            "héllo wörld",
+            "日本語のテキスト",
+            "🙂🙂x",
+            &"long ".repeat(999),
+        ] {
+            assert_eq!(t.count(text), t.encode(text).len(), "{text:?}");
+        }
+    }
 
     #[test]
     fn estimate_is_a_quarter_of_the_bytes_and_prefix_stable() {
