@@ -241,7 +241,10 @@ impl Conn {
                     }
                 }
                 Some(Err(_)) => return false,
-                None => return self.flush().await,
+                None => {
+                    end(body);
+                    return self.flush().await;
+                }
             }
         }
     }
@@ -274,6 +277,7 @@ impl Conn {
                     // A stream cut short: the client must not take it for a whole one.
                     Some(Err(_)) => return false,
                     None => {
+                        end(body);
                         self.out.extend_from_slice(LAST_CHUNK);
                         return self.flush().await;
                     }
@@ -326,6 +330,13 @@ impl Conn {
         // Boxed: hyper's connection would otherwise make every connection's task that large.
         let _ = Box::pin(s.watcher.watch(serving)).await;
     }
+}
+
+/// Drops an answer's body once it has ended, before its last bytes go out: the request's access
+/// log line and metrics are written when its exchange drops, and a client that has the whole
+/// answer must find them there (hyper drops a body as soon as it ends, too).
+fn end(body: &mut axum::body::Body) {
+    *body = axum::body::Body::empty();
 }
 
 /// The status line and headers, with hyper's framing and `date`.
