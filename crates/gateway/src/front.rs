@@ -62,7 +62,7 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
     };
     let server = s.gateway.config.server.clone();
     // hyper's own limit on a head; past it, hyper answers 431 itself.
-    let max_head = (server.max_header_bytes * 4).max(16 * 1024);
+    let max_head = crate::listener::max_head_buffer(&server);
     loop {
         let head_deadline = Instant::now() + server.header_timeout;
         // A head already read ahead is taken first; a partial one does not hold up the drain.
@@ -93,12 +93,12 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
             Ok(None) => return,
             Err(_) => Upload::TimedOut,
         };
-        let timed_out = matches!(body, Upload::TimedOut);
-        let close = request.close || timed_out;
-        let req = request.http(head, body);
+        let close = request.close || matches!(body, Upload::TimedOut);
+        let api = request.api;
+        let req = request.with_body(body);
         // Boxed: the request path's future is over 4 KB, and a connection's task would otherwise
         // hold that much for as long as it lives, streaming or idle.
-        let mut answer = Box::pin(crate::server::completion(s.gateway.clone(), request.api, req));
+        let mut answer = Box::pin(crate::server::completion(s.gateway.clone(), api, req));
         let Some(response) = conn.or_gone(answer.as_mut()).await else {
             return;
         };
@@ -426,10 +426,12 @@ impl Date {
     }
 }
 
-/// The parts of a completion request's head this module acts on.
+/// A completion request's head, parsed once: what this module acts on, and the headers the
+/// request path reads, their values sharing the head's bytes.
 struct Request {
     api: Api,
     uri: Uri,
+    headers: HeaderMap,
     content_length: usize,
     /// The client asked to close after the answer.
     close: bool,
@@ -454,7 +456,14 @@ impl Request {
         };
         let mut content_length = None;
         let mut close = false;
+        let mut headers = HeaderMap::with_capacity(req.headers.len());
         for h in req.headers.iter() {
+            if let (Ok(name), Ok(value)) = (
+                HeaderName::from_bytes(h.name.as_bytes()),
+                HeaderValue::from_maybe_shared(head.slice_ref(h.value)),
+            ) {
+                headers.append(name, value);
+            }
             if h.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str()) {
                 let n = std::str::from_utf8(h.value).ok()?;
                 if content_length.is_some() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
@@ -477,31 +486,19 @@ impl Request {
         Some(Request {
             api,
             uri,
+            headers,
             content_length: content_length?,
             close,
         })
     }
 
-    /// The request as the request path takes it, its header values sharing `head`'s bytes.
-    fn http(&self, head: Bytes, body: Upload) -> axum::http::Request<Upload> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut parsed = httparse::Request::new(&mut headers);
-        let _ = parsed.parse(&head);
-        let mut map = HeaderMap::with_capacity(parsed.headers.len());
-        for h in parsed.headers.iter() {
-            let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(h.name.as_bytes()),
-                HeaderValue::from_maybe_shared(head.slice_ref(h.value)),
-            ) else {
-                continue;
-            };
-            map.append(name, value);
-        }
+    /// The request as the request path takes it.
+    fn with_body(self, body: Upload) -> axum::http::Request<Upload> {
         let mut req = axum::http::Request::new(body);
         *req.method_mut() = Method::POST;
-        *req.uri_mut() = self.uri.clone();
+        *req.uri_mut() = self.uri;
         *req.version_mut() = Version::HTTP_11;
-        *req.headers_mut() = map;
+        *req.headers_mut() = self.headers;
         req
     }
 }
@@ -636,7 +633,7 @@ mod tests {
             b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: abc\r\nX-Tag: 1\r\nX-Tag: 2\r\nContent-Length: 2\r\n\r\n",
         );
         let r = Request::from_head(&raw).unwrap();
-        let req = r.http(raw.clone(), Upload::Whole(Some(Bytes::from_static(b"{}"))));
+        let req = r.with_body(Upload::Whole(Some(Bytes::from_static(b"{}"))));
         assert_eq!(req.uri().path(), "/v1/chat/completions");
         assert_eq!(req.uri().query(), Some("x=1"));
         assert_eq!(req.headers()["x-request-id"], "abc");

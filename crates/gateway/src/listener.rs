@@ -184,15 +184,19 @@ fn connection_builder(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        // Heads a little over the limit get the gateway's own 431 (in the OpenAI shape); hyper
-        // answers far larger ones itself.
-        .max_buf_size((server.max_header_bytes * 4).max(16 * 1024));
+        .max_buf_size(max_head_buffer(server));
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)));
     builder
+}
+
+/// The most a request head may take before hyper answers 431 itself: heads a little over
+/// `server.max_header_bytes` get the gateway's own 431, in the OpenAI shape, from the request path.
+pub(crate) fn max_head_buffer(server: &crate::config::ServerConfig) -> usize {
+    (server.max_header_bytes * 4).max(16 * 1024)
 }
 
 async fn sleep_until(at: Option<Instant>) {
