@@ -11,6 +11,11 @@ mod serve_cmd;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// glibc's malloc took about 9% of the gateway's CPU per streamed request (a request allocates
+/// and frees a few dozen small blocks on one thread); mimalloc's per-thread free lists cost less.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Spillway keeps LLM serving inside its SLOs: a bounded wait in front of the model servers, fast
 /// and honest rejections when it is full, and measurements of where each request waited.
 // The about text is the doc comment above, not the package description (which names commands
