@@ -219,6 +219,11 @@ pub struct ServerConfig {
     /// `client_body_timeout`); past it the request gets 408.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
+    /// A client must take some of an answer's bytes within this long of each write (nginx's
+    /// `send_timeout`); one that stops reading is cut, so that it cannot hold its slot and its
+    /// replica's stream for ever.
+    #[serde(with = "humantime_serde")]
+    pub send_timeout: Duration,
     /// Client connections held at most; more are answered 503 (`/health`, `/ready` and `/metrics`
     /// still answered) and closed. Default: derived from the open-files limit, leaving room for
     /// one upstream connection per client connection and a reserve.
@@ -238,6 +243,7 @@ impl Default for ServerConfig {
             access_log: true,
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(60),
             max_connections: None,
             max_header_bytes: 32 * 1024,
             metrics: MetricsExposure::Public,
@@ -867,11 +873,14 @@ impl Config {
         if self.server.max_header_bytes < 1024 {
             return Err(err("server.max_header_bytes", "must be at least 1024"));
         }
-        if self.server.header_timeout.is_zero() || self.server.body_timeout.is_zero() {
-            return Err(err(
-                "server",
-                "header_timeout and body_timeout must be more than zero",
-            ));
+        for (key, timeout) in [
+            ("server.header_timeout", self.server.header_timeout),
+            ("server.body_timeout", self.server.body_timeout),
+            ("server.send_timeout", self.server.send_timeout),
+        ] {
+            if timeout.is_zero() {
+                return Err(err(key, "must be more than zero"));
+            }
         }
         if self.server.max_connections == Some(0) {
             return Err(err("server.max_connections", "must be at least 1"));

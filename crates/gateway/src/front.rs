@@ -21,16 +21,18 @@ use hyper_util::rt::TokioExecutor;
 use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::Watcher;
+use prometheus::IntCounter;
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::io::Write as _;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 /// Header lines a head may have, as hyper allows.
 const MAX_HEADERS: usize = 100;
@@ -55,12 +57,13 @@ pub(crate) struct Serving {
 
 /// Serves one client connection until it closes, the drain closes it, or it is handed to hyper.
 pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
+    let server = s.gateway.config.server.clone();
     let mut conn = Conn {
         tcp,
         buf: BytesMut::new(),
         out: BytesMut::new(),
+        send: SendTimer::new(server.send_timeout, s.gateway.metrics.send_timeouts.clone()),
     };
-    let server = s.gateway.config.server.clone();
     // hyper's own limit on a head; past it, hyper answers 431 itself.
     let max_head = crate::listener::max_head_buffer(&server);
     loop {
@@ -123,6 +126,7 @@ struct Conn {
     buf: BytesMut,
     /// What goes out next, in one write.
     out: BytesMut,
+    send: SendTimer,
 }
 
 enum Head {
@@ -303,8 +307,19 @@ impl Conn {
         }
     }
 
+    /// Writes `out`; false when the connection failed or the client stopped taking bytes.
     async fn flush(&mut self) -> bool {
-        let ok = self.tcp.write_all(&self.out).await.is_ok();
+        let mut sent = 0;
+        let ok = loop {
+            if sent == self.out.len() {
+                break true;
+            }
+            let Conn { tcp, out, send, .. } = self;
+            match poll_fn(|cx| send.poll_write(cx, tcp, &out[sent..])).await {
+                Ok(0) | Err(_) => break false,
+                Ok(n) => sent += n,
+            }
+        };
         self.out.clear();
         ok
     }
@@ -323,6 +338,7 @@ impl Conn {
         let io = Rewind {
             read: read.freeze(),
             tcp: self.tcp,
+            send: self.send,
         };
         // hyper's drain watches it from here on.
         drop(s.closing);
@@ -541,10 +557,72 @@ impl Body for Upload {
     }
 }
 
+/// Cuts a client that takes none of an answer's bytes for `server.send_timeout` (nginx's
+/// `send_timeout`): the timer runs only while a write is blocked, and each byte taken restarts it.
+/// Without it a client that stops reading would hold its slot and its replica's stream for ever,
+/// since a blocked write stops the relay from being polled, timers and all.
+struct SendTimer {
+    timeout: Duration,
+    /// Made the first time a write blocks, then reused.
+    sleep: Option<Pin<Box<Sleep>>>,
+    /// Whether `sleep` runs for the write now blocked.
+    armed: bool,
+    cut: IntCounter,
+}
+
+impl SendTimer {
+    fn new(timeout: Duration, cut: IntCounter) -> SendTimer {
+        SendTimer {
+            timeout,
+            sleep: None,
+            armed: false,
+            cut,
+        }
+    }
+
+    /// `write` (one socket write), with the timer armed while it is pending.
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        write: impl FnOnce(&mut Context<'_>) -> Poll<std::io::Result<usize>>,
+    ) -> Poll<std::io::Result<usize>> {
+        if let Poll::Ready(r) = write(cx) {
+            self.armed = false;
+            return Poll::Ready(r);
+        }
+        let deadline = Instant::now() + self.timeout;
+        let sleep = match &mut self.sleep {
+            Some(sleep) if self.armed => sleep,
+            Some(sleep) => {
+                sleep.as_mut().reset(deadline);
+                sleep
+            }
+            None => self.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
+        };
+        self.armed = true;
+        if sleep.as_mut().poll(cx).is_ready() {
+            self.armed = false;
+            self.cut.inc();
+            return Poll::Ready(Err(std::io::ErrorKind::TimedOut.into()));
+        }
+        Poll::Pending
+    }
+
+    fn poll_write(
+        &mut self,
+        cx: &mut Context<'_>,
+        tcp: &mut TcpStream,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.poll(cx, |cx| Pin::new(tcp).poll_write(cx, buf))
+    }
+}
+
 /// A socket that gives back the bytes already read from it before reading more.
 struct Rewind {
     read: Bytes,
     tcp: TcpStream,
+    send: SendTimer,
 }
 
 impl AsyncRead for Rewind {
@@ -569,7 +647,8 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write(cx, buf)
+        let Rewind { tcp, send, .. } = &mut *self;
+        send.poll_write(cx, tcp, buf)
     }
 
     fn poll_write_vectored(
@@ -577,7 +656,8 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs)
+        let Rewind { tcp, send, .. } = &mut *self;
+        send.poll(cx, |cx| Pin::new(tcp).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -596,6 +676,7 @@ impl AsyncWrite for Rewind {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     fn head(lines: &str) -> Option<Request> {
         Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")))
@@ -661,9 +742,40 @@ mod tests {
         let mut io = Rewind {
             read: Bytes::from_static(b"hello"),
             tcp,
+            send: SendTimer::new(Duration::from_secs(60), IntCounter::new("cut", "cut").unwrap()),
         };
         let mut got = [0u8; 11];
         io.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello world");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_takes_nothing_for_send_timeout_fails_the_write_once_counted() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let cut = IntCounter::new("cut", "cut").unwrap();
+        let mut io = Rewind {
+            read: Bytes::new(),
+            tcp,
+            send: SendTimer::new(Duration::from_secs(60), cut.clone()),
+        };
+        let start = Instant::now();
+        let chunk = vec![b'x'; 64 * 1024];
+        let mut sent = 0usize;
+        let err = loop {
+            match io.write(&chunk).await {
+                Ok(n) => sent += n,
+                Err(e) => break e,
+            }
+        };
+        assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
+        assert!(sent > 0, "the socket's buffers took some first");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(60),
+            "one timeout, from the blocked write"
+        );
+        assert_eq!(cut.get(), 1);
     }
 }

@@ -51,6 +51,7 @@ pub(crate) struct Metrics {
     pub connections: prometheus::IntGauge,
     pub connections_over_limit: IntCounter,
     pub accept_errors: IntCounter,
+    pub send_timeouts: IntCounter,
 }
 
 /// Pre-resolved series of one route and class, so the hot path does no label lookups.
@@ -219,6 +220,10 @@ impl Metrics {
             accept_errors: plain_counter(
                 "spillway_accept_errors_total",
                 "Failures to accept a client connection (for example, out of file descriptors).",
+            ),
+            send_timeouts: plain_counter(
+                "spillway_send_timeouts_total",
+                "Client connections cut because the client took no bytes for server.send_timeout.",
             ),
             registry,
         }

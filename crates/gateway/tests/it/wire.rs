@@ -321,3 +321,63 @@ async fn a_request_sent_a_byte_at_a_time_is_served() {
         assert_eq!(answer.status, 200, "{which}: {answer:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_after_send_timeout_and_frees_its_slot() {
+    let yaml = r#"
+listen: 127.0.0.1:0
+server: { send_timeout: 1s }
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
+"#;
+    let mut zero = engine::EngineConfig::preset(engine::Preset::Zero);
+    zero.model = crate::support::UPSTREAM_MODEL.into();
+    let stack = Stack::start(vec![engine(zero).await], yaml).await;
+    // A client with a small receive window that never reads: a long stream fills its window and
+    // the gateway's send buffer, and the gateway's write blocks.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut c = socket
+        .connect(stack.url.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let mut long = chat("chat", 30_000, true);
+    long["ignore_eos"] = true.into();
+    c.write_all(&post("/v1/chat/completions", &long, ""))
+        .await
+        .unwrap();
+    // Its answer has begun (so it holds the slot); it reads no more than that.
+    let mut status = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut status))
+        .await
+        .expect("the answer begins")
+        .unwrap();
+    assert_eq!(&status, b"HTTP/1.1 200");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let r = stack.stream("chat", 2).await;
+        if r.status() == 200 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the slot of a client that stopped reading is still held: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        stack.metrics().await.contains("spillway_send_timeouts_total 1"),
+        "the cut is counted"
+    );
+    let records = stack.records();
+    let cut = records
+        .iter()
+        .find(|r| r.status == 200 && r.outcome != "ok")
+        .expect("the cut request's record");
+    assert_eq!(cut.outcome, "client_disconnect", "{cut:?}");
+}
