@@ -219,9 +219,9 @@ pub struct ServerConfig {
     /// `client_body_timeout`); past it the request gets 408.
     #[serde(with = "humantime_serde")]
     pub body_timeout: Duration,
-    /// A client must take some of an answer's bytes within this long of each write (nginx's
-    /// `send_timeout`); one that stops reading is cut, so that it cannot hold its slot and its
-    /// replica's stream for ever.
+    /// A write to a client that blocks (its window and the socket's buffer full) must be unblocked
+    /// by the client reading within this long (nginx's `send_timeout`); one that stops reading is
+    /// cut, so that it cannot hold its slot and its replica's stream for ever.
     #[serde(with = "humantime_serde")]
     pub send_timeout: Duration,
     /// Client connections held at most; more are answered 503 (`/health`, `/ready` and `/metrics`
@@ -880,6 +880,9 @@ impl Config {
         ] {
             if timeout.is_zero() {
                 return Err(err(key, "must be more than zero"));
+            }
+            if timeout > Duration::from_secs(24 * 3600) {
+                return Err(err(key, "must be at most 24h"));
             }
         }
         if self.server.max_connections == Some(0) {

@@ -618,8 +618,21 @@ impl SendTimer {
     }
 }
 
+/// A connection hyper serves from its start (one over `server.max_connections`), with the same
+/// cut of a client that stops reading.
+pub(crate) fn timed(tcp: TcpStream, gateway: &Gateway) -> Rewind {
+    Rewind {
+        read: Bytes::new(),
+        tcp,
+        send: SendTimer::new(
+            gateway.config.server.send_timeout,
+            gateway.metrics.send_timeouts.clone(),
+        ),
+    }
+}
+
 /// A socket that gives back the bytes already read from it before reading more.
-struct Rewind {
+pub(crate) struct Rewind {
     read: Bytes,
     tcp: TcpStream,
     send: SendTimer,
@@ -775,6 +788,53 @@ mod tests {
             start.elapsed(),
             Duration::from_secs(60),
             "one timeout, from the blocked write"
+        );
+        assert_eq!(cut.get(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_taken_restart_the_send_timeout() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let cut = IntCounter::new("cut", "cut").unwrap();
+        let mut io = Rewind {
+            read: Bytes::new(),
+            tcp,
+            send: SendTimer::new(Duration::from_secs(60), cut.clone()),
+        };
+        let start = Instant::now();
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 * 1024];
+            loop {
+                if let Err(e) = io.write_vectored(&[std::io::IoSlice::new(&chunk)]).await {
+                    return (e.kind(), start.elapsed());
+                }
+            }
+        });
+        // The writer blocks at once; 40 s later the client reads what is there.
+        tokio::time::sleep(Duration::from_secs(40)).await;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut taken = 0;
+        while taken == 0 {
+            match client.try_read(&mut buf) {
+                Ok(n) => taken += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => client.readable().await.unwrap(),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        loop {
+            match client.try_read(&mut buf) {
+                Ok(n) if n > 0 => {}
+                _ => break,
+            }
+        }
+        let (kind, at) = writer.await.unwrap();
+        assert_eq!(kind, std::io::ErrorKind::TimedOut);
+        assert_eq!(
+            at,
+            Duration::from_secs(100),
+            "60 s from the last bytes taken, at 40 s"
         );
         assert_eq!(cut.get(), 1);
     }

@@ -124,9 +124,10 @@ pub async fn run(
                 format!("{count} open, limit {max}"),
             );
             let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
+            let io = TokioIo::new(crate::front::timed(tcp, &gateway));
             tokio::spawn(async move {
                 let _conn = conn;
-                let serving = builder.serve_connection(TokioIo::new(tcp), service);
+                let serving = builder.serve_connection(io, service);
                 let _ = watcher.watch(serving).await;
             });
         } else {

@@ -223,7 +223,7 @@ impl Metrics {
             ),
             send_timeouts: plain_counter(
                 "spillway_send_timeouts_total",
-                "Client connections cut because the client took no bytes for server.send_timeout.",
+                "Client connections cut because a write to the client stayed blocked for server.send_timeout.",
             ),
             registry,
         }

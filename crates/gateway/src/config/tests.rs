@@ -125,6 +125,16 @@ fn errors_name_the_path_and_the_reason() {
             "retries",
             "unknown field `retries`",
         ),
+        (
+            format!("{GOOD}\nserver: {{ send_timeout: 0s }}\n"),
+            "server.send_timeout",
+            "more than zero",
+        ),
+        (
+            format!("{GOOD}\nserver: {{ header_timeout: 1000y }}\n"),
+            "server.header_timeout",
+            "at most 24h",
+        ),
     ];
     for (yaml, path, needle) in cases {
         let e = Config::from_yaml(&yaml).unwrap_err();

@@ -324,6 +324,16 @@ async fn a_request_sent_a_byte_at_a_time_is_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_cut_after_send_timeout_and_frees_its_slot() {
+    stopped_reader_is_cut(false).await;
+}
+
+/// The same through hyper's server: a chunked upload hands the connection over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_cut_on_a_connection_hyper_serves_too() {
+    stopped_reader_is_cut(true).await;
+}
+
+async fn stopped_reader_is_cut(chunked_upload: bool) {
     let yaml = r#"
 listen: 127.0.0.1:0
 server: { send_timeout: 1s }
@@ -345,11 +355,22 @@ routes:
         .connect(stack.url.trim_start_matches("http://").parse().unwrap())
         .await
         .unwrap();
+    // Four sequences of 30,000 tokens: about 20 MB of events, far more than the loopback's
+    // buffers hold (tcp_wmem's largest send buffer is 4 MB on a default Linux).
     let mut long = chat("chat", 30_000, true);
     long["ignore_eos"] = true.into();
-    c.write_all(&post("/v1/chat/completions", &long, ""))
-        .await
-        .unwrap();
+    long["n"] = 4.into();
+    let request = if chunked_upload {
+        let body = long.to_string();
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+            body.len()
+        )
+        .into_bytes()
+    } else {
+        post("/v1/chat/completions", &long, "")
+    };
+    c.write_all(&request).await.unwrap();
     // Its answer has begun (so it holds the slot); it reads no more than that.
     let mut status = [0u8; 12];
     tokio::time::timeout(Duration::from_secs(5), c.read_exact(&mut status))
@@ -357,7 +378,8 @@ routes:
         .expect("the answer begins")
         .unwrap();
     assert_eq!(&status, b"HTTP/1.1 200");
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let began = tokio::time::Instant::now();
+    let deadline = began + Duration::from_secs(20);
     loop {
         let r = stack.stream("chat", 2).await;
         if r.status() == 200 {
@@ -370,14 +392,21 @@ routes:
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // The write blocked some time after the answer began, and the cut came send_timeout later.
     assert!(
-        stack.metrics().await.contains("spillway_send_timeouts_total 1"),
-        "the cut is counted"
+        began.elapsed() >= Duration::from_secs(1),
+        "cut before send_timeout: {:?}",
+        began.elapsed()
+    );
+    let metrics = stack.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l == "spillway_send_timeouts_total 1"),
+        "the cut is counted once"
     );
     let records = stack.records();
     let cut = records
         .iter()
-        .find(|r| r.status == 200 && r.outcome != "ok")
+        .find(|r| r.tokens_out.is_some_and(|t| t > 2))
         .expect("the cut request's record");
     assert_eq!(cut.outcome, "client_disconnect", "{cut:?}");
 }
