@@ -29,7 +29,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -59,10 +59,9 @@ pub(crate) struct Serving {
 pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
     let server = s.gateway.config.server.clone();
     let mut conn = Conn {
-        tcp,
+        io: client_io(tcp, &s.gateway),
         buf: BytesMut::new(),
         out: BytesMut::new(),
-        send: SendTimer::new(server.send_timeout, s.gateway.metrics.send_timeouts.clone()),
     };
     // hyper's own limit on a head; past it, hyper answers 431 itself.
     let max_head = crate::listener::max_head_buffer(&server);
@@ -121,12 +120,12 @@ async fn closed(closing: &mut watch::Receiver<bool>) {
 
 /// A client connection while this module serves it.
 struct Conn {
-    tcp: TcpStream,
+    /// Read here through `io.tcp` directly; written through `io` and its send timer.
+    io: ClientIo,
     /// Bytes read and not yet taken: a head, a body, what a client sent ahead.
     buf: BytesMut,
     /// What goes out next, in one write.
     out: BytesMut,
-    send: SendTimer,
 }
 
 enum Head {
@@ -165,7 +164,7 @@ impl Conn {
                 return Head::Other;
             }
             self.buf.reserve(READ_SIZE);
-            match self.tcp.read_buf(&mut self.buf).await {
+            match self.io.tcp.read_buf(&mut self.buf).await {
                 Ok(0) | Err(_) => return Head::Closed,
                 Ok(_) => {}
             }
@@ -177,7 +176,7 @@ impl Conn {
         while self.buf.len() < len {
             // Room for what has arrived, not for what the head claims will.
             self.buf.reserve((len - self.buf.len()).min(MAX_ROOM));
-            match self.tcp.read_buf(&mut self.buf).await {
+            match self.io.tcp.read_buf(&mut self.buf).await {
                 Ok(0) | Err(_) => return None,
                 Ok(_) => {}
             }
@@ -207,13 +206,13 @@ impl Conn {
         // Once a next request has been read ahead, the client is no longer watched, as with
         // hyper: a client that sends it and then closes its side still gets this answer.
         while self.buf.is_empty() {
-            match self.tcp.poll_read_ready(cx) {
+            match self.io.tcp.poll_read_ready(cx) {
                 Poll::Pending => return false,
                 Poll::Ready(Err(_)) => return true,
                 Poll::Ready(Ok(())) => {}
             }
             self.buf.reserve(READ_SIZE);
-            match self.tcp.try_read_buf(&mut self.buf) {
+            match self.io.tcp.try_read_buf(&mut self.buf) {
                 Ok(0) => return true,
                 Ok(_) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
@@ -309,23 +308,13 @@ impl Conn {
 
     /// Writes `out`; false when the connection failed or the client stopped taking bytes.
     async fn flush(&mut self) -> bool {
-        let mut sent = 0;
-        let ok = loop {
-            if sent == self.out.len() {
-                break true;
-            }
-            let Conn { tcp, out, send, .. } = self;
-            match poll_fn(|cx| send.poll_write(cx, tcp, &out[sent..])).await {
-                Ok(0) | Err(_) => break false,
-                Ok(n) => sent += n,
-            }
-        };
+        let ok = self.io.write_all(&self.out).await.is_ok();
         self.out.clear();
         ok
     }
 
     /// hyper serves the connection from here on, starting with the bytes already read.
-    async fn hand_to_hyper(self, head: Option<Bytes>, s: Serving) {
+    async fn hand_to_hyper(mut self, head: Option<Bytes>, s: Serving) {
         if *s.closing.borrow() {
             // hyper would be told to stop before it read the request: close instead.
             return;
@@ -335,14 +324,10 @@ impl Conn {
             read.extend_from_slice(&head);
         }
         read.extend_from_slice(&self.buf);
-        let io = Rewind {
-            read: read.freeze(),
-            tcp: self.tcp,
-            send: self.send,
-        };
+        self.io.read = read.freeze();
         // hyper's drain watches it from here on.
         drop(s.closing);
-        let serving = s.hyper.serve_connection(TokioIo::new(io), s.front);
+        let serving = s.hyper.serve_connection(TokioIo::new(self.io), s.front);
         // Boxed: hyper's connection would otherwise make every connection's task that large.
         let _ = Box::pin(s.watcher.watch(serving)).await;
     }
@@ -557,12 +542,15 @@ impl Body for Upload {
     }
 }
 
-/// Cuts a client that takes none of an answer's bytes for `server.send_timeout` (nginx's
-/// `send_timeout`): the timer runs only while a write is blocked, and each byte taken restarts it.
-/// Without it a client that stops reading would hold its slot and its replica's stream for ever,
-/// since a blocked write stops the relay from being polled, timers and all.
-struct SendTimer {
-    timeout: Duration,
+/// A client's socket. Writes are cut when one stays blocked for `server.send_timeout` (nginx's
+/// `send_timeout`): the timer runs only while a write is blocked, and each byte taken restarts
+/// it. Without it a client that stops reading would hold its slot and its replica's stream for
+/// ever, since a blocked write stops the relay from being polled, timers and all. Once hyper
+/// serves the connection, reads first give back the bytes `front` had already read (`read`).
+pub(crate) struct ClientIo {
+    tcp: TcpStream,
+    read: Bytes,
+    send_timeout: Duration,
     /// Made the first time a write blocks, then reused.
     sleep: Option<Pin<Box<Sleep>>>,
     /// Whether `sleep` runs for the write now blocked.
@@ -570,10 +558,22 @@ struct SendTimer {
     cut: IntCounter,
 }
 
-impl SendTimer {
-    fn new(timeout: Duration, cut: IntCounter) -> SendTimer {
-        SendTimer {
-            timeout,
+/// A client connection's socket, for `front` or for hyper from its start (a connection over
+/// `server.max_connections`).
+pub(crate) fn client_io(tcp: TcpStream, gateway: &Gateway) -> ClientIo {
+    ClientIo::new(
+        tcp,
+        gateway.config.server.send_timeout,
+        gateway.metrics.send_timeouts.clone(),
+    )
+}
+
+impl ClientIo {
+    fn new(tcp: TcpStream, send_timeout: Duration, cut: IntCounter) -> ClientIo {
+        ClientIo {
+            tcp,
+            read: Bytes::new(),
+            send_timeout,
             sleep: None,
             armed: false,
             cut,
@@ -581,23 +581,22 @@ impl SendTimer {
     }
 
     /// `write` (one socket write), with the timer armed while it is pending.
-    fn poll(
+    fn poll_timed(
         &mut self,
         cx: &mut Context<'_>,
-        write: impl FnOnce(&mut Context<'_>) -> Poll<std::io::Result<usize>>,
+        write: impl FnOnce(&mut TcpStream, &mut Context<'_>) -> Poll<std::io::Result<usize>>,
     ) -> Poll<std::io::Result<usize>> {
-        if let Poll::Ready(r) = write(cx) {
+        if let Poll::Ready(r) = write(&mut self.tcp, cx) {
             self.armed = false;
             return Poll::Ready(r);
         }
-        let deadline = Instant::now() + self.timeout;
         let sleep = match &mut self.sleep {
             Some(sleep) if self.armed => sleep,
             Some(sleep) => {
-                sleep.as_mut().reset(deadline);
+                sleep.as_mut().reset(Instant::now() + self.send_timeout);
                 sleep
             }
-            None => self.sleep.insert(Box::pin(tokio::time::sleep_until(deadline))),
+            None => self.sleep.insert(Box::pin(tokio::time::sleep(self.send_timeout))),
         };
         self.armed = true;
         if sleep.as_mut().poll(cx).is_ready() {
@@ -607,38 +606,9 @@ impl SendTimer {
         }
         Poll::Pending
     }
-
-    fn poll_write(
-        &mut self,
-        cx: &mut Context<'_>,
-        tcp: &mut TcpStream,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        self.poll(cx, |cx| Pin::new(tcp).poll_write(cx, buf))
-    }
 }
 
-/// A connection hyper serves from its start (one over `server.max_connections`), with the same
-/// cut of a client that stops reading.
-pub(crate) fn timed(tcp: TcpStream, gateway: &Gateway) -> Rewind {
-    Rewind {
-        read: Bytes::new(),
-        tcp,
-        send: SendTimer::new(
-            gateway.config.server.send_timeout,
-            gateway.metrics.send_timeouts.clone(),
-        ),
-    }
-}
-
-/// A socket that gives back the bytes already read from it before reading more.
-pub(crate) struct Rewind {
-    read: Bytes,
-    tcp: TcpStream,
-    send: SendTimer,
-}
-
-impl AsyncRead for Rewind {
+impl AsyncRead for ClientIo {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -654,14 +624,13 @@ impl AsyncRead for Rewind {
     }
 }
 
-impl AsyncWrite for Rewind {
+impl AsyncWrite for ClientIo {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        let Rewind { tcp, send, .. } = &mut *self;
-        send.poll_write(cx, tcp, buf)
+        self.poll_timed(cx, |tcp, cx| Pin::new(tcp).poll_write(cx, buf))
     }
 
     fn poll_write_vectored(
@@ -669,8 +638,7 @@ impl AsyncWrite for Rewind {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
-        let Rewind { tcp, send, .. } = &mut *self;
-        send.poll(cx, |cx| Pin::new(tcp).poll_write_vectored(cx, bufs))
+        self.poll_timed(cx, |tcp, cx| Pin::new(tcp).poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -689,7 +657,6 @@ impl AsyncWrite for Rewind {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tokio::io::AsyncWriteExt;
 
     fn head(lines: &str) -> Option<Request> {
         Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")))
@@ -746,33 +713,33 @@ mod tests {
         assert!(out.ends_with(b"a\r\n"));
     }
 
+    /// A peer's socket, connected to ours as a client's socket with a 60 s send timeout whose cuts
+    /// are counted in the returned counter.
+    async fn connected() -> (TcpStream, ClientIo, IntCounter) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (tcp, _) = listener.accept().await.unwrap();
+        let cut = IntCounter::new("cut", "cut").unwrap();
+        (
+            peer,
+            ClientIo::new(tcp, Duration::from_secs(60), cut.clone()),
+            cut,
+        )
+    }
+
     #[tokio::test]
     async fn a_handed_over_socket_gives_back_what_was_read_first() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let mut client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (tcp, _) = listener.accept().await.unwrap();
+        let (mut client, mut io, _) = connected().await;
         client.write_all(b" world").await.unwrap();
-        let mut io = Rewind {
-            read: Bytes::from_static(b"hello"),
-            tcp,
-            send: SendTimer::new(Duration::from_secs(60), IntCounter::new("cut", "cut").unwrap()),
-        };
+        io.read = Bytes::from_static(b"hello");
         let mut got = [0u8; 11];
         io.read_exact(&mut got).await.unwrap();
         assert_eq!(&got, b"hello world");
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_peer_that_takes_nothing_for_send_timeout_fails_the_write_once_counted() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let _client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (tcp, _) = listener.accept().await.unwrap();
-        let cut = IntCounter::new("cut", "cut").unwrap();
-        let mut io = Rewind {
-            read: Bytes::new(),
-            tcp,
-            send: SendTimer::new(Duration::from_secs(60), cut.clone()),
-        };
+    async fn a_peer_that_takes_nothing_for_send_timeout_fails_the_write_and_is_counted() {
+        let (_client, mut io, cut) = connected().await;
         let start = Instant::now();
         let chunk = vec![b'x'; 64 * 1024];
         let mut sent = 0usize;
@@ -794,15 +761,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn bytes_taken_restart_the_send_timeout() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-        let (tcp, _) = listener.accept().await.unwrap();
-        let cut = IntCounter::new("cut", "cut").unwrap();
-        let mut io = Rewind {
-            read: Bytes::new(),
-            tcp,
-            send: SendTimer::new(Duration::from_secs(60), cut.clone()),
-        };
+        let (client, mut io, cut) = connected().await;
         let start = Instant::now();
         let writer = tokio::spawn(async move {
             let chunk = vec![b'x'; 64 * 1024];

@@ -124,7 +124,7 @@ pub async fn run(
                 format!("{count} open, limit {max}"),
             );
             let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
-            let io = TokioIo::new(crate::front::timed(tcp, &gateway));
+            let io = TokioIo::new(crate::front::client_io(tcp, &gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 let serving = builder.serve_connection(io, service);

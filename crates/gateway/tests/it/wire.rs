@@ -16,6 +16,17 @@ routes:
     replicas: [{E0}]
 "#;
 
+/// One replica behind one slot and no queue: a second request is refused while the first holds it.
+const ONE_SLOT: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
+"#;
+
 /// One answer as it came over the wire.
 #[derive(Debug)]
 struct Answer {
@@ -243,16 +254,7 @@ async fn chunked_and_expect_uploads_and_bad_lengths_are_answered_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_closes_mid_stream_frees_its_slot() {
-    let yaml = r#"
-listen: 127.0.0.1:0
-routes:
-  - model: chat
-    upstream_model: sim
-    replicas: [{E0}]
-    classes:
-      - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
-"#;
-    let stack = Stack::start(vec![engine(stalling(2)).await], yaml).await;
+    let stack = Stack::start(vec![engine(stalling(2)).await], ONE_SLOT).await;
     let mut c = connect(&stack).await;
     c.get_mut()
         .write_all(&post("/v1/chat/completions", &chat("chat", 50, true), ""))
@@ -266,15 +268,21 @@ routes:
         .unwrap();
     assert!(line.starts_with("HTTP/1.1 200"), "{line}");
     drop(c);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    the_slot_frees(&stack, Duration::from_secs(5), "a client that left").await;
+}
+
+/// Asks for a stream until one is admitted: the class's one slot, held by `whose` request, is
+/// free again within `within`.
+async fn the_slot_frees(stack: &Stack, within: Duration, whose: &str) {
+    let deadline = tokio::time::Instant::now() + within;
     loop {
         let r = stack.stream("chat", 2).await;
         if r.status() == 200 {
-            break;
+            return;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the slot of a client that left is not freed: {}",
+            "the slot of {whose} is still held: {}",
             r.status()
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -334,19 +342,10 @@ async fn a_client_that_stops_reading_is_cut_on_a_connection_hyper_serves_too() {
 }
 
 async fn stopped_reader_is_cut(chunked_upload: bool) {
-    let yaml = r#"
-listen: 127.0.0.1:0
-server: { send_timeout: 1s }
-routes:
-  - model: chat
-    upstream_model: sim
-    replicas: [{E0}]
-    classes:
-      - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
-"#;
+    let yaml = format!("{ONE_SLOT}server: {{ send_timeout: 1s }}\n");
     let mut zero = engine::EngineConfig::preset(engine::Preset::Zero);
     zero.model = crate::support::UPSTREAM_MODEL.into();
-    let stack = Stack::start(vec![engine(zero).await], yaml).await;
+    let stack = Stack::start(vec![engine(zero).await], &yaml).await;
     // A client with a small receive window that never reads: a long stream fills its window and
     // the gateway's send buffer, and the gateway's write blocks.
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -379,19 +378,7 @@ routes:
         .unwrap();
     assert_eq!(&status, b"HTTP/1.1 200");
     let began = tokio::time::Instant::now();
-    let deadline = began + Duration::from_secs(20);
-    loop {
-        let r = stack.stream("chat", 2).await;
-        if r.status() == 200 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the slot of a client that stopped reading is still held: {}",
-            r.status()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    the_slot_frees(&stack, Duration::from_secs(20), "a client that stopped reading").await;
     // The write blocked some time after the answer began, and the cut came send_timeout later.
     assert!(
         began.elapsed() >= Duration::from_secs(1),
