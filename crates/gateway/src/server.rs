@@ -224,7 +224,10 @@ where
     let mut ex = Exchange::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
     let answer = serve(&g, api, &parts.headers, body, &mut ex).await;
-    respond(answer, ex)
+    // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
+    let detach = (parts.version == axum::http::Version::HTTP_2)
+        .then(|| (g.config.server.send_timeout, g.metrics.send_timeouts.clone()));
+    respond(answer, ex, detach)
 }
 
 /// Stages 1–10 of the request path, in order; the first that fails ends the request.
@@ -519,8 +522,13 @@ async fn answer(
     Ok(Answer::Stream(opened?, config))
 }
 
-/// The response for what the stages produced; the exchange ends here, or lives on in the stream.
-fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
+/// The response for what the stages produced; the exchange ends here, or lives on in the stream,
+/// which runs on a task of its own where `detach` (send timeout, cut counter) says so.
+fn respond(
+    answer: Result<Answer, GatewayError>,
+    mut ex: Exchange,
+    detach: Option<(std::time::Duration, prometheus::IntCounter)>,
+) -> Response {
     let timing = server_timing(&ex);
     let rate = ex.rate_headers.take();
     let mut response = match answer {
@@ -536,7 +544,11 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange) -> Response {
         }
         Ok(Answer::Stream(opened, config)) => {
             ex.answering(200);
-            let body = Body::new(Relay::new(opened, config, ex));
+            let relay = Relay::new(opened, config, ex);
+            let body = match detach {
+                Some((send_timeout, cut)) => Body::new(relay::detached(relay, send_timeout, cut)),
+                None => Body::new(relay),
+            };
             (
                 [
                     (

@@ -397,3 +397,97 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
         .expect("the cut request's record");
     assert_eq!(cut.outcome, "client_disconnect", "{cut:?}");
 }
+
+/// HTTP/2: a client that stops reading one stream keeps its connection alive (it answers pings)
+/// but gives that stream no more window, so the socket never blocks. The stream is cut after
+/// `send_timeout` all the same, and its slot freed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
+    let yaml = format!("{ONE_SLOT}server: {{ send_timeout: 1s }}\n");
+    let mut zero = engine::EngineConfig::preset(engine::Preset::Zero);
+    zero.model = crate::support::UPSTREAM_MODEL.into();
+    let stack = Stack::start(vec![engine(zero).await], &yaml).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .http2_initial_stream_window_size(65_535)
+        .http2_initial_connection_window_size(65_535)
+        .build()
+        .unwrap();
+    // A stream read to its end ends whole, as on HTTP/1.1.
+    let whole = h2
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 5, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(whole.version(), reqwest::Version::HTTP_2);
+    let text = whole.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    let mut long = chat("chat", 30_000, true);
+    long["ignore_eos"] = true.into();
+    let held = h2
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&long)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.version(), reqwest::Version::HTTP_2);
+    assert_eq!(held.status(), 200);
+    let began = tokio::time::Instant::now();
+    the_slot_frees(&stack, Duration::from_secs(20), "an HTTP/2 stream nobody reads").await;
+    assert!(
+        began.elapsed() >= Duration::from_secs(1),
+        "cut before send_timeout: {:?}",
+        began.elapsed()
+    );
+    let metrics = stack.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l == "spillway_send_timeouts_total 1"),
+        "the cut is counted once"
+    );
+    let records = stack.records();
+    let cut = records
+        .iter()
+        .find(|r| r.tokens_out.is_some_and(|t| t > 100))
+        .expect("the cut request's record");
+    assert_eq!(cut.outcome, "client_disconnect", "{cut:?}");
+    assert!(
+        records
+            .iter()
+            .any(|r| r.outcome == "ok" && r.tokens_out == Some(5)),
+        "the whole stream's record: {records:?}"
+    );
+    drop(held);
+}
+
+/// HTTP/2: a client that resets its stream (drops the response) frees the slot at once, well
+/// before `send_timeout`, and nothing counts it as a timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_stream_its_client_resets_ends_at_once() {
+    let yaml = format!("{ONE_SLOT}server: {{ send_timeout: 1h }}\n");
+    let stack = Stack::start(vec![engine(stalling(2)).await], &yaml).await;
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let held = h2
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 50, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(held.version(), reqwest::Version::HTTP_2);
+    assert_eq!(held.status(), 200);
+    drop(held);
+    the_slot_frees(
+        &stack,
+        Duration::from_secs(5),
+        "an HTTP/2 stream its client reset",
+    )
+    .await;
+    let metrics = stack.metrics().await;
+    assert!(
+        metrics.lines().any(|l| l == "spillway_send_timeouts_total 0"),
+        "a reset is no timeout"
+    );
+}
