@@ -221,7 +221,9 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// A write to a client that blocks (its window and the socket's buffer full) must be unblocked
     /// by the client reading within this long (nginx's `send_timeout`); one that stops reading is
-    /// cut, so that it cannot hold its slot and its replica's stream for ever.
+    /// cut, so that it cannot hold its slot and its replica's stream for ever. On HTTP/2, where one
+    /// stream's window can shut while the socket never blocks, it bounds each chunk's wait instead
+    /// (`relay::detached`).
     #[serde(with = "humantime_serde")]
     pub send_timeout: Duration,
     /// Client connections held at most; more are answered 503 (`/health`, `/ready` and `/metrics`

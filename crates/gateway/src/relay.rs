@@ -503,7 +503,10 @@ enum Piece {
 /// a client that stopped reading one stream would stop the relay, and its stall and total timers,
 /// with it, and hold its slot for as long as it kept the connection. Here the relay runs on, and
 /// a chunk the client has not taken within `send_timeout` (the next one waits behind it) ends the
-/// stream as the client's disconnect, counted in `cut`, as on HTTP/1.1.
+/// request as the client's disconnect, counted in `cut`, as on HTTP/1.1: its slot and its
+/// replica's stream are freed at once. The HTTP/2 stream itself is reset when hyper next polls
+/// the body (the client reads or resets it, or the connection closes): hyper, waiting for window,
+/// does not poll it before.
 pub(crate) fn detached(mut relay: Relay, send_timeout: Duration, cut: prometheus::IntCounter) -> Detached {
     // Two chunks ahead at most: what the client has not taken stays with the relay's budgets.
     let (tx, rx) = tokio::sync::mpsc::channel(2);

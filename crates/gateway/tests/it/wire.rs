@@ -406,35 +406,51 @@ async fn is_cut_after_send_timeout(
         "the cut is counted once"
     );
     let records = stack.records();
-    let cut = records
+    let cut: Vec<_> = records
         .iter()
-        .find(|r| r.tokens_out.is_some_and(|t| t > 100))
-        .expect("the cut request's record");
-    assert_eq!(cut.outcome, "client_disconnect", "{cut:?}");
+        .filter(|r| r.outcome == "client_disconnect")
+        .collect();
+    assert_eq!(
+        cut.len(),
+        1,
+        "one request ended as its client's disconnect: {records:?}"
+    );
+    assert!(
+        cut[0].tokens_out.is_some_and(|t| t > 2),
+        "and it is the long stream: {:?}",
+        cut[0]
+    );
     records
 }
 
 /// HTTP/2: a client that stops reading one stream keeps its connection alive (it answers pings)
 /// but gives that stream no more window, so the socket never blocks. The stream is cut after
-/// `send_timeout` all the same, and its slot freed.
+/// `send_timeout` all the same, and its slot freed; the connection goes on serving other streams,
+/// and the cut stream ends in an error for the client, never as a whole one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
     let stack = one_slot_on_a_zero_cost_engine().await;
+    // A small window per stream, a large one for the connection: one stream shut does not shut
+    // the others.
     let h2 = reqwest::Client::builder()
         .http2_prior_knowledge()
         .http2_initial_stream_window_size(65_535)
-        .http2_initial_connection_window_size(65_535)
+        .http2_initial_connection_window_size(16 << 20)
         .build()
         .unwrap();
+    let whole_stream = || async {
+        let r = h2
+            .post(format!("{}/v1/chat/completions", stack.url))
+            .json(&chat("chat", 5, true))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.version(), reqwest::Version::HTTP_2);
+        assert_eq!(r.status(), 200);
+        r.text().await.unwrap()
+    };
     // A stream read to its end ends whole, as on HTTP/1.1.
-    let whole = h2
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 5, true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(whole.version(), reqwest::Version::HTTP_2);
-    let text = whole.text().await.unwrap();
+    let text = whole_stream().await;
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let mut long = chat("chat", 30_000, true);
     long["ignore_eos"] = true.into();
@@ -453,7 +469,14 @@ async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
             .any(|r| r.outcome == "ok" && r.tokens_out == Some(5)),
         "the whole stream's record: {records:?}"
     );
-    drop(held);
+    // The same connection serves another stream whole while the cut one is still unread.
+    let text = whole_stream().await;
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    // Read at last, the cut stream gives what was relayed before the cut, then an error.
+    let rest = tokio::time::timeout(Duration::from_secs(10), held.text())
+        .await
+        .expect("the cut stream ends");
+    assert!(rest.is_err(), "a cut stream must not read as a whole one");
 }
 
 /// HTTP/2: a client that resets its stream (drops the response) frees the slot at once, well
