@@ -61,5 +61,27 @@ fn relay(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, admission, relay);
+/// A client's request body read into the typed request, as every completion request is: the
+/// peers harness's body, and one with a system prompt, tools and sampling fields (kept as extra).
+fn request(c: &mut Criterion) {
+    use protocol::openai::ChatCompletionRequest;
+    let small = br#"{"model":"mock","messages":[{"role":"user","content":"Say something about load balancing in a few words, please."}],"max_tokens":16,"stream":true}"#;
+    let larger = br#"{"model":"llama","messages":[{"role":"system","content":"You are a helpful assistant that answers briefly."},{"role":"user","content":"What is the weather in Paris?","name":"alice"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"18C, cloudy"}],"tools":[{"type":"function","function":{"name":"weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],"temperature":0.2,"top_p":0.9,"max_tokens":128,"stream":true,"stream_options":{"include_usage":true}}"#;
+    let mut g = c.benchmark_group("request");
+    g.throughput(Throughput::Elements(1));
+    for (name, body) in [
+        ("parse_chat_small", &small[..]),
+        ("parse_chat_tools", &larger[..]),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let r: ChatCompletionRequest = protocol::error::parse_json(black_box(body)).unwrap();
+                black_box(r)
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, admission, relay, request);
 criterion_main!(benches);

@@ -3,17 +3,102 @@
 //! Requests keep every field they do not name in `extra`, so that a proxy can forward a body it
 //! does not fully understand and an engine can ignore sampling knobs it does not simulate.
 
-use serde::{Deserialize, Serialize};
+use serde::de::{self, MapAccess, Visitor};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
+use std::borrow::Cow;
+use std::fmt;
+
+/// A key of a request object, borrowed from the body when it has no escapes.
+struct Key<'de>(Cow<'de, str>);
+
+impl<'de> Deserialize<'de> for Key<'de> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl<'de> Visitor<'de> for KeyVisitor {
+            type Value = Key<'de>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_borrowed_str<E: de::Error>(self, v: &'de str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Borrowed(v)))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v.to_owned())))
+            }
+            fn visit_string<E: de::Error>(self, v: String) -> Result<Key<'de>, E> {
+                Ok(Key(Cow::Owned(v)))
+            }
+        }
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+/// `Deserialize` for a body whose named fields are typed and whose other fields are kept in
+/// `extra`. `#[serde(flatten)]` says the same, but buffers the whole object first (every key and
+/// value copied once more, nested objects too); the gateway parses a request per request.
+/// Missing, duplicate and mistyped fields fail as the derived impl's would.
+macro_rules! typed_fields_and_extra {
+    ($ty:ident { required: [$($req:ident = $req_name:literal),*], optional: [$($opt:ident = $opt_name:literal),*] }) => {
+        impl<'de> Deserialize<'de> for $ty {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                struct V;
+                impl<'de> Visitor<'de> for V {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str(concat!("struct ", stringify!($ty)))
+                    }
+                    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<$ty, A::Error> {
+                        $(let mut $req = None;)*
+                        $(let mut $opt = None;)*
+                        let mut extra = Map::new();
+                        while let Some(Key(key)) = map.next_key()? {
+                            match key.as_ref() {
+                                $($req_name => {
+                                    if $req.is_some() {
+                                        return Err(de::Error::duplicate_field($req_name));
+                                    }
+                                    $req = Some(map.next_value()?);
+                                })*
+                                $($opt_name => {
+                                    if $opt.is_some() {
+                                        return Err(de::Error::duplicate_field($opt_name));
+                                    }
+                                    $opt = Some(map.next_value()?);
+                                })*
+                                _ => {
+                                    let value: Value = map.next_value()?;
+                                    extra.insert(key.into_owned(), value);
+                                }
+                            }
+                        }
+                        Ok($ty {
+                            $($req: $req.ok_or_else(|| de::Error::missing_field($req_name))?,)*
+                            // Present as `null` or absent: `None` either way, as `#[serde(default)]`.
+                            $($opt: $opt.flatten(),)*
+                            extra,
+                        })
+                    }
+                }
+                d.deserialize_map(V)
+            }
+        }
+    };
+}
 
 /// `stream_options` of a streamed request.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StreamOptions {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+typed_fields_and_extra!(StreamOptions {
+    required: [],
+    optional: [include_usage = "include_usage"]
+});
 
 impl StreamOptions {
     /// Whether a request's `stream_options` ask for the final usage chunk.
@@ -23,7 +108,7 @@ impl StreamOptions {
 }
 
 /// `POST /v1/chat/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
@@ -45,6 +130,18 @@ pub struct ChatCompletionRequest {
     pub extra: Map<String, Value>,
 }
 
+typed_fields_and_extra!(ChatCompletionRequest {
+    required: [model = "model", messages = "messages"],
+    optional: [
+        max_tokens = "max_tokens",
+        max_completion_tokens = "max_completion_tokens",
+        n = "n",
+        stream = "stream",
+        stream_options = "stream_options",
+        ignore_eos = "ignore_eos"
+    ]
+});
+
 impl ChatCompletionRequest {
     pub fn requested_max_tokens(&self) -> Option<u32> {
         self.max_completion_tokens.or(self.max_tokens)
@@ -52,7 +149,7 @@ impl ChatCompletionRequest {
 }
 
 /// One chat message; only `role` and the text of `content` matter to Spillway.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -60,6 +157,11 @@ pub struct ChatMessage {
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+typed_fields_and_extra!(ChatMessage {
+    required: [role = "role"],
+    optional: [content = "content"]
+});
 
 /// A message's content: a plain string or a list of typed parts.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -70,7 +172,7 @@ pub enum MessageContent {
 }
 
 /// A typed content part; text parts carry `text`, others (images, audio) are kept as they came.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
@@ -79,6 +181,11 @@ pub struct ContentPart {
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+typed_fields_and_extra!(ContentPart {
+    required: [kind = "type"],
+    optional: [text = "text"]
+});
 
 impl MessageContent {
     /// The text of the content, parts joined by newlines; non-text parts contribute nothing.
@@ -95,7 +202,7 @@ impl MessageContent {
 }
 
 /// `POST /v1/completions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Prompt,
@@ -112,6 +219,17 @@ pub struct CompletionRequest {
     #[serde(flatten)]
     pub extra: Map<String, Value>,
 }
+
+typed_fields_and_extra!(CompletionRequest {
+    required: [model = "model", prompt = "prompt"],
+    optional: [
+        max_tokens = "max_tokens",
+        n = "n",
+        stream = "stream",
+        stream_options = "stream_options",
+        ignore_eos = "ignore_eos"
+    ]
+});
 
 /// A legacy completion prompt: text, a batch of texts, token ids, or a batch of token-id lists.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -267,6 +385,145 @@ mod tests {
         let back = serde_json::to_value(&req).unwrap();
         assert_eq!(back["temperature"], 0.2);
         assert_eq!(back["stream_options"]["include_usage"], true);
+    }
+
+    /// The requests as `#[serde(flatten)]` derived them before `typed_fields_and_extra!`.
+    mod derived {
+        use serde::{Deserialize, Serialize};
+        use serde_json::{Map, Value};
+
+        #[derive(Serialize, Deserialize)]
+        pub(super) struct StreamOptions {
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            include_usage: Option<bool>,
+            #[serde(flatten)]
+            extra: Map<String, Value>,
+        }
+
+        #[derive(Serialize, Deserialize)]
+        pub(super) struct ContentPart {
+            #[serde(rename = "type")]
+            kind: String,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            text: Option<String>,
+            #[serde(flatten)]
+            extra: Map<String, Value>,
+        }
+
+        #[derive(Serialize, Deserialize)]
+        #[serde(untagged)]
+        pub(super) enum MessageContent {
+            Text(String),
+            Parts(Vec<ContentPart>),
+        }
+
+        #[derive(Serialize, Deserialize)]
+        pub(super) struct ChatMessage {
+            role: String,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            content: Option<MessageContent>,
+            #[serde(flatten)]
+            extra: Map<String, Value>,
+        }
+
+        #[derive(Serialize, Deserialize)]
+        pub(super) struct Chat {
+            model: String,
+            messages: Vec<ChatMessage>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            max_tokens: Option<u32>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            max_completion_tokens: Option<u32>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            n: Option<u32>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            stream: Option<bool>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            stream_options: Option<StreamOptions>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            ignore_eos: Option<bool>,
+            #[serde(flatten)]
+            extra: Map<String, Value>,
+        }
+
+        #[derive(Serialize, Deserialize)]
+        pub(super) struct Completion {
+            model: String,
+            prompt: super::Prompt,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            max_tokens: Option<u32>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            n: Option<u32>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            stream: Option<bool>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            stream_options: Option<StreamOptions>,
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            ignore_eos: Option<bool>,
+            #[serde(flatten)]
+            extra: Map<String, Value>,
+        }
+    }
+
+    /// Parsed by both impls: the same request (compared as the JSON it forwards), or a refusal
+    /// by both that names the same field.
+    fn parses_as_derived<
+        New: Serialize + serde::de::DeserializeOwned,
+        Old: Serialize + serde::de::DeserializeOwned,
+    >(
+        body: &str,
+    ) {
+        let new = parse_json::<New>(body.as_bytes());
+        let old = parse_json::<Old>(body.as_bytes());
+        match (new, old) {
+            (Ok(n), Ok(o)) => assert_eq!(
+                serde_json::to_value(n).unwrap(),
+                serde_json::to_value(o).unwrap(),
+                "{body}"
+            ),
+            (Err(n), Err(o)) => assert_eq!(n.body.error.param, o.body.error.param, "{body}: {n:?} / {o:?}"),
+            (n, o) => panic!("{body}: now {:?}, derived {:?}", n.is_ok(), o.is_ok()),
+        }
+    }
+
+    #[test]
+    fn requests_parse_as_the_derived_impls_did() {
+        for body in [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"messages":[{"role":"user","content":"hi","name":"x"}],"model":"m","temperature":0.2,"tools":[{"type":"function","function":{"name":"f","parameters":{"properties":{"model":{"type":"string"}}}}}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a","cache":1},{"type":"image_url","image_url":{"url":"x"}}]}],"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+            r#"{"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[]}],"max_tokens":null,"n":null,"stream_options":null}"#,
+            r#"{"model":"m","messages":[],"max_completion_tokens":7,"ignore_eos":true,"max_tokens":3}"#,
+            r#"{"\u006dodel":"m","messages":[{"role":"user","content":"\"quoted\" \u00e9"}],"extra\nkey":[1,{"a":null}]}"#,
+            r#"{"model":"m"}"#,
+            r#"{"messages":[]}"#,
+            r#"{"model":"m","messages":[{"content":"no role"}]}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":[{"text":"no type"}]}]}"#,
+            r#"{"model":"m","messages":[],"max_tokens":"5"}"#,
+            r#"{"model":"m","messages":[],"max_tokens":-1}"#,
+            r#"{"model":"m","messages":[],"n":4294967296}"#,
+            r#"{"model":"m","messages":[],"stream":"yes"}"#,
+            r#"{"model":"m","messages":[],"stream_options":{"include_usage":1}}"#,
+            r#"{"model":"m","messages":[],"model":"again"}"#,
+            r#"{"model":7,"messages":[]}"#,
+            r#"["m",[]]"#,
+            r#"{"model":"m","messages":{}}"#,
+            r#"{"model":"m","messages":[],}"#,
+            r#"{"model":"m","messages":[]"#,
+        ] {
+            parses_as_derived::<ChatCompletionRequest, derived::Chat>(body);
+        }
+        for body in [
+            r#"{"model":"m","prompt":"x","max_tokens":5,"echo":true,"logprobs":2}"#,
+            r#"{"model":"m","prompt":[[1],[2]],"n":2,"stream":true,"stream_options":{"include_usage":false}}"#,
+            r#"{"model":"m","prompt":{"a":1}}"#,
+            r#"{"model":"m"}"#,
+            r#"{"prompt":"x"}"#,
+            r#"{"model":"m","prompt":"x","ignore_eos":null,"best_of":3}"#,
+            r#"{"model":"m","prompt":"x","n":"2"}"#,
+        ] {
+            parses_as_derived::<CompletionRequest, derived::Completion>(body);
+        }
     }
 
     #[test]
