@@ -225,8 +225,7 @@ where
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
     let answer = serve(&g, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
-    let detach = (parts.version == axum::http::Version::HTTP_2)
-        .then(|| (g.config.server.send_timeout, g.metrics.send_timeouts.clone()));
+    let detach = (parts.version == axum::http::Version::HTTP_2).then_some(&*g);
     respond(answer, ex, detach)
 }
 
@@ -523,12 +522,8 @@ async fn answer(
 }
 
 /// The response for what the stages produced; the exchange ends here, or lives on in the stream,
-/// which runs on a task of its own where `detach` (send timeout, cut counter) says so.
-fn respond(
-    answer: Result<Answer, GatewayError>,
-    mut ex: Exchange,
-    detach: Option<(std::time::Duration, prometheus::IntCounter)>,
-) -> Response {
+/// which runs on a task of its own, under `detach`'s send timeout, where given.
+fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange, detach: Option<&Gateway>) -> Response {
     let timing = server_timing(&ex);
     let rate = ex.rate_headers.take();
     let mut response = match answer {
@@ -546,7 +541,11 @@ fn respond(
             ex.answering(200);
             let relay = Relay::new(opened, config, ex);
             let body = match detach {
-                Some((send_timeout, cut)) => Body::new(relay::detached(relay, send_timeout, cut)),
+                Some(g) => Body::new(relay::detached(
+                    relay,
+                    g.config.server.send_timeout,
+                    g.metrics.send_timeouts.clone(),
+                )),
                 None => Body::new(relay),
             };
             (

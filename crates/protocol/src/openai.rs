@@ -89,7 +89,7 @@ macro_rules! typed_fields_and_extra {
 /// `stream_options` of a streamed request.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct StreamOptions {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub include_usage: Option<bool>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -112,19 +112,19 @@ impl StreamOptions {
 pub struct ChatCompletionRequest {
     pub model: String,
     pub messages: Vec<ChatMessage>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
     /// The newer name for `max_tokens`; when both are given this one wins, as in OpenAI's API.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
     /// vLLM's extension: keep generating past end-of-sequence until `max_tokens`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -152,7 +152,7 @@ impl ChatCompletionRequest {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ChatMessage {
     pub role: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<MessageContent>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -176,7 +176,7 @@ pub enum MessageContent {
 pub struct ContentPart {
     #[serde(rename = "type")]
     pub kind: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub text: Option<String>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,
@@ -206,15 +206,15 @@ impl MessageContent {
 pub struct CompletionRequest {
     pub model: String,
     pub prompt: Prompt,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub n: Option<u32>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub ignore_eos: Option<bool>,
     #[serde(flatten)]
     pub extra: Map<String, Value>,

@@ -439,14 +439,7 @@ async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
         .build()
         .unwrap();
     let whole_stream = || async {
-        let r = h2
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(r.version(), reqwest::Version::HTTP_2);
-        assert_eq!(r.status(), 200);
+        let r = h2_stream(&h2, &stack, chat("chat", 5, true)).await;
         r.text().await.unwrap()
     };
     // A stream read to its end ends whole, as on HTTP/1.1.
@@ -454,14 +447,7 @@ async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     let mut long = chat("chat", 30_000, true);
     long["ignore_eos"] = true.into();
-    let held = h2
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&long)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(held.version(), reqwest::Version::HTTP_2);
-    assert_eq!(held.status(), 200);
+    let held = h2_stream(&h2, &stack, long).await;
     let records = is_cut_after_send_timeout(&stack, "an HTTP/2 stream nobody reads").await;
     assert!(
         records
@@ -469,7 +455,8 @@ async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
             .any(|r| r.outcome == "ok" && r.tokens_out == Some(5)),
         "the whole stream's record: {records:?}"
     );
-    // The same connection serves another stream whole while the cut one is still unread.
+    // The client (reqwest multiplexes its HTTP/2 streams) is served another stream whole while
+    // the cut one is still unread.
     let text = whole_stream().await;
     assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
     // Read at last, the cut stream gives what was relayed before the cut, then an error.
@@ -489,14 +476,7 @@ async fn an_http2_stream_its_client_resets_ends_at_once() {
         .http2_prior_knowledge()
         .build()
         .unwrap();
-    let held = h2
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 50, true))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(held.version(), reqwest::Version::HTTP_2);
-    assert_eq!(held.status(), 200);
+    let held = h2_stream(&h2, &stack, chat("chat", 50, true)).await;
     drop(held);
     the_slot_frees(
         &stack,
@@ -509,4 +489,17 @@ async fn an_http2_stream_its_client_resets_ends_at_once() {
         metrics.lines().any(|l| l == "spillway_send_timeouts_total 0"),
         "a reset is no timeout"
     );
+}
+
+/// A chat stream asked over HTTP/2, its answer begun: the head only has been read.
+async fn h2_stream(h2: &reqwest::Client, stack: &Stack, body: Value) -> reqwest::Response {
+    let r = h2
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.version(), reqwest::Version::HTTP_2);
+    assert_eq!(r.status(), 200);
+    r
 }
