@@ -11,7 +11,7 @@
 
 use crate::gateway::Gateway;
 use crate::prepare::Api;
-use crate::server::Front;
+use crate::server::{Front, Reply};
 use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use axum::response::Response;
@@ -25,11 +25,11 @@ use prometheus::IntCounter;
 use std::cell::RefCell;
 use std::future::{Future, poll_fn};
 use std::io::Write as _;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
@@ -188,8 +188,21 @@ impl Conn {
     /// request is dropped with whatever it holds (a queue place, a replica's stream). That is
     /// hyper's default too (`half_close` off).
     async fn or_gone<F: Future>(&mut self, mut fut: Pin<&mut F>) -> Option<F::Output> {
+        self.watching(false, |cx, _| fut.as_mut().poll(cx)).await
+    }
+
+    /// [`Conn::or_gone`] for a poll function, which may write to `out`. With `polled`, its first
+    /// call is skipped: it has just answered `Pending` in this same poll of the task, so its
+    /// wake-up is arranged.
+    async fn watching<T>(
+        &mut self,
+        mut polled: bool,
+        mut poll: impl FnMut(&mut Context<'_>, &mut BytesMut) -> Poll<T>,
+    ) -> Option<T> {
         poll_fn(|cx| {
-            if let Poll::Ready(v) = fut.as_mut().poll(cx) {
+            if !std::mem::take(&mut polled)
+                && let Poll::Ready(v) = poll(cx, &mut self.out)
+            {
                 return Poll::Ready(Some(v));
             }
             if self.client_left(cx) {
@@ -223,14 +236,22 @@ impl Conn {
     }
 
     /// Writes the answer; false when the connection cannot carry another one.
-    async fn respond(&mut self, response: Response, close: bool) -> bool {
-        let (parts, mut body) = response.into_parts();
-        let length = body.size_hint().exact();
+    async fn respond(&mut self, response: Response<Reply>, close: bool) -> bool {
+        let (parts, reply) = response.into_parts();
         self.out.clear();
-        encode_head(&mut self.out, &parts, length, close);
-        match length {
-            Some(_) => self.write_whole(&mut body).await,
-            None => self.write_chunked(&mut body).await,
+        match reply {
+            Reply::Stream(relay) => {
+                encode_head(&mut self.out, &parts, None, close);
+                self.write_chunked(relay).await
+            }
+            Reply::Body(mut body) => {
+                let length = body.size_hint().exact();
+                encode_head(&mut self.out, &parts, length, close);
+                match length {
+                    Some(_) => self.write_whole(&mut body).await,
+                    None => self.write_chunked(body).await,
+                }
+            }
         }
     }
 
@@ -246,52 +267,52 @@ impl Conn {
                 Some(Err(_)) => return false,
                 None => {
                     end(body);
-                    return self.flush().await;
+                    return self.flush().await.is_some();
                 }
             }
         }
     }
 
     /// A stream: whatever is ready goes out in one write (the head with the first chunk, the
-    /// last chunk with the end), and the client is watched while the next is awaited.
-    async fn write_chunked(&mut self, body: &mut axum::body::Body) -> bool {
+    /// last chunk with the end), and the client is watched while the next is awaited. The
+    /// source is dropped once it has ended, before its last bytes go out: the request's access
+    /// log line and metrics are written when its exchange drops, and a client that has the whole
+    /// answer must find them there (hyper drops a body as soon as it ends, too).
+    async fn write_chunked(&mut self, mut source: impl Chunks) -> bool {
         if self.buf.is_empty() {
             // A stream can last minutes: its connection holds no read buffer meanwhile (one
             // comes back if the client sends more).
             self.buf = BytesMut::new();
         }
+        // True when the source has answered `Pending` in this very poll of the task, with no
+        // wait since: it need not be asked again before the task is woken.
+        let mut polled = false;
         loop {
-            let frame = {
-                let next = pin!(poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)));
-                match self.or_gone(next).await {
-                    Some(frame) => frame,
-                    None => return false,
-                }
+            let next = self.watching(polled, |cx, out| source.poll_chunk_into(cx, out));
+            let Some(mut next) = next.await else {
+                return false;
             };
-            let mut next = Some(frame);
             // Take what else is ready now, so that it shares the write.
-            while let Some(frame) = next.take() {
-                match frame {
-                    Some(Ok(frame)) => {
-                        if let Ok(data) = frame.into_data() {
-                            encode_chunk(&mut self.out, &data);
-                        }
+            loop {
+                match next {
+                    Ok(Framed::More) => {}
+                    Ok(Framed::End) => {
+                        drop(source);
+                        self.out.extend_from_slice(LAST_CHUNK);
+                        return self.flush().await.is_some();
                     }
                     // A stream cut short: the client must not take it for a whole one.
-                    Some(Err(_)) => return false,
-                    None => {
-                        end(body);
-                        self.out.extend_from_slice(LAST_CHUNK);
-                        return self.flush().await;
-                    }
+                    Err(StreamCut) => return false,
                 }
-                next = match poll_fn(|cx| Poll::Ready(Pin::new(&mut *body).poll_frame(cx))).await {
-                    Poll::Ready(frame) => Some(frame),
-                    Poll::Pending => None,
-                };
+                let out = &mut self.out;
+                match poll_fn(|cx| Poll::Ready(source.poll_chunk_into(cx, out))).await {
+                    Poll::Ready(more) => next = more,
+                    Poll::Pending => break,
+                }
             }
-            if !self.out.is_empty() && !self.flush().await {
-                return false;
+            match self.flush().await {
+                Some(waited) => polled = !waited,
+                None => return false,
             }
         }
     }
@@ -306,11 +327,27 @@ impl Conn {
         }
     }
 
-    /// Writes `out`; false when the connection failed or the client stopped taking bytes.
-    async fn flush(&mut self) -> bool {
-        let ok = self.io.write_all(&self.out).await.is_ok();
+    /// Writes `out`: `None` when the connection failed or the client stopped taking bytes, else
+    /// whether the write had to wait for the socket (the task was parked meanwhile).
+    async fn flush(&mut self) -> Option<bool> {
+        let (io, out) = (&mut self.io, &self.out);
+        let (mut written, mut waited) = (0, false);
+        let ok = poll_fn(|cx| {
+            while written < out.len() {
+                match Pin::new(&mut *io).poll_write(cx, &out[written..]) {
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(false),
+                    Poll::Ready(Ok(n)) => written += n,
+                    Poll::Pending => {
+                        waited = true;
+                        return Poll::Pending;
+                    }
+                }
+            }
+            Poll::Ready(true)
+        })
+        .await;
         self.out.clear();
-        ok
+        ok.then_some(waited)
     }
 
     /// hyper serves the connection from here on, starting with the bytes already read.
@@ -370,6 +407,59 @@ fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: 
     out.extend_from_slice(b"date: ");
     DATE.with_borrow_mut(|d| out.extend_from_slice(d.now()));
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+/// What a chunked answer's bytes come from.
+trait Chunks {
+    /// Appends the next chunk, framed, to `out` (nothing if it is empty), or says the answer has
+    /// ended (its last bytes appended first) or failed.
+    fn poll_chunk_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut BytesMut,
+    ) -> Poll<Result<Framed, StreamCut>>;
+}
+
+enum Framed {
+    More,
+    End,
+}
+
+/// A chunked answer that failed before its end.
+struct StreamCut;
+
+/// A stream's relay, framed straight from its buffer: no piece of it split off, boxed or
+/// dropped per chunk.
+impl Chunks for Box<crate::relay::Relay> {
+    fn poll_chunk_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut BytesMut,
+    ) -> Poll<Result<Framed, StreamCut>> {
+        std::task::ready!(self.poll_out(cx));
+        encode_chunk(out, self.out());
+        self.written();
+        Poll::Ready(Ok(if self.is_done() { Framed::End } else { Framed::More }))
+    }
+}
+
+impl Chunks for axum::body::Body {
+    fn poll_chunk_into(
+        &mut self,
+        cx: &mut Context<'_>,
+        out: &mut BytesMut,
+    ) -> Poll<Result<Framed, StreamCut>> {
+        Poll::Ready(match std::task::ready!(Pin::new(self).poll_frame(cx)) {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    encode_chunk(out, &data);
+                }
+                Ok(Framed::More)
+            }
+            Some(Err(_)) => Err(StreamCut),
+            None => Ok(Framed::End),
+        })
+    }
 }
 
 fn encode_chunk(out: &mut BytesMut, data: &[u8]) {
@@ -657,6 +747,7 @@ impl AsyncWrite for ClientIo {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::AsyncWriteExt;
 
     fn head(lines: &str) -> Option<Request> {
         Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")))

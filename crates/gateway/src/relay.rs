@@ -137,8 +137,8 @@ pub(crate) struct Events {
     splitter: EventSplitter,
     rename: Option<Rename>,
     strip_usage: bool,
-    /// Bytes for the client. Each write is split off its front, so one allocation serves many
-    /// writes: once hyper has sent (and dropped) the earlier ones, `reserve` takes the space back.
+    /// Bytes for the client, until written: the front writes them from here and clears them,
+    /// hyper's body takes them as pieces split off the front.
     out: BytesMut,
 }
 
@@ -370,27 +370,21 @@ impl Relay {
         }
     }
 
-    /// The next bytes for the client, or `None` at the end: everything the upstream has ready when
-    /// the relay wakes (what one read of its connection brings), in one piece, without ever
-    /// waiting for more.
-    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
-        let out = &mut self.events.out;
-        if !out.is_empty() {
-            return Poll::Ready(Some(out.split().freeze()));
-        }
-        if out.capacity() < OUT_CAPACITY / 4 {
-            out.reserve(OUT_CAPACITY);
-        }
-        if self.done {
-            return Poll::Ready(None);
+    /// Ready once there are bytes for the client in [`Relay::out`] or the stream has ended
+    /// ([`Relay::is_done`]; both can hold): everything the upstream has ready when the relay
+    /// wakes (what one read of its connection brings), without ever waiting for more.
+    pub(crate) fn poll_out(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+        if !self.events.out.is_empty() || self.done {
+            return Poll::Ready(());
         }
         loop {
             if self.alarms.stopping(cx) {
-                return Poll::Ready(Some(self.fail(
+                self.fail(
                     Cut::DrainTimeout,
                     "gateway_shutdown",
                     "the gateway is shutting down and its drain time ran out",
-                )));
+                );
+                return Poll::Ready(());
             }
             match self.events.poll_read(cx, &mut self.exchange) {
                 Poll::Ready(Ok(Got {
@@ -401,22 +395,21 @@ impl Relay {
                     }
                     if self.events.event_too_large() {
                         // What came before it goes out, then the error event.
-                        let mut out = self.events.out.split();
-                        out.extend_from_slice(&self.fail(
-                            Cut::Upstream,
-                            "upstream_stream_error",
-                            &too_large_message(),
-                        ));
-                        return Poll::Ready(Some(out.freeze()));
+                        self.fail(Cut::Upstream, "upstream_stream_error", &too_large_message());
+                        return Poll::Ready(());
                     }
                     if !self.events.out.is_empty() {
-                        return Poll::Ready(Some(self.events.out.split().freeze()));
+                        return Poll::Ready(());
                     }
                 }
-                Poll::Ready(Ok(Got { read: Read::End, .. })) => return Poll::Ready(self.ended()),
+                Poll::Ready(Ok(Got { read: Read::End, .. })) => {
+                    self.ended();
+                    return Poll::Ready(());
+                }
                 Poll::Ready(Err(e)) => {
                     let msg = format!("the replica's stream failed: {e}");
-                    return Poll::Ready(Some(self.fail(Cut::Upstream, "upstream_stream_error", &msg)));
+                    self.fail(Cut::Upstream, "upstream_stream_error", &msg);
+                    return Poll::Ready(());
                 }
                 Poll::Pending => {
                     if !self.alarms.timer_due(cx) {
@@ -424,16 +417,18 @@ impl Relay {
                     }
                     let now = Instant::now();
                     if now >= self.deadline {
-                        return Poll::Ready(Some(self.fail(
+                        self.fail(
                             Cut::Deadline,
                             "deadline_exceeded",
                             "the request's total time budget ran out",
-                        )));
+                        );
+                        return Poll::Ready(());
                     }
                     let due = (self.last_read + self.idle).min(self.deadline);
                     if now >= due {
                         let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
-                        return Poll::Ready(Some(self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg)));
+                        self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg);
+                        return Poll::Ready(());
                     }
                     // Data came since the timer was set: it moves to the new deadline, and the
                     // next turn of the loop waits on it again.
@@ -443,32 +438,70 @@ impl Relay {
         }
     }
 
-    /// The upstream's body ended: what is left for the client, with an error event if the
+    /// The bytes [`Relay::poll_out`] made ready, until [`Relay::written`].
+    pub(crate) fn out(&self) -> &[u8] {
+        &self.events.out
+    }
+
+    /// The bytes of [`Relay::out`] are written: the buffer is kept for the next ones, unless a
+    /// burst made it large.
+    pub(crate) fn written(&mut self) {
+        let out = &mut self.events.out;
+        out.clear();
+        if out.capacity() > 32 * OUT_CAPACITY {
+            *out = BytesMut::with_capacity(OUT_CAPACITY);
+        }
+    }
+
+    /// The stream has ended: what is left in [`Relay::out`] is its last bytes.
+    pub(crate) fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// The next bytes for the client as one piece, or `None` at the end.
+    fn poll_chunk(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        std::task::ready!(self.poll_out(cx));
+        let out = &mut self.events.out;
+        if out.is_empty() {
+            return Poll::Ready(None);
+        }
+        let chunk = out.split().freeze();
+        // Each piece is split off the front, so one allocation serves many: once the earlier
+        // pieces are sent (and dropped), `reserve` takes the space back.
+        if out.capacity() < OUT_CAPACITY / 4 {
+            out.reserve(OUT_CAPACITY);
+        }
+        Poll::Ready(Some(chunk))
+    }
+
+    /// The upstream's body ended: what is left goes to the client, with an error event if the
     /// stream ended without `[DONE]`.
-    fn ended(&mut self) -> Option<Bytes> {
+    fn ended(&mut self) {
         self.done = true;
         let rest = self.events.splitter.rest();
+        let out = &mut self.events.out;
+        out.extend_from_slice(&rest);
         if !self.exchange.ended() {
             // The upstream closed without `[DONE]`: tell the client rather than end quietly.
-            let mut out = BytesMut::from(&rest[..]);
-            if !out.is_empty() && !out.ends_with(b"\n\n") {
+            if !rest.is_empty() && !rest.ends_with(b"\n\n") {
                 out.extend_from_slice(b"\n\n");
             }
-            out.extend_from_slice(&self.fail(
+            self.fail(
                 Cut::Upstream,
                 "upstream_stream_error",
                 "the replica ended the stream early",
-            ));
-            return Some(out.freeze());
+            );
         }
-        (!rest.is_empty()).then_some(rest)
     }
 
-    /// Ends the stream: the exchange records the cut, the client gets one SSE error event.
-    fn fail(&mut self, cut: Cut, code: &'static str, message: &str) -> Bytes {
+    /// Ends the stream: the exchange records the cut, the client gets one SSE error event after
+    /// what [`Relay::out`] holds.
+    fn fail(&mut self, cut: Cut, code: &'static str, message: &str) {
         self.done = true;
         self.exchange.end(Ending::Cut(cut), 200);
-        GatewayError::upstream(code, message).sse_event()
+        self.events
+            .out
+            .extend_from_slice(&GatewayError::upstream(code, message).sse_event());
     }
 }
 

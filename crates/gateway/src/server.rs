@@ -70,15 +70,18 @@ async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> 
 /// Every answer carries an `x-request-id` (the client's, if plain and short, else a new one), and
 /// a request head over `server.max_header_bytes` (`limit`) gets 431 in the OpenAI shape; `serve`
 /// answers the rest, given the ID.
-async fn identified<B, F, Fut>(limit: usize, req: axum::http::Request<B>, serve: F) -> Response
+async fn identified<B, R, F, Fut>(limit: usize, req: axum::http::Request<B>, serve: F) -> Response<R>
 where
+    R: From<Body>,
     F: FnOnce(String, axum::http::Request<B>) -> Fut,
-    Fut: Future<Output = Response>,
+    Fut: Future<Output = Response<R>>,
 {
     let id = prepare::request_id(req.headers());
     let value = HeaderValue::from_str(&id);
     let mut response = if head_size(&req) > limit {
-        GatewayError::HeadersTooLarge { limit }.into_response()
+        GatewayError::HeadersTooLarge { limit }
+            .into_response()
+            .map(R::from)
     } else {
         serve(id, req).await
     };
@@ -136,12 +139,12 @@ fn auth(headers: &HeaderMap) -> Option<&str> {
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    handle(g, Api::Chat, id, req).await
+    handle(g, Api::Chat, id, req).await.map(Reply::into_body)
 }
 
 async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    handle(g, Api::Completions, id, req).await
+    handle(g, Api::Completions, id, req).await.map(Reply::into_body)
 }
 
 /// The request ID the middleware settled (or a new one, for a router without it).
@@ -186,7 +189,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
         match (api, &self.gateway) {
             (Some(api), Some(g)) => {
                 let g = g.clone();
-                Box::pin(async move { Ok(completion(g, api, req).await) })
+                Box::pin(async move { Ok(completion(g, api, req).await.map(Reply::into_body)) })
             }
             _ => Box::pin(self.router.call(req)),
         }
@@ -194,7 +197,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
 }
 
 /// A completion request as the router's middleware and handler would serve it.
-pub(crate) async fn completion<B>(g: Arc<Gateway>, api: Api, req: axum::http::Request<B>) -> Response
+pub(crate) async fn completion<B>(g: Arc<Gateway>, api: Api, req: axum::http::Request<B>) -> Response<Reply>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
@@ -215,7 +218,31 @@ enum Answer {
     Relayed(StatusCode, Bytes),
 }
 
-async fn handle<B>(g: Arc<Gateway>, api: Api, id: String, req: axum::http::Request<B>) -> Response
+/// An answer's body. A stream's relay is left bare for the public port's own HTTP/1.1
+/// (`front`), which frames what it makes ready straight into the connection's buffer; hyper gets
+/// it as a body.
+pub(crate) enum Reply {
+    Body(Body),
+    /// Boxed as hyper's body would be: a connection's task holds this while the answer goes out.
+    Stream(Box<Relay>),
+}
+
+impl Reply {
+    pub(crate) fn into_body(self) -> Body {
+        match self {
+            Reply::Body(body) => body,
+            Reply::Stream(relay) => Body::new(*relay),
+        }
+    }
+}
+
+impl From<Body> for Reply {
+    fn from(body: Body) -> Reply {
+        Reply::Body(body)
+    }
+}
+
+async fn handle<B>(g: Arc<Gateway>, api: Api, id: String, req: axum::http::Request<B>) -> Response<Reply>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
@@ -523,7 +550,11 @@ async fn answer(
 
 /// The response for what the stages produced; the exchange ends here, or lives on in the stream,
 /// which runs on a task of its own, under `detach`'s send timeout, where given.
-fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange, detach: Option<&Gateway>) -> Response {
+fn respond(
+    answer: Result<Answer, GatewayError>,
+    mut ex: Exchange,
+    detach: Option<&Gateway>,
+) -> Response<Reply> {
     let timing = server_timing(&ex);
     let rate = ex.rate_headers.take();
     let mut response = match answer {
@@ -531,38 +562,38 @@ fn respond(answer: Result<Answer, GatewayError>, mut ex: Exchange, detach: Optio
             ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), relay::parse_usage(&body));
             ex.end(Ending::Finished, 200);
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            ([(header::CONTENT_TYPE, "application/json")], body)
+                .into_response()
+                .map(Reply::Body)
         }
         Ok(Answer::Relayed(status, body)) => {
             ex.end(Ending::UpstreamRejected, status.as_u16());
-            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            (status, [(header::CONTENT_TYPE, "application/json")], body)
+                .into_response()
+                .map(Reply::Body)
         }
         Ok(Answer::Stream(opened, config)) => {
             ex.answering(200);
             let relay = Relay::new(opened, config, ex);
-            let body = match detach {
-                Some(g) => Body::new(relay::detached(
+            let mut response = Response::new(match detach {
+                Some(g) => Reply::Body(Body::new(relay::detached(
                     relay,
                     g.config.server.send_timeout,
                     g.metrics.send_timeouts.clone(),
-                )),
-                None => Body::new(relay),
-            };
-            (
-                [
-                    (
-                        header::CONTENT_TYPE,
-                        HeaderValue::from_static("text/event-stream; charset=utf-8"),
-                    ),
-                    (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-                ],
-                body,
-            )
-                .into_response()
+                ))),
+                None => Reply::Stream(Box::new(relay)),
+            });
+            let headers = response.headers_mut();
+            headers.insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream; charset=utf-8"),
+            );
+            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            response
         }
         Err(e) => {
             ex.fail(&e);
-            e.into_response()
+            e.into_response().map(Reply::Body)
         }
     };
     let headers = response.headers_mut();
