@@ -3,7 +3,6 @@
 //! shared by the gateway's relay and the load tester.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
-use memchr::memmem;
 use serde::Serialize;
 use std::borrow::Cow;
 
@@ -94,22 +93,15 @@ impl EventSplitter {
     }
 }
 
-static LF: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(b"\n\n"));
-static CRLF: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(b"\r\n\r\n"));
-
-/// The index just past the first blank line (`\n\n`, or `\r\n\r\n`), if there is one.
+/// The index just past the first blank line, if there is one: a line feed followed by an empty
+/// line, ended by a line feed (`\n\n`) or by CR LF (`\r\n\r\n`, or the two mixed). One scan
+/// for line feeds: an event is usually a single line, so this is one `memchr` per event.
 pub fn event_end(buf: &[u8]) -> Option<usize> {
-    let lf = LF.find(buf).map(|i| i + 2);
-    // CRLF framing is rare (vLLM and OpenAI use LF); look for it only where a CR appears at all.
-    let crlf = memchr::memchr(b'\r', buf)
-        .and_then(|_| CRLF.find(buf))
-        .map(|i| i + 4);
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(a.min(b)),
-        (a, b) => a.or(b),
-    }
+    memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1..) {
+        Some([b'\n', ..]) => Some(i + 2),
+        Some([b'\r', b'\n', ..]) => Some(i + 3),
+        _ => None,
+    })
 }
 
 /// The data of one event: its `data:` lines joined by newlines (one optional space after the colon
@@ -193,6 +185,26 @@ mod tests {
             assert_eq!(a, vec![event.clone()], "pieces of {piece}");
             assert_eq!(b, vec![event.clone()], "pieces of {piece}");
             assert_eq!(lent.held(), 0);
+        }
+    }
+
+    #[test]
+    fn an_event_ends_at_its_first_blank_line_whatever_the_line_endings() {
+        for (stream, end) in [
+            (&b"data: x\n\nrest"[..], Some(9)),
+            (b"data: x\r\n\r\nrest", Some(11)),
+            (b"data: x\r\n\nrest", Some(10)),
+            (b"data: x\n\r\nrest", Some(10)),
+            (b"data: x\ndata: y\n\n", Some(17)),
+            (b"data: x\r\ndata: y\r\n\r\n", Some(20)),
+            (b"data: x\r\n\n\n", Some(10)),
+            (b"data: x\n", None),
+            (b"data: x\n\r", None),
+            (b"data: x\r\n\r", None),
+            (b"data: x\r\r", None),
+            (b"", None),
+        ] {
+            assert_eq!(event_end(stream), end, "{:?}", String::from_utf8_lossy(stream));
         }
     }
 
