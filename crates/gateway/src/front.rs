@@ -806,6 +806,64 @@ mod tests {
 
     /// A peer's socket, connected to ours as a client's socket with a 60 s send timeout whose cuts
     /// are counted in the returned counter.
+    /// A source fed through a channel: `Pending`, its waker kept, while the channel is empty.
+    struct Fed(tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>);
+
+    impl Chunks for Fed {
+        fn poll_chunk_into(
+            &mut self,
+            cx: &mut Context<'_>,
+            out: &mut BytesMut,
+        ) -> Poll<Result<Framed, StreamCut>> {
+            Poll::Ready(match std::task::ready!(self.0.poll_recv(cx)) {
+                Some(data) => {
+                    encode_chunk(out, &data);
+                    Ok(Framed::More)
+                }
+                None => Ok(Framed::End),
+            })
+        }
+    }
+
+    /// A chunk that becomes ready while a write waits for the client goes out once that write is
+    /// done: the wake-up it gave was spent on the write, so the source is asked again.
+    #[tokio::test]
+    async fn a_chunk_ready_while_a_write_waits_goes_out_after_it() {
+        let (mut client, io, _) = connected().await;
+        let mut conn = Conn {
+            io,
+            buf: BytesMut::new(),
+            out: BytesMut::new(),
+        };
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        // Far more than the loopback's socket buffers hold: the write waits for the client.
+        let big = vec![b'a'; 32 << 20];
+        tx.send(big.clone()).unwrap();
+        let writer = tokio::spawn(async move { conn.write_chunked(Fed(rx)).await });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!writer.is_finished(), "the write waits for the client");
+        tx.send(b"late".to_vec()).unwrap();
+        drop(tx);
+        let mut got = Vec::new();
+        let end = b"\r\n4\r\nlate\r\n0\r\n\r\n";
+        let read_all = async {
+            let mut piece = vec![0u8; 1 << 16];
+            while !got.ends_with(end) {
+                let n = client.read(&mut piece).await.unwrap();
+                assert!(n > 0, "closed early");
+                got.extend_from_slice(&piece[..n]);
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(20), read_all)
+            .await
+            .expect("the late chunk and the end follow the big one");
+        assert!(writer.await.unwrap());
+        let mut expected = format!("{:x}\r\n", big.len()).into_bytes();
+        expected.extend_from_slice(&big);
+        expected.extend_from_slice(end);
+        assert!(got == expected, "the stream's bytes, framed, in order");
+    }
+
     async fn connected() -> (TcpStream, ClientIo, IntCounter) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();

@@ -377,6 +377,49 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
     is_cut_after_send_timeout(&stack, "a client that stopped reading").await;
 }
 
+/// A client that reads slowly, so that the gateway's writes keep waiting for it while the replica
+/// keeps sending, gets the whole stream, counted whole. (`front`'s unit test covers the chunk
+/// that becomes ready during a waiting write, which this one does not make sure to provoke.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_slowly_gets_the_whole_stream() {
+    let stack = one_slot_on_a_zero_cost_engine().await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut c = socket
+        .connect(stack.url.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let tokens = 6_000;
+    let mut long = chat("chat", tokens, true);
+    long["ignore_eos"] = true.into();
+    c.write_all(&post("/v1/chat/completions", &long, ""))
+        .await
+        .unwrap();
+    let mut got = Vec::new();
+    let mut piece = [0u8; 2048];
+    let read_all = async {
+        while !got.ends_with(b"\r\n0\r\n\r\n") {
+            let n = c.read(&mut piece).await.unwrap();
+            assert!(n > 0, "the connection closed before the stream's end");
+            got.extend_from_slice(&piece[..n]);
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), read_all)
+        .await
+        .expect("the whole stream arrives");
+    assert!(got.starts_with(b"HTTP/1.1 200"));
+    assert!(
+        got.ends_with(b"data: [DONE]\n\n\r\n0\r\n\r\n"),
+        "ends with [DONE]: {:?}",
+        String::from_utf8_lossy(&got[got.len().saturating_sub(300)..])
+    );
+    let records = stack.records();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(records[0].outcome, "ok", "{:?}", records[0]);
+    assert_eq!(records[0].tokens_out, Some(tokens), "{:?}", records[0]);
+}
+
 /// One slot, no queue, a one-second `send_timeout`, and an engine that streams as fast as the
 /// gateway takes its events.
 async fn one_slot_on_a_zero_cost_engine() -> Stack {
