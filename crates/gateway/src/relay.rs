@@ -30,6 +30,7 @@ const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
 /// Needles built once: building a searcher costs more than searching one event.
 struct Needles {
     usage: memmem::Finder<'static>,
+    usage_key: memmem::FinderRev<'static>,
     no_choices: memmem::Finder<'static>,
     content: memmem::Finder<'static>,
     text: memmem::Finder<'static>,
@@ -37,6 +38,7 @@ struct Needles {
 
 static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needles {
     usage: memmem::Finder::new(b"\"usage\":{"),
+    usage_key: memmem::FinderRev::new(b"\"usage\":"),
     no_choices: memmem::Finder::new(b"\"choices\":[]"),
     content: memmem::Finder::new(b"\"content\":\""),
     text: memmem::Finder::new(b"\"text\":\""),
@@ -74,20 +76,37 @@ pub fn classify(event: &[u8]) -> EventKind {
     }
 }
 
+#[derive(serde::Deserialize)]
+struct Usage {
+    prompt_tokens: u32,
+    completion_tokens: u32,
+}
+
 /// Reads `prompt_tokens` and `completion_tokens` out of a usage chunk (or a whole response).
 pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
-    #[derive(serde::Deserialize)]
-    struct Usage {
-        prompt_tokens: u32,
-        completion_tokens: u32,
-    }
     #[derive(serde::Deserialize)]
     struct WithUsage {
         usage: Option<Usage>,
     }
-    let body = json.strip_prefix(b"data: ").unwrap_or(json);
-    let parsed: WithUsage = serde_json::from_slice(body.trim_ascii_end()).ok()?;
+    let body = json.strip_prefix(b"data: ").unwrap_or(json).trim_ascii_end();
+    if let Some(usage) = usage_last(body) {
+        return Some(usage);
+    }
+    let parsed: WithUsage = serde_json::from_slice(body).ok()?;
     parsed.usage.map(|u| (u.prompt_tokens, u.completion_tokens))
+}
+
+/// The usage of a body whose last member is `"usage":{…}`, as vLLM and OpenAI write it, read
+/// without parsing the rest (three quarters of the work for a usage chunk). Anything else, a
+/// `"usage"` nested deeper included (its object is not followed by the body's end), is left to
+/// the whole parse.
+fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
+    let key = NEEDLES.usage_key.rfind(body)?;
+    let from = key + NEEDLES.usage_key.needle().len();
+    let mut objects = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Usage>();
+    let usage = objects.next()?.ok()?;
+    let rest = &body[from + objects.byte_offset()..];
+    (rest.trim_ascii() == b"}").then_some((usage.prompt_tokens, usage.completion_tokens))
 }
 
 /// Puts the public model name back where the replica wrote its own (`"model":"<upstream>"`), so
@@ -721,5 +740,40 @@ mod tests {
             Some((1, 2))
         );
         assert_eq!(parse_usage(b"not json"), None);
+    }
+
+    /// The short way (usage last) and the whole parse agree; a usage nested deeper, or not last,
+    /// is read by the whole parse, which takes the top level's; a truncated body has none.
+    #[test]
+    fn usage_is_the_top_levels_wherever_it_stands() {
+        let u = r#"{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}"#;
+        let nested = r#"{"prompt_tokens":70,"completion_tokens":90,"total_tokens":160}"#;
+        for (body, expected) in [
+            (
+                format!(r#"data: {{"id":"x","choices":[],"usage":{u}}}"#),
+                Some((3, 5)),
+            ),
+            (
+                format!("data: {{\"choices\":[], \"usage\" : {u} }}\n\n"),
+                Some((3, 5)),
+            ),
+            (format!(r#"{{"usage":{u},"id":"x"}}"#), Some((3, 5))),
+            (
+                format!(r#"{{"usage":{u},"x":{{"usage":{nested}}}}}"#),
+                Some((3, 5)),
+            ),
+            (
+                format!(r#"{{"x":{{"usage":{nested}}},"usage":{u}}}"#),
+                Some((3, 5)),
+            ),
+            (format!(r#"{{"x":{{"usage":{nested}}}}}"#), None),
+            (r#"{"id":"x","usage":null}"#.to_string(), None),
+            (r#"{"id":"x","usage":{"prompt_tokens":3}}"#.to_string(), None),
+            (format!(r#"{{"id":"x","usage":{u}"#), None),
+        ] {
+            assert_eq!(parse_usage(body.as_bytes()), expected, "{body}");
+        }
+        assert_eq!(usage_last(format!(r#"{{"usage":{u}}}"#).as_bytes()), Some((3, 5)));
+        assert_eq!(usage_last(format!(r#"{{"x":{{"usage":{u}}}}}"#).as_bytes()), None);
     }
 }
