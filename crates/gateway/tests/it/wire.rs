@@ -345,12 +345,7 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
     let stack = one_slot_on_a_zero_cost_engine().await;
     // A client with a small receive window that never reads: a long stream fills its window and
     // the gateway's send buffer, and the gateway's write blocks.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut c = socket
-        .connect(stack.url.trim_start_matches("http://").parse().unwrap())
-        .await
-        .unwrap();
+    let mut c = small_window_client(&stack).await;
     // Four sequences of 30,000 tokens: about 20 MB of events, far more than the loopback's
     // buffers hold (tcp_wmem's largest send buffer is 4 MB on a default Linux).
     let mut long = chat("chat", 30_000, true);
@@ -383,12 +378,7 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_slowly_gets_the_whole_stream() {
     let stack = one_slot_on_a_zero_cost_engine().await;
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let mut c = socket
-        .connect(stack.url.trim_start_matches("http://").parse().unwrap())
-        .await
-        .unwrap();
+    let mut c = small_window_client(&stack).await;
     let tokens = 6_000;
     let mut long = chat("chat", tokens, true);
     long["ignore_eos"] = true.into();
@@ -418,6 +408,17 @@ async fn a_client_that_reads_slowly_gets_the_whole_stream() {
     assert_eq!(records.len(), 1, "{records:?}");
     assert_eq!(records[0].outcome, "ok", "{:?}", records[0]);
     assert_eq!(records[0].tokens_out, Some(tokens), "{:?}", records[0]);
+}
+
+/// A connection to the gateway with a 4 KiB receive buffer: a client that reads less than the
+/// stream brings soon makes the gateway's writes wait.
+async fn small_window_client(stack: &Stack) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    socket
+        .connect(stack.url.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap()
 }
 
 /// One slot, no queue, a one-second `send_timeout`, and an engine that streams as fast as the
