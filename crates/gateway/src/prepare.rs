@@ -404,5 +404,42 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
                 && s.bytes()
                     .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
         })
-        .map_or_else(|| format!("{:032x}", rand::random::<u128>()), str::to_owned)
+        .map_or_else(new_request_id, str::to_owned)
+}
+
+/// 128 random bits in 32 hex digits, written without `fmt`'s machinery (every request that
+/// brings no ID of its own gets one).
+fn new_request_id() -> String {
+    let n = rand::random::<u128>();
+    let mut id = String::with_capacity(32);
+    for shift in (0..32).rev() {
+        id.push(char::from(
+            b"0123456789abcdef"[((n >> (shift * 4)) & 0xf) as usize],
+        ));
+    }
+    id
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_new_request_id_is_32_hex_digits_and_a_clients_own_is_kept() {
+        let (a, b) = (request_id(&HeaderMap::new()), request_id(&HeaderMap::new()));
+        for id in [&a, &b] {
+            assert_eq!(id.len(), 32, "{id}");
+            assert!(
+                id.bytes()
+                    .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c)),
+                "{id}"
+            );
+        }
+        assert_ne!(a, b);
+        let mut headers = HeaderMap::new();
+        headers.insert("x-request-id", "req-1.a_b:c".parse().unwrap());
+        assert_eq!(request_id(&headers), "req-1.a_b:c");
+        headers.insert("x-request-id", "not ok".parse().unwrap());
+        assert_eq!(request_id(&headers).len(), 32);
+    }
 }
