@@ -1,7 +1,7 @@
 //! The public port's HTTP/1.1 for the requests that make up the hot path: a POST to one of the
 //! two completion endpoints, with a `Content-Length` body. They are served on the connection's
 //! own task: the head parsed with httparse, the body read into the connection's buffer, the
-//! answer written as it comes, one write per relayed chunk.
+//! answer written as it comes, whatever is ready in one write.
 //!
 //! hyper's server costs, per client connection, two 8 KiB buffers, and per relayed chunk a pass
 //! through its dispatcher and the body's layers. Everything else keeps hyper: HTTP/2, other
@@ -804,8 +804,6 @@ mod tests {
         assert!(out.ends_with(b"a\r\n"));
     }
 
-    /// A peer's socket, connected to ours as a client's socket with a 60 s send timeout whose cuts
-    /// are counted in the returned counter.
     /// A source fed through a channel: `Pending`, its waker kept, while the channel is empty.
     struct Fed(tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>);
 
@@ -864,6 +862,8 @@ mod tests {
         assert!(got == expected, "the stream's bytes, framed, in order");
     }
 
+    /// A peer's socket, connected to ours as a client's socket with a 60 s send timeout whose cuts
+    /// are counted in the returned counter.
     async fn connected() -> (TcpStream, ClientIo, IntCounter) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let peer = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();

@@ -57,6 +57,10 @@ pub enum EventKind {
 }
 
 pub fn classify(event: &[u8]) -> EventKind {
+    // Blank lines before an event's fields dispatch nothing (a replica's stray extra line feeds
+    // land there): `[DONE]` after them is still the end.
+    let start = event.iter().position(|b| !matches!(b, b'\n' | b'\r'));
+    let event = &event[start.unwrap_or(event.len())..];
     if event.starts_with(b"data: [DONE]") || event.starts_with(b"data:[DONE]") {
         return EventKind::Done;
     }
@@ -97,9 +101,9 @@ pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// The usage of a body whose last member is `"usage":{…}`, as vLLM and OpenAI write it, read
-/// without parsing the rest (three quarters of the work for a usage chunk). Anything else, a
-/// `"usage"` nested deeper included (its object is not followed by the body's end), is left to
-/// the whole parse.
+/// without parsing the rest (three quarters of the work for a usage chunk): what comes before the
+/// key is not checked. A usage elsewhere, nested deeper included (its object is not followed by
+/// the body's end), is left to the whole parse.
 fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
     let key = NEEDLES.usage_key.rfind(body)?;
     let from = key + NEEDLES.usage_key.needle().len();
@@ -524,8 +528,8 @@ impl Relay {
     }
 }
 
-/// The relay is the response's body itself: a stream adapter between them costs a layer of
-/// calls per relayed chunk. A failure reaches the client as an SSE error event, never as an error.
+/// On hyper's paths the relay is the response's body itself: a stream adapter between them costs
+/// a layer of calls per relayed chunk. A failure reaches the client as an SSE error event, never as an error.
 impl hyper::body::Body for Relay {
     type Data = Bytes;
     type Error = std::convert::Infallible;
@@ -717,6 +721,10 @@ mod tests {
             EventKind::Other
         );
         assert_eq!(classify(b": ping\n\n"), EventKind::Other);
+        // After a stray blank line, which the splitter leaves at the next event's start.
+        assert_eq!(classify(b"\r\ndata: [DONE]\n\n"), EventKind::Done);
+        assert_eq!(classify(b"\ndata: [DONE]\n\n"), EventKind::Done);
+        assert_eq!(classify(b"\n"), EventKind::Other);
     }
 
     #[test]
