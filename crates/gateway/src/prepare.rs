@@ -410,14 +410,13 @@ pub(crate) fn request_id(headers: &HeaderMap) -> String {
 /// 128 random bits in 32 hex digits, written without `fmt`'s machinery (every request that
 /// brings no ID of its own gets one).
 fn new_request_id() -> String {
-    let n = rand::random::<u128>();
-    let mut id = String::with_capacity(32);
-    for shift in (0..32).rev() {
-        id.push(char::from(
-            b"0123456789abcdef"[((n >> (shift * 4)) & 0xf) as usize],
-        ));
+    let mut n = rand::random::<u128>();
+    let mut id = [0u8; 32];
+    for digit in id.iter_mut().rev() {
+        *digit = b"0123456789abcdef"[(n & 0xf) as usize];
+        n >>= 4;
     }
-    id
+    id.iter().map(|&d| char::from(d)).collect()
 }
 
 #[cfg(test)]
