@@ -416,7 +416,7 @@ fn new_request_id() -> String {
         *digit = b"0123456789abcdef"[(n & 0xf) as usize];
         n >>= 4;
     }
-    id.iter().map(|&d| char::from(d)).collect()
+    String::from_utf8(id.to_vec()).unwrap_or_default()
 }
 
 #[cfg(test)]
