@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # User-space instructions per request of a proxy under callgrind, in front of the peers harness's
-# mock: an exact count, not a timing, so two builds (or Spillway and nginx) compare without the
-# machine's noise. What it leaves out is the kernel's share (most of a proxy's CPU; strace -c and
+# mock: a count, not a timing, so two builds (or Spillway and nginx) compare without most of the
+# machine's noise (runs of one build differ by about 0.5%: timing still decides how many events a
+# read brings and how often the runtime parks). What it leaves out is the kernel's share (most of a proxy's CPU; strace -c and
 # the peers harness see that) and the cost of cache misses.
 #
 #   bench/instructions.sh NAME CONC REQUESTS "MOCK_ARGS" spillway-binary
