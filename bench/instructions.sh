@@ -2,8 +2,8 @@
 # User-space instructions per request of a proxy under callgrind, in front of the peers harness's
 # mock: a count, not a timing, so two builds (or Spillway and nginx) compare without most of the
 # machine's noise (runs of one build differ by about 0.5%: timing still decides how many events a
-# read brings and how often the runtime parks). What it leaves out is the kernel's share (most of a proxy's CPU; strace -c and
-# the peers harness see that) and the cost of cache misses.
+# read brings and how often the runtime parks). What it leaves out is the kernel's share (most of
+# a proxy's CPU; strace -c and the peers harness see that) and the cost of cache misses.
 #
 #   bench/instructions.sh NAME CONC REQUESTS "MOCK_ARGS" spillway-binary
 #   bench/instructions.sh NAME CONC REQUESTS "MOCK_ARGS" nginx
@@ -15,7 +15,7 @@
 # 18084 with target/gw.yaml (made if missing: route `mock` to the mock on 18000, every default on); nginx with the harness's config.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-[ $# -eq 5 ] || { sed -n '6,8p' "$0"; exit 2; }
+[ $# -eq 5 ] || { grep '^#   bench/instructions.sh\|^# e\.g\.' "$0"; exit 2; }
 NAME=$1 CONC=$2 N=$3 MOCK_ARGS=$4 PROXY=$5
 command -v valgrind >/dev/null || { echo "valgrind is not installed" >&2; exit 1; }
 [ -f target/peers/scripts/lib.sh ] || { echo "target/peers is missing: see bench/README.md" >&2; exit 1; }
