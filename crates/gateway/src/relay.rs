@@ -529,7 +529,8 @@ impl Relay {
 }
 
 /// On hyper's paths the relay is the response's body itself: a stream adapter between them costs
-/// a layer of calls per relayed chunk. A failure reaches the client as an SSE error event, never as an error.
+/// a layer of calls per relayed chunk. A failure reaches the client as an SSE error event, never
+/// as an error.
 impl hyper::body::Body for Relay {
     type Data = Bytes;
     type Error = std::convert::Infallible;

@@ -629,7 +629,10 @@ fn server_timing(ex: &Exchange) -> String {
 /// more than the rest of the header, on every answer's way out.
 fn millis(out: &mut String, d: std::time::Duration) {
     // In u64: `as_micros` is a u128, whose division and formatting cost more than a float's.
-    let micros = (d.as_secs().saturating_mul(1_000_000)).saturating_add(u64::from(d.subsec_micros()));
+    let micros = d
+        .as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()));
     let tenths = micros.saturating_add(50) / 100;
     let _ = write!(out, "{}.{}", tenths / 10, tenths % 10);
 }
