@@ -27,6 +27,7 @@ use std::future::{Future, poll_fn};
 use std::io::Write as _;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
@@ -43,6 +44,29 @@ const READ_SIZE: usize = 4096;
 const MAX_ROOM: usize = 64 * 1024;
 /// The end of a chunked body.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+/// Streams being written by the public port's connections, in the whole process.
+static STREAMING: AtomicUsize = AtomicUsize::new(0);
+
+/// One stream counted in [`STREAMING`] while it is written.
+struct Streaming {
+    /// No other stream was being written when it started.
+    alone: bool,
+}
+
+impl Streaming {
+    fn start() -> Streaming {
+        Streaming {
+            alone: STREAMING.fetch_add(1, Ordering::Relaxed) == 0,
+        }
+    }
+}
+
+impl Drop for Streaming {
+    fn drop(&mut self) {
+        STREAMING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
 
 /// What a connection's task needs besides its socket.
 pub(crate) struct Serving {
@@ -278,7 +302,17 @@ impl Conn {
     /// source is dropped once it has ended, before its last bytes go out: the request's access
     /// log line and metrics are written when its exchange drops, and a client that has the whole
     /// answer must find them there (hyper drops a body as soon as it ends, too).
-    async fn write_chunked(&mut self, mut source: impl Chunks) -> bool {
+    ///
+    /// A stream alone in the gateway sends its first chunk (and the head) at once, whatever else
+    /// is ready: that is the client's time to first token, and an idle gateway has nothing to
+    /// gain from one write fewer. Under load it shares the write too.
+    async fn write_chunked(&mut self, source: impl Chunks) -> bool {
+        let streaming = Streaming::start();
+        self.write_stream(source, streaming.alone).await
+    }
+
+    /// [`Conn::write_chunked`], the first chunk written on its own if `first_alone`.
+    async fn write_stream(&mut self, mut source: impl Chunks, first_alone: bool) -> bool {
         if self.buf.is_empty() {
             // A stream can last minutes: its connection holds no read buffer meanwhile (one
             // comes back if the client sends more).
@@ -287,12 +321,14 @@ impl Conn {
         // True when the source has answered `Pending` in this very poll of the task, with no
         // wait since: it need not be asked again before the task is woken.
         let mut polled = false;
+        let mut first = first_alone;
         loop {
             let next = self.watching(polled, |cx, out| source.poll_chunk_into(cx, out));
             let Some(mut next) = next.await else {
                 return false;
             };
             // Take what else is ready now, so that it shares the write.
+            let mut pending = false;
             loop {
                 match next {
                     Ok(Framed::More) => {}
@@ -304,14 +340,20 @@ impl Conn {
                     // A stream cut short: the client must not take it for a whole one.
                     Err(StreamCut) => return false,
                 }
+                if std::mem::take(&mut first) {
+                    break;
+                }
                 let out = &mut self.out;
                 match poll_fn(|cx| Poll::Ready(source.poll_chunk_into(cx, out))).await {
                     Poll::Ready(more) => next = more,
-                    Poll::Pending => break,
+                    Poll::Pending => {
+                        pending = true;
+                        break;
+                    }
                 }
             }
             match self.flush().await {
-                Some(waited) => polled = !waited,
+                Some(waited) => polled = pending && !waited,
                 None => return false,
             }
         }
@@ -860,6 +902,63 @@ mod tests {
         expected.extend_from_slice(&big);
         expected.extend_from_slice(end);
         assert!(got == expected, "the stream's bytes, framed, in order");
+    }
+
+    /// A source of two chunks that notes, when asked for the second, what the client has been
+    /// sent so far.
+    struct Noting {
+        peer: Arc<std::net::TcpStream>,
+        asked: usize,
+        before_second: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl Chunks for Noting {
+        fn poll_chunk_into(
+            &mut self,
+            _: &mut Context<'_>,
+            out: &mut BytesMut,
+        ) -> Poll<Result<Framed, StreamCut>> {
+            self.asked += 1;
+            Poll::Ready(match self.asked {
+                1 => {
+                    encode_chunk(out, b"one");
+                    Ok(Framed::More)
+                }
+                2 => {
+                    // Loopback: a write is in the peer's receive queue when it returns.
+                    let mut seen = [0u8; 64];
+                    let n = std::io::Read::read(&mut &*self.peer, &mut seen).unwrap_or(0);
+                    self.before_second.lock().unwrap().extend_from_slice(&seen[..n]);
+                    encode_chunk(out, b"two");
+                    Ok(Framed::More)
+                }
+                _ => Ok(Framed::End),
+            })
+        }
+    }
+
+    /// Alone, the first chunk is written before the second is taken, though it was ready;
+    /// otherwise both share one write.
+    #[tokio::test]
+    async fn a_lone_streams_first_chunk_is_written_before_the_rest_is_taken() {
+        for (alone, seen) in [(true, &b"3\r\none\r\n"[..]), (false, b"")] {
+            let (client, io, _) = connected().await;
+            // Kept open past the source's end, when the last chunk is written.
+            let client = Arc::new(client.into_std().unwrap());
+            let mut conn = Conn {
+                io,
+                buf: BytesMut::new(),
+                out: BytesMut::new(),
+            };
+            let before_second = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let source = Noting {
+                peer: client.clone(),
+                asked: 0,
+                before_second: before_second.clone(),
+            };
+            assert!(conn.write_stream(source, alone).await);
+            assert_eq!(*before_second.lock().unwrap(), seen, "alone: {alone}");
+        }
     }
 
     /// A peer's socket, connected to ours as a client's socket with a 60 s send timeout whose cuts

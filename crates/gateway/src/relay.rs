@@ -6,7 +6,7 @@
 
 use crate::error::GatewayError;
 use crate::outcome::{Cut, Ending, Exchange};
-use crate::upstream::h1::{self, Body, Read};
+use crate::upstream::h1::{self, Body, Pieces, Read};
 use bytes::{Bytes, BytesMut};
 use memchr::memmem;
 use protocol::sse::EventSplitter;
@@ -175,8 +175,13 @@ struct Got {
 
 impl Events {
     /// One read of the upstream, each event it completes passed on (timed, its usage read,
-    /// renamed) into `out`.
-    fn poll_read(&mut self, cx: &mut Context<'_>, ex: &mut Exchange) -> Poll<Result<Got, h1::Error>> {
+    /// renamed) into `out`; of what the read brought, the first piece only if `pieces` says so.
+    fn poll_read(
+        &mut self,
+        cx: &mut Context<'_>,
+        ex: &mut Exchange,
+        pieces: Pieces,
+    ) -> Poll<Result<Got, h1::Error>> {
         let Events {
             upstream,
             splitter,
@@ -185,13 +190,14 @@ impl Events {
             out,
         } = self;
         let (mut at, mut events) = (None, 0);
-        let read = upstream.poll_read(cx, &mut |data| {
+        let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
             splitter.feed_slices(data, |e| {
                 events += 1;
                 pass_on(ex, e, now, rename.as_ref(), *strip_usage, out);
             });
-        });
+        };
+        let read = upstream.poll_pieces(cx, each, pieces);
         read.map(|r| r.map(|read| Got { read, at, events }))
     }
 
@@ -219,7 +225,9 @@ pub(crate) async fn open(
         out: BytesMut::with_capacity(OUT_CAPACITY),
     };
     loop {
-        let read = std::future::poll_fn(|cx| events.poll_read(cx, ex));
+        // The first event goes out (with the head) as soon as it is whole: events that came
+        // with it wait for the relay, which passes them on straight after.
+        let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, Pieces::One));
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream("upstream_error", too_large_message()));
@@ -409,7 +417,7 @@ impl Relay {
                 );
                 return Poll::Ready(());
             }
-            match self.events.poll_read(cx, &mut self.exchange) {
+            match self.events.poll_read(cx, &mut self.exchange, Pieces::All) {
                 Poll::Ready(Ok(Got {
                     read: Read::Data, at, ..
                 })) => {

@@ -521,11 +521,22 @@ impl Body {
         cx: &mut Context<'_>,
         each: &mut dyn FnMut(&[u8]),
     ) -> Poll<Result<Read, Error>> {
+        self.poll_pieces(cx, each, Pieces::All)
+    }
+
+    /// [`Body::poll_read`], handing over only the first decoded piece when asked: what the
+    /// buffer holds after it waits for the next call, without a read of the socket.
+    pub(crate) fn poll_pieces(
+        &mut self,
+        cx: &mut Context<'_>,
+        each: &mut dyn FnMut(&[u8]),
+        pieces: Pieces,
+    ) -> Poll<Result<Read, Error>> {
         loop {
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(Ok(Read::End));
             };
-            let handed = decode(&mut self.framing, &mut conn.buf, each)?;
+            let handed = decode(&mut self.framing, &mut conn.buf, each, pieces)?;
             if self.framing == Framing::Done {
                 self.finish();
                 return Poll::Ready(Ok(if handed { Read::Data } else { Read::End }));
@@ -591,11 +602,29 @@ impl Body {
     }
 }
 
+/// How much of what the buffer holds one call hands over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pieces {
+    /// Every decoded piece.
+    All,
+    /// The first piece only (a chunk's data, or what the buffer holds of a body without chunks).
+    One,
+}
+
 /// Decodes what `buf` holds, handing data to `each` and consuming it; true if any data was
-/// handed over. Stops when it needs more bytes or the body is whole.
-fn decode(framing: &mut Framing, buf: &mut BytesMut, each: &mut dyn FnMut(&[u8])) -> Result<bool, Error> {
+/// handed over. Stops when it needs more bytes or the body is whole, or after the first piece
+/// handed over if `pieces` asks for one.
+fn decode(
+    framing: &mut Framing,
+    buf: &mut BytesMut,
+    each: &mut dyn FnMut(&[u8]),
+    pieces: Pieces,
+) -> Result<bool, Error> {
     let mut handed = false;
     loop {
+        if handed && pieces == Pieces::One && *framing != Framing::Done {
+            return Ok(true);
+        }
         match framing {
             Framing::Done => return Ok(handed),
             Framing::Length(0) => *framing = Framing::Done,

@@ -2,8 +2,14 @@ use super::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-/// Decodes `wire` fed in pieces cut at `cuts`, returning the data and the framing at the end.
-fn decode_in_pieces(framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<(Vec<u8>, Framing), Error> {
+/// Decodes `wire` fed in pieces cut at `cuts`, each fed piece decoded by calls handing over
+/// `pieces` until one hands nothing, returning the data and the framing at the end.
+fn decode_in_pieces(
+    framing: Framing,
+    wire: &[u8],
+    cuts: &[usize],
+    pieces: Pieces,
+) -> Result<(Vec<u8>, Framing), Error> {
     let mut framing = framing;
     let mut buf = BytesMut::new();
     let mut out = Vec::new();
@@ -11,7 +17,7 @@ fn decode_in_pieces(framing: Framing, wire: &[u8], cuts: &[usize]) -> Result<(Ve
     for &to in cuts.iter().chain(std::iter::once(&wire.len())) {
         buf.extend_from_slice(&wire[from..to]);
         from = to;
-        decode(&mut framing, &mut buf, &mut |d| out.extend_from_slice(d))?;
+        while decode(&mut framing, &mut buf, &mut |d| out.extend_from_slice(d), pieces)? {}
     }
     Ok((out, framing))
 }
@@ -28,11 +34,14 @@ fn a_chunked_body_decodes_the_same_however_it_is_cut() {
     .concat();
     let wire = &wire[..];
     let want = [&b"hello"[..], second].concat();
-    for a in 0..=wire.len() {
-        for b in a..=wire.len() {
-            let (data, framing) = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[a, b]).unwrap();
-            assert_eq!(data, want, "cut at {a} and {b}");
-            assert_eq!(framing, Framing::Done, "cut at {a} and {b}");
+    for pieces in [Pieces::All, Pieces::One] {
+        for a in 0..=wire.len() {
+            for b in a..=wire.len() {
+                let chunked = Framing::Chunked(Chunk::Size);
+                let (data, framing) = decode_in_pieces(chunked, wire, &[a, b], pieces).unwrap();
+                assert_eq!(data, want, "{pieces:?}, cut at {a} and {b}");
+                assert_eq!(framing, Framing::Done, "{pieces:?}, cut at {a} and {b}");
+            }
         }
     }
 }
@@ -45,7 +54,7 @@ fn bad_chunks_are_errors_not_hangs() {
         b"5\r\nhelloX\r\n",
         b"fffffffffffffffff\r\n",
     ] {
-        let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[]);
+        let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[], Pieces::All);
         assert!(
             matches!(r, Err(Error::Protocol(_))),
             "{:?}: {r:?}",
@@ -53,16 +62,34 @@ fn bad_chunks_are_errors_not_hangs() {
         );
     }
     let long = vec![b'1'; MAX_LINE + 1];
-    let r = decode_in_pieces(Framing::Chunked(Chunk::Size), &long, &[]);
+    let r = decode_in_pieces(Framing::Chunked(Chunk::Size), &long, &[], Pieces::All);
     assert!(matches!(r, Err(Error::Protocol(_))), "{r:?}");
+}
+
+/// One piece per call leaves the rest in the buffer for the next call, untouched.
+#[test]
+fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
+    let mut framing = Framing::Chunked(Chunk::Size);
+    let mut buf = BytesMut::from(&b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n"[..]);
+    let mut calls = Vec::new();
+    loop {
+        let mut got = Vec::new();
+        if !decode(&mut framing, &mut buf, &mut |d| got.push(d.to_vec()), Pieces::One).unwrap() {
+            break;
+        }
+        calls.push(got);
+    }
+    assert_eq!(calls, [vec![b"hello".to_vec()], vec![b"abc".to_vec()]]);
+    assert_eq!(framing, Framing::Done);
+    assert!(buf.is_empty());
 }
 
 #[test]
 fn a_length_body_stops_at_its_length() {
-    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hello", &[2]).unwrap();
+    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hello", &[2], Pieces::All).unwrap();
     assert_eq!(data, b"hello");
     assert_eq!(framing, Framing::Done);
-    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hel", &[]).unwrap();
+    let (data, framing) = decode_in_pieces(Framing::Length(5), b"hel", &[], Pieces::All).unwrap();
     assert_eq!(data, b"hel");
     assert_eq!(framing, Framing::Length(2));
 }
