@@ -97,7 +97,14 @@ pub mod fuzzing {
             };
             let parsed = crate::prepare::Parsed::parse(api, body)?;
             let tenant = self.1.identify(None)?;
-            let p = crate::prepare::prepare(parsed, &self.0, &tenant, true, headers)?;
+            let p = crate::prepare::prepare(
+                parsed,
+                &bytes::Bytes::copy_from_slice(body),
+                &self.0,
+                &tenant,
+                true,
+                headers,
+            )?;
             Ok(Prepared {
                 body: p.body,
                 max_tokens: p.max_tokens,

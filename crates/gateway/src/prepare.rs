@@ -73,6 +73,13 @@ impl Parsed {
         .unwrap_or(false)
     }
 
+    fn has_stream_options(&self) -> bool {
+        match self {
+            Parsed::Chat(c) => c.stream_options.is_some(),
+            Parsed::Completion(c) => c.stream_options.is_some(),
+        }
+    }
+
     fn wants_usage(&self) -> bool {
         StreamOptions::wants_usage(match self {
             Parsed::Chat(c) => c.stream_options.as_ref(),
@@ -203,9 +210,11 @@ pub(crate) struct Prepared {
     pub prefix_key: u64,
 }
 
-/// Applies the route's cost caps, picks the class and priority, and writes the upstream body.
+/// Applies the route's cost caps, picks the class and priority, and writes the upstream body
+/// (`raw`, the client's body, as it came when nothing in it changes but an added member).
 pub(crate) fn prepare(
     parsed: Parsed,
+    raw: &Bytes,
     route: &Route,
     tenant: &Tenant,
     open: bool,
@@ -307,8 +316,28 @@ pub(crate) fn prepare(
     let upstream_model = route
         .config
         .upstream_model
-        .clone()
-        .unwrap_or_else(|| route.config.model.clone());
+        .as_ref()
+        .unwrap_or(&route.config.model);
+    let unchanged = parsed.model() == upstream_model && parsed.max_tokens() == max_tokens;
+    let kept = match (unchanged, stream, client_wants_usage) {
+        (true, false, _) | (true, true, true) => Some(raw.clone()),
+        (true, true, false) if !parsed.has_stream_options() => with_usage_asked(raw).map(Bytes::from),
+        _ => None,
+    };
+    if let Some(body) = kept {
+        return Ok(Prepared {
+            class,
+            priority,
+            stream,
+            client_wants_usage,
+            input_tokens,
+            max_tokens,
+            sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
+            body,
+            prefix_key,
+        });
+    }
+    let upstream_model = upstream_model.clone();
     let body = match parsed {
         Parsed::Chat(mut c) => {
             c.model = upstream_model;
@@ -353,6 +382,21 @@ pub(crate) fn prepare(
         body: Bytes::from(body),
         prefix_key,
     })
+}
+
+/// A JSON object's bytes with `"stream_options":{"include_usage":true}` added as its last
+/// member: the usage chunk the gateway counts tokens with, asked for without writing the rest of
+/// the body again. `None` if `object` does not end with `}`.
+fn with_usage_asked(object: &[u8]) -> Option<Vec<u8>> {
+    const MEMBER: &[u8] = br#""stream_options":{"include_usage":true}}"#;
+    let inner = object.trim_ascii_end().strip_suffix(b"}")?;
+    let mut out = Vec::with_capacity(inner.len() + MEMBER.len() + 1);
+    out.extend_from_slice(inner);
+    if !inner.trim_ascii_end().ends_with(b"{") {
+        out.push(b',');
+    }
+    out.extend_from_slice(MEMBER);
+    Some(out)
 }
 
 /// The request's priority: the tenant's, or lower if the header asks; on a gateway without tenants
@@ -422,6 +466,81 @@ fn new_request_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fuzzing::FuzzRoute;
+
+    fn route(extra: &str) -> FuzzRoute {
+        let yaml = format!(
+            "listen: 127.0.0.1:1\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:2]\n{extra}    classes:\n      - {{ name: a, concurrency: 1, queue: 1, queue_wait: 1s }}\n"
+        );
+        FuzzRoute::new(&crate::config::Config::from_yaml(&yaml).unwrap()).unwrap()
+    }
+
+    fn upstream_body(route: &FuzzRoute, body: &str) -> String {
+        let sent = route
+            .prepare(true, &HeaderMap::new(), body.as_bytes())
+            .unwrap()
+            .body;
+        String::from_utf8(sent.to_vec()).unwrap()
+    }
+
+    #[test]
+    fn the_usage_member_is_added_last_to_the_objects_bytes() {
+        let member = r#""stream_options":{"include_usage":true}}"#;
+        assert_eq!(
+            with_usage_asked(b"{\"a\":1}").unwrap(),
+            format!("{{\"a\":1,{member}").as_bytes()
+        );
+        assert_eq!(
+            with_usage_asked(b"{\"a\":1 }\r\n").unwrap(),
+            format!("{{\"a\":1 ,{member}").as_bytes()
+        );
+        assert_eq!(
+            with_usage_asked(b"{ }").unwrap(),
+            format!("{{ {member}").as_bytes()
+        );
+        assert_eq!(with_usage_asked(b"[1]"), None);
+    }
+
+    /// The client's body goes upstream byte for byte (its spacing, key order and numbers as
+    /// written) unless the gateway changes a member; a stream's usage member is added to it.
+    #[test]
+    fn the_clients_body_is_sent_as_it_came_unless_a_member_changes() {
+        let plain = route("");
+        let whole = r#"{ "messages": [{"role":"user","content":"hi"}], "model": "m", "temperature": 1.0, "max_tokens": 8 }"#;
+        assert_eq!(upstream_body(&plain, whole), whole);
+        let asked = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+        assert_eq!(upstream_body(&plain, asked), asked);
+        let streamed =
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"temperature":1.0,"stream":true}"#;
+        assert_eq!(
+            upstream_body(&plain, streamed),
+            format!(
+                r#"{},"stream_options":{{"include_usage":true}}}}"#,
+                &streamed[..streamed.len() - 1]
+            )
+        );
+        // Written again: stream options the client set, a model renamed, a default or a clamp.
+        let options = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":{"continuous_usage_stats":true}}"#;
+        let v: serde_json::Value = serde_json::from_str(&upstream_body(&plain, options)).unwrap();
+        assert_eq!(
+            v["stream_options"],
+            serde_json::json!({"continuous_usage_stats": true, "include_usage": true})
+        );
+        let renamed = route("    upstream_model: up\n");
+        let v: serde_json::Value = serde_json::from_str(&upstream_body(&renamed, whole)).unwrap();
+        assert_eq!(
+            (&v["model"], &v["max_tokens"], &v["temperature"]),
+            (&"up".into(), &8.into(), &1.0.into())
+        );
+        let capped = route("    limits: { max_tokens: { default: 4, cap: 6 }, over_cap: clamp }\n");
+        let v: serde_json::Value = serde_json::from_str(&upstream_body(&capped, whole)).unwrap();
+        assert_eq!(v["max_tokens"], 6);
+        let v: serde_json::Value = serde_json::from_str(&upstream_body(&capped, streamed)).unwrap();
+        assert_eq!(
+            (&v["max_tokens"], &v["stream_options"]["include_usage"]),
+            (&4.into(), &true.into())
+        );
+    }
 
     #[test]
     fn a_new_request_id_is_32_hex_digits_and_a_clients_own_is_kept() {

@@ -291,7 +291,7 @@ where
         prepare::caller_deadline(headers)?,
         ex.arrival,
     );
-    let prepared = prepare::prepare(parsed, &route, &tenant, table.tenants.is_open(), headers)?;
+    let prepared = prepare::prepare(parsed, &body, &route, &tenant, table.tenants.is_open(), headers)?;
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
