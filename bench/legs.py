@@ -1,0 +1,58 @@
+"""Per-request legs of a proxy from `perf script` of its raw_syscalls (see bench/legs.sh)."""
+import json
+import re
+import statistics
+import sys
+
+name, trace, ss, pid, load = sys.argv[1:6]
+READS = {0, 19, 45, 47}  # read, readv, recvfrom, recvmsg
+WRITES = {1, 20, 44, 46}  # write, writev, sendto, sendmsg
+
+upstream, client = set(), set()
+for line in open(ss):
+    m = re.search(rf"pid={pid},fd=(\d+)", line)
+    if m:
+        local, peer = line.split()[3:5]
+        if peer.endswith(":18000"):
+            upstream.add(int(m.group(1)))
+
+events, pending = [], {}
+pattern = re.compile(r"\s*(\d+)\s+([\d.]+):\s+raw_syscalls:sys_(enter|exit):\s+NR (\d+) (.*)")
+for line in open(trace):
+    m = pattern.match(line)
+    if not m:
+        continue
+    tid, t, kind, nr, rest = m.group(1), float(m.group(2)), m.group(3), int(m.group(4)), m.group(5)
+    if kind == "enter":
+        fd = re.match(r"\(([0-9a-fx]+)", rest)
+        pending[tid] = (nr, int(fd.group(1), 16) if fd else -1)
+        if nr in WRITES:
+            events.append(("write", t, pending[tid][1]))
+    else:
+        ret = re.search(r"= (-?\d+)", rest)
+        call = pending.pop(tid, None)
+        if call and call[0] == nr and nr in READS and ret and int(ret.group(1)) > 0:
+            events.append(("read", t, call[1]))
+# The client's connections: sockets read from that are not the mock's (standard streams excluded).
+client = {fd for kind, _, fd in events if kind == "read" and fd not in upstream and fd > 2}
+
+legs = {"request leg": [], "upstream wait": [], "response leg": []}
+state = 0
+for kind, t, fd in events:
+    if state == 0 and kind == "read" and fd in client:
+        start, state = t, 1
+    elif state == 1 and kind == "write" and fd in upstream:
+        sent, state = t, 2
+    elif state == 2 and kind == "read" and fd in upstream:
+        answered, state = t, 3
+    elif state == 3 and kind == "write" and fd in client:
+        legs["request leg"].append(sent - start)
+        legs["upstream wait"].append(answered - sent)
+        legs["response leg"].append(t - answered)
+        state = 0
+n = len(legs["request leg"])
+if n == 0:
+    sys.exit(f"{name}: no whole request found in the trace (upstream fds {upstream}, client fds {client})")
+cells = ", ".join(f"{k} {statistics.median(v) * 1e6:.0f} µs" for k, v in legs.items())
+ttft = json.load(open(load))["ttft_ms"]["p50"]
+print(f"{name}: {n} requests; medians: {cells}; the client's TTFT p50 {ttft} ms (traced)")
