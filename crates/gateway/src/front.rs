@@ -155,7 +155,7 @@ struct Conn {
 enum Head {
     /// The client closed, or its connection failed, before a whole head.
     Closed,
-    /// Not a head this module parses: too large, malformed, or HTTP/2's preface.
+    /// Not a head this module parses: too large, or HTTP/2's preface.
     Other,
     Complete(Bytes),
 }
@@ -173,16 +173,12 @@ impl Conn {
             let from = searched.saturating_sub(2);
             searched = self.buf.len();
             let new = &self.buf[from..];
-            if memchr::memmem::find(new, b"\n\r\n").is_some() || memchr::memmem::find(new, b"\n\n").is_some()
-            {
-                let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-                match httparse::Request::new(&mut headers).parse(&self.buf) {
-                    Ok(httparse::Status::Complete(n)) => {
-                        return Head::Complete(self.buf.split_to(n).freeze());
-                    }
-                    Ok(httparse::Status::Partial) => {}
-                    Err(_) => return Head::Other,
-                }
+            // A head ends at its first blank line; it is parsed once, by `Request::from_head`
+            // (one that does not parse goes to hyper, these bytes first).
+            let crlf = memchr::memmem::find(new, b"\n\r\n").map(|p| p + 3);
+            let lf = memchr::memmem::find(new, b"\n\n").map(|p| p + 2);
+            if let Some(end) = crlf.into_iter().chain(lf).min() {
+                return Head::Complete(self.buf.split_to(from + end).freeze());
             }
             if self.buf.len() > max_head {
                 return Head::Other;
@@ -422,12 +418,16 @@ fn end(body: &mut axum::body::Body) {
 /// The status line and headers, with hyper's framing and `date`.
 fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: Option<u64>, close: bool) {
     let status = parts.status;
-    let _ = write!(
-        Writer(out),
-        "HTTP/1.1 {} {}\r\n",
-        status.as_str(),
-        status.canonical_reason().unwrap_or("")
-    );
+    if status == axum::http::StatusCode::OK {
+        out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
+    } else {
+        let _ = write!(
+            Writer(out),
+            "HTTP/1.1 {} {}\r\n",
+            status.as_str(),
+            status.canonical_reason().unwrap_or("")
+        );
+    }
     for (name, value) in &parts.headers {
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
             continue;
@@ -575,7 +575,9 @@ impl Request {
     fn from_head(head: &Bytes) -> Option<Request> {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut headers);
-        req.parse(head).ok()?;
+        if !req.parse(head).ok()?.is_complete() {
+            return None;
+        }
         if req.method? != "POST" || req.version? != 1 {
             return None;
         }
