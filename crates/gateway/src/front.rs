@@ -45,7 +45,8 @@ const MAX_ROOM: usize = 64 * 1024;
 /// The end of a chunked body.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
-/// Streams being written by the public port's connections, in the whole process.
+/// Streams being written by this module's connections, in the whole process (those hyper
+/// serves are not counted: a stream over HTTP/2 does not make another look busy).
 static STREAMING: AtomicUsize = AtomicUsize::new(0);
 
 /// One stream counted in [`STREAMING`] while it is written.
