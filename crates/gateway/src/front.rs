@@ -873,11 +873,7 @@ mod tests {
     #[tokio::test]
     async fn a_chunk_ready_while_a_write_waits_goes_out_after_it() {
         let (mut client, io, _) = connected().await;
-        let mut conn = Conn {
-            io,
-            buf: BytesMut::new(),
-            out: BytesMut::new(),
-        };
+        let mut conn = test_conn(io);
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         // Far more than the loopback's socket buffers hold: the write waits for the client.
         let big = vec![b'a'; 32 << 20];
@@ -948,11 +944,7 @@ mod tests {
             let (client, io, _) = connected().await;
             // Kept open past the source's end, when the last chunk is written.
             let client = Arc::new(client.into_std().unwrap());
-            let mut conn = Conn {
-                io,
-                buf: BytesMut::new(),
-                out: BytesMut::new(),
-            };
+            let mut conn = test_conn(io);
             let before_second = Arc::new(std::sync::Mutex::new(Vec::new()));
             let source = Noting {
                 peer: client.clone(),
@@ -961,6 +953,14 @@ mod tests {
             };
             assert!(conn.write_stream(source, alone).await);
             assert_eq!(*before_second.lock().unwrap(), seen, "alone: {alone}");
+        }
+    }
+
+    fn test_conn(io: ClientIo) -> Conn {
+        Conn {
+            io,
+            buf: BytesMut::new(),
+            out: BytesMut::new(),
         }
     }
 

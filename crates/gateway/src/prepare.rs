@@ -324,23 +324,34 @@ pub(crate) fn prepare(
         (true, true, false) if !parsed.has_stream_options() => with_usage_asked(raw).map(Bytes::from),
         _ => None,
     };
-    if let Some(body) = kept {
-        return Ok(Prepared {
-            class,
-            priority,
-            stream,
-            client_wants_usage,
-            input_tokens,
-            max_tokens,
-            sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
-            body,
-            prefix_key,
-        });
-    }
-    let upstream_model = upstream_model.clone();
-    let body = match parsed {
+    let body = match kept {
+        Some(body) => body,
+        None => Bytes::from(rewritten(parsed, upstream_model.clone(), max_tokens, stream)?),
+    };
+    Ok(Prepared {
+        class,
+        priority,
+        stream,
+        client_wants_usage,
+        input_tokens,
+        max_tokens,
+        sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
+        body,
+        prefix_key,
+    })
+}
+
+/// The request written again for the replica: its model and `max_tokens` as the gateway set
+/// them, and a stream's usage asked for.
+fn rewritten(
+    parsed: Parsed,
+    model: String,
+    max_tokens: Option<u32>,
+    stream: bool,
+) -> Result<Vec<u8>, GatewayError> {
+    match parsed {
         Parsed::Chat(mut c) => {
-            c.model = upstream_model;
+            c.model = model;
             if c.max_completion_tokens.is_some() {
                 c.max_completion_tokens = max_tokens;
             } else {
@@ -354,7 +365,7 @@ pub(crate) fn prepare(
             serde_json::to_vec(&c)
         }
         Parsed::Completion(mut c) => {
-            c.model = upstream_model;
+            c.model = model;
             c.max_tokens = max_tokens;
             if stream {
                 c.stream_options
@@ -370,17 +381,6 @@ pub(crate) fn prepare(
             format!("cannot re-encode the request: {e}"),
             None,
         )
-    })?;
-    Ok(Prepared {
-        class,
-        priority,
-        stream,
-        client_wants_usage,
-        input_tokens,
-        max_tokens,
-        sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
-        body: Bytes::from(body),
-        prefix_key,
     })
 }
 
