@@ -73,13 +73,6 @@ impl Parsed {
         .unwrap_or(false)
     }
 
-    fn has_stream_options(&self) -> bool {
-        match self {
-            Parsed::Chat(c) => c.stream_options.is_some(),
-            Parsed::Completion(c) => c.stream_options.is_some(),
-        }
-    }
-
     fn wants_usage(&self) -> bool {
         StreamOptions::wants_usage(match self {
             Parsed::Chat(c) => c.stream_options.as_ref(),
@@ -321,7 +314,7 @@ pub(crate) fn prepare(
     let unchanged = parsed.model() == upstream_model && parsed.max_tokens() == max_tokens;
     let kept = match (unchanged, stream, client_wants_usage) {
         (true, false, _) | (true, true, true) => Some(raw.clone()),
-        (true, true, false) if !parsed.has_stream_options() => with_usage_asked(raw).map(Bytes::from),
+        (true, true, false) if !mentions_stream_options(raw) => with_usage_asked(raw).map(Bytes::from),
         _ => None,
     };
     let body = match kept {
@@ -382,6 +375,12 @@ fn rewritten(
             None,
         )
     })
+}
+
+/// Whether the body may name `stream_options` (`null` parses as absent, and a key may be written
+/// with escapes): appending the member would then repeat a key, which strict parsers refuse.
+fn mentions_stream_options(body: &[u8]) -> bool {
+    memchr::memmem::find(body, b"stream_options").is_some() || memchr::memmem::find(body, b"\\u").is_some()
 }
 
 /// A JSON object's bytes with `"stream_options":{"include_usage":true}` added as its last
@@ -526,6 +525,19 @@ mod tests {
             v["stream_options"],
             serde_json::json!({"continuous_usage_stats": true, "include_usage": true})
         );
+        // `null` parses as absent, and a key may hide behind escapes: written again, one key.
+        for named in [
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_options":null}"#,
+            r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"stream_\u006fptions":null}"#,
+        ] {
+            let sent = upstream_body(&plain, named);
+            let typed: ChatCompletionRequest = parse_json(sent.as_bytes()).expect("no key twice");
+            assert_eq!(
+                typed.stream_options.and_then(|o| o.include_usage),
+                Some(true),
+                "{sent}"
+            );
+        }
         let renamed = route("    upstream_model: up\n");
         let v: serde_json::Value = serde_json::from_str(&upstream_body(&renamed, whole)).unwrap();
         assert_eq!(
