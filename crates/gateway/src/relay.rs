@@ -1,6 +1,7 @@
 //! Stage 10: the answer. A stream's response head is held until the upstream's first chunk (so a
 //! failure before it is still a clean 502/504), then the stream is relayed without buffering: all
-//! the bytes ready when the relay wakes go out in one write, each SSE event is timed (TTFT, ITL),
+//! the bytes ready when the relay wakes go out in one write (the first token's, with the head, may
+//! go out ahead of what was read with it: `front`), each SSE event is timed (TTFT, ITL),
 //! the usage chunk is read (and dropped if the client did not ask for it), and a stall, a failure,
 //! the total budget or the end of a drain ends it with an SSE error event.
 
@@ -168,19 +169,20 @@ pub(crate) struct Events {
 /// What one read of the upstream brought.
 struct Got {
     read: Read,
-    /// When its data came; events that arrive together share it (docs/metrics.md on ITL).
+    /// When its data came; events handed over together share it (docs/metrics.md on ITL).
     at: Option<Instant>,
     events: usize,
 }
 
 impl Events {
     /// One read of the upstream, each event it completes passed on (timed, its usage read,
-    /// renamed) into `out`; of what the read brought, the first piece only if `pieces` says so.
+    /// renamed) into `out`; if `until_token`, only what the read brought up to the first event
+    /// with tokens, usage or the end.
     fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
         ex: &mut Exchange,
-        pieces: Pieces,
+        until_token: bool,
     ) -> Poll<Result<Got, h1::Error>> {
         let Events {
             upstream,
@@ -190,12 +192,21 @@ impl Events {
             out,
         } = self;
         let (mut at, mut events) = (None, 0);
+        let token = std::cell::Cell::new(false);
         let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
             splitter.feed_slices(data, |e| {
                 events += 1;
-                pass_on(ex, e, now, rename.as_ref(), *strip_usage, out);
+                if pass_on(ex, e, now, rename.as_ref(), *strip_usage, out) != EventKind::Other {
+                    token.set(true);
+                }
             });
+        };
+        let enough = || token.get();
+        let pieces = if until_token {
+            Pieces::Until(&enough)
+        } else {
+            Pieces::All
         };
         let read = upstream.poll_pieces(cx, each, pieces);
         read.map(|r| r.map(|read| Got { read, at, events }))
@@ -225,9 +236,10 @@ pub(crate) async fn open(
         out: BytesMut::with_capacity(OUT_CAPACITY),
     };
     loop {
-        // The first event goes out (with the head) as soon as it is whole: events that came
-        // with it wait for the relay, which passes them on straight after.
-        let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, Pieces::One));
+        // The first event with tokens (or the end) goes out with the head as soon as it is
+        // whole, with what came before it (a role chunk, comments); events that came after it in
+        // the same read wait for the relay, which passes them on straight after.
+        let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, true));
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream("upstream_error", too_large_message()));
@@ -256,7 +268,7 @@ pub(crate) async fn open(
 }
 
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
-/// gets of it to `out`.
+/// gets of it to `out`. Returns what kind of event it was.
 fn pass_on(
     ex: &mut Exchange,
     event: &[u8],
@@ -264,13 +276,14 @@ fn pass_on(
     rename: Option<&Rename>,
     strip_usage: bool,
     out: &mut BytesMut,
-) {
-    match classify(event) {
+) -> EventKind {
+    let kind = classify(event);
+    match kind {
         EventKind::Tokens => ex.token_chunk(now),
         EventKind::Usage => {
             ex.usage = parse_usage(event);
             if strip_usage {
-                return;
+                return kind;
             }
         }
         EventKind::Done => ex.end(Ending::Finished, 200),
@@ -283,6 +296,7 @@ fn pass_on(
         Some(r) => r.append(event, out),
         None => out.extend_from_slice(event),
     }
+    kind
 }
 
 fn too_large_message() -> String {
@@ -417,7 +431,7 @@ impl Relay {
                 );
                 return Poll::Ready(());
             }
-            match self.events.poll_read(cx, &mut self.exchange, Pieces::All) {
+            match self.events.poll_read(cx, &mut self.exchange, false) {
                 Poll::Ready(Ok(Got {
                     read: Read::Data, at, ..
                 })) => {

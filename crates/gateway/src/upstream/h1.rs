@@ -524,8 +524,8 @@ impl Body {
         self.poll_pieces(cx, each, Pieces::All)
     }
 
-    /// [`Body::poll_read`], handing over only the first decoded piece when asked: what the
-    /// buffer holds after it waits for the next call, without a read of the socket.
+    /// [`Body::poll_read`], handing over pieces only until `pieces` says it has enough: what the
+    /// buffer holds after them waits for the next call, without a read of the socket.
     pub(crate) fn poll_pieces(
         &mut self,
         cx: &mut Context<'_>,
@@ -602,18 +602,28 @@ impl Body {
     }
 }
 
-/// How much of what the buffer holds one call hands over.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Pieces {
+/// How much of what the buffer holds one call hands over. A piece is a chunk's data, or what
+/// the buffer holds of a body without chunks.
+#[derive(Clone, Copy)]
+pub(crate) enum Pieces<'a> {
     /// Every decoded piece.
     All,
-    /// The first piece only (a chunk's data, or what the buffer holds of a body without chunks).
-    One,
+    /// Pieces until, after one, `enough` says so.
+    Until(&'a dyn Fn() -> bool),
+}
+
+impl Pieces<'_> {
+    fn enough(&self) -> bool {
+        match self {
+            Pieces::All => false,
+            Pieces::Until(enough) => enough(),
+        }
+    }
 }
 
 /// Decodes what `buf` holds, handing data to `each` and consuming it; true if any data was
-/// handed over. Stops when it needs more bytes or the body is whole, or after the first piece
-/// handed over if `pieces` asks for one.
+/// handed over. Stops when it needs more bytes or the body is whole, or once `pieces` has
+/// enough.
 fn decode(
     framing: &mut Framing,
     buf: &mut BytesMut,
@@ -622,7 +632,7 @@ fn decode(
 ) -> Result<bool, Error> {
     let mut handed = false;
     loop {
-        if handed && pieces == Pieces::One && *framing != Framing::Done {
+        if handed && *framing != Framing::Done && pieces.enough() {
             return Ok(true);
         }
         match framing {

@@ -34,13 +34,13 @@ fn a_chunked_body_decodes_the_same_however_it_is_cut() {
     .concat();
     let wire = &wire[..];
     let want = [&b"hello"[..], second].concat();
-    for pieces in [Pieces::All, Pieces::One] {
+    for (name, pieces) in [("all", Pieces::All), ("one", Pieces::Until(&|| true))] {
         for a in 0..=wire.len() {
             for b in a..=wire.len() {
                 let chunked = Framing::Chunked(Chunk::Size);
                 let (data, framing) = decode_in_pieces(chunked, wire, &[a, b], pieces).unwrap();
-                assert_eq!(data, want, "{pieces:?}, cut at {a} and {b}");
-                assert_eq!(framing, Framing::Done, "{pieces:?}, cut at {a} and {b}");
+                assert_eq!(data, want, "{name}, cut at {a} and {b}");
+                assert_eq!(framing, Framing::Done, "{name}, cut at {a} and {b}");
             }
         }
     }
@@ -74,7 +74,14 @@ fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
     let mut calls = Vec::new();
     loop {
         let mut got = Vec::new();
-        if !decode(&mut framing, &mut buf, &mut |d| got.push(d.to_vec()), Pieces::One).unwrap() {
+        if !decode(
+            &mut framing,
+            &mut buf,
+            &mut |d| got.push(d.to_vec()),
+            Pieces::Until(&|| true),
+        )
+        .unwrap()
+        {
             break;
         }
         calls.push(got);
@@ -82,6 +89,24 @@ fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
     assert_eq!(calls, [vec![b"hello".to_vec()], vec![b"abc".to_vec()]]);
     assert_eq!(framing, Framing::Done);
     assert!(buf.is_empty());
+}
+
+/// Pieces are handed over until the caller has enough (here, once a piece was `x`); the rest
+/// stays in the buffer.
+#[test]
+fn pieces_are_handed_over_until_the_caller_has_enough() {
+    let mut framing = Framing::Chunked(Chunk::Size);
+    let mut buf = BytesMut::from(&b"1\r\na\r\n1\r\nx\r\n1\r\nb\r\n0\r\n\r\n"[..]);
+    let seen = std::cell::Cell::new(false);
+    let enough = || seen.get();
+    let mut got = Vec::new();
+    let mut each = |d: &[u8]| {
+        seen.set(seen.get() || d == b"x");
+        got.push(d.to_vec());
+    };
+    assert!(decode(&mut framing, &mut buf, &mut each, Pieces::Until(&enough)).unwrap());
+    assert_eq!(got, [b"a".to_vec(), b"x".to_vec()]);
+    assert_eq!(&buf[..], b"\r\n1\r\nb\r\n0\r\n\r\n");
 }
 
 #[test]
