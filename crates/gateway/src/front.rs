@@ -171,6 +171,12 @@ impl Conn {
             if self.buf.starts_with(b"PRI ") {
                 return Head::Other;
             }
+            // Blank lines before a request line are ignored (RFC 9112 2.2), as hyper does.
+            let blank = self.buf.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+            if blank > 0 {
+                self.buf.advance(blank);
+                searched = searched.saturating_sub(blank);
+            }
             let from = searched.saturating_sub(2);
             searched = self.buf.len();
             let new = &self.buf[from..];
@@ -951,7 +957,8 @@ mod tests {
                 asked: 0,
                 before_second: before_second.clone(),
             };
-            assert!(conn.write_stream(source, alone).await);
+            let written = tokio::time::timeout(Duration::from_secs(10), conn.write_stream(source, alone));
+            assert!(written.await.expect("the source is asked again, not waited on"));
             assert_eq!(*before_second.lock().unwrap(), seen, "alone: {alone}");
         }
     }
