@@ -6,11 +6,23 @@ use axum::http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use spillway_gateway::config::Config;
 use spillway_gateway::fuzzing::{FuzzRoute, caller_deadline, request_id};
+use spillway_protocol::error::parse_json;
+use spillway_protocol::openai::{ChatCompletionRequest, CompletionRequest};
 use std::sync::LazyLock;
 
 static ROUTE: LazyLock<FuzzRoute> = LazyLock::new(|| {
     let config = Config::from_yaml(
         "listen: 127.0.0.1:1\nroutes:\n  - model: m\n    upstream_model: up\n    replicas: [http://127.0.0.1:2]\n    limits: { max_input_tokens: 500, max_tokens: { default: 16, cap: 64 }, max_n: 2, over_cap: clamp }\n    classes:\n      - { name: a, concurrency: 1, queue: 1, queue_wait: 1s }\n      - { name: b, when: { max_tokens_over: 8, input_tokens_over: 100, header: { name: x-c, value: b } }, concurrency: 1, queue: 1, queue_wait: 1s }\n",
+    )
+    .expect("fuzz config");
+    FuzzRoute::new(&config).expect("route")
+});
+
+/// A route that changes nothing in a request: the body goes upstream as the client wrote it,
+/// with at most the usage member appended.
+static AS_SENT: LazyLock<FuzzRoute> = LazyLock::new(|| {
+    let config = Config::from_yaml(
+        "listen: 127.0.0.1:1\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:2]\n    classes:\n      - { name: a, concurrency: 1, queue: 1, queue_wait: 1s }\n",
     )
     .expect("fuzz config");
     FuzzRoute::new(&config).expect("route")
@@ -37,5 +49,20 @@ fuzz_target!(|data: &[u8]| {
         let v: serde_json::Value = serde_json::from_slice(&p.body).expect("re-encoded body is JSON");
         assert_eq!(v["model"], "up");
         assert!(p.max_tokens.is_none_or(|m| m <= 64));
+    }
+    if let Ok(p) = AS_SENT.prepare(chat, &headers, body) {
+        // Parsed again as strictly as the gateway parses (a repeated key is refused): a stream
+        // asks for usage, and nothing else changed.
+        let again = if chat {
+            let c: ChatCompletionRequest = parse_json(&p.body).expect("sent body parses");
+            (c.stream, c.stream_options.and_then(|o| o.include_usage), c.model)
+        } else {
+            let c: CompletionRequest = parse_json(&p.body).expect("sent body parses");
+            (c.stream, c.stream_options.and_then(|o| o.include_usage), c.model)
+        };
+        if again.0 == Some(true) {
+            assert_eq!(again.1, Some(true));
+        }
+        assert_eq!(again.2, "m");
     }
 });
