@@ -7,8 +7,10 @@ use crate::route::Route;
 use crate::tenant::Tenant;
 use axum::http::HeaderMap;
 use bytes::Bytes;
+use memchr::memmem;
 use protocol::error::parse_json;
 use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamOptions};
+use std::sync::LazyLock;
 use std::time::Duration;
 
 /// The request header a caller sets its own deadline with (`"5s"`, `"1500ms"`, or milliseconds).
@@ -380,7 +382,10 @@ fn rewritten(
 /// Whether the body may name `stream_options` (`null` parses as absent, and a key may be written
 /// with escapes): appending the member would then repeat a key, which strict parsers refuse.
 fn mentions_stream_options(body: &[u8]) -> bool {
-    memchr::memmem::find(body, b"stream_options").is_some() || memchr::memmem::find(body, b"\\u").is_some()
+    // Built once: a searcher costs more to make than to run over a small body.
+    static KEY: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"stream_options"));
+    static ESCAPE: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\\u"));
+    KEY.find(body).is_some() || ESCAPE.find(body).is_some()
 }
 
 /// A JSON object's bytes with `"stream_options":{"include_usage":true}` added as its last

@@ -202,9 +202,8 @@ impl Events {
                 }
             });
         };
-        let enough = || token.get();
         let pieces = if until_token {
-            Pieces::Until(&enough)
+            Pieces::Until(&token)
         } else {
             Pieces::All
         };

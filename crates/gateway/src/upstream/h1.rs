@@ -608,15 +608,15 @@ impl Body {
 pub(crate) enum Pieces<'a> {
     /// Every decoded piece.
     All,
-    /// Pieces until, after one, `enough` says so.
-    Until(&'a dyn Fn() -> bool),
+    /// Pieces until, after one, the flag is set (by the caller's handling of them).
+    Until(&'a std::cell::Cell<bool>),
 }
 
 impl Pieces<'_> {
     fn enough(&self) -> bool {
         match self {
             Pieces::All => false,
-            Pieces::Until(enough) => enough(),
+            Pieces::Until(enough) => enough.get(),
         }
     }
 }
