@@ -662,6 +662,87 @@ impl hyper::body::Body for Detached {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
+    /// A replica that answers one request with `wire` (a whole chunked answer) in one write.
+    async fn replica(wire: Vec<u8>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            // The gateway's request: a head, then `{}`.
+            while !got.ends_with(b"\r\n\r\n{}") {
+                if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                got.push(byte[0]);
+            }
+            s.write_all(&wire).await.unwrap();
+            let _ = s.read(&mut byte).await;
+        });
+        url
+    }
+
+    /// What a lone stream's first write gets: the events up to the first with tokens (a role
+    /// chunk sent apart, as vLLM sends it, comes along), not those read after it; the relay
+    /// passes those on next, without another read.
+    #[tokio::test]
+    async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
+        let events = [
+            "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n",
+            "data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n",
+            "data: [DONE]\n\n",
+        ];
+        let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for e in events {
+            wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let conns = Arc::new(h1::Conns::new(&replica(wire).await));
+        let body = Bytes::from_static(b"{}");
+        let request = h1::Request {
+            path: "/v1/chat/completions",
+            headers: &[],
+            body: &body,
+        };
+        let answer = h1::send(&conns, &request, Duration::from_secs(5)).await.unwrap();
+        let mut ex = Exchange::new(
+            Arc::new(crate::metrics::Metrics::new()),
+            crate::access_log::AccessLog::discard(),
+            "id".into(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let opened = open(
+            answer.into_body(),
+            None,
+            false,
+            &mut ex,
+            deadline,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        assert_eq!(&opened.out[..], [events[0], events[1]].concat().as_bytes());
+        let (_stop_tx, stop) = watch::channel(false);
+        let config = RelayConfig {
+            idle: Duration::from_secs(5),
+            deadline,
+            stop,
+        };
+        let mut relay = Relay::new(opened, config, ex);
+        relay.written();
+        let mut rest = Vec::new();
+        while !relay.is_done() {
+            std::future::poll_fn(|cx| relay.poll_out(cx)).await;
+            rest.extend_from_slice(relay.out());
+            relay.written();
+        }
+        assert_eq!(rest, [events[2], events[3]].concat().as_bytes());
+    }
 
     /// Waits until `alarm` says yes, polling it the way the relay does.
     async fn until(alarms: &mut Alarms, alarm: fn(&mut Alarms, &mut Context<'_>) -> bool) {
