@@ -664,28 +664,6 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    /// A replica that answers one request with `wire` (a whole chunked answer) in one write.
-    async fn replica(wire: Vec<u8>) -> String {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move {
-            let (mut s, _) = listener.accept().await.unwrap();
-            let mut got = Vec::new();
-            let mut byte = [0u8; 1];
-            // The gateway's request: a head, then `{}`.
-            while !got.ends_with(b"\r\n\r\n{}") {
-                if s.read(&mut byte).await.unwrap_or(0) == 0 {
-                    return;
-                }
-                got.push(byte[0]);
-            }
-            s.write_all(&wire).await.unwrap();
-            let _ = s.read(&mut byte).await;
-        });
-        url
-    }
-
     /// What a lone stream's first write gets: the events up to the first with tokens (a role
     /// chunk sent apart, as vLLM sends it, comes along), not those read after it; the relay
     /// passes those on next, without another read.
@@ -702,14 +680,10 @@ mod tests {
             wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
         }
         wire.extend_from_slice(b"0\r\n\r\n");
-        let conns = Arc::new(h1::Conns::new(&replica(wire).await));
-        let body = Bytes::from_static(b"{}");
-        let request = h1::Request {
-            path: "/v1/chat/completions",
-            headers: &[],
-            body: &body,
-        };
-        let answer = h1::send(&conns, &request, Duration::from_secs(5)).await.unwrap();
+        // One write: the whole answer reaches the gateway's first read.
+        let (url, _replica) = h1::tests::serve_script(vec![wire], false).await;
+        let conns = Arc::new(h1::Conns::new(&url));
+        let answer = h1::tests::call(&conns).await.unwrap();
         let mut ex = Exchange::new(
             Arc::new(crate::metrics::Metrics::new()),
             crate::access_log::AccessLog::discard(),

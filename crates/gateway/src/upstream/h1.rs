@@ -719,4 +719,4 @@ fn chunk_size(line: &[u8]) -> Result<u64, Error> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

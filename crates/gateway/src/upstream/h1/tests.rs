@@ -154,8 +154,8 @@ fn heads_say_how_the_body_is_framed_and_whether_the_connection_lives_on() {
 /// A server for one connection: it reads one request (head, and body by content-length) per
 /// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
 /// `close_after`. It ends, returning each request's peer and head, when its client closes.
-async fn serve_script(
-    answers: Vec<&'static [u8]>,
+pub(crate) async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
+    answers: Vec<A>,
     close_after: bool,
 ) -> (String, tokio::task::JoinHandle<Vec<String>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -182,7 +182,7 @@ async fn serve_script(
             s.read_exact(&mut body).await.unwrap();
             seen.push(format!("{peer} {head}"));
             let Some(answer) = answers.next() else { return seen };
-            s.write_all(answer).await.unwrap();
+            s.write_all(answer.as_ref()).await.unwrap();
             if close_after && answers.len() == 0 {
                 return seen;
             }
@@ -192,7 +192,7 @@ async fn serve_script(
 }
 
 /// One POST of `{}` with an `x-request-id`, as the gateway sends them, on `conns`.
-async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
+pub(crate) async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
     let body = Bytes::from_static(b"{}");
     let request = Request {
         path: "/v1/chat/completions",
