@@ -577,9 +577,14 @@ struct Request {
 impl Request {
     /// `None` for a head hyper answers instead.
     fn from_head(head: &Bytes) -> Option<Request> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut req = httparse::Request::new(&mut headers);
-        if !req.parse(head).ok()?.is_complete() {
+        // Uninitialised, as in the replica's head (upstream::h1).
+        let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut []);
+        if !req
+            .parse_with_uninit_headers(head, &mut slots)
+            .ok()?
+            .is_complete()
+        {
             return None;
         }
         if req.method? != "POST" || req.version? != 1 {
@@ -825,6 +830,17 @@ mod tests {
         ] {
             assert!(head(other).is_none(), "{other}");
         }
+        // Up to MAX_HEADERS headers are read here; a head with more goes to hyper, whose own limit
+        // answers it.
+        let with = |n: usize| {
+            let extra: String = (2..=n).map(|i| format!("\r\nx-h{i}: {i}")).collect();
+            head(&format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3{extra}"
+            ))
+        };
+        let r = with(MAX_HEADERS).unwrap();
+        assert_eq!((r.content_length, r.headers.len()), (3, MAX_HEADERS));
+        assert!(with(MAX_HEADERS + 1).is_none());
     }
 
     #[test]

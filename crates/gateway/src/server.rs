@@ -14,7 +14,7 @@ use crate::upstream::{self, Budgets};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -86,10 +86,14 @@ where
         serve(id, req).await
     };
     if let Ok(v) = value {
-        response.headers_mut().insert("x-request-id", v);
+        response.headers_mut().insert(X_REQUEST_ID, v);
     }
     response
 }
+
+/// Named once: a name given as text is parsed again on every insert.
+const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
 fn head_size<B>(req: &axum::http::Request<B>) -> usize {
     let uri = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
@@ -597,8 +601,9 @@ fn respond(
         }
     };
     let headers = response.headers_mut();
-    if let Ok(v) = HeaderValue::from_str(&timing) {
-        headers.insert("server-timing", v);
+    // The string's own buffer becomes the value's: no copy.
+    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(timing)) {
+        headers.insert(SERVER_TIMING, v);
     }
     for (name, value) in rate.iter().flat_map(|r| r.pairs()) {
         if let Ok(v) = HeaderValue::from_str(&value) {

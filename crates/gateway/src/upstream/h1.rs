@@ -379,12 +379,15 @@ async fn write_all(stream: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> io::Re
 /// Parses a complete head at the start of `buf`: its length, and the head (`None` for a 1xx).
 /// `Ok(None)` when more bytes are needed.
 fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
-    let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut slots);
-    let n = match parsed.parse(buf) {
+    // Left uninitialised: httparse writes the slots it fills, and zeroing them all would cost more
+    // than parsing a replica's usual handful.
+    let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let config = httparse::ParserConfig::default();
+    let n = match config.parse_response_with_uninit_headers(&mut parsed, buf, &mut slots) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(Error::Protocol("more than 64 headers")),
+        Err(httparse::Error::TooManyHeaders) => return Err(Error::Protocol("more than 100 headers")),
         Err(_) => return Err(Error::Protocol("malformed status line or header")),
     };
     let status = parsed

@@ -151,6 +151,29 @@ fn heads_say_how_the_body_is_framed_and_whether_the_connection_lives_on() {
     assert!(parse_head(b"garbage\r\n\r\n").is_err());
 }
 
+#[test]
+fn a_head_may_have_as_many_headers_as_the_limit_and_no_more() {
+    let wire = |n: usize| {
+        let mut w = String::from("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n");
+        for i in 1..n {
+            w.push_str(&format!("x-h{i}: {i}\r\n"));
+        }
+        w + "\r\n"
+    };
+    let (n, head) = parse_head(wire(MAX_HEADERS).as_bytes()).unwrap().unwrap();
+    assert_eq!(
+        (n, head.unwrap().framing),
+        (wire(MAX_HEADERS).len(), Framing::Length(0))
+    );
+    match parse_head(wire(MAX_HEADERS + 1).as_bytes()) {
+        Err(Error::Protocol(what)) => assert_eq!(what, format!("more than {MAX_HEADERS} headers")),
+        other => panic!(
+            "expected a protocol error, got {:?}",
+            other.map(|h| h.map(|h| h.0))
+        ),
+    }
+}
+
 /// A server for one connection: it reads one request (head, and body by content-length) per
 /// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
 /// `close_after`. It ends, returning each request's peer and head, when its client closes.
