@@ -266,12 +266,16 @@ impl Conn {
         self.out.clear();
         match reply {
             Reply::Stream(relay) => {
-                encode_head(&mut self.out, &parts, None, close);
+                encode_head(&mut self.out, &parts, None, close, |out| {
+                    crate::server::stream_fields(relay.exchange(), &mut |name, value| {
+                        encode_field(out, name.as_bytes(), value);
+                    });
+                });
                 self.write_chunked(relay).await
             }
             Reply::Body(mut body) => {
                 let length = body.size_hint().exact();
-                encode_head(&mut self.out, &parts, length, close);
+                encode_head(&mut self.out, &parts, length, close, |_| {});
                 match length {
                     Some(_) => self.write_whole(&mut body).await,
                     None => self.write_chunked(body).await,
@@ -419,8 +423,14 @@ fn end(body: &mut axum::body::Body) {
     *body = axum::body::Body::empty();
 }
 
-/// The status line and headers, with hyper's framing and `date`.
-fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: Option<u64>, close: bool) {
+/// The status line, the fields `fields` writes, the headers, then hyper's framing and `date`.
+fn encode_head(
+    out: &mut BytesMut,
+    parts: &axum::http::response::Parts,
+    length: Option<u64>,
+    close: bool,
+    fields: impl FnOnce(&mut BytesMut),
+) {
     let status = parts.status;
     if status == axum::http::StatusCode::OK {
         out.extend_from_slice(b"HTTP/1.1 200 OK\r\n");
@@ -432,14 +442,12 @@ fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: 
             status.canonical_reason().unwrap_or("")
         );
     }
+    fields(out);
     for (name, value) in &parts.headers {
         if name == CONTENT_LENGTH || name == TRANSFER_ENCODING || name == CONNECTION {
             continue;
         }
-        out.extend_from_slice(name.as_str().as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(value.as_bytes());
-        out.extend_from_slice(b"\r\n");
+        encode_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     match length {
         Some(n) => {
@@ -453,6 +461,13 @@ fn encode_head(out: &mut BytesMut, parts: &axum::http::response::Parts, length: 
     out.extend_from_slice(b"date: ");
     DATE.with_borrow_mut(|d| out.extend_from_slice(d.now()));
     out.extend_from_slice(b"\r\n\r\n");
+}
+
+fn encode_field(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// What a chunked answer's bytes come from.

@@ -482,6 +482,11 @@ impl Relay {
         }
     }
 
+    /// The request's record: what the stream's head says of it (`server::stream_fields`).
+    pub(crate) fn exchange(&self) -> &Exchange {
+        &self.exchange
+    }
+
     /// The bytes [`Relay::poll_out`] made ready, until [`Relay::written`].
     pub(crate) fn out(&self) -> &[u8] {
         &self.events.out

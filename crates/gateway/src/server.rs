@@ -72,7 +72,7 @@ async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> 
 /// answers the rest, given the ID.
 async fn identified<B, R, F, Fut>(limit: usize, req: axum::http::Request<B>, serve: F) -> Response<R>
 where
-    R: From<Body>,
+    R: From<Body> + CarriesId,
     F: FnOnce(String, axum::http::Request<B>) -> Fut,
     Fut: Future<Output = Response<R>>,
 {
@@ -85,10 +85,23 @@ where
     } else {
         serve(id, req).await
     };
-    if let Ok(v) = value {
+    if let Ok(v) = value
+        && !response.body().carries_id()
+    {
         response.headers_mut().insert(X_REQUEST_ID, v);
     }
     response
+}
+
+/// Whether an answer writes its `x-request-id` itself (a stream's head: [`stream_fields`]).
+pub(crate) trait CarriesId {
+    fn carries_id(&self) -> bool;
+}
+
+impl CarriesId for Body {
+    fn carries_id(&self) -> bool {
+        false
+    }
 }
 
 /// Named once: a name given as text is parsed again on every insert.
@@ -143,12 +156,12 @@ fn auth(headers: &HeaderMap) -> Option<&str> {
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    handle(g, Api::Chat, id, req).await.map(Reply::into_body)
+    into_hyper(handle(g, Api::Chat, id, req).await)
 }
 
 async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    handle(g, Api::Completions, id, req).await.map(Reply::into_body)
+    into_hyper(handle(g, Api::Completions, id, req).await)
 }
 
 /// The request ID the middleware settled (or a new one, for a router without it).
@@ -193,7 +206,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
         match (api, &self.gateway) {
             (Some(api), Some(g)) => {
                 let g = g.clone();
-                Box::pin(async move { Ok(completion(g, api, req).await.map(Reply::into_body)) })
+                Box::pin(async move { Ok(into_hyper(completion(g, api, req).await)) })
             }
             _ => Box::pin(self.router.call(req)),
         }
@@ -223,21 +236,55 @@ enum Answer {
 }
 
 /// An answer's body. A stream's relay is left bare for the public port's own HTTP/1.1
-/// (`front`), which frames what it makes ready straight into the connection's buffer; hyper gets
-/// it as a body.
+/// (`front`), which frames what it makes ready straight into the connection's buffer, and
+/// writes the stream's head fields ([`stream_fields`]) the same way; hyper gets it as a body
+/// ([`into_hyper`]).
 pub(crate) enum Reply {
     Body(Body),
     /// Boxed as hyper's body would be: a connection's task holds this while the answer goes out.
     Stream(Box<Relay>),
 }
 
-impl Reply {
-    pub(crate) fn into_body(self) -> Body {
-        match self {
-            Reply::Body(body) => body,
-            Reply::Stream(relay) => Body::new(*relay),
-        }
+impl CarriesId for Reply {
+    fn carries_id(&self) -> bool {
+        matches!(self, Reply::Stream(_))
     }
+}
+
+/// The answer as hyper's paths take it: the body as a `Body`, a stream's head fields as headers.
+fn into_hyper(response: Response<Reply>) -> Response {
+    let (mut parts, reply) = response.into_parts();
+    let body = match reply {
+        Reply::Body(body) => body,
+        Reply::Stream(relay) => {
+            insert_stream_fields(&mut parts.headers, relay.exchange());
+            Body::new(*relay)
+        }
+    };
+    Response::from_parts(parts, body)
+}
+
+/// What a stream's head says besides its status, framing and `date`, each field handed to
+/// `each` as a name and value: one list for the front, which writes them straight into its
+/// buffer (a `HeaderMap` costs a stream two allocations and a hash per field on its way to the
+/// first token), and for hyper's paths, which take them as headers.
+pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&'static str, &[u8])) {
+    each("content-type", b"text/event-stream; charset=utf-8");
+    each("cache-control", b"no-cache");
+    each("server-timing", server_timing(ex).as_bytes());
+    for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
+        each(name, value.as_bytes());
+    }
+    // Plain and short: `prepare::request_id` keeps no other.
+    each("x-request-id", ex.record.id.as_bytes());
+}
+
+fn insert_stream_fields(headers: &mut HeaderMap, ex: &Exchange) {
+    stream_fields(ex, &mut |name, value| {
+        if let Ok(v) = HeaderValue::from_bytes(value) {
+            headers.insert(HeaderName::from_static(name), v);
+        }
+    });
 }
 
 impl From<Body> for Reply {
@@ -559,45 +606,54 @@ fn respond(
     mut ex: Exchange,
     detach: Option<&Gateway>,
 ) -> Response<Reply> {
+    let (opened, config) = match answer {
+        Ok(Answer::Stream(opened, config)) => (opened, config),
+        Ok(Answer::Whole(body)) => return answered(Ended::Whole(body), ex),
+        Ok(Answer::Relayed(status, body)) => return answered(Ended::Relayed(status, body), ex),
+        Err(e) => return answered(Ended::Failed(e), ex),
+    };
+    ex.answering(200);
+    let relay = Relay::new(opened, config, ex);
+    // The head fields go with the relay ([`stream_fields`]), for the front to write.
+    let Some(g) = detach else {
+        return Response::new(Reply::Stream(Box::new(relay)));
+    };
+    let mut headers = HeaderMap::new();
+    insert_stream_fields(&mut headers, relay.exchange());
+    let mut response = Response::new(Reply::Body(Body::new(relay::detached(
+        relay,
+        g.config.server.send_timeout,
+        g.metrics.send_timeouts.clone(),
+    ))));
+    *response.headers_mut() = headers;
+    response
+}
+
+/// How a request ends that is not a stream.
+enum Ended {
+    Whole(Bytes),
+    Relayed(StatusCode, Bytes),
+    Failed(GatewayError),
+}
+
+/// The response for a request that ends here, with its exchange.
+fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
     let timing = server_timing(&ex);
     let rate = ex.rate_headers.take();
-    let mut response = match answer {
-        Ok(Answer::Whole(body)) => {
+    let mut response = match ended {
+        Ended::Whole(body) => {
             ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), relay::parse_usage(&body));
             ex.end(Ending::Finished, 200);
-            ([(header::CONTENT_TYPE, "application/json")], body)
-                .into_response()
-                .map(Reply::Body)
+            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        Ok(Answer::Relayed(status, body)) => {
+        Ended::Relayed(status, body) => {
             ex.end(Ending::UpstreamRejected, status.as_u16());
-            (status, [(header::CONTENT_TYPE, "application/json")], body)
-                .into_response()
-                .map(Reply::Body)
+            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
         }
-        Ok(Answer::Stream(opened, config)) => {
-            ex.answering(200);
-            let relay = Relay::new(opened, config, ex);
-            let mut response = Response::new(match detach {
-                Some(g) => Reply::Body(Body::new(relay::detached(
-                    relay,
-                    g.config.server.send_timeout,
-                    g.metrics.send_timeouts.clone(),
-                ))),
-                None => Reply::Stream(Box::new(relay)),
-            });
-            let headers = response.headers_mut();
-            headers.insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream; charset=utf-8"),
-            );
-            headers.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            response
-        }
-        Err(e) => {
+        Ended::Failed(e) => {
             ex.fail(&e);
-            e.into_response().map(Reply::Body)
+            e.into_response()
         }
     };
     let headers = response.headers_mut();
@@ -610,7 +666,7 @@ fn respond(
             headers.insert(name, v);
         }
     }
-    response
+    response.map(Reply::Body)
 }
 
 /// `Server-Timing`: milliseconds in Spillway's queue, the upstream's time to its first byte

@@ -477,6 +477,82 @@ async fn is_cut_after_send_timeout(
     records
 }
 
+/// A stream's head is written by the front (a plain upload), by hyper's HTTP/1.1 (a chunked
+/// upload, which the front hands over) and by hyper's HTTP/2: each says the same, each field
+/// once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let check = |how: &str, headers: Vec<(String, String)>, id: &str| {
+        let all = |name: &str| -> Vec<&str> {
+            headers
+                .iter()
+                .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_str())
+                .collect()
+        };
+        assert_eq!(
+            all("content-type"),
+            ["text/event-stream; charset=utf-8"],
+            "{how}: {headers:?}"
+        );
+        assert_eq!(all("cache-control"), ["no-cache"], "{how}: {headers:?}");
+        assert_eq!(all("x-request-id"), [id], "{how}: {headers:?}");
+        let timing = all("server-timing");
+        assert_eq!(timing.len(), 1, "{how}: {headers:?}");
+        assert!(
+            timing[0].starts_with("queue;dur=") && timing[0].contains(", upstream;dur="),
+            "{how}: {timing:?}"
+        );
+    };
+    let body = chat("chat", 3, true).to_string();
+
+    let mut c = connect(&stack).await;
+    let plain = post(
+        "/v1/chat/completions",
+        &chat("chat", 3, true),
+        "X-Request-Id: front-1\r\n",
+    );
+    c.get_mut().write_all(&plain).await.unwrap();
+    let a = read_answer(&mut c).await.expect("the front's answer");
+    assert!(a.body.trim_end().ends_with("data: [DONE]"), "{}", a.body);
+    check("front", a.headers, "front-1");
+
+    let mut c = connect(&stack).await;
+    let chunked = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: hyper-1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        body.len()
+    );
+    c.get_mut().write_all(chunked.as_bytes()).await.unwrap();
+    let a = read_answer(&mut c).await.expect("hyper's answer");
+    assert!(a.body.trim_end().ends_with("data: [DONE]"), "{}", a.body);
+    check("hyper HTTP/1.1", a.headers, "hyper-1");
+
+    let h2 = reqwest::Client::builder()
+        .http2_prior_knowledge()
+        .build()
+        .unwrap();
+    let r = h2
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .header("x-request-id", "h2-1")
+        .json(&chat("chat", 3, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.version(), r.status().as_u16()),
+        (reqwest::Version::HTTP_2, 200)
+    );
+    let headers = r
+        .headers()
+        .iter()
+        .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+        .collect();
+    let text = r.text().await.unwrap();
+    assert!(text.trim_end().ends_with("data: [DONE]"), "{text}");
+    check("hyper HTTP/2", headers, "h2-1");
+}
+
 /// HTTP/2: a client that stops reading one stream keeps its connection alive (it answers pings)
 /// but gives that stream no more window, so the socket never blocks. The stream is cut after
 /// `send_timeout` all the same, and its slot freed; the connection goes on serving other streams,
