@@ -4,7 +4,7 @@ import re
 import statistics
 import sys
 
-name, trace, ss, pid, load = sys.argv[1:6]
+name, trace, ss, pid, load, head_bytes = sys.argv[1:7]
 READS = {0, 19, 45, 47}  # read, readv, recvfrom, recvmsg
 WRITES = {1, 20, 44, 46}  # write, writev, sendto, sendmsg
 
@@ -39,31 +39,26 @@ client = {e[2] for e in events if e[0] == "read" and e[2] not in upstream and e[
 # The mock may send its response head before its first event (it does when its body task runs
 # after the head is flushed): a proxy that relays heads at once (nginx) then writes the head to
 # the client before the first token exists. So the legs end at the first token, not the head:
-# the answer counts from the first upstream read that brings body bytes, and the response leg ends
-# at the first client write after it. A head read alone has the size most first reads have.
-firsts, state = [], 0
-for e in events:
-    if state == 0 and e[0] == "write" and e[2] in upstream:
-        state = 1
-    elif state == 1 and e[0] == "read" and e[2] in upstream:
-        firsts.append(e[3])
-        state = 0
-mode = max(set(firsts), key=firsts.count) if firsts else 0
-head_alone = mode if mode <= 512 else None
-
+# the answer counts from the first upstream read that brings body bytes (one of exactly the
+# mock's head size, `head_bytes`, brought the head alone), and the response leg ends at the next
+# client write. A request whose calls do not follow that order (a new request read first) is
+# left out and counted.
+head_bytes = int(head_bytes)
 legs = {"request leg": [], "upstream wait": [], "response leg": []}
-state = 0
+state, heads_alone, skipped = 0, 0, 0
 for e in events:
     kind, t, fd = e[0], e[1], e[2]
-    if state == 0 and kind == "read" and fd in client:
+    if kind == "read" and fd in client:
+        skipped += state != 0
         start, state = t, 1
     elif state == 1 and kind == "write" and fd in upstream:
         sent, state = t, 2
-    elif state == 2 and kind == "read" and fd in upstream:
+    elif state in (2, 3) and kind == "read" and fd in upstream:
         answered = t
-        state = 3 if e[3] == head_alone else 4
-    elif state == 3 and kind == "read" and fd in upstream:
-        answered, state = t, 4
+        if state == 2 and e[3] == head_bytes:
+            heads_alone, state = heads_alone + 1, 3
+        else:
+            state = 4
     elif state == 4 and kind == "write" and fd in client:
         legs["request leg"].append(sent - start)
         legs["upstream wait"].append(answered - sent)
@@ -74,5 +69,7 @@ if n == 0:
     sys.exit(f"{name}: no whole request found in the trace (upstream fds {upstream}, client fds {client})")
 cells = ", ".join(f"{k} {statistics.median(v) * 1e6:.0f} µs" for k, v in legs.items())
 ttft = json.load(open(load))["ttft_ms"]["p50"]
-head = f"the mock's head came alone ({head_alone} bytes)" if head_alone else "head and body together"
-print(f"{name}: {n} requests ({head}); medians: {cells}; the client's TTFT p50 {ttft} ms (traced)")
+print(
+    f"{name}: {n} requests ({heads_alone} with the mock's {head_bytes}-byte head read alone, {skipped} left out); "
+    f"medians: {cells}; the client's TTFT p50 {ttft} ms (traced)"
+)

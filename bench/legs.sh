@@ -43,6 +43,11 @@ else
   PID=$LAST_PID PORT=18084
 fi
 URL=http://127.0.0.1:$PORT/v1/chat/completions
+# The mock's response head has one size (its date is fixed-width): a read of that many bytes
+# brought the head alone.
+HEAD_BYTES=$(curl -s -o /dev/null -w '%{size_header}' -H 'content-type: application/json' \
+  -d '{"model":"mock","messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true}' \
+  http://127.0.0.1:18000/v1/chat/completions)
 loadc --url "$URL" ${BODY:+--body "$BODY"} -c 1 -n 2000 --max-time-s 60 --json /dev/null >/dev/null 2>&1
 loadc --url "$URL" ${BODY:+--body "$BODY"} -c 1 -n 100000000 --duration-s $((SECONDS_ + 2)) --max-time-s 60 --json "$OUT.json" >/dev/null 2>&1 &
 LOAD=$!
@@ -51,4 +56,4 @@ perf record -q -o "$OUT.data" -e raw_syscalls:sys_enter,raw_syscalls:sys_exit -p
 ss -tnp >"$OUT.ss" 2>/dev/null
 wait $LOAD
 perf script -i "$OUT.data" -F tid,time,event,trace 2>/dev/null >"$OUT.txt"
-python3 bench/legs.py "$NAME" "$OUT.txt" "$OUT.ss" "$PID" "$OUT.json"
+python3 bench/legs.py "$NAME" "$OUT.txt" "$OUT.ss" "$PID" "$OUT.json" "$HEAD_BYTES"

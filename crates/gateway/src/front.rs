@@ -268,7 +268,7 @@ impl Conn {
             Reply::Stream(relay) => {
                 encode_head(&mut self.out, &parts, None, close, |out| {
                     crate::server::stream_fields(relay.exchange(), &mut |name, value| {
-                        encode_field(out, name.as_bytes(), value);
+                        encode_field(out, name.as_str().as_bytes(), value);
                     });
                 });
                 self.write_chunked(relay).await
@@ -464,6 +464,11 @@ fn encode_head(
 }
 
 fn encode_field(out: &mut BytesMut, name: &[u8], value: &[u8]) {
+    // What `HeaderValue` would take: a value written raw must not end the line (or the head).
+    debug_assert!(
+        value.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)),
+        "{value:?}"
+    );
     out.extend_from_slice(name);
     out.extend_from_slice(b": ");
     out.extend_from_slice(value);

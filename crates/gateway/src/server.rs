@@ -61,47 +61,35 @@ struct RequestId(String);
 async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let limit = g.config.server.max_header_bytes;
     identified(limit, req, |id, mut req| async move {
+        let value = HeaderValue::from_str(&id);
         req.extensions_mut().insert(RequestId(id));
-        next.run(req).await
+        let mut response = next.run(req).await;
+        if let Ok(v) = value {
+            response.headers_mut().insert(X_REQUEST_ID, v);
+        }
+        response
     })
     .await
 }
 
-/// Every answer carries an `x-request-id` (the client's, if plain and short, else a new one), and
-/// a request head over `server.max_header_bytes` (`limit`) gets 431 in the OpenAI shape; `serve`
-/// answers the rest, given the ID.
+/// Every request gets an ID (the client's `x-request-id`, if plain and short, else a new one),
+/// which `serve` is given and its answer carries back; a request head over
+/// `server.max_header_bytes` (`limit`) gets 431 in the OpenAI shape, with the ID.
 async fn identified<B, R, F, Fut>(limit: usize, req: axum::http::Request<B>, serve: F) -> Response<R>
 where
-    R: From<Body> + CarriesId,
+    R: From<Body>,
     F: FnOnce(String, axum::http::Request<B>) -> Fut,
     Fut: Future<Output = Response<R>>,
 {
     let id = prepare::request_id(req.headers());
-    let value = HeaderValue::from_str(&id);
-    let mut response = if head_size(&req) > limit {
-        GatewayError::HeadersTooLarge { limit }
-            .into_response()
-            .map(R::from)
-    } else {
-        serve(id, req).await
-    };
-    if let Ok(v) = value
-        && !response.body().carries_id()
-    {
+    if head_size(&req) <= limit {
+        return serve(id, req).await;
+    }
+    let mut response = GatewayError::HeadersTooLarge { limit }.into_response();
+    if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(X_REQUEST_ID, v);
     }
-    response
-}
-
-/// Whether an answer writes its `x-request-id` itself (a stream's head: [`stream_fields`]).
-pub(crate) trait CarriesId {
-    fn carries_id(&self) -> bool;
-}
-
-impl CarriesId for Body {
-    fn carries_id(&self) -> bool {
-        false
-    }
+    response.map(R::from)
 }
 
 /// Named once: a name given as text is parsed again on every insert.
@@ -245,12 +233,6 @@ pub(crate) enum Reply {
     Stream(Box<Relay>),
 }
 
-impl CarriesId for Reply {
-    fn carries_id(&self) -> bool {
-        matches!(self, Reply::Stream(_))
-    }
-}
-
 /// The answer as hyper's paths take it: the body as a `Body`, a stream's head fields as headers.
 fn into_hyper(response: Response<Reply>) -> Response {
     let (mut parts, reply) = response.into_parts();
@@ -268,21 +250,21 @@ fn into_hyper(response: Response<Reply>) -> Response {
 /// `each` as a name and value: one list for the front, which writes them straight into its
 /// buffer (a `HeaderMap` costs a stream two allocations and a hash per field on its way to the
 /// first token), and for hyper's paths, which take them as headers.
-pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&'static str, &[u8])) {
-    each("content-type", b"text/event-stream; charset=utf-8");
-    each("cache-control", b"no-cache");
-    each("server-timing", server_timing(ex).as_bytes());
+pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u8])) {
+    each(&header::CONTENT_TYPE, b"text/event-stream; charset=utf-8");
+    each(&header::CACHE_CONTROL, b"no-cache");
+    each(&SERVER_TIMING, server_timing(ex).as_bytes());
     for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
-        each(name, value.as_bytes());
+        each(&HeaderName::from_static(name), value.as_bytes());
     }
     // Plain and short: `prepare::request_id` keeps no other.
-    each("x-request-id", ex.record.id.as_bytes());
+    each(&X_REQUEST_ID, ex.record.id.as_bytes());
 }
 
 fn insert_stream_fields(headers: &mut HeaderMap, ex: &Exchange) {
     stream_fields(ex, &mut |name, value| {
         if let Ok(v) = HeaderValue::from_bytes(value) {
-            headers.insert(HeaderName::from_static(name), v);
+            headers.insert(name.clone(), v);
         }
     });
 }
@@ -599,8 +581,8 @@ async fn answer(
     Ok(Answer::Stream(opened?, config))
 }
 
-/// The response for what the stages produced; the exchange ends here, or lives on in the stream,
-/// which runs on a task of its own, under `detach`'s send timeout, where given.
+/// The response for what the stages produced; the exchange ends in [`answered`], or lives on in
+/// the stream, which runs on a task of its own, under `detach`'s send timeout, where given.
 fn respond(
     answer: Result<Answer, GatewayError>,
     mut ex: Exchange,
@@ -614,7 +596,8 @@ fn respond(
     };
     ex.answering(200);
     let relay = Relay::new(opened, config, ex);
-    // The head fields go with the relay ([`stream_fields`]), for the front to write.
+    // The head fields go with the relay ([`stream_fields`]): the front writes them, and
+    // `into_hyper` makes them headers.
     let Some(g) = detach else {
         return Response::new(Reply::Stream(Box::new(relay)));
     };
@@ -640,6 +623,7 @@ enum Ended {
 fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
     let timing = server_timing(&ex);
     let rate = ex.rate_headers.take();
+    let id = HeaderValue::from_str(&ex.record.id);
     let mut response = match ended {
         Ended::Whole(body) => {
             ex.trace.finish_reasons(&body);
@@ -665,6 +649,9 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
         if let Ok(v) = HeaderValue::from_str(&value) {
             headers.insert(name, v);
         }
+    }
+    if let Ok(v) = id {
+        headers.insert(X_REQUEST_ID, v);
     }
     response.map(Reply::Body)
 }

@@ -479,10 +479,23 @@ async fn is_cut_after_send_timeout(
 
 /// A stream's head is written by the front (a plain upload), by hyper's HTTP/1.1 (a chunked
 /// upload, which the front hands over) and by hyper's HTTP/2: each says the same, each field
-/// once.
+/// once, its team's rate limits included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    // The key is "test".
+    const TEAM: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+tenants:
+  - team: search
+    key_sha256: [ "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" ]
+    rpm: 10
+    tpm: 100000
+"#;
+    let stack = Stack::start(vec![engine(tiny()).await], TEAM).await;
     let check = |how: &str, headers: Vec<(String, String)>, id: &str| {
         let all = |name: &str| -> Vec<&str> {
             headers
@@ -504,6 +517,16 @@ async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
             timing[0].starts_with("queue;dur=") && timing[0].contains(", upstream;dur="),
             "{how}: {timing:?}"
         );
+        assert_eq!(all("x-ratelimit-limit-requests"), ["10"], "{how}: {headers:?}");
+        assert_eq!(all("x-ratelimit-limit-tokens"), ["100000"], "{how}: {headers:?}");
+        for name in [
+            "x-ratelimit-remaining-requests",
+            "x-ratelimit-reset-requests",
+            "x-ratelimit-remaining-tokens",
+            "x-ratelimit-reset-tokens",
+        ] {
+            assert_eq!(all(name).len(), 1, "{how}: {name}: {headers:?}");
+        }
     };
     let body = chat("chat", 3, true).to_string();
 
@@ -511,7 +534,7 @@ async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
     let plain = post(
         "/v1/chat/completions",
         &chat("chat", 3, true),
-        "X-Request-Id: front-1\r\n",
+        "X-Request-Id: front-1\r\nAuthorization: Bearer test\r\n",
     );
     c.get_mut().write_all(&plain).await.unwrap();
     let a = read_answer(&mut c).await.expect("the front's answer");
@@ -520,7 +543,7 @@ async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
 
     let mut c = connect(&stack).await;
     let chunked = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: hyper-1\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: hyper-1\r\nAuthorization: Bearer test\r\nTransfer-Encoding: chunked\r\n\r\n{:x}\r\n{body}\r\n0\r\n\r\n",
         body.len()
     );
     c.get_mut().write_all(chunked.as_bytes()).await.unwrap();
@@ -535,6 +558,7 @@ async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
     let r = h2
         .post(format!("{}/v1/chat/completions", stack.url))
         .header("x-request-id", "h2-1")
+        .bearer_auth("test")
         .json(&chat("chat", 3, true))
         .send()
         .await
