@@ -34,7 +34,7 @@ for line in open(trace):
         if call and call[0] == nr and nr in READS and ret and int(ret.group(1)) > 0:
             events.append(("read", t, call[1], int(ret.group(1))))
 # The client's connections: sockets read from that are not the mock's (standard streams excluded).
-client = {e[2] for e in events if e[0] == "read" and e[2] not in upstream and e[2] > 2}
+client = {fd for kind, _, fd, _ in events if kind == "read" and fd not in upstream and fd > 2}
 
 # The mock may send its response head before its first event (it does when its body task runs
 # after the head is flushed): a proxy that relays heads at once (nginx) then writes the head to
@@ -46,8 +46,7 @@ client = {e[2] for e in events if e[0] == "read" and e[2] not in upstream and e[
 head_bytes = int(head_bytes)
 legs = {"request leg": [], "upstream wait": [], "response leg": []}
 state, heads_alone, skipped = 0, 0, 0
-for e in events:
-    kind, t, fd = e[0], e[1], e[2]
+for kind, t, fd, size in events:
     if kind == "read" and fd in client:
         skipped += state != 0
         start, state = t, 1
@@ -55,7 +54,7 @@ for e in events:
         sent, state = t, 2
     elif state in (2, 3) and kind == "read" and fd in upstream:
         answered = t
-        if state == 2 and e[3] == head_bytes:
+        if state == 2 and size == head_bytes:
             heads_alone, state = heads_alone + 1, 3
         else:
             state = 4

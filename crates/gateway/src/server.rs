@@ -239,7 +239,7 @@ fn into_hyper(response: Response<Reply>) -> Response {
     let body = match reply {
         Reply::Body(body) => body,
         Reply::Stream(relay) => {
-            insert_stream_fields(&mut parts.headers, relay.exchange());
+            stream_fields(relay.exchange(), &mut inserting(&mut parts.headers));
             Body::new(*relay)
         }
     };
@@ -253,7 +253,13 @@ fn into_hyper(response: Response<Reply>) -> Response {
 pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&header::CONTENT_TYPE, b"text/event-stream; charset=utf-8");
     each(&header::CACHE_CONTROL, b"no-cache");
-    each(&SERVER_TIMING, server_timing(ex).as_bytes());
+    request_fields(&server_timing(ex), ex, each);
+}
+
+/// What every answer of the request path says of its request: `Server-Timing` (`timing`), the
+/// team's rate limits, the request's ID.
+fn request_fields(timing: &str, ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u8])) {
+    each(&SERVER_TIMING, timing.as_bytes());
     for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
         each(&HeaderName::from_static(name), value.as_bytes());
     }
@@ -261,12 +267,13 @@ pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u
     each(&X_REQUEST_ID, ex.record.id.as_bytes());
 }
 
-fn insert_stream_fields(headers: &mut HeaderMap, ex: &Exchange) {
-    stream_fields(ex, &mut |name, value| {
+/// Fields as headers, for hyper's paths and answers that are not streams.
+fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8]) + '_ {
+    |name, value| {
         if let Ok(v) = HeaderValue::from_bytes(value) {
             headers.insert(name.clone(), v);
         }
-    });
+    }
 }
 
 impl From<Body> for Reply {
@@ -601,15 +608,15 @@ fn respond(
     let Some(g) = detach else {
         return Response::new(Reply::Stream(Box::new(relay)));
     };
-    let mut headers = HeaderMap::new();
-    insert_stream_fields(&mut headers, relay.exchange());
-    let mut response = Response::new(Reply::Body(Body::new(relay::detached(
-        relay,
-        g.config.server.send_timeout,
-        g.metrics.send_timeouts.clone(),
-    ))));
-    *response.headers_mut() = headers;
-    response
+    let mut response = Response::new(());
+    stream_fields(relay.exchange(), &mut inserting(response.headers_mut()));
+    response.map(|()| {
+        Reply::Body(Body::new(relay::detached(
+            relay,
+            g.config.server.send_timeout,
+            g.metrics.send_timeouts.clone(),
+        )))
+    })
 }
 
 /// How a request ends that is not a stream.
@@ -621,9 +628,8 @@ enum Ended {
 
 /// The response for a request that ends here, with its exchange.
 fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
+    // Timed before the exchange ends, as the stages left it.
     let timing = server_timing(&ex);
-    let rate = ex.rate_headers.take();
-    let id = HeaderValue::from_str(&ex.record.id);
     let mut response = match ended {
         Ended::Whole(body) => {
             ex.trace.finish_reasons(&body);
@@ -640,19 +646,7 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
             e.into_response()
         }
     };
-    let headers = response.headers_mut();
-    // The string's own buffer becomes the value's: no copy.
-    if let Ok(v) = HeaderValue::from_maybe_shared(Bytes::from(timing)) {
-        headers.insert(SERVER_TIMING, v);
-    }
-    for (name, value) in rate.iter().flat_map(|r| r.pairs()) {
-        if let Ok(v) = HeaderValue::from_str(&value) {
-            headers.insert(name, v);
-        }
-    }
-    if let Ok(v) = id {
-        headers.insert(X_REQUEST_ID, v);
-    }
+    request_fields(&timing, &ex, &mut inserting(response.headers_mut()));
     response.map(Reply::Body)
 }
 

@@ -1,25 +1,9 @@
 //! Tenant quotas: `max_parallel`, `rpm` and `tpm` per team, 429 with `Retry-After` and OpenAI's
 //! `x-ratelimit-*` headers, counted per team in the metrics, and keys revoked by a reload.
 
-use crate::support::{Stack, engine, header, keyed, read_stream, stalling, tiny};
+use crate::support::{Stack, TEAMS, engine, header, keyed, read_stream, stalling, tiny};
 use serde_json::Value;
 use spillway_gateway::Config;
-
-const TEAMS: &str = r#"
-listen: 127.0.0.1:0
-routes:
-  - model: chat
-    upstream_model: sim
-    replicas: [{E0}]
-tenants:
-  - team: search
-    key_sha256: [ "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" ]
-    rpm: 3
-    tpm: 1000
-  - team: batch
-    key_sha256: [ "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa" ]
-    max_parallel: 1
-"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rpm_counts_down_in_the_headers_then_refuses_with_retry_after() {

@@ -10,6 +10,24 @@ use tokio::sync::oneshot;
 
 pub(crate) const UPSTREAM_MODEL: &str = "sim";
 
+/// Two teams on one route: `search` (key "test") with `rpm: 3` and `tpm: 1000`, `batch` with one
+/// request at a time.
+pub(crate) const TEAMS: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+tenants:
+  - team: search
+    key_sha256: [ "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" ]
+    rpm: 3
+    tpm: 1000
+  - team: batch
+    key_sha256: [ "d9298a10d1b0735837dc4bd85dac641b0f3cef27a47e5d53a54f2f3f5b2fcffa" ]
+    max_parallel: 1
+"#;
+
 pub(crate) fn tiny() -> EngineConfig {
     let mut c = EngineConfig::preset(Preset::Tiny);
     c.model = UPSTREAM_MODEL.into();

@@ -2,7 +2,7 @@
 //! or mixing the completion endpoints with the others), `Connection: close`, chunked and
 //! `Expect` uploads, malformed heads, and a drain that finds connections idle or busy.
 
-use crate::support::{Stack, chat, engine, stalling, tiny};
+use crate::support::{Stack, TEAMS, chat, engine, stalling, tiny};
 use serde_json::Value;
 use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
@@ -482,20 +482,8 @@ async fn is_cut_after_send_timeout(
 /// once, its team's rate limits included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
-    // The key is "test".
-    const TEAM: &str = r#"
-listen: 127.0.0.1:0
-routes:
-  - model: chat
-    upstream_model: sim
-    replicas: [{E0}]
-tenants:
-  - team: search
-    key_sha256: [ "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08" ]
-    rpm: 10
-    tpm: 100000
-"#;
-    let stack = Stack::start(vec![engine(tiny()).await], TEAM).await;
+    // Three requests, within `search`'s rpm: 3; its key is "test".
+    let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
     let check = |how: &str, headers: Vec<(String, String)>, id: &str| {
         let all = |name: &str| -> Vec<&str> {
             headers
@@ -517,8 +505,8 @@ tenants:
             timing[0].starts_with("queue;dur=") && timing[0].contains(", upstream;dur="),
             "{how}: {timing:?}"
         );
-        assert_eq!(all("x-ratelimit-limit-requests"), ["10"], "{how}: {headers:?}");
-        assert_eq!(all("x-ratelimit-limit-tokens"), ["100000"], "{how}: {headers:?}");
+        assert_eq!(all("x-ratelimit-limit-requests"), ["3"], "{how}: {headers:?}");
+        assert_eq!(all("x-ratelimit-limit-tokens"), ["1000"], "{how}: {headers:?}");
         for name in [
             "x-ratelimit-remaining-requests",
             "x-ratelimit-reset-requests",
