@@ -303,7 +303,9 @@ impl Conn {
     }
 
     /// A stream: whatever is ready goes out in one write (the head with the first chunk, the
-    /// last chunk with the end), and the client is watched while the next is awaited. The
+    /// last chunk with the end), up to [`MAX_ROOM`] a write: for a replica faster than its
+    /// client, each turn would otherwise gather as many reads as tokio's budget allows. The
+    /// client is watched while the next chunk is awaited. The
     /// source is dropped once it has ended, before its last bytes go out, for the reason [`end`]
     /// gives.
     ///
@@ -344,7 +346,7 @@ impl Conn {
                     // A stream cut short: the client must not take it for a whole one.
                     Err(StreamCut) => return false,
                 }
-                if std::mem::take(&mut first) {
+                if std::mem::take(&mut first) || self.out.len() >= MAX_ROOM {
                     break;
                 }
                 let out = &mut self.out;
@@ -942,6 +944,45 @@ mod tests {
         expected.extend_from_slice(&big);
         expected.extend_from_slice(end);
         assert!(got == expected, "the stream's bytes, framed, in order");
+    }
+
+    /// A source whose next chunk is always ready, `left` of them.
+    struct Endless {
+        left: usize,
+    }
+
+    impl Chunks for Endless {
+        fn poll_chunk_into(
+            &mut self,
+            _: &mut Context<'_>,
+            out: &mut BytesMut,
+        ) -> Poll<Result<Framed, StreamCut>> {
+            if self.left == 0 {
+                return Poll::Ready(Ok(Framed::End));
+            }
+            self.left -= 1;
+            encode_chunk(out, &[b'x'; 1000]);
+            Poll::Ready(Ok(Framed::More))
+        }
+    }
+
+    /// A source that always has more ready (a replica faster than its client) is written in
+    /// pieces of about [`MAX_ROOM`], not gathered whole first.
+    #[tokio::test]
+    async fn a_source_that_is_always_ready_is_written_in_bounded_pieces() {
+        let (mut client, io, _) = connected().await;
+        let mut conn = test_conn(io);
+        let reader = tokio::spawn(async move {
+            let mut all = Vec::new();
+            client.read_to_end(&mut all).await.map(|_| all.len())
+        });
+        let chunks = 4_000;
+        assert!(conn.write_stream(Endless { left: chunks }, false).await);
+        let largest = conn.out.capacity();
+        drop(conn);
+        // Each chunk is 1,000 bytes framed in 7 more ("3e8\r\n" before, "\r\n" after).
+        assert_eq!(reader.await.unwrap().unwrap(), chunks * 1_007 + LAST_CHUNK.len());
+        assert!(largest <= 2 * MAX_ROOM, "a write of {largest} bytes' room");
     }
 
     /// A source of two chunks that notes, when asked for the second, what the client has been

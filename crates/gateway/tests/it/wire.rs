@@ -355,7 +355,7 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
     let stack = one_slot_on_a_zero_cost_engine().await;
     // A client with a small receive window that never reads: a long stream fills its window and
     // the gateway's send buffer, and the gateway's write blocks.
-    let mut c = small_window_client(&stack).await;
+    let mut c = client_with_window(&stack, 4096).await;
     // Four sequences of 30,000 tokens: about 20 MB of events, far more than the loopback's
     // buffers hold (tcp_wmem's largest send buffer is 4 MB on a default Linux).
     let mut long = chat("chat", 30_000, true);
@@ -385,10 +385,17 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
 /// A client that reads slowly, so that the gateway's writes keep waiting for it while the replica
 /// keeps sending, gets the whole stream, counted whole. (`front`'s unit test covers the chunk
 /// that becomes ready during a waiting write, which this one does not make sure to provoke.)
+///
+/// Its receive buffer is small, but not 4 KiB: with one that small, Linux's sender can be left
+/// with a window just under the segment size it bounds to half the largest window seen, and then
+/// sends only a zero-window probe's worth every 200 ms (about 10 KB/s; `ss -tnoi` shows the
+/// gateway's socket with `timer:(persist…)`, `snd_wnd` below `mss`, and the rest of the stream
+/// unsent in the kernel). That took this test past its 60 s about once in 40 runs on a loaded
+/// machine, with the gateway done and its record written: the kernel's pace, not the gateway's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_slowly_gets_the_whole_stream() {
     let stack = one_slot_on_a_zero_cost_engine().await;
-    let mut c = small_window_client(&stack).await;
+    let mut c = client_with_window(&stack, 64 * 1024).await;
     let tokens = 6_000;
     let mut long = chat("chat", tokens, true);
     long["ignore_eos"] = true.into();
@@ -405,9 +412,17 @@ async fn a_client_that_reads_slowly_gets_the_whole_stream() {
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
     };
-    tokio::time::timeout(Duration::from_secs(60), read_all)
+    if tokio::time::timeout(Duration::from_secs(60), read_all)
         .await
-        .expect("the whole stream arrives");
+        .is_err()
+    {
+        panic!(
+            "the whole stream did not arrive in 60 s: {} bytes came, the last {:?}; {}",
+            got.len(),
+            String::from_utf8_lossy(&got[got.len().saturating_sub(200)..]),
+            where_things_stand(&stack).await
+        );
+    }
     assert!(got.starts_with(b"HTTP/1.1 200"));
     assert!(
         got.ends_with(b"data: [DONE]\n\n\r\n0\r\n\r\n"),
@@ -420,11 +435,50 @@ async fn a_client_that_reads_slowly_gets_the_whole_stream() {
     assert_eq!(records[0].tokens_out, Some(tokens), "{:?}", records[0]);
 }
 
-/// A connection to the gateway with a 4 KiB receive buffer: a client that reads less than the
-/// stream brings soon makes the gateway's writes wait.
-async fn small_window_client(stack: &Stack) -> TcpStream {
+/// For a test that timed out: the gateway's records and gauges, and the replica's, each read
+/// within a few seconds (a part that hangs says so instead).
+async fn where_things_stand(stack: &Stack) -> String {
+    let gauges = |url: String, names: &'static [&'static str]| async move {
+        let get = async { reqwest::get(url).await?.text().await };
+        match tokio::time::timeout(Duration::from_secs(5), get).await {
+            Ok(Ok(text)) => text
+                .lines()
+                .filter(|l| names.iter().any(|n| l.starts_with(n)))
+                .collect::<Vec<_>>()
+                .join("; "),
+            Ok(Err(e)) => format!("no metrics: {e}"),
+            Err(_) => "no metrics within 5 s".to_string(),
+        }
+    };
+    let gateway = gauges(
+        format!("{}/metrics", stack.url),
+        &[
+            "spillway_in_flight",
+            "spillway_connections",
+            "spillway_send_timeouts_total",
+        ],
+    )
+    .await;
+    let engine = gauges(
+        format!("{}/metrics", stack.engines[0].url()),
+        &[
+            "vllm:num_requests_running",
+            "vllm:num_requests_waiting",
+            "vllm:generation_tokens_total",
+        ],
+    )
+    .await;
+    format!(
+        "records {:?}; gateway {gateway}; replica {engine}",
+        stack.records()
+    )
+}
+
+/// A connection to the gateway with a receive buffer of `bytes`: a client that reads less than
+/// the stream brings soon makes the gateway's writes wait.
+async fn client_with_window(stack: &Stack, bytes: u32) -> TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
+    socket.set_recv_buffer_size(bytes).unwrap();
     socket
         .connect(stack.url.trim_start_matches("http://").parse().unwrap())
         .await
