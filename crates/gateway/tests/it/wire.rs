@@ -390,7 +390,7 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
 /// with a window just under the segment size it bounds to half the largest window seen, and then
 /// sends only a zero-window probe's worth every 200 ms (about 10 KB/s; `ss -tnoi` shows the
 /// gateway's socket with `timer:(persist…)`, `snd_wnd` below `mss`, and the rest of the stream
-/// unsent in the kernel). That took this test past its 60 s about once in 40 runs on a loaded
+/// unsent in the kernel). That took this test past its 60 s in 3 of 140 runs on a loaded
 /// machine, with the gateway done and its record written: the kernel's pace, not the gateway's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_reads_slowly_gets_the_whole_stream() {
