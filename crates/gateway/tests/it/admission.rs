@@ -274,8 +274,10 @@ async fn the_slot_is_held_until_the_stream_ends() {
 /// The engine can run 4 sequences at once (its knee, by construction); the class starts at C = 32
 /// with a TTFT objective that a request waiting in the engine's own queue misses. Driven by 24
 /// closed-loop clients, the adaptive C comes down to the knee's neighbourhood and the gateway's
-/// queue, not the engine's, holds the rest.
+/// queue, not the engine's, holds the rest. Timing-bound: with the other tests of this binary on
+/// the same two cores, TTFTs passed the 12 ms objective at any C and it settled at 1, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn adaptive_concurrency_settles_near_the_engines_knee() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 4;
