@@ -39,8 +39,8 @@ use tokio::time::{Instant, Sleep};
 const MAX_HEADERS: usize = 100;
 /// What one read asks for.
 const READ_SIZE: usize = 4096;
-/// The most room made for a body before its bytes arrive, and the most buffer capacity a
-/// connection keeps between requests.
+/// The most room made for a body before its bytes arrive, the most a stream's write gathers of
+/// what is ready, and the most buffer capacity a connection keeps between requests.
 const MAX_ROOM: usize = 64 * 1024;
 /// The end of a chunked body.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
