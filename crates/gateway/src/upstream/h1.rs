@@ -633,31 +633,54 @@ fn decode(
     each: &mut dyn FnMut(&[u8]),
     pieces: Pieces,
 ) -> Result<bool, Error> {
+    // What is consumed is advanced past once, not piece by piece: a stream's read brings a chunk
+    // line, data and an end of data for each event.
+    let mut at = 0;
+    let decoded = decode_from(framing, buf, &mut at, each, pieces);
+    if at == buf.len() {
+        buf.clear();
+    } else {
+        buf.advance(at);
+    }
+    decoded
+}
+
+/// [`decode`] of `buf` from `at`, which it moves past what it consumed.
+fn decode_from(
+    framing: &mut Framing,
+    buf: &[u8],
+    at: &mut usize,
+    each: &mut dyn FnMut(&[u8]),
+    pieces: Pieces,
+) -> Result<bool, Error> {
     let mut handed = false;
     loop {
         if handed && *framing != Framing::Done && pieces.enough() {
             return Ok(true);
         }
+        let rest = &buf[*at..];
         match framing {
             Framing::Done => return Ok(handed),
             Framing::Length(0) => *framing = Framing::Done,
             Framing::Length(left) => {
-                let n = take(buf, left, each);
+                let n = take(rest, left, each);
+                *at += n;
                 handed |= n > 0;
                 if n == 0 {
                     return Ok(handed);
                 }
             }
             Framing::UntilClose => {
-                if buf.is_empty() {
+                if rest.is_empty() {
                     return Ok(handed);
                 }
-                each(&buf[..]);
-                buf.clear();
+                each(rest);
+                *at = buf.len();
                 handed = true;
             }
             Framing::Chunked(Chunk::Data(left)) => {
-                let n = take(buf, left, each);
+                let n = take(rest, left, each);
+                *at += n;
                 handed |= n > 0;
                 if *left == 0 {
                     *framing = Framing::Chunked(Chunk::DataEnd);
@@ -666,13 +689,13 @@ fn decode(
                 }
             }
             Framing::Chunked(state) => {
-                let Some(end) = memchr::memchr(b'\n', &buf[..buf.len().min(MAX_LINE)]) else {
-                    if buf.len() >= MAX_LINE {
+                let Some(end) = memchr::memchr(b'\n', &rest[..rest.len().min(MAX_LINE)]) else {
+                    if rest.len() >= MAX_LINE {
                         return Err(Error::Protocol("a chunk line is over 4 KiB"));
                     }
                     return Ok(handed);
                 };
-                let line = buf[..end].strip_suffix(b"\r").unwrap_or(&buf[..end]);
+                let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
                 *framing = match *state {
                     Chunk::Size => match chunk_size(line)? {
                         0 => Framing::Chunked(Chunk::Trailer),
@@ -684,18 +707,17 @@ fn decode(
                     Chunk::Trailer => Framing::Chunked(Chunk::Trailer),
                     Chunk::Data(_) => unreachable!("handled above"),
                 };
-                buf.advance(end + 1);
+                *at += end + 1;
             }
         }
     }
 }
 
-/// Hands up to `left` bytes from the front of `buf` to `each`; how many.
-fn take(buf: &mut BytesMut, left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usize {
-    let n = buf.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
+/// Hands up to `left` bytes from the front of `rest` to `each`; how many.
+fn take(rest: &[u8], left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usize {
+    let n = rest.len().min(usize::try_from(*left).unwrap_or(usize::MAX));
     if n > 0 {
-        each(&buf[..n]);
-        buf.advance(n);
+        each(&rest[..n]);
         *left -= n as u64;
     }
     n
