@@ -164,11 +164,35 @@ typed_fields_and_extra!(ChatMessage {
 });
 
 /// A message's content: a plain string or a list of typed parts.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum MessageContent {
     Text(String),
     Parts(Vec<ContentPart>),
+}
+
+/// By the JSON type, where serde's `untagged` would buffer the value and try each variant (a
+/// copy and an allocation more for every message on the gateway's request path).
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageContent;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string or a list of content parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<MessageContent, E> {
+                Ok(MessageContent::Text(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<MessageContent, E> {
+                Ok(MessageContent::Text(s))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, seq: A) -> Result<MessageContent, A::Error> {
+                Vec::deserialize(de::value::SeqAccessDeserializer::new(seq)).map(MessageContent::Parts)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// A typed content part; text parts carry `text`, others (images, audio) are kept as they came.
@@ -189,14 +213,16 @@ typed_fields_and_extra!(ContentPart {
 
 impl MessageContent {
     /// The text of the content, parts joined by newlines; non-text parts contribute nothing.
-    pub fn text(&self) -> String {
+    pub fn text(&self) -> Cow<'_, str> {
         match self {
-            MessageContent::Text(s) => s.clone(),
-            MessageContent::Parts(parts) => parts
-                .iter()
-                .filter_map(|p| p.text.as_deref())
-                .collect::<Vec<_>>()
-                .join("\n"),
+            MessageContent::Text(s) => Cow::Borrowed(s),
+            MessageContent::Parts(parts) => Cow::Owned(
+                parts
+                    .iter()
+                    .filter_map(|p| p.text.as_deref())
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            ),
         }
     }
 }
@@ -466,7 +492,7 @@ mod tests {
     }
 
     /// Parsed by both impls: the same request (compared as the JSON it forwards), or a refusal
-    /// by both that names the same field.
+    /// by both that names the same field (or, now, a part of it).
     fn parses_as_derived<
         New: Serialize + serde::de::DeserializeOwned,
         Old: Serialize + serde::de::DeserializeOwned,
@@ -481,7 +507,16 @@ mod tests {
                 serde_json::to_value(o).unwrap(),
                 "{body}"
             ),
-            (Err(n), Err(o)) => assert_eq!(n.body.error.param, o.body.error.param, "{body}: {n:?} / {o:?}"),
+            // The same field, or a part of it: a content part missing its `type` is named as
+            // such, where the derived `untagged` could only say the content matched no variant.
+            (Err(n), Err(o)) => {
+                let (np, op) = (n.body.error.param.clone(), o.body.error.param.clone());
+                let within = match (&np, &op) {
+                    (Some(np), Some(op)) => np.starts_with(op.as_str()),
+                    _ => np == op,
+                };
+                assert!(within, "{body}: {n:?} / {o:?}");
+            }
             (n, o) => panic!("{body}: now {:?}, derived {:?}", n.is_ok(), o.is_ok()),
         }
     }

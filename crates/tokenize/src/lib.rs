@@ -3,6 +3,7 @@
 //! Shared by the engine (which schedules by token) and the gateway (which caps input tokens), so
 //! that both count the same prompt the same way.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 /// How prompts are counted and hashed for the prefix cache.
@@ -94,7 +95,7 @@ fn estimate(text: &str) -> Vec<u32> {
 
 /// The text a chat request is tokenized as: a fixed, documented template standing in for the
 /// model's own (`<|role|>` header, content, end marker; then the assistant header).
-pub fn chat_prompt<'a>(messages: impl Iterator<Item = (&'a str, String)>) -> String {
+pub fn chat_prompt<'a>(messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>) -> String {
     let mut out = String::new();
     for (role, content) in messages {
         out.push_str("<|");
