@@ -173,7 +173,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
         .into_response();
     };
     let url = target.replica.trim_end_matches('/');
-    let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| r.url == url) else {
+    let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| &*r.url == url) else {
         return GatewayError::Admin {
             status: 404,
             code: "replica_not_found",

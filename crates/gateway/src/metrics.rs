@@ -55,7 +55,6 @@ pub(crate) struct Metrics {
 }
 
 /// Pre-resolved series of one route and class, so the hot path does no label lookups.
-#[derive(Clone)]
 pub(crate) struct ClassSeries {
     pub queue_wait: Histogram,
     pub ttft: Histogram,
@@ -63,6 +62,49 @@ pub(crate) struct ClassSeries {
     pub duration: Histogram,
     pub goodput: IntCounter,
     pub slo_requests: IntCounter,
+    route: String,
+    class: String,
+    /// The series of each team seen, found the first time by label: the teams of one
+    /// configuration, so a short list.
+    teams: std::sync::Mutex<Vec<TeamSeries>>,
+}
+
+/// A class's series for one team that every answered request moves.
+pub(crate) struct TeamSeries {
+    team: std::sync::Arc<str>,
+    /// `spillway_requests_total` with status 200.
+    pub ok: IntCounter,
+    pub prompt_tokens: IntCounter,
+    pub completion_tokens: IntCounter,
+}
+
+impl ClassSeries {
+    /// Calls `f` with `team`'s series, looked up by label only the first time.
+    pub(crate) fn team<R>(
+        &self,
+        metrics: &Metrics,
+        team: &std::sync::Arc<str>,
+        f: impl FnOnce(&TeamSeries) -> R,
+    ) -> R {
+        let mut teams = self.teams.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match teams
+            .iter()
+            .position(|t| std::sync::Arc::ptr_eq(&t.team, team) || t.team == *team)
+        {
+            Some(at) => at,
+            None => {
+                let l = [self.route.as_str(), self.class.as_str(), team];
+                teams.push(TeamSeries {
+                    team: team.clone(),
+                    ok: metrics.requests.with_label_values(&[l[0], l[1], l[2], "200"]),
+                    prompt_tokens: metrics.prompt_tokens.with_label_values(&l),
+                    completion_tokens: metrics.completion_tokens.with_label_values(&l),
+                });
+                teams.len() - 1
+            }
+        };
+        f(&teams[at])
+    }
 }
 
 fn must<T>(r: prometheus::Result<T>) -> T {
@@ -232,6 +274,9 @@ impl Metrics {
     pub(crate) fn class_series(&self, route: &str, class: &str) -> ClassSeries {
         let l = &[route, class];
         ClassSeries {
+            route: route.to_owned(),
+            class: class.to_owned(),
+            teams: std::sync::Mutex::default(),
             queue_wait: self.queue_wait.with_label_values(l),
             ttft: self.ttft.with_label_values(l),
             itl: self.itl.with_label_values(l),

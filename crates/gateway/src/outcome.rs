@@ -11,6 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The labels of a request not yet routed or classified, made once: a request that is routed
+/// and classified then costs no allocation for them.
+static UNKNOWN_ROUTE_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| UNKNOWN_ROUTE.into());
+static NO_CLASS_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| NO_CLASS.into());
+
 /// Why a request that had started (admitted, or already answering) stopped before its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Cut {
@@ -65,7 +70,7 @@ pub(crate) struct Exchange {
     access: AccessLog,
     pub(crate) arrival: Instant,
     pub(crate) record: AccessRecord,
-    series: Option<ClassSeries>,
+    series: Option<Arc<ClassSeries>>,
     slo: Option<Slo>,
     /// The admission slot, released when this is dropped (the end of the response body).
     permit: Option<Permit>,
@@ -98,8 +103,8 @@ impl Exchange {
             arrival: Instant::now(),
             record: AccessRecord {
                 id,
-                route: UNKNOWN_ROUTE.into(),
-                class: NO_CLASS.into(),
+                route: UNKNOWN_ROUTE_NAME.clone(),
+                class: NO_CLASS_NAME.clone(),
                 ..AccessRecord::default()
             },
             series: None,
@@ -123,7 +128,7 @@ impl Exchange {
 
     /// The request now belongs to a class: its metrics and objective apply.
     pub(crate) fn classified(&mut self, class: &crate::route::Class) {
-        self.record.class.clone_from(&class.config.name);
+        self.record.class = class.name.clone();
         self.series = Some(class.series.clone());
         self.slo = class.config.slo;
     }
@@ -250,7 +255,7 @@ impl Drop for Exchange {
             self.record.status = 499;
         }
         let m = &self.metrics;
-        let labels = [self.record.route.as_str(), self.record.class.as_str()];
+        let labels = [&*self.record.route, &*self.record.class];
         let (tokens_in, tokens_out) = match self.usage {
             Some((p, c)) => (Some(p), Some(c)),
             None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
@@ -263,7 +268,7 @@ impl Drop for Exchange {
         if let Some(l) = self.lease.as_mut() {
             l.settle(cost);
         }
-        let team = self.record.team.as_str();
+        let team = &*self.record.team;
         match ending {
             Ending::Cut(cut) => {
                 let l = [labels[0], labels[1], cut.reason()];
@@ -280,14 +285,23 @@ impl Drop for Exchange {
             }
             Ending::Finished | Ending::Failed(_) | Ending::UpstreamRejected => {}
         }
-        m.requests
-            .with_label_values(&[labels[0], labels[1], team, status_label(self.record.status)])
-            .inc();
-        let duration = now - self.arrival;
-        if let Some(s) = &self.series {
-            s.duration.observe(duration.as_secs_f64());
-            if ending == Ending::Finished {
-                if let Some((p, c)) = self.usage {
+        // The usual ending (status 200) moves its team's series without a label lookup.
+        let usage = self
+            .usage
+            .filter(|_| ending == Ending::Finished && self.series.is_some());
+        match &self.series {
+            Some(s) if self.record.status == 200 => s.team(m, &self.record.team, |t| {
+                t.ok.inc();
+                if let Some((p, c)) = usage {
+                    t.prompt_tokens.inc_by(u64::from(p));
+                    t.completion_tokens.inc_by(u64::from(c));
+                }
+            }),
+            _ => {
+                m.requests
+                    .with_label_values(&[labels[0], labels[1], team, status_label(self.record.status)])
+                    .inc();
+                if let Some((p, c)) = usage {
                     m.prompt_tokens
                         .with_label_values(&[labels[0], labels[1], team])
                         .inc_by(u64::from(p));
@@ -295,13 +309,19 @@ impl Drop for Exchange {
                         .with_label_values(&[labels[0], labels[1], team])
                         .inc_by(u64::from(c));
                 }
+            }
+        }
+        let duration = now - self.arrival;
+        if let Some(s) = &self.series {
+            s.duration.observe(duration.as_secs_f64());
+            if ending == Ending::Finished {
                 s.slo_requests.inc();
                 if self.met_slo() {
                     s.goodput.inc();
                 }
             }
         }
-        self.record.outcome = ending.outcome().into();
+        self.record.outcome = ending.outcome();
         self.record.queue_ms = self.queue_wait.map(ms);
         self.record.ttft_ms = self.first_chunk.map(|t| ms(t - self.arrival));
         self.record.duration_ms = ms(duration);

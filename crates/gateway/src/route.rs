@@ -32,11 +32,13 @@ pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
 /// One admission class of a route.
 pub(crate) struct Class {
     pub(crate) config: ClassConfig,
+    /// The class's name, shared by each request's access record instead of copied.
+    pub(crate) name: Arc<str>,
     /// C, Q and Wq as configured: with Redis, shared by every gateway; `admission` then enforces
     /// this gateway's share of them while Redis is unreachable.
     pub(crate) limits: Limits,
     pub(crate) admission: Arc<Admission>,
-    pub(crate) series: ClassSeries,
+    pub(crate) series: Arc<ClassSeries>,
     /// `spillway_concurrency_limit` of this class, which an adaptive C moves.
     pub(crate) limit_gauge: IntGauge,
     /// Indices into the route's replicas that this class may use.
@@ -45,6 +47,8 @@ pub(crate) struct Class {
 
 pub(crate) struct Route {
     pub(crate) config: RouteConfig,
+    /// The route's model, shared by each request's access record instead of copied.
+    pub(crate) name: Arc<str>,
     pub(crate) classes: Vec<Class>,
     pub(crate) replicas: Vec<Arc<Replica>>,
     pub(crate) tokenizer: Tokenizer,
@@ -99,7 +103,7 @@ impl Route {
         let replicas = urls
             .iter()
             .map(
-                |url| match previous.and_then(|p| p.replicas.iter().find(|r| &r.url == url)) {
+                |url| match previous.and_then(|p| p.replicas.iter().find(|r| *r.url == **url)) {
                     Some(kept) => kept.clone(),
                     None => Arc::new(Replica::new(&config.model, url, metrics)),
                 },
@@ -128,6 +132,7 @@ impl Route {
                 .retry_budget_exhausted
                 .with_label_values(&[config.model.as_str()]),
             rename,
+            name: config.model.as_str().into(),
             config,
             classes,
             replicas,
@@ -279,9 +284,10 @@ impl Class {
             pool,
             limits,
             config: c.clone(),
+            name: c.name.as_str().into(),
             admission,
             limit_gauge,
-            series: metrics.class_series(route, &c.name),
+            series: Arc::new(metrics.class_series(route, &c.name)),
         }
     }
 }

@@ -323,9 +323,9 @@ where
     let table = g.table();
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
     let tenant = table.tenants.identify(auth(headers))?;
-    ex.record.team.clone_from(&tenant.team);
+    ex.record.team = tenant.team.clone();
     let route = table.route_for(&parsed, &tenant, headers)?;
-    ex.record.route.clone_from(&route.config.model);
+    ex.record.route = route.name.clone();
     let budgets = Budgets::new(
         &route.config.timeouts,
         prepare::caller_deadline(headers)?,

@@ -67,7 +67,7 @@ impl Table {
         };
         if !tenant.may_use(&route.config.model) {
             return Err(GatewayError::ModelNotAllowed {
-                team: tenant.team.clone(),
+                team: tenant.team.to_string(),
                 model: route.config.model.clone(),
             });
         }

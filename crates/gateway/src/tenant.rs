@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 /// A team, as requests carry it through the pipeline.
 pub(crate) struct Tenant {
-    pub(crate) team: String,
+    /// An `Arc`, so that each request's access record shares it instead of copying it.
+    pub(crate) team: Arc<str>,
     pub(crate) models: Vec<String>,
     pub(crate) priority: Priority,
     /// The team's whole quota (shared through Redis); `quota` enforces this gateway's share of it
@@ -66,7 +67,7 @@ impl Tenants {
         for (i, c) in config.iter().enumerate() {
             let limits = QuotaLimits::of(c);
             let local = limits.share(redis);
-            let quota = match previous.and_then(|p| p.tenants.iter().find(|k| k.team == c.team)) {
+            let quota = match previous.and_then(|p| p.tenants.iter().find(|k| *k.team == *c.team)) {
                 Some(kept) => {
                     kept.quota.set_limits(local);
                     kept.quota.clone()
@@ -74,7 +75,7 @@ impl Tenants {
                 None => Quota::new(&c.team, local),
             };
             t.tenants.push(Arc::new(Tenant {
-                team: c.team.clone(),
+                team: c.team.as_str().into(),
                 models: c.models.clone(),
                 priority: c.priority,
                 limits,
@@ -164,7 +165,7 @@ mod tests {
     fn keys_are_matched_by_digest() {
         let t = Tenants::new(&config(), None, None);
         let tenant = t.identify(Some("Bearer test")).unwrap();
-        assert_eq!(tenant.team, "search");
+        assert_eq!(&*tenant.team, "search");
         assert!(tenant.may_use("corp-chat") && !tenant.may_use("other"));
         assert_eq!(
             t.identify(Some("Bearer nope")).unwrap_err().code(),
@@ -194,13 +195,13 @@ mod tests {
             None,
             None,
         );
-        assert_eq!(t.identify(Some(&format!("Bearer {a}"))).unwrap().team, "search");
+        assert_eq!(&*t.identify(Some(&format!("Bearer {a}"))).unwrap().team, "search");
         assert!(t.identify(Some(&format!("Bearer {b}"))).is_err());
     }
 
     #[test]
     fn no_tenants_means_anonymous() {
         let t = Tenants::new(&[], None, None);
-        assert_eq!(t.identify(None).unwrap().team, "anonymous");
+        assert_eq!(&*t.identify(None).unwrap().team, "anonymous");
     }
 }

@@ -86,9 +86,9 @@ struct Attempt {
 /// How the request ended, as the exchange knows it when it is dropped.
 pub(crate) struct Summary {
     pub(crate) id: String,
-    pub(crate) route: String,
-    pub(crate) class: String,
-    pub(crate) team: String,
+    pub(crate) route: Arc<str>,
+    pub(crate) class: Arc<str>,
+    pub(crate) team: Arc<str>,
     pub(crate) status: u16,
     pub(crate) outcome: &'static str,
     /// The gateway's refusal or failure code, when it refused or failed the request.

@@ -44,7 +44,8 @@ struct Ejection {
 
 /// One upstream replica and its live state.
 pub(crate) struct Replica {
-    pub(crate) url: String,
+    /// An `Arc`, so that each request's access record shares it instead of copying it.
+    pub(crate) url: Arc<str>,
     /// Its idle connections, for the request path (health checks and scrapes use their own).
     pub(crate) conns: Arc<crate::upstream::h1::Conns>,
     /// The last attempt to reach it failed to connect (cleared by any answer).
@@ -93,7 +94,7 @@ impl Replica {
         let healthy = metrics.replica_healthy.with_label_values(&labels);
         healthy.set(1);
         Replica {
-            url: url.to_owned(),
+            url: url.into(),
             conns: Arc::new(crate::upstream::h1::Conns::new(url)),
             unreachable: AtomicBool::new(false),
             healthy: AtomicBool::new(true),

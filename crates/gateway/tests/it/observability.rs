@@ -89,7 +89,7 @@ async fn request_ids_round_trip_and_reach_the_access_log() {
         .find(|r| r.id == "req-abc.123")
         .expect("logged under its ID");
     assert_eq!(
-        (rec.route.as_str(), rec.class.as_str(), rec.team.as_str()),
+        (&*rec.route, &*rec.class, &*rec.team),
         ("chat", "interactive", "anonymous")
     );
     assert_eq!(rec.status, 200);
