@@ -108,10 +108,119 @@ pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
 fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
     let key = NEEDLES.usage_key.rfind(body)?;
     let from = key + NEEDLES.usage_key.needle().len();
-    let mut objects = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Usage>();
-    let usage = objects.next()?.ok()?;
-    let rest = &body[from + objects.byte_offset()..];
-    (rest.trim_ascii() == b"}").then_some((usage.prompt_tokens, usage.completion_tokens))
+    let (usage, len) = match flat_usage(&body[from..]) {
+        Some(read) => read,
+        None => {
+            let mut objects = serde_json::Deserializer::from_slice(&body[from..]).into_iter::<Usage>();
+            let usage = objects.next()?.ok()?;
+            (
+                (usage.prompt_tokens, usage.completion_tokens),
+                objects.byte_offset(),
+            )
+        }
+    };
+    (body[from + len..].trim_ascii() == b"}").then_some(usage)
+}
+
+/// A usage object read without serde (a quarter of its instructions), and how many bytes it
+/// took, where it is as plain as vLLM and OpenAI write it: members whose values are whole numbers,
+/// `null`, or objects of those (`prompt_tokens_details`). Anything else, however valid, is `None`,
+/// and serde reads it instead: this never accepts what serde would refuse (a test holds the two
+/// equal).
+fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
+    let mut at = 0;
+    let (mut prompt, mut completion) = (None, None);
+    let mut fields = |key: &[u8], value: Option<u64>| {
+        let slot = match key {
+            b"prompt_tokens" => &mut prompt,
+            b"completion_tokens" => &mut completion,
+            _ => return true,
+        };
+        *slot = match (&slot, value.and_then(|v| u32::try_from(v).ok())) {
+            (None, Some(v)) => Some(v),
+            // Twice, or not a u32.
+            _ => return false,
+        };
+        true
+    };
+    members(json, &mut at, 0, &mut fields)?;
+    Some(((prompt?, completion?), at))
+}
+
+/// The members of the object at `json[*at..]` (after blanks), each key with its value when that
+/// is a whole number, moving `at` past the object; nested objects, to one level, are passed
+/// over. `None` for anything else, or when `each` says false.
+fn members(
+    json: &[u8],
+    at: &mut usize,
+    depth: u8,
+    each: &mut dyn FnMut(&[u8], Option<u64>) -> bool,
+) -> Option<()> {
+    let blanks = |at: &mut usize| {
+        while json
+            .get(*at)
+            .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
+        {
+            *at += 1;
+        }
+    };
+    let expect = |at: &mut usize, b: u8| {
+        blanks(at);
+        (json.get(*at) == Some(&b)).then(|| *at += 1)
+    };
+    expect(at, b'{')?;
+    blanks(at);
+    if json.get(*at) == Some(&b'}') {
+        *at += 1;
+        return Some(());
+    }
+    loop {
+        expect(at, b'"')?;
+        // An escape, a control character or a byte outside ASCII ends the plain reading.
+        let len = json[*at..]
+            .iter()
+            .position(|b| *b == b'"' || *b == b'\\' || *b < 0x20 || *b >= 0x80)?;
+        let key = &json[*at..*at + len];
+        *at += len;
+        expect(at, b'"')?;
+        expect(at, b':')?;
+        blanks(at);
+        match json.get(*at)? {
+            b'0'..=b'9' => {
+                let digits = json[*at..].iter().take_while(|b| b.is_ascii_digit()).count();
+                // JSON has no leading zeros; a fraction or an exponent goes to serde.
+                if digits > 15 || (digits > 1 && json[*at] == b'0') {
+                    return None;
+                }
+                let n = json[*at..*at + digits]
+                    .iter()
+                    .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+                *at += digits;
+                if matches!(json.get(*at), Some(b'.' | b'e' | b'E')) {
+                    return None;
+                }
+                each(key, Some(n)).then_some(())?;
+            }
+            b'n' if json[*at..].starts_with(b"null") => {
+                *at += 4;
+                each(key, None).then_some(())?;
+            }
+            b'{' if depth == 0 => {
+                members(json, at, 1, &mut |_, _| true)?;
+                each(key, None).then_some(())?;
+            }
+            _ => return None,
+        }
+        blanks(at);
+        match json.get(*at)? {
+            b',' => *at += 1,
+            b'}' => {
+                *at += 1;
+                return Some(());
+            }
+            _ => return None,
+        }
+    }
 }
 
 /// Puts the public model name back where the replica wrote its own (`"model":"<upstream>"`), so
@@ -865,5 +974,64 @@ mod tests {
         }
         assert_eq!(usage_last(format!(r#"{{"usage":{u}}}"#).as_bytes()), Some((3, 5)));
         assert_eq!(usage_last(format!(r#"{{"x":{{"usage":{u}}}}}"#).as_bytes()), None);
+    }
+
+    /// The hand-read usage is serde's wherever the hand reading answers, and answers for what
+    /// vLLM and OpenAI write: every body here, and each cut short or with one byte changed.
+    #[test]
+    fn flat_usage_agrees_with_serde() {
+        let serde = |json: &[u8]| -> Option<((u32, u32), usize)> {
+            let mut objects = serde_json::Deserializer::from_slice(json).into_iter::<Usage>();
+            let usage = objects.next()?.ok()?;
+            Some((
+                (usage.prompt_tokens, usage.completion_tokens),
+                objects.byte_offset(),
+            ))
+        };
+        let bodies = [
+            r#"{"prompt_tokens":5,"total_tokens":21,"completion_tokens":16,"prompt_tokens_details":null}"#,
+            r#"{"prompt_tokens":19,"completion_tokens":10,"total_tokens":29,"prompt_tokens_details":{"cached_tokens":0,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":0,"audio_tokens":0,"accepted_prediction_tokens":0,"rejected_prediction_tokens":0}}"#,
+            r#" { "prompt_tokens" : 0 ,
+                "completion_tokens":4294967295 } "#,
+            r#"{"prompt_tokens":4294967296,"completion_tokens":1}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,"prompt_tokens":3}"#,
+            r#"{"prompt_tokens":1.0,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1e2,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":-1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":01,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":"1","completion_tokens":2}"#,
+            r#"{"prompt_tokens":null,"completion_tokens":2}"#,
+            r#"{"completion_tokens":2}"#,
+            r#"{"prompt_t\u006fkens":1,"completion_tokens":2}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,"x":[1,2],"y":"z","w":true}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,"d":{"a":{"b":1}}}"#,
+            r#"{"prompt_tokens":1,"completion_tokens":2,}"#,
+            r#"{}"#,
+        ];
+        let mut answered = 0;
+        for body in bodies {
+            let body = body.as_bytes();
+            let mut variants = vec![body.to_vec()];
+            for i in 0..body.len() {
+                variants.push(body[..i].to_vec());
+                for b in [
+                    b'}', b'{', b'"', b',', b':', b'0', b'9', b' ', b'x', b'\\', b'.', b'-', 0xff,
+                ] {
+                    let mut v = body.to_vec();
+                    v[i] = b;
+                    variants.push(v);
+                }
+            }
+            for v in variants {
+                if let Some(read) = flat_usage(&v) {
+                    answered += 1;
+                    assert_eq!(Some(read), serde(&v), "{}", String::from_utf8_lossy(&v));
+                }
+            }
+        }
+        for body in &bodies[..3] {
+            assert!(flat_usage(body.as_bytes()).is_some(), "{body}");
+        }
+        assert!(answered > 500, "{answered}");
     }
 }
