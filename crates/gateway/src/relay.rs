@@ -304,6 +304,9 @@ impl Events {
         let token = std::cell::Cell::new(false);
         let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
+            // Room for what this piece's events become, taken at once: growing `out` event by
+            // event would copy what it holds each time it doubles.
+            out.reserve(data.len());
             splitter.feed_slices(data, |e| {
                 events += 1;
                 if pass_on(ex, e, now, rename.as_ref(), *strip_usage, out) != EventKind::Other {

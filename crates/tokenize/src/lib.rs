@@ -96,7 +96,8 @@ fn estimate(text: &str) -> Vec<u32> {
 /// The text a chat request is tokenized as: a fixed, documented template standing in for the
 /// model's own (`<|role|>` header, content, end marker; then the assistant header).
 pub fn chat_prompt<'a>(messages: impl Iterator<Item = (&'a str, Cow<'a, str>)>) -> String {
-    let mut out = String::new();
+    // Room for a short conversation at once, rather than four growths of an empty string.
+    let mut out = String::with_capacity(256);
     for (role, content) in messages {
         out.push_str("<|");
         out.push_str(role);
