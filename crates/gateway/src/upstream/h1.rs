@@ -689,7 +689,7 @@ fn decode_from(
                 }
             }
             Framing::Chunked(state) => {
-                let Some(end) = memchr::memchr(b'\n', &rest[..rest.len().min(MAX_LINE)]) else {
+                let Some(end) = line_end(rest) else {
                     if rest.len() >= MAX_LINE {
                         return Err(Error::Protocol("a chunk line is over 4 KiB"));
                     }
@@ -710,6 +710,17 @@ fn decode_from(
                 *at += end + 1;
             }
         }
+    }
+}
+
+/// Where the line at the start of `rest` ends (its line feed), within [`MAX_LINE`]. A chunk's
+/// lines are short (a size in hex, an empty line after its data): a plain look at the first bytes
+/// finds the end before `memchr` would have set up; longer lines (extensions) go to `memchr`.
+fn line_end(rest: &[u8]) -> Option<usize> {
+    match rest.iter().take(16).position(|b| *b == b'\n') {
+        Some(end) => Some(end),
+        None if rest.len() <= 16 => None,
+        None => memchr::memchr(b'\n', &rest[16..rest.len().min(MAX_LINE)]).map(|end| 16 + end),
     }
 }
 

@@ -26,10 +26,11 @@ fn decode_in_pieces(
 fn a_chunked_body_decodes_the_same_however_it_is_cut() {
     let second = b": ping\n\ndata: {\"x\":1}\n\n";
     let wire = [
-        &b"0005;ext=1\r\nhello\r\n"[..],
+        // Lines longer than the first look of `line_end`, and shorter.
+        &b"0005;ext=1;name=a-long-extension\r\nhello\r\n"[..],
         format!("{:X} \r\n", second.len()).as_bytes(),
         second,
-        b"\r\n0\r\nx-trailer: y\r\n\r\n",
+        b"\r\n0\r\nx-trailer: y\r\nx-longer-trailer: with a longer value\r\n\r\n",
     ]
     .concat();
     let wire = &wire[..];
