@@ -212,7 +212,14 @@ impl Exchange {
             }
             Some(prev) => {
                 if let Some(s) = &self.series {
-                    s.itl.observe((now - prev).as_secs_f64());
+                    // Events of one read share their instant (a replica wrote them faster than
+                    // they were read): their gap is nothing, known without a subtraction.
+                    let gap = if now == prev {
+                        0.0
+                    } else {
+                        (now - prev).as_secs_f64()
+                    };
+                    s.itl.observe(gap);
                 }
             }
         }
