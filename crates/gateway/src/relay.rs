@@ -128,7 +128,6 @@ fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
 /// and serde reads it instead: this never accepts what serde would refuse (a test holds the two
 /// equal).
 fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
-    let mut at = 0;
     let (mut prompt, mut completion) = (None, None);
     let mut fields = |key: &[u8], value: Option<u64>| {
         let slot = match key {
@@ -143,81 +142,76 @@ fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
         };
         true
     };
-    members(json, &mut at, 0, &mut fields)?;
-    Some(((prompt?, completion?), at))
+    let end = members(json, 0, 0, &mut fields)?;
+    Some(((prompt?, completion?), end))
 }
 
-/// The members of the object at `json[*at..]` (after blanks), each key with its value when that
-/// is a whole number, moving `at` past the object; nested objects, to one level, are passed
-/// over. `None` for anything else, or when `each` says false.
+/// The members of the object at `json[at..]` (after blanks), each key with its value when that
+/// is a whole number; nested objects, to one level, are passed over. Where the object ends, or
+/// `None` for anything else, or when `each` says false.
 fn members(
     json: &[u8],
-    at: &mut usize,
+    at: usize,
     depth: u8,
     each: &mut dyn FnMut(&[u8], Option<u64>) -> bool,
-) -> Option<()> {
-    let blanks = |at: &mut usize| {
-        while json
-            .get(*at)
-            .is_some_and(|b| matches!(b, b' ' | b'\n' | b'\r' | b'\t'))
-        {
-            *at += 1;
+) -> Option<usize> {
+    let blanks = |mut at: usize| {
+        while let Some(b' ' | b'\n' | b'\r' | b'\t') = json.get(at) {
+            at += 1;
         }
+        at
     };
-    let expect = |at: &mut usize, b: u8| {
-        blanks(at);
-        (json.get(*at) == Some(&b)).then(|| *at += 1)
+    // The index just past `b`, the next byte after blanks.
+    let past = |at: usize, b: u8| {
+        let at = blanks(at);
+        (json.get(at) == Some(&b)).then_some(at + 1)
     };
-    expect(at, b'{')?;
-    blanks(at);
-    if json.get(*at) == Some(&b'}') {
-        *at += 1;
-        return Some(());
+    let mut at = past(at, b'{')?;
+    if let Some(end) = past(at, b'}') {
+        return Some(end);
     }
     loop {
-        expect(at, b'"')?;
+        at = past(at, b'"')?;
         // An escape, a control character or a byte outside ASCII ends the plain reading.
-        let len = json[*at..]
+        let len = json[at..]
             .iter()
             .position(|b| *b == b'"' || *b == b'\\' || *b < 0x20 || *b >= 0x80)?;
-        let key = &json[*at..*at + len];
-        *at += len;
-        expect(at, b'"')?;
-        expect(at, b':')?;
-        blanks(at);
-        match json.get(*at)? {
+        let key = &json[at..at + len];
+        at = past(at + len, b'"')?;
+        at = blanks(past(at, b':')?);
+        let value = match *json.get(at)? {
             b'0'..=b'9' => {
-                let digits = json[*at..].iter().take_while(|b| b.is_ascii_digit()).count();
+                let digits = json[at..].iter().take_while(|b| b.is_ascii_digit()).count();
                 // JSON has no leading zeros; a fraction or an exponent goes to serde.
-                if digits > 15 || (digits > 1 && json[*at] == b'0') {
+                if digits > 15 || (digits > 1 && json[at] == b'0') {
                     return None;
                 }
-                let n = json[*at..*at + digits]
+                let n = json[at..at + digits]
                     .iter()
                     .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
-                *at += digits;
-                if matches!(json.get(*at), Some(b'.' | b'e' | b'E')) {
+                at += digits;
+                if let Some(b'.' | b'e' | b'E') = json.get(at) {
                     return None;
                 }
-                each(key, Some(n)).then_some(())?;
+                Some(n)
             }
-            b'n' if json[*at..].starts_with(b"null") => {
-                *at += 4;
-                each(key, None).then_some(())?;
+            b'n' if json[at..].starts_with(b"null") => {
+                at += 4;
+                None
             }
             b'{' if depth == 0 => {
-                members(json, at, 1, &mut |_, _| true)?;
-                each(key, None).then_some(())?;
+                at = members(json, at, 1, &mut |_, _| true)?;
+                None
             }
             _ => return None,
+        };
+        if !each(key, value) {
+            return None;
         }
-        blanks(at);
-        match json.get(*at)? {
-            b',' => *at += 1,
-            b'}' => {
-                *at += 1;
-                return Some(());
-            }
+        at = blanks(at);
+        match json.get(at)? {
+            b',' => at += 1,
+            b'}' => return Some(at + 1),
             _ => return None,
         }
     }
@@ -305,8 +299,15 @@ impl Events {
         let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
             // Room for what this piece's events become, taken at once: growing `out` event by
-            // event would copy what it holds each time it doubles.
-            out.reserve(data.len());
+            // event would copy what it holds each time it doubles. An empty buffer too small is
+            // replaced, not grown (a reallocation copies the old room, used or not).
+            if out.capacity() - out.len() < data.len() {
+                if out.is_empty() {
+                    *out = BytesMut::with_capacity(data.len().max(OUT_CAPACITY));
+                } else {
+                    out.reserve(data.len());
+                }
+            }
             splitter.feed_slices(data, |e| {
                 events += 1;
                 if pass_on(ex, e, now, rename.as_ref(), *strip_usage, out) != EventKind::Other {
