@@ -239,11 +239,11 @@ pub struct Permit {
 }
 
 impl Permit {
-    fn new(admission: Arc<Admission>, queue_wait: Duration) -> Permit {
+    fn new(admission: Arc<Admission>, queue_wait: Duration, granted_at: Instant) -> Permit {
         Permit {
             admission,
             queue_wait,
-            granted_at: Instant::now(),
+            granted_at,
         }
     }
 
@@ -416,7 +416,7 @@ impl Admission {
     /// share, should Redis fail, starts from what this gateway already has in flight.
     pub(crate) fn admit_counted(self: &Arc<Self>, queue_wait: Duration) -> Permit {
         self.lock().in_flight += 1;
-        Permit::new(self.clone(), queue_wait)
+        Permit::new(self.clone(), queue_wait, Instant::now())
     }
 
     /// For limits shared through Redis: how many waiters may be ahead of a request before its
@@ -465,7 +465,7 @@ impl Admission {
                 if let Some(a) = s.adaptive.as_mut() {
                     a.peak = a.peak.max(in_flight);
                 }
-                return Ok(Permit::new(self.clone(), Duration::ZERO));
+                return Ok(Permit::new(self.clone(), Duration::ZERO, start));
             }
             let lane = match priority {
                 Priority::Critical => 0,
@@ -519,7 +519,8 @@ impl Admission {
         let granted = matches!(tokio::time::timeout(budget, &mut guard.rx).await, Ok(Ok(())));
         if granted || guard.leave() {
             guard.done = true;
-            return Ok(Permit::new(self.clone(), start.elapsed()));
+            let now = Instant::now();
+            return Ok(Permit::new(self.clone(), now - start, now));
         }
         let now = Instant::now();
         let retry_after = self.lock().retry_after(0, now);

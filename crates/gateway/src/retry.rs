@@ -31,9 +31,9 @@ impl RetryBudget {
         self.windows.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Counts a request's first attempt.
-    pub(crate) fn request(&self) {
-        self.lock().0.add(Instant::now(), 1);
+    /// Counts a request's first attempt, made at `now`.
+    pub(crate) fn request(&self, now: Instant) {
+        self.lock().0.add(now, 1);
     }
 
     /// Takes one retry from the budget; false (and nothing taken) when it is spent.
@@ -67,7 +67,7 @@ mod tests {
     async fn retries_stay_within_the_ratio_plus_the_floor() {
         let budget = RetryBudget::new(0.1, 1);
         for _ in 0..100 {
-            budget.request();
+            budget.request(Instant::now());
         }
         // 10 s window: 0.1 × 100 + 1/s × 10 s = 20 retries, then none.
         let granted = (0..50).filter(|_| budget.try_retry()).count();

@@ -178,8 +178,13 @@ impl Route {
     /// An eligible replica (healthy, not drained, not ejected) of `pool` (a class's replicas) not
     /// in `tried`, by the route's balancer; `None` when none is left. A replica that said it was
     /// busy is passed over while another is free: backpressure, not ejection.
-    pub(crate) fn pick(&self, pool: &[usize], tried: &[usize], prefix_key: u64) -> Option<ReplicaGuard> {
-        let now = Instant::now();
+    pub(crate) fn pick(
+        &self,
+        pool: &[usize],
+        tried: &[usize],
+        prefix_key: u64,
+        now: Instant,
+    ) -> Option<ReplicaGuard> {
         let eligible: Vec<usize> = pool
             .iter()
             .copied()
@@ -209,7 +214,7 @@ impl Route {
         let now = Instant::now();
         let out = self.replicas.iter().filter(|r| r.is_ejected(now)).count();
         let cap = (self.replicas.len() * o.max_ejected_percent as usize / 100).max(1);
-        if let Some(time) = replica.observe(what, o, out < cap) {
+        if let Some(time) = replica.observe(what, o, out < cap, now) {
             tracing::warn!(route = %self.config.model, replica = %replica.url, ?time, "replica ejected");
         }
     }

@@ -58,10 +58,12 @@ pub(crate) async fn call(
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
     let mut tried: Vec<usize> = Vec::with_capacity(attempts);
-    route.budget.request();
-    ex.upstream_start = Some(Instant::now());
+    // One reading of the clock for the first attempt's accounting and pick; a retry reads again.
+    let mut now = Instant::now();
+    route.budget.request(now);
+    ex.upstream_start = Some(now);
     loop {
-        let Some(replica) = route.pick(pool, &tried, prepared.prefix_key) else {
+        let Some(replica) = route.pick(pool, &tried, prepared.prefix_key, now) else {
             return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
         };
         tried.push(replica.index);
@@ -99,6 +101,7 @@ pub(crate) async fn call(
         tokio::time::sleep(wait).await;
         route.retries.inc();
         ex.record.retries += 1;
+        now = Instant::now();
     }
 }
 

@@ -178,8 +178,8 @@ impl Replica {
         what: Observation,
         outlier: &OutlierConfig,
         may_eject: bool,
+        now: Instant,
     ) -> Option<Duration> {
-        let now = Instant::now();
         let g = &self.gauges;
         match what {
             Observation::Served | Observation::ClientError => {
