@@ -86,11 +86,14 @@ pub(crate) struct Exchange {
     chunks: u32,
     pub(crate) usage: Option<(u32, u32)>,
     /// The team's quota slot, settled with the real usage when this is dropped.
-    quota: Option<crate::quota::QuotaPermit>,
+    /// Boxed, as only a team with a quota has one (see `lease`).
+    quota: Option<Box<crate::quota::QuotaPermit>>,
     /// The team's windows for the `x-ratelimit-*` headers.
     pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
-    pub(crate) lease: Option<crate::shared::Lease>,
+    /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
+    /// every request's record (moved several times on its way) twice as large.
+    pub(crate) lease: Option<Box<crate::shared::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
     pub(crate) trace: crate::traces::Trace,
 }
@@ -136,7 +139,7 @@ impl Exchange {
     /// The team's quota let the request through (`None`: the team has no quota).
     pub(crate) fn quota_admitted(&mut self, permit: Option<crate::quota::QuotaPermit>) {
         self.rate_headers = permit.as_ref().map(|p| p.headers);
-        self.quota = permit;
+        self.quota = permit.map(Box::new);
     }
 
     /// The request holds a slot until this record is dropped.

@@ -13,6 +13,7 @@ use memchr::memmem;
 use protocol::sse::EventSplitter;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::watch;
@@ -262,7 +263,8 @@ impl Rename {
 pub(crate) struct Events {
     upstream: Body,
     splitter: EventSplitter,
-    rename: Option<Rename>,
+    /// Shared with the route: a `Rename` (a searcher and two names) is ten times the pointer.
+    rename: Option<Arc<Rename>>,
     strip_usage: bool,
     /// Bytes for the client, until written: the front writes them from here and clears them,
     /// hyper's body takes them as pieces split off the front.
@@ -310,7 +312,7 @@ impl Events {
             }
             splitter.feed_slices(data, |e| {
                 events += 1;
-                if pass_on(ex, e, now, rename.as_ref(), *strip_usage, out) != EventKind::Other {
+                if pass_on(ex, e, now, rename.as_deref(), *strip_usage, out) != EventKind::Other {
                     token.set(true);
                 }
             });
@@ -334,7 +336,7 @@ impl Events {
 /// `budget` for the first token), and handles the events read meanwhile as the relay would.
 pub(crate) async fn open(
     upstream: Body,
-    rename: Option<Rename>,
+    rename: Option<Arc<Rename>>,
     strip_usage: bool,
     ex: &mut Exchange,
     deadline: Instant,

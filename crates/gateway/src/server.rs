@@ -431,7 +431,12 @@ async fn admit_with_redis(
     }
     // Admitted on this gateway's share: Redis learns of it when it is back.
     let team_slot = tenant.limits.max_parallel.is_some();
-    ex.lease = Some(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
+    ex.lease = Some(Box::new(shared.local_lease(
+        &route.config.model,
+        &class.config.name,
+        &tenant.team,
+        team_slot,
+    )));
     if shared.reachable() {
         // Redis is back (or coming back): it learns of the slot now, not at the next renewal,
         // so that the shared count includes it.
@@ -473,7 +478,7 @@ async fn admit_shared(
             // Counted here too, so that this gateway's share starts from it should Redis fail.
             let headers = admitted.headers.unwrap_or_default();
             ex.quota_admitted(tenant.quota.admit_counted(tokens, headers));
-            ex.lease = Some(admitted.lease);
+            ex.lease = Some(Box::new(admitted.lease));
             ex.admitted(admitted.permit);
             Ok(true)
         }
@@ -557,7 +562,7 @@ async fn answer(
             upstream.into_body(),
             budgets.deadline,
             budgets.total,
-            route.rename.as_ref(),
+            route.rename.as_deref(),
         )
         .await?;
         return Ok(Answer::Whole(body));
