@@ -5,7 +5,7 @@ use crate::config::{OverCap, Priority};
 use crate::error::GatewayError;
 use crate::route::Route;
 use crate::tenant::Tenant;
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use memchr::memmem;
 use protocol::error::parse_json;
@@ -17,6 +17,11 @@ use std::time::Duration;
 pub(crate) const DEADLINE_HEADER: &str = "x-spillway-deadline";
 /// The request header that lowers (or, on a gateway without tenants, sets) the priority.
 pub(crate) const PRIORITY_HEADER: &str = "x-spillway-priority";
+// As names made at compile time: looking a header up by a string checks and lowers its bytes
+// first, on every request.
+const PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
+const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
+const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
 
 /// Which OpenAI endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -406,7 +411,7 @@ fn with_usage_asked(object: &[u8]) -> Option<Vec<u8>> {
 /// The request's priority: the tenant's, or lower if the header asks; on a gateway without tenants
 /// the header may also raise it.
 fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority, GatewayError> {
-    let Some(value) = headers.get(PRIORITY_HEADER) else {
+    let Some(value) = headers.get(&PRIORITY) else {
         return Ok(tenant.priority);
     };
     let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
@@ -421,7 +426,7 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
 
 /// The caller's own budget from its deadline header, if it sent one.
 pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, GatewayError> {
-    let Some(v) = headers.get(DEADLINE_HEADER) else {
+    let Some(v) = headers.get(&DEADLINE) else {
         return Ok(None);
     };
     let s = v.to_str().unwrap_or("").trim();
@@ -445,7 +450,7 @@ pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, G
 /// A request ID we may echo and log: the client's if short and plain, else a fresh one.
 pub(crate) fn request_id(headers: &HeaderMap) -> String {
     headers
-        .get("x-request-id")
+        .get(&REQUEST_ID)
         .and_then(|v| v.to_str().ok())
         .filter(|s| {
             (1..=128).contains(&s.len())

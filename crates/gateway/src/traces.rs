@@ -191,14 +191,18 @@ impl Extractor for Headers<'_> {
     }
 }
 
+// Made at compile time: a lookup by string checks and lowers the name's bytes on every request.
+const TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static("traceparent");
+const TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static("tracestate");
+
 impl Trace {
     /// The request's tracing, from the caller's headers and this gateway's tracer (if any).
     pub(crate) fn start(tracer: Option<&Arc<Tracer>>, headers: &HeaderMap, arrival: Instant) -> Trace {
         let Some(tracer) = tracer else {
-            return match headers.get("traceparent") {
+            return match headers.get(&TRACEPARENT) {
                 Some(tp) => Trace::Forward(TraceHeaders {
                     traceparent: tp.clone(),
-                    tracestate: headers.get("tracestate").cloned(),
+                    tracestate: headers.get(&TRACESTATE).cloned(),
                 }),
                 None => Trace::Off,
             };
