@@ -257,10 +257,13 @@ pub(crate) fn apply(
         let engine_ttft = p95(g.engine_ttft);
         let engine_itl = p95(g.engine_itl);
         let engine_seen = e.running.is_some();
+        // A queue the engine holds through the window, not one request caught between its
+        // arrival and the next scheduler step when the gauge was read (closed-loop clients
+        // whose streams are cut come back at once).
         let engine_ok = engine_seen
             && engine_ttft.is_none_or(|v| v <= t.ttft_p95)
             && engine_itl.is_none_or(|v| v <= t.itl_p95)
-            && !present(e.waiting);
+            && !e.waiting.is_some_and(|l| l.mean() >= 1.0);
         if !engine_seen {
             blind.push(
                 "gateway timeouts seen but no engine metrics: cannot tell whether the engines are healthy"

@@ -297,6 +297,36 @@ fn gateway_timeouts_while_the_engine_is_healthy() {
     assert!(v.slo_breaches.iter().any(|e| e.stat == "error_ratio"));
 }
 
+/// One request between its arrival and the engine's next step when the gauge is read is no
+/// queue; a queue through the window is, and the timeouts are then not the gateway's alone.
+#[test]
+fn gateway_timeouts_stand_beside_a_momentary_waiting_request_not_a_queue() {
+    let (gb, ga) = (
+        gateway(0.0, 0.0, 0.0, 0.0, 4.0),
+        gateway(100.0, 12.0, 0.0, 0.0, 4.0),
+    );
+    for (before, after, timeouts) in [(0.0, 1.0, true), (2.0, 3.0, false)] {
+        let (eb, ea) = (
+            Engine {
+                waiting: before,
+                ..Engine::default()
+            },
+            Engine {
+                waiting: after,
+                ..Engine::default()
+            },
+        );
+        let (b, a) = (eb.before().text(KV, ITL_NAME), ea.text(KV, ITL_NAME));
+        let v = run(&[("e:1", &b), ("g:1", &gb)], &[("e:1", &a), ("g:1", &ga)]);
+        assert_eq!(
+            suspects(&v).contains(&Suspect::GatewayTimeouts),
+            timeouts,
+            "waiting {before}→{after}: {:#?}",
+            v.findings
+        );
+    }
+}
+
 #[test]
 fn a_queue_in_front_of_an_idle_gpu_points_at_the_process() {
     let stuck = Engine {
