@@ -64,14 +64,13 @@ pub(crate) struct ClassSeries {
     pub slo_requests: IntCounter,
     route: String,
     class: String,
-    /// The series of each team seen, found the first time by label: the teams of one
-    /// configuration, so a short list.
-    teams: std::sync::Mutex<Vec<TeamSeries>>,
+    /// The series of each team seen, found by label the first time: the teams of one
+    /// configuration.
+    teams: std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, TeamSeries>>,
 }
 
 /// A class's series for one team that every answered request moves.
 pub(crate) struct TeamSeries {
-    team: std::sync::Arc<str>,
     /// `spillway_requests_total` with status 200.
     pub ok: IntCounter,
     pub prompt_tokens: IntCounter,
@@ -87,23 +86,18 @@ impl ClassSeries {
         f: impl FnOnce(&TeamSeries) -> R,
     ) -> R {
         let mut teams = self.teams.lock().unwrap_or_else(|e| e.into_inner());
-        let at = match teams
-            .iter()
-            .position(|t| std::sync::Arc::ptr_eq(&t.team, team) || t.team == *team)
-        {
-            Some(at) => at,
-            None => {
-                let l = [self.route.as_str(), self.class.as_str(), team];
-                teams.push(TeamSeries {
-                    team: team.clone(),
-                    ok: metrics.requests.with_label_values(&[l[0], l[1], l[2], "200"]),
-                    prompt_tokens: metrics.prompt_tokens.with_label_values(&l),
-                    completion_tokens: metrics.completion_tokens.with_label_values(&l),
-                });
-                teams.len() - 1
+        if let Some(series) = teams.get(&**team) {
+            return f(series);
+        }
+        let series = teams.entry(team.clone()).or_insert_with(|| {
+            let l = [self.route.as_str(), self.class.as_str(), team];
+            TeamSeries {
+                ok: metrics.requests.with_label_values(&[l[0], l[1], l[2], "200"]),
+                prompt_tokens: metrics.prompt_tokens.with_label_values(&l),
+                completion_tokens: metrics.completion_tokens.with_label_values(&l),
             }
-        };
-        f(&teams[at])
+        });
+        f(series)
     }
 }
 
