@@ -287,7 +287,18 @@ routes:
         "the unsampled request left no span"
     );
 
-    let metrics = stack.metrics().await;
+    // The exporter counts a batch once the collector has answered, which can be just after the
+    // receiver has its spans: the count is waited for, within seconds.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let metrics = loop {
+        let metrics = stack.metrics().await;
+        if series(&metrics, "spillway_trace_spans_exported_total") >= 7.0
+            || tokio::time::Instant::now() >= deadline
+        {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     assert_eq!(
         series(
             &metrics,

@@ -288,6 +288,10 @@ async fn the_slot_frees(stack: &Stack, within: Duration, whose: &str) {
     loop {
         let r = stack.stream("chat", 2).await;
         if r.status() == 200 {
+            // Read to its end: a probe dropped after its head would race the rest of its stream
+            // and might end as a client's disconnect, which these tests count.
+            let body = r.text().await.unwrap();
+            assert!(body.contains("[DONE]"), "{body}");
             return;
         }
         assert!(
