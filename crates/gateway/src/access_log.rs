@@ -216,7 +216,7 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
         None => line.extend_from_slice(b"null"),
     }
     line.extend_from_slice(b",\"status\":");
-    line.extend_from_slice(itoa::Buffer::new().format(r.status).as_bytes());
+    int(line, r.status);
     line.extend_from_slice(b",\"outcome\":");
     string(line, r.outcome);
     line.extend_from_slice(if r.stream {
@@ -231,16 +231,16 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     line.extend_from_slice(b",\"duration_ms\":");
     millis(line, r.duration_ms);
     line.extend_from_slice(b",\"tokens_in\":");
-    optional(line, r.tokens_in, |l, n| {
-        l.extend_from_slice(itoa::Buffer::new().format(n).as_bytes())
-    });
+    optional(line, r.tokens_in, int);
     line.extend_from_slice(b",\"tokens_out\":");
-    optional(line, r.tokens_out, |l, n| {
-        l.extend_from_slice(itoa::Buffer::new().format(n).as_bytes())
-    });
+    optional(line, r.tokens_out, int);
     line.extend_from_slice(b",\"retries\":");
-    line.extend_from_slice(itoa::Buffer::new().format(r.retries).as_bytes());
+    int(line, r.retries);
     line.extend_from_slice(b"}\n");
+}
+
+fn int(line: &mut Vec<u8>, n: impl itoa::Integer) {
+    line.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 fn optional<T>(line: &mut Vec<u8>, value: Option<T>, write: impl FnOnce(&mut Vec<u8>, T)) {
@@ -278,7 +278,7 @@ fn millis(line: &mut Vec<u8>, v: f64) {
         return;
     }
     let micros = micros as u64;
-    line.extend_from_slice(itoa::Buffer::new().format(micros / 1000).as_bytes());
+    int(line, micros / 1000);
     let frac = micros % 1000;
     let digits = [
         b'0' + (frac / 100) as u8,

@@ -66,7 +66,9 @@ pub(crate) struct ClassSeries {
     class: String,
     /// The series of each team seen, found by label the first time: the teams of one
     /// configuration.
-    teams: std::sync::Mutex<std::collections::HashMap<std::sync::Arc<str>, TeamSeries>>,
+    /// A read lock for the usual lookup, so that workers answering the same class do not take
+    /// turns for it.
+    teams: std::sync::RwLock<std::collections::HashMap<std::sync::Arc<str>, TeamSeries>>,
 }
 
 /// A class's series for one team that every answered request moves.
@@ -85,10 +87,10 @@ impl ClassSeries {
         team: &std::sync::Arc<str>,
         f: impl FnOnce(&TeamSeries) -> R,
     ) -> R {
-        let mut teams = self.teams.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(series) = teams.get(&**team) {
+        if let Some(series) = self.teams.read().unwrap_or_else(|e| e.into_inner()).get(&**team) {
             return f(series);
         }
+        let mut teams = self.teams.write().unwrap_or_else(|e| e.into_inner());
         let series = teams.entry(team.clone()).or_insert_with(|| {
             let l = [self.route.as_str(), self.class.as_str(), team];
             TeamSeries {
@@ -270,7 +272,7 @@ impl Metrics {
         ClassSeries {
             route: route.to_owned(),
             class: class.to_owned(),
-            teams: std::sync::Mutex::default(),
+            teams: std::sync::RwLock::default(),
             queue_wait: self.queue_wait.with_label_values(l),
             ttft: self.ttft.with_label_values(l),
             itl: self.itl.with_label_values(l),

@@ -136,11 +136,12 @@ fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
             b"completion_tokens" => &mut completion,
             _ => return true,
         };
-        *slot = match (&slot, value.and_then(|v| u32::try_from(v).ok())) {
-            (None, Some(v)) => Some(v),
-            // Twice, or not a u32.
-            _ => return false,
-        };
+        // Twice, or not a u32: serde's to judge.
+        let value = value.and_then(|v| u32::try_from(v).ok());
+        if slot.is_some() || value.is_none() {
+            return false;
+        }
+        *slot = value;
         true
     };
     let end = members(json, 0, 0, &mut fields)?;
