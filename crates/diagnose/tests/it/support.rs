@@ -35,7 +35,7 @@ pub(crate) struct Served {
 }
 
 /// A healthy stack kept busy: one engine, its DCGM listener, a gateway with room for the load,
-/// and 18 closed-loop clients for its 16 slots. Judged the same by direct scraping and through
+/// and 20 closed-loop clients for its 16 slots. Judged the same by direct scraping and through
 /// Prometheus.
 pub(crate) struct Busy {
     engine: RunningEngine,
@@ -60,10 +60,12 @@ pub(crate) async fn busy_but_healthy() -> Busy {
         "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }",
     )
     .await;
-    // Two clients more than C: the gateway's queue covers a client's turn between two requests,
+    // More clients than C: the gateway's queue covers a client's turn between two requests,
     // so in flight stays at C whenever it is sampled. With exactly C clients, a machine slow
     // enough to stretch those turns sampled 10 of 16 once, under the 80% that "busy" asks.
-    let _load = closed(&gateway.url, 18, 100, 50);
+    // Their answers are of different lengths: with one length, the batch fell into step and
+    // finished together, and CI sampled 7 of 16 in the gap before the clients came back.
+    let _load = closed_spread(&gateway.url, 20, 100, 30..=70);
     Busy {
         engine,
         dcgm,
@@ -155,6 +157,31 @@ pub(crate) fn closed(url: &str, clients: usize, prompt_tokens: usize, max_tokens
             tokio::time::sleep(Duration::from_millis(10) * i as u32).await;
             loop {
                 one(&c, &url, prompt_tokens, max_tokens).await;
+            }
+        });
+    }
+    Load(set)
+}
+
+/// Like [`closed`], but client `i`'s answers are of a length of its own, spread over
+/// `max_tokens`, so that their requests do not end in the same engine step.
+pub(crate) fn closed_spread(
+    url: &str,
+    clients: usize,
+    prompt_tokens: usize,
+    max_tokens: std::ops::RangeInclusive<u32>,
+) -> Load {
+    let mut set = JoinSet::new();
+    let c = client();
+    let (low, span) = (*max_tokens.start(), max_tokens.end() - max_tokens.start() + 1);
+    for i in 0..clients {
+        let (c, url) = (c.clone(), url.to_owned());
+        // 17 is prime to any span used here: consecutive clients land far apart in the range.
+        let tokens = low + (i as u32 * 17) % span;
+        set.spawn(async move {
+            tokio::time::sleep(Duration::from_millis(10) * i as u32).await;
+            loop {
+                one(&c, &url, prompt_tokens, tokens).await;
             }
         });
     }
