@@ -29,6 +29,24 @@ const CUT_GRACE: Duration = Duration::from_millis(500);
 /// descriptor the gateway is short of.
 const OVER_LIMIT_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// Connections the kernel may hold, handshake done, until the accept loop takes them (capped by
+/// `net.core.somaxconn`). `TcpListener::bind` asks for 128: a burst of clients past that has its
+/// handshakes dropped and retried a second later, a second added to their first token.
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// Binds a listener as the gateway's and the simulated engine's are bound: address reuse, as
+/// `TcpListener::bind` sets, and a backlog of [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Client connections allowed by default: half of what the open-files limit leaves after a
 /// reserve, since each client stream also holds an upstream connection.
 pub(crate) fn default_max_connections() -> usize {
@@ -53,7 +71,7 @@ pub async fn run(
     let _stop_probes = StopProbes(&gateway);
     let _admin = match &gateway.config.admin {
         Some(a) => {
-            let admin = TcpListener::bind(a.listen).await?;
+            let admin = bind(a.listen)?;
             let _ = gateway.admin_addr.set(admin.local_addr()?);
             let app = crate::admin::router(gateway.clone());
             Some(AbortOnDrop(tokio::spawn(async move {
@@ -239,4 +257,37 @@ fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
             },
         ))
         .with_state(gateway)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A burst of clients while the accept loop is busy: every handshake completes in the kernel's
+    /// queue, none waits for a retried SYN. With `TcpListener::bind`'s 128, 129 got in and the
+    /// rest were still waiting after 3 s.
+    #[tokio::test]
+    async fn a_burst_of_connections_is_queued_not_dropped() {
+        let burst = 400;
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if somaxconn <= burst {
+            println!("skipped: net.core.somaxconn is {somaxconn}, at most {burst} (it caps the backlog)");
+            return;
+        }
+        let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = listener.local_addr().unwrap();
+        // Nothing accepts while they connect.
+        let connects = (0..burst)
+            .map(|_| tokio::time::timeout(Duration::from_secs(3), tokio::net::TcpStream::connect(addr)));
+        let done = futures::future::join_all(connects).await;
+        let connected = done.iter().filter(|r| matches!(r, Ok(Ok(_)))).count();
+        assert_eq!(
+            connected, burst as usize,
+            "every handshake completed without an accept"
+        );
+        drop(listener);
+    }
 }

@@ -6,7 +6,6 @@ use gateway::access_log::AccessLog;
 use gateway::{Config, Gateway};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use tokio::net::TcpListener;
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
@@ -137,9 +136,7 @@ pub(crate) async fn serve(args: ServeArgs) -> Result<()> {
             }
         });
     }
-    let listener = TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = gateway::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     tracing::info!(%listen, routes = gateway.config.routes.len(), "gateway ready");
     gateway::run(listener, gateway, crate::engine_cmd::shutdown_signal()).await?;
     tracing::info!("stopped");
