@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Issue 10's item 4 in the peers harness's setup: direct, nginx and Spillway (and optionally a
+# second Spillway build) at CONC paced streams, one after another in each repetition, each run
+# logging every request (loadc --log), so that TTFT can be read past the opening burst, and the
+# proxy's RSS sampled half-way through the run (the in-flight figure, not the end's).
+#
+#   bench/scale.sh NAME CONC "MOCK_ARGS" REPS SECONDS spillway-binary [second-binary]
+#   python3 bench/scale.py target/scale-NAME [SKIP_MS]
+#
+# e.g. bench/scale.sh s2000 2000 "--itl-ms 100 --tokens 16" 3 8 target/release/spillway
+# Needs the peers harness built in target/peers (bench/README.md). The proxies run on core 1, the
+# mock and the client on core 0. Spillway listens on 18084 (and 18085) with C = Q = 4000.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+[ $# -ge 6 ] || { grep '^#   bench/scale\|^# e\.g\.' "$0"; exit 2; }
+NAME=$1 CONC=$2 MOCK_ARGS=$3 REPS=$4 DUR=$5 GW=$6 GW2=${7:-}
+[ -f target/peers/scripts/lib.sh ] || { echo "target/peers is missing: see bench/README.md" >&2; exit 1; }
+export RUN=$PWD/target/scale-run
+source target/peers/scripts/lib.sh
+# The harness's stop_all is written for scripts without -e: a process already gone would end it early.
+trap 'set +e; stop_all' EXIT
+OUT=$PWD/target/scale-$NAME
+mkdir -p "$OUT"
+rm -f "$OUT"/*
+config() { # port -> a config file
+  cat >"$RUN/gw-$1.yaml" <<EOF
+listen: 127.0.0.1:$1
+routes:
+  - model: mock
+    replicas: [http://127.0.0.1:18000]
+    timeouts: { connect: 5s }
+    classes:
+      - { name: interactive, concurrency: 4000, queue: 4000, queue_wait: 5s }
+EOF
+  echo "$RUN/gw-$1.yaml"
+}
+start_mock 18000 $MOCK_ARGS
+declare -A PORT=([direct]=18000) PID=([direct]=$LAST_PID)
+start_nginx 18081 18000
+PORT[nginx]=18081 PID[nginx]=$LAST_PID
+start_cmd 18084 18000 "$(realpath "$GW") serve --workers 1 --config $(config 18084)"
+PORT[spillway]=18084 PID[spillway]=$LAST_PID
+TARGETS="direct nginx spillway"
+if [ -n "$GW2" ]; then
+  start_cmd 18085 18000 "$(realpath "$GW2") serve --workers 1 --config $(config 18085)"
+  PORT[other]=18085 PID[other]=$LAST_PID
+  TARGETS="$TARGETS other"
+fi
+url() { echo "http://127.0.0.1:${PORT[$1]}/v1/chat/completions"; }
+for t in $TARGETS; do # warm up, then the idle RSS that the per-stream figure starts from
+  loadc --url "$(url "$t")" -H "$AUTH" -c 1 -n 50 --max-time-s 20 --json /dev/null 2>/dev/null
+  read -r _ idle < <(proc_usage "${PID[$t]}")
+  echo "$idle" >"$OUT/$t-idle-rss"
+done
+for rep in $(seq 1 "$REPS"); do
+  for t in $TARGETS; do
+    read -r p0 _ < <(proc_usage "${PID[$t]}")
+    (
+      sleep $((DUR / 2))
+      read -r _ rss < <(proc_usage "${PID[$t]}")
+      echo "$rss" >"$OUT/$t-r$rep.rss"
+    ) &
+    sampler=$!
+    loadc --url "$(url "$t")" -H "$AUTH" -c "$CONC" -n 2000000 --duration-s "$DUR" --max-time-s 60 \
+      --label "$t c=$CONC rep=$rep" --json "$OUT/$t-r$rep.json" --log "$OUT/$t-r$rep.csv" 2>&1 | grep '^\[' >&2
+    wait "$sampler"
+    read -r p1 _ < <(proc_usage "${PID[$t]}")
+    echo $((p1 - p0)) >"$OUT/$t-r$rep.cpu"
+    sleep 1
+  done
+done
+log "results in $OUT: python3 bench/scale.py $OUT [SKIP_MS]"
