@@ -33,5 +33,7 @@ for r in reps:
         idle = int(open(f"{run}/{t}-idle-rss").read())
         if t == "direct":
             base = (j["rps"], p50, p99)
-        errors = len(j["errors"]) + j["disconnected"]
+        # Failed requests: transport errors (a map of message to count), answers other than 200,
+        # and streams cut.
+        errors = sum(j["errors"].values()) + sum(n for code, n in j["status"].items() if code != "200") + j["disconnected"]
         print(f"{r:<3} {t:9} {j['rps']:7.1f} {j['rps'] / base[0]:7.3f} {p50:7.1f} {p99:7.1f} {p50 - base[1]:+7.1f} {p99 - base[2]:+7.1f} {len(ttft):6} {cpu:10.1f} {rss / 1024:7.1f} {(rss - idle) / j['concurrency']:9.1f} {errors}")

@@ -4,12 +4,13 @@
 # logging every request (loadc --log), so that TTFT can be read past the opening burst, and the
 # proxy's RSS sampled half-way through the run (the in-flight figure, not the end's).
 #
-#   bench/scale.sh NAME CONC "MOCK_ARGS" REPS SECONDS spillway-binary [second-binary]
+#   bench/scale.sh NAME CONC "MOCK_ARGS" REPS SECONDS spillway-binary [second-binary]   (whole seconds)
 #   python3 bench/scale.py target/scale-NAME [SKIP_MS]
 #
 # e.g. bench/scale.sh s2000 2000 "--itl-ms 100 --tokens 16" 3 8 target/release/spillway
 # Needs the peers harness built in target/peers (bench/README.md). The proxies run on core 1, the
-# mock and the client on core 0. Spillway listens on 18084 (and 18085) with C = Q = 4000.
+# mock and the client on core 0. Spillway listens on 18084 (and 18085) with C = Q = 4000. The
+# targets' order turns by one each repetition, so that no target always runs last.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 6 ] || { grep '^#   bench/scale\|^# e\.g\.' "$0"; exit 2; }
@@ -34,6 +35,13 @@ routes:
 EOF
   echo "$RUN/gw-$1.yaml"
 }
+for port in 18000 18081 18084 18085; do
+  # A server left from another run would be measured in place of the one this run starts.
+  if (echo >/dev/tcp/127.0.0.1/$port) 2>/dev/null; then
+    echo "port $port is in use: stop what listens there first" >&2
+    exit 1
+  fi
+done
 start_mock 18000 $MOCK_ARGS
 declare -A PORT=([direct]=18000) PID=([direct]=$LAST_PID)
 start_nginx 18081 18000
@@ -52,8 +60,13 @@ for t in $TARGETS; do # warm up, then the idle RSS that the per-stream figure st
   read -r _ idle < <(proc_usage "${PID[$t]}")
   echo "$idle" >"$OUT/$t-idle-rss"
 done
+for t in $TARGETS; do
+  kill -0 "${PID[$t]}" || { echo "$t did not start: see $RUN" >&2; exit 1; }
+done
+read -ra ORDER <<<"$TARGETS"
 for rep in $(seq 1 "$REPS"); do
-  for t in $TARGETS; do
+  turn=$(((rep - 1) % ${#ORDER[@]}))
+  for t in "${ORDER[@]:turn}" "${ORDER[@]:0:turn}"; do
     read -r p0 _ < <(proc_usage "${PID[$t]}")
     (
       sleep $((DUR / 2))

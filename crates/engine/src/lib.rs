@@ -102,6 +102,6 @@ pub fn spawn(listener: TcpListener, config: EngineConfig) -> Result<RunningEngin
 
 /// Binds `127.0.0.1:0` and starts a replica there: what tests use.
 pub async fn spawn_local(config: EngineConfig) -> Result<RunningEngine, EngineError> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let listener = server::listen(SocketAddr::from(([127, 0, 0, 1], 0)))?;
     spawn(listener, config)
 }

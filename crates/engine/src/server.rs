@@ -87,11 +87,29 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::
     }
 }
 
+/// Connections held for the accept loop, handshake done (capped by `net.core.somaxconn`), as
+/// the gateway's listener holds them (`gateway::bind`): `TcpListener::bind`'s 128 drops a burst
+/// of new clients' handshakes past it, to be retried a second later.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// Listens on `addr` as `TcpListener::bind` does (address reuse), with a backlog of
+/// [`LISTEN_BACKLOG`]. The gateway has its own: it does not depend on the engine.
+pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Binds the same address again after a refusal; the port may take a moment to be free.
 async fn rebind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let mut last = None;
     for _ in 0..50 {
-        match TcpListener::bind(addr).await {
+        match listen(addr) {
             Ok(l) => return Ok(l),
             Err(e) => last = Some(e),
         }

@@ -34,8 +34,8 @@ const OVER_LIMIT_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// handshakes dropped and retried a second later, a second added to their first token.
 pub const LISTEN_BACKLOG: u32 = 4096;
 
-/// Binds a listener as the gateway's and the simulated engine's are bound: address reuse, as
-/// `TcpListener::bind` sets, and a backlog of [`LISTEN_BACKLOG`].
+/// Binds the gateway's listeners: address reuse, as `TcpListener::bind` sets, and a backlog of
+/// [`LISTEN_BACKLOG`]. (`spillway engine` has the same in `engine::server::listen`.)
 pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?

@@ -19,7 +19,6 @@ use clap::Args;
 use engine::{EngineConfig, Preset, RunningEngine};
 use gateway::Gateway;
 use gateway::access_log::AccessLog;
-use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 use burst::{Outcomes, Shape};
@@ -404,8 +403,7 @@ impl Stack {
                     .context("cannot start a simulated engine")?,
             );
         }
-        let listener = TcpListener::bind("127.0.0.1:0")
-            .await
+        let listener = gateway::bind(std::net::SocketAddr::from(([127, 0, 0, 1], 0)))
             .context("cannot listen on 127.0.0.1 for the gateway")?;
         let addr = listener.local_addr()?;
         let replicas: Vec<String> = engines.iter().map(RunningEngine::url).collect();

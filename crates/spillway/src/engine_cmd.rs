@@ -170,7 +170,7 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
             .checked_add(i)
             .context("replica ports run past 65535")?;
         let addr = SocketAddr::new(args.listen.ip(), port);
-        let listener = gateway::bind(addr).with_context(|| format!("cannot listen on {addr}"))?;
+        let listener = engine::server::listen(addr).with_context(|| format!("cannot listen on {addr}"))?;
         let mut cfg = config.clone();
         cfg.seed = config.seed.wrapping_add(u64::from(i));
         let replica = engine::spawn(listener, cfg)?;
