@@ -145,17 +145,21 @@ async fn gateways(n: usize, yaml: &str, engine: &RunningEngine, redis: &Redis) -
     out
 }
 
-/// Redis calls of `g` that failed or did not answer in time: each one made `g` fall back to its
-/// share for a while, when the shared C may be passed by that share.
-async fn failed_calls(g: &Gw) -> u64 {
-    let text = http()
+async fn metrics(g: &Gw) -> String {
+    http()
         .get(format!("{}/metrics", g.url))
         .send()
         .await
         .unwrap()
         .text()
         .await
-        .unwrap();
+        .unwrap()
+}
+
+/// Redis calls of `g` that failed or did not answer in time: each one made `g` fall back to its
+/// share for a while, when the shared C may be passed by that share.
+async fn failed_calls(g: &Gw) -> u64 {
+    let text = metrics(g).await;
     text.lines()
         .filter(|l| {
             l.starts_with("spillway_redis_calls_total{")
@@ -166,14 +170,7 @@ async fn failed_calls(g: &Gw) -> u64 {
 }
 
 async fn mode_of(g: &Gw) -> (i64, i64) {
-    let text = http()
-        .get(format!("{}/metrics", g.url))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = metrics(g).await;
     let value = |mode: &str| {
         text.lines()
             .find(|l| l.starts_with(&format!("spillway_limits_mode{{mode=\"{mode}\"}}")))
