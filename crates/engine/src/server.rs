@@ -93,7 +93,7 @@ async fn accept(listener: Option<&TcpListener>) -> std::io::Result<(tokio::net::
 const LISTEN_BACKLOG: u32 = 4096;
 
 /// Listens on `addr` as `TcpListener::bind` does (address reuse), with a backlog of
-/// [`LISTEN_BACKLOG`]. The gateway has its own: it does not depend on the engine.
+/// 4,096 (`LISTEN_BACKLOG`). The gateway has its own: it does not depend on the engine.
 pub fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?

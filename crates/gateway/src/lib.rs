@@ -51,7 +51,7 @@ mod window;
 pub use config::Config;
 pub use error::GatewayError;
 pub use gateway::Gateway;
-pub use listener::{LISTEN_BACKLOG, bind, run};
+pub use listener::{bind, run};
 pub use quota::QuotaKind;
 pub use server::router;
 pub use tenant::{key_sha256, new_key};

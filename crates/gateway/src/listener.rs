@@ -32,10 +32,10 @@ const OVER_LIMIT_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// Connections the kernel may hold, handshake done, until the accept loop takes them (capped by
 /// `net.core.somaxconn`). `TcpListener::bind` asks for 128: a burst of clients past that has its
 /// handshakes dropped and retried a second later, a second added to their first token.
-pub const LISTEN_BACKLOG: u32 = 4096;
+const LISTEN_BACKLOG: u32 = 4096;
 
 /// Binds the gateway's listeners: address reuse, as `TcpListener::bind` sets, and a backlog of
-/// [`LISTEN_BACKLOG`]. (`spillway engine` has the same in `engine::server::listen`.)
+/// 4,096 (`LISTEN_BACKLOG`). (`spillway engine` has the same in `engine::server::listen`.)
 pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -288,6 +288,5 @@ mod tests {
             connected, burst as usize,
             "every handshake completed without an accept"
         );
-        drop(listener);
     }
 }

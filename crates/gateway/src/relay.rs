@@ -124,10 +124,10 @@ fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// A usage object read without serde (2,021 → 1,602 instructions for a stream's usage chunk,
-/// under callgrind), and how many bytes it took, where it is as plain as vLLM and OpenAI write it: members whose values are whole numbers,
-/// `null`, or objects of those (`prompt_tokens_details`). Anything else, however valid, is `None`,
-/// and serde reads it instead: this never accepts what serde would refuse (a test holds the two
-/// equal).
+/// under callgrind), and how many bytes it took, where it is as plain as vLLM and OpenAI write
+/// it: members whose values are whole numbers, `null`, or objects of those
+/// (`prompt_tokens_details`). Anything else, however valid, is `None`, and serde reads it
+/// instead: this never accepts what serde would refuse (a test holds the two equal).
 fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
     let (mut prompt, mut completion) = (None, None);
     let mut fields = |key: &[u8], value: Option<u64>| {

@@ -149,18 +149,7 @@ async fn one(client: &reqwest::Client, url: &str, prompt_tokens: usize, max_toke
 /// are 10 ms apart: clients started in the same instant would stay in lockstep, and the GPU would
 /// idle between their waves.
 pub(crate) fn closed(url: &str, clients: usize, prompt_tokens: usize, max_tokens: u32) -> Load {
-    let mut set = JoinSet::new();
-    let c = client();
-    for i in 0..clients {
-        let (c, url) = (c.clone(), url.to_owned());
-        set.spawn(async move {
-            tokio::time::sleep(Duration::from_millis(10) * i as u32).await;
-            loop {
-                one(&c, &url, prompt_tokens, max_tokens).await;
-            }
-        });
-    }
-    Load(set)
+    closed_spread(url, clients, prompt_tokens, max_tokens..=max_tokens)
 }
 
 /// Like [`closed`], but client `i`'s answers are of a length of its own, spread over
