@@ -1,6 +1,8 @@
 """Reads a bench/scale.sh run: per repetition and target, throughput against direct, TTFT p50 and
 p99 over the requests started at or after SKIP_MS (default 3500: past the opening burst, when
-every client connects and asks at once), CPU per request, RSS half-way and per in-flight stream."""
+every client connects and asks at once), CPU per request, RSS half-way and per in-flight stream.
+For an open-loop run (RATE set), the figures are `spillway bench`'s, past its warmup (SKIP_MS is
+not used), and the streams in flight are the arrivals per second times the mean stream's length."""
 import csv
 import json
 import os
@@ -15,6 +17,25 @@ def quantile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
+def open_loop(r, t, path):
+    global base
+    b = json.load(open(path + ".bench.json"))
+    level = b["levels"][0]
+    st = level["stats"]
+    rate = level["load"]["rate"]
+    sent = st["requests"] + level["warmup_requests"]
+    p50, p99 = st["ttft"]["p50"] * 1e3, st["ttft"]["p99"] * 1e3
+    if t == "direct":
+        base = (rate, p50, p99)
+    cpu = int(open(path + ".cpu").read()) / 100 / sent * 1e6
+    rss = int(open(f"{path}.rss").read())
+    idle = int(open(f"{run}/{t}-idle-rss").read())
+    in_flight = rate * st["e2e"]["mean"]
+    errors = st["requests"] - st["ok"]
+    lag = st["send_lag"]["p99"] * 1e3
+    print(f"{r:<3} {t:9} {rate:7.1f} {'open':>7} {p50:7.2f} {p99:7.2f} {p50 - base[1]:+7.2f} {p99 - base[2]:+7.2f} {st['requests']:6} {cpu:10.1f} {rss / 1024:7.1f} {(rss - idle) / in_flight:9.1f} {errors} (in flight {in_flight:.0f}, send lag p99 {lag:.1f} ms{', DISTORTED' if level['distorted'] else ''})")
+
+
 reps = sorted({int(f.split("-r")[1].split(".")[0]) for f in os.listdir(run) if f.startswith("direct-r") and f.endswith(".json")})
 print(f"TTFT over requests started at or after {skip:.0f} ms")
 print(f"{'rep':3} {'target':9} {'req/s':>7} {'÷direct':>7} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>7} {'+p99':>7} {'n':>6} {'CPU µs/req':>10} {'RSS MB':>7} {'KB/stream':>9} errors")
@@ -22,6 +43,9 @@ for r in reps:
     base = None
     for t in ["direct", "nginx", "spillway", "other"]:
         path = f"{run}/{t}-r{r}"
+        if os.path.exists(path + ".bench.json"):
+            open_loop(r, t, path)
+            continue
         if not os.path.exists(path + ".json"):
             continue
         j = json.load(open(path + ".json"))

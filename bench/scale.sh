@@ -8,6 +8,13 @@
 #   python3 bench/scale.py target/scale-NAME [SKIP_MS]
 #
 # e.g. bench/scale.sh s2000 2000 "--itl-ms 100 --tokens 16" 3 8 target/release/spillway
+#
+# loadc's closed loop keeps its clients in step: after the opening burst, most of a wave of CONC
+# requests starts within half a second. With RATE set, the client is `spillway bench` (the first
+# binary) in open loop instead: Poisson arrivals at RATE per second for SECONDS, the first WARMUP
+# seconds (default 4) left out of its statistics; CONC is then only the label, and the streams in
+# flight are RATE times the streams' length. e.g., about 2,000 streams of 3.2 s:
+#   RATE=625 bench/scale.sh o2000 2000 "--itl-ms 200 --tokens 16" 3 12 target/release/spillway
 # Needs the peers harness built in target/peers (bench/README.md). The proxies run on core 1, the
 # mock and the client on core 0. Spillway listens on 18084 (and 18085) with C = Q = 4000. The
 # targets' order turns by one each repetition, so that no target always runs last.
@@ -15,6 +22,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 6 ] || { grep '^#   bench/scale\|^# e\.g\.' "$0"; exit 2; }
 NAME=$1 CONC=$2 MOCK_ARGS=$3 REPS=$4 DUR=$5 GW=$6 GW2=${7:-}
+RATE=${RATE:-} WARMUP=${WARMUP:-4}
 [ -f target/peers/scripts/lib.sh ] || { echo "target/peers is missing: see bench/README.md" >&2; exit 1; }
 export RUN=$PWD/target/scale-run
 source target/peers/scripts/lib.sh
@@ -74,8 +82,16 @@ for rep in $(seq 1 "$REPS"); do
       echo "$rss" >"$OUT/$t-r$rep.rss"
     ) &
     sampler=$!
-    loadc --url "$(url "$t")" -H "$AUTH" -c "$CONC" -n 2000000 --duration-s "$DUR" --max-time-s 60 \
-      --label "$t c=$CONC rep=$rep" --json "$OUT/$t-r$rep.json" --log "$OUT/$t-r$rep.csv" 2>&1 | grep '^\[' >&2
+    if [ -n "$RATE" ]; then
+      # The output length is the mock's: it ignores max_tokens.
+      taskset -c "$CPU_LOAD" "$(realpath "$GW")" bench --url "http://127.0.0.1:${PORT[$t]}" --model mock \
+        --phases staircase --rate "$RATE" --arrivals poisson --duration "${DUR}s" --warmup "${WARMUP}s" \
+        --input-len 32 --output-len 16 --slo ttft_p99=60s --seed "$rep" --quiet \
+        --json "$OUT/$t-r$rep.bench.json" >/dev/null
+    else
+      loadc --url "$(url "$t")" -H "$AUTH" -c "$CONC" -n 2000000 --duration-s "$DUR" --max-time-s 60 \
+        --label "$t c=$CONC rep=$rep" --json "$OUT/$t-r$rep.json" --log "$OUT/$t-r$rep.csv" 2>&1 | grep '^\[' >&2
+    fi
     wait "$sampler"
     read -r p1 _ < <(proc_usage "${PID[$t]}")
     echo $((p1 - p0)) >"$OUT/$t-r$rep.cpu"

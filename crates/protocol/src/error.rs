@@ -72,7 +72,13 @@ impl std::error::Error for ApiError {}
 /// Parses a JSON request body; on failure the 400 names the field path and what was wrong with it.
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // Tracking the path costs an allocation per key: only a body that fails is read again with it.
-    if let Ok(value) = serde_json::from_slice(body) {
+    // A body checked as UTF-8 once is parsed as text: read as bytes, each string in it is checked
+    // again on its own (under callgrind, 770 of a small chat request's 3,700 instructions).
+    let fast = match std::str::from_utf8(body) {
+        Ok(text) => serde_json::from_str(text),
+        Err(_) => serde_json::from_slice(body),
+    };
+    if let Ok(value) = fast {
         return Ok(value);
     }
     let mut de = serde_json::Deserializer::from_slice(body);
@@ -123,6 +129,28 @@ mod tests {
         assert_eq!(err.status, 400);
         assert_eq!(err.body.error.param, None);
         assert!(err.message().starts_with("invalid JSON body"));
+    }
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Named {
+        name: String,
+    }
+
+    #[test]
+    fn a_body_is_read_the_same_as_text_or_as_bytes() {
+        // Valid UTF-8, escapes and all, parses as it always did.
+        let ok = parse_json::<Named>("{\"name\": \"caf\u{e9} \\u00e9 \\n\"}".as_bytes()).unwrap();
+        assert_eq!(ok.name, "caf\u{e9} \u{e9} \n");
+        // A body that is not UTF-8 is still refused by serde, with its own words and position.
+        let err = parse_json::<Named>(b"{\"name\": \"caf\xe9\"}").unwrap_err();
+        assert_eq!(err.status, 400);
+        assert_eq!(err.body.error.param, None);
+        assert!(
+            err.message()
+                .starts_with("invalid JSON body: invalid unicode code point at line 1"),
+            "{}",
+            err.message()
+        );
     }
 
     #[test]
