@@ -597,24 +597,40 @@ pub fn midpoint(lo: Load, hi: Load) -> Option<Load> {
     }
 }
 
-/// The self-check: a level is flagged when the client sent late or its runtime polled ready tasks late by more
-/// than 1 ms or 5% of the median TTFT, whichever is larger, or when it could not send every arrival.
+/// How late tokio's timer sends an arrival by itself on an idle client: a deadline is rounded up
+/// to the next millisecond, and the runtime parks for whole milliseconds. A send that late moves
+/// the arrival, not a latency (TTFT and e2e count from the send).
+const TIMER_SLACK: f64 = 0.002;
+
+/// The self-check: a level is flagged when the client polled ready tasks late by more than 1 ms or
+/// 5% of the median TTFT, whichever is larger, or sent late by more than that plus the timer's own
+/// [`TIMER_SLACK`], or when it could not send every arrival.
 fn distortion(stats: &LevelStats, lag: Option<&Percentiles>, unsent: u64) -> Option<String> {
     let ttft = stats.ttft.map_or(0.0, |t| t.p50);
-    let allowed = (0.05 * ttft).max(0.001);
+    self_check(ttft, stats.send_lag.map(|s| s.p95), lag.map(|l| l.p99), unsent)
+}
+
+fn self_check(
+    ttft_p50: f64,
+    send_lag_p95: Option<f64>,
+    delay_p99: Option<f64>,
+    unsent: u64,
+) -> Option<String> {
+    let allowed = (0.05 * ttft_p50).max(0.001);
+    let secs = crate::report::secs;
     let mut why = Vec::new();
-    if let Some(s) = stats.send_lag.filter(|s| s.p95 > allowed) {
+    if let Some(p95) = send_lag_p95.filter(|p95| *p95 > allowed + TIMER_SLACK) {
         why.push(format!(
             "send lag p95 {} exceeds {}",
-            crate::report::secs(s.p95),
-            crate::report::secs(allowed)
+            secs(p95),
+            secs(allowed + TIMER_SLACK)
         ));
     }
-    if let Some(l) = lag.filter(|l| l.p99 > allowed) {
+    if let Some(p99) = delay_p99.filter(|p99| *p99 > allowed) {
         why.push(format!(
             "client scheduling delay p99 {} exceeds {}",
-            crate::report::secs(l.p99),
-            crate::report::secs(allowed)
+            secs(p99),
+            secs(allowed)
         ));
     }
     if unsent > 0 {
@@ -684,5 +700,26 @@ mod tests {
         assert_eq!(tried, [24, 20, 18, 19]);
         assert_eq!((lo, hi), (Load::Concurrency(19), Load::Concurrency(20)));
         assert!(midpoint(Load::Rate(10.0), Load::Rate(10.5)).is_none());
+    }
+
+    #[test]
+    fn the_timer_lateness_of_a_send_is_not_distortion() {
+        // A fast server (TTFT 0.2 ms): 1 ms allowed, and the timer's 2 ms on sends.
+        assert_eq!(self_check(0.0002, Some(0.0021), Some(0.0004), 0), None);
+        let late = self_check(0.0002, Some(0.0035), Some(0.0004), 0).unwrap();
+        assert!(late.starts_with("send lag p95 3.5ms exceeds 3.0ms"), "{late}");
+        // Scheduling delay has no slack: it delays every timestamp the client takes.
+        let busy = self_check(0.0002, Some(0.001), Some(0.0015), 0).unwrap();
+        assert!(
+            busy.starts_with("client scheduling delay p99 1.5ms exceeds 1.0ms"),
+            "{busy}"
+        );
+        // A slow server allows 5% of its TTFT.
+        assert_eq!(self_check(0.2, Some(0.011), Some(0.009), 0), None);
+        assert!(
+            self_check(0.2, None, None, 3)
+                .unwrap()
+                .contains("3 arrivals not sent")
+        );
     }
 }
