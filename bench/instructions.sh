@@ -9,6 +9,8 @@
 #   bench/instructions.sh NAME CONC REQUESTS "MOCK_ARGS" nginx
 #
 # e.g. bench/instructions.sh base-paced 4 400 "--itl-ms 10 --tokens 32" target/release/spillway
+# HEADERS=FILE adds the request headers in FILE, one a line (# for comments), e.g.
+# bench/openai-headers.txt: those the official OpenAI Python client sends.
 # Needs valgrind and the peers harness built in target/peers (bench/README.md). The proxy runs on
 # core 1 under callgrind, the mock and the load client on core 0; a quarter of REQUESTS warms it
 # up, then the counters are zeroed, REQUESTS are run, and the counters dumped. Spillway listens on
@@ -47,9 +49,15 @@ taskset -c "$CPU_PROXY" valgrind --tool=callgrind --callgrind-out-file="$OUT" "$
 PIDS+=($!)
 wait_port "$PORT" 120
 URL=http://127.0.0.1:$PORT/v1/chat/completions
-loadc --url "$URL" -c "$CONC" -n $((N / 4)) --max-time-s 300 --json /dev/null 2>&1 | grep '^\[' | tail -1
+H=()
+if [ -n "${HEADERS:-}" ]; then
+  while IFS= read -r line; do
+    case "$line" in '' | '#'*) ;; *) H+=(-H "$line") ;; esac
+  done <"$HEADERS"
+fi
+loadc --url "$URL" "${H[@]}" -c "$CONC" -n $((N / 4)) --max-time-s 300 --json /dev/null 2>&1 | grep '^\[' | tail -1
 callgrind_control --zero >/dev/null 2>&1
-loadc --url "$URL" -c "$CONC" -n "$N" --max-time-s 900 --json "$RUN/$NAME.json" 2>&1 | grep '^\[' | tail -1
+loadc --url "$URL" "${H[@]}" -c "$CONC" -n "$N" --max-time-s 900 --json "$RUN/$NAME.json" 2>&1 | grep '^\[' | tail -1
 callgrind_control --dump=measured >/dev/null 2>&1
 sleep 1
 F=$(grep -l '^part: 1' "$OUT"*)

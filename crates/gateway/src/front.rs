@@ -10,7 +10,7 @@
 //! for the rest of its life, which then answers it as it always did.
 
 use crate::gateway::Gateway;
-use crate::prepare::Api;
+use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER};
 use crate::server::{Front, Reply};
 use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
@@ -101,13 +101,18 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
             },
             () = closed(&mut s.closing) => return,
         };
-        let (head, request) = match head {
+        let (head, request, table) = match head {
             Head::Closed => return,
             Head::Other => return conn.hand_to_hyper(None, s).await,
-            Head::Complete(head) => match Request::from_head(&head) {
-                Some(r) => (head, r),
-                None => return conn.hand_to_hyper(Some(head), s).await,
-            },
+            Head::Complete(head) => {
+                // The request is served by the table in force when its head is read, which says
+                // what of the head it reads.
+                let table = s.gateway.table();
+                match Request::from_head(&head, &table.rule_headers, server.max_header_bytes) {
+                    Some(r) => (head, r, table),
+                    None => return conn.hand_to_hyper(Some(head), s).await,
+                }
+            }
         };
         if request.content_length > server.max_body_bytes {
             // hyper's path answers 413, reading no more than the limit.
@@ -125,7 +130,12 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         let req = request.with_body(body);
         // Boxed: the request path's future is over 4 KB, and a connection's task would otherwise
         // hold that much for as long as it lives, streaming or idle.
-        let mut answer = Box::pin(crate::server::completion(s.gateway.clone(), api, req));
+        let mut answer = Box::pin(crate::server::completion(
+            s.gateway.clone(),
+            Some(table),
+            api,
+            req,
+        ));
         let Some(response) = conn.or_gone(answer.as_mut()).await else {
             return;
         };
@@ -585,6 +595,19 @@ impl Date {
     }
 }
 
+/// The request headers the request path reads, besides those the routes' rules name: the API key
+/// (`server::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
+/// context (`traces`). A header read anywhere else on the request path belongs here: this module
+/// passes on no other.
+const READ_HEADERS: [&str; 6] = [
+    "authorization",
+    "x-request-id",
+    DEADLINE_HEADER,
+    PRIORITY_HEADER,
+    "traceparent",
+    "tracestate",
+];
+
 /// A completion request's head, parsed once: what this module acts on, and the headers the
 /// request path reads, their values sharing the head's bytes.
 struct Request {
@@ -597,8 +620,11 @@ struct Request {
 }
 
 impl Request {
-    /// `None` for a head hyper answers instead.
-    fn from_head(head: &Bytes) -> Option<Request> {
+    /// `None` for a head hyper answers instead, one over `max_header_bytes` included (431, as
+    /// `server` counts a head). Of the headers, only those the request path reads are kept
+    /// ([`READ_HEADERS`] and `rule_headers`): each kept costs a name check, a hash and an
+    /// insertion, and a client such as OpenAI's sends seventeen.
+    fn from_head(head: &Bytes, rule_headers: &[String], max_header_bytes: usize) -> Option<Request> {
         // Uninitialised, as in the replica's head (upstream::h1).
         let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);
@@ -622,12 +648,18 @@ impl Request {
         };
         let mut content_length = None;
         let mut close = false;
-        let mut headers = HeaderMap::with_capacity(req.headers.len());
+        // As `server` counts a head against `max_header_bytes`.
+        let mut size = uri.path_and_query().map_or(0, |p| p.as_str().len());
+        let mut headers = HeaderMap::new();
         for h in req.headers.iter() {
-            if let (Ok(name), Ok(value)) = (
-                HeaderName::from_bytes(h.name.as_bytes()),
-                HeaderValue::from_maybe_shared(head.slice_ref(h.value)),
-            ) {
+            size += h.name.len() + h.value.len() + 4;
+            let read = |n: &str| h.name.eq_ignore_ascii_case(n);
+            if (READ_HEADERS.into_iter().any(read) || rule_headers.iter().any(|n| read(n)))
+                && let (Ok(name), Ok(value)) = (
+                    HeaderName::from_bytes(h.name.as_bytes()),
+                    HeaderValue::from_maybe_shared(head.slice_ref(h.value)),
+                )
+            {
                 headers.append(name, value);
             }
             if h.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str()) {
@@ -648,6 +680,9 @@ impl Request {
                 }
                 close |= v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
             }
+        }
+        if size > max_header_bytes {
+            return None;
         }
         Some(Request {
             api,
@@ -825,7 +860,7 @@ mod tests {
     use tokio::io::AsyncWriteExt;
 
     fn head(lines: &str) -> Option<Request> {
-        Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")))
+        Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")), &[], usize::MAX)
     }
 
     #[test]
@@ -861,22 +896,39 @@ mod tests {
             ))
         };
         let r = with(MAX_HEADERS).unwrap();
-        assert_eq!((r.content_length, r.headers.len()), (3, MAX_HEADERS));
+        assert_eq!(r.content_length, 3);
         assert!(with(MAX_HEADERS + 1).is_none());
     }
 
     #[test]
-    fn the_request_shares_the_heads_bytes_and_keeps_every_header() {
+    fn the_request_shares_the_heads_bytes_and_keeps_the_headers_read() {
         let raw = Bytes::from_static(
-            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: abc\r\nX-Tag: 1\r\nX-Tag: 2\r\nContent-Length: 2\r\n\r\n",
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: abc\r\nX-Tag: 1\r\nX-Tag: 2\r\nAuthorization: Bearer k\r\nX-Spillway-Priority: low\r\nContent-Length: 2\r\n\r\n",
         );
-        let r = Request::from_head(&raw).unwrap();
+        let r = Request::from_head(&raw, &[], usize::MAX).unwrap();
         let req = r.with_body(Upload::Whole(Some(Bytes::from_static(b"{}"))));
         assert_eq!(req.uri().path(), "/v1/chat/completions");
         assert_eq!(req.uri().query(), Some("x=1"));
         assert_eq!(req.headers()["x-request-id"], "abc");
-        assert_eq!(req.headers().get_all("x-tag").iter().count(), 2);
+        assert_eq!(req.headers()["authorization"], "Bearer k");
+        assert_eq!(req.headers()[PRIORITY_HEADER], "low");
+        assert_eq!(req.headers().len(), 3, "{:?}", req.headers());
         assert_eq!(req.body().size_hint().exact(), Some(2));
+        // A header a routing or class rule names is kept, every line of it.
+        let r = Request::from_head(&raw, &["x-tag".to_string()], usize::MAX).unwrap();
+        assert_eq!(r.headers.get_all("x-tag").iter().count(), 2);
+        assert!(!r.headers.contains_key("host"));
+    }
+
+    #[test]
+    fn a_head_over_max_header_bytes_goes_to_hyper_counted_as_server_counts_it() {
+        let raw = Bytes::from_static(
+            b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Tag: 1\r\nContent-Length: 2\r\n\r\n",
+        );
+        // The path and query, then each header's name and value and 4: 24 + 10 + 10 + 19, every
+        // header counted, kept or not.
+        assert!(Request::from_head(&raw, &[], 63).is_some());
+        assert!(Request::from_head(&raw, &[], 62).is_none());
     }
 
     #[test]

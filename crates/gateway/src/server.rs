@@ -9,6 +9,7 @@ use crate::outcome::{Ending, Exchange};
 use crate::prepare::{self, Api, Parsed, Prepared};
 use crate::relay::{self, Events, Relay, RelayConfig};
 use crate::route::{Class, Observation, Route};
+use crate::table::Table;
 use crate::tenant::Tenant;
 use crate::upstream::{self, Budgets};
 use axum::Router;
@@ -144,12 +145,12 @@ fn auth(headers: &HeaderMap) -> Option<&str> {
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    into_hyper(handle(g, Api::Chat, id, req).await)
+    into_hyper(handle(g, None, Api::Chat, id, req).await)
 }
 
 async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    into_hyper(handle(g, Api::Completions, id, req).await)
+    into_hyper(handle(g, None, Api::Completions, id, req).await)
 }
 
 /// The request ID the middleware settled (or a new one, for a router without it).
@@ -194,21 +195,27 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
         match (api, &self.gateway) {
             (Some(api), Some(g)) => {
                 let g = g.clone();
-                Box::pin(async move { Ok(into_hyper(completion(g, api, req).await)) })
+                Box::pin(async move { Ok(into_hyper(completion(g, None, api, req).await)) })
             }
             _ => Box::pin(self.router.call(req)),
         }
     }
 }
 
-/// A completion request as the router's middleware and handler would serve it.
-pub(crate) async fn completion<B>(g: Arc<Gateway>, api: Api, req: axum::http::Request<B>) -> Response<Reply>
+/// A completion request as the router's middleware and handler would serve it, by `table` if
+/// given (the one its head was read for), else by the table in force when it starts.
+pub(crate) async fn completion<B>(
+    g: Arc<Gateway>,
+    table: Option<Arc<Table>>,
+    api: Api,
+    req: axum::http::Request<B>,
+) -> Response<Reply>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
 {
     let limit = g.config.server.max_header_bytes;
-    identified(limit, req, |id, req| handle(g, api, id, req)).await
+    identified(limit, req, |id, req| handle(g, table, api, id, req)).await
 }
 
 /// What the stages produced, before the exchange becomes part of the response.
@@ -282,7 +289,13 @@ impl From<Body> for Reply {
     }
 }
 
-async fn handle<B>(g: Arc<Gateway>, api: Api, id: String, req: axum::http::Request<B>) -> Response<Reply>
+async fn handle<B>(
+    g: Arc<Gateway>,
+    table: Option<Arc<Table>>,
+    api: Api,
+    id: String,
+    req: axum::http::Request<B>,
+) -> Response<Reply>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
@@ -290,7 +303,7 @@ where
     let (parts, body) = req.into_parts();
     let mut ex = Exchange::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
-    let answer = serve(&g, api, &parts.headers, body, &mut ex).await;
+    let answer = serve(&g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
     let detach = (parts.version == axum::http::Version::HTTP_2).then_some(&*g);
     respond(answer, ex, detach)
@@ -299,6 +312,7 @@ where
 /// Stages 1–10 of the request path, in order; the first that fails ends the request.
 async fn serve<B>(
     g: &Gateway,
+    table: Option<Arc<Table>>,
     api: Api,
     headers: &HeaderMap,
     body: B,
@@ -320,7 +334,7 @@ where
         parsed.max_tokens(),
         parsed.stream(),
     );
-    let table = g.table();
+    let table = table.unwrap_or_else(|| g.table());
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
     let tenant = table.tenants.identify(auth(headers))?;
     ex.record.team = tenant.team.clone();

@@ -15,6 +15,10 @@ pub(crate) struct Table {
     pub(crate) routes: Vec<Arc<Route>>,
     by_model: HashMap<String, usize>,
     pub(crate) tenants: Tenants,
+    /// The request headers the routes' rules read (`when.header`, lowercased): with the few the
+    /// request path itself reads, all that the public port's own HTTP/1.1 (`front`) keeps of a
+    /// request's head for a request served by this table.
+    pub(crate) rule_headers: Vec<String>,
 }
 
 impl Table {
@@ -37,7 +41,20 @@ impl Table {
             .enumerate()
             .map(|(i, r)| (r.config.model.clone(), i))
             .collect();
+        let mut rule_headers: Vec<String> = Vec::new();
+        for route in &config.routes {
+            let classes = route.classes.iter().filter_map(|c| c.when.as_ref());
+            for when in classes.chain(route.redirect.iter().map(|r| &r.when)) {
+                if let Some(h) = &when.header {
+                    let name = h.name.to_ascii_lowercase();
+                    if !rule_headers.contains(&name) {
+                        rule_headers.push(name);
+                    }
+                }
+            }
+        }
         Ok(Table {
+            rule_headers,
             tenants: Tenants::new(
                 &config.tenants,
                 previous.map(|p| &p.tenants),
