@@ -24,20 +24,24 @@ def open_loop(r, t, path):
     st = level["stats"]
     rate = level["load"]["rate"]
     sent = st["requests"] + level["warmup_requests"]
-    p50, p99 = st["ttft"]["p50"] * 1e3, st["ttft"]["p99"] * 1e3
+    nan = float("nan")
+    p50, p99 = (st["ttft"]["p50"] * 1e3, st["ttft"]["p99"] * 1e3) if st["ttft"] else (nan, nan)
     if t == "direct":
         base = (rate, p50, p99)
     cpu = int(open(path + ".cpu").read()) / 100 / sent * 1e6
     rss = int(open(f"{path}.rss").read())
     idle = int(open(f"{run}/{t}-idle-rss").read())
-    in_flight = rate * st["e2e"]["mean"]
+    in_flight = rate * st["e2e"]["mean"] if st["e2e"] else nan
     errors = st["requests"] - st["ok"]
-    lag = st["send_lag"]["p99"] * 1e3
+    lag = st["send_lag"]["p99"] * 1e3 if st["send_lag"] else nan
     print(f"{r:<3} {t:9} {rate:7.1f} {'open':>7} {p50:7.2f} {p99:7.2f} {p50 - base[1]:+7.2f} {p99 - base[2]:+7.2f} {st['requests']:6} {cpu:10.1f} {rss / 1024:7.1f} {(rss - idle) / in_flight:9.1f} {errors} (in flight {in_flight:.0f}, send lag p99 {lag:.1f} ms{', DISTORTED' if level['distorted'] else ''})")
 
 
 reps = sorted({int(f.split("-r")[1].split(".")[0]) for f in os.listdir(run) if f.startswith("direct-r") and f.endswith(".json")})
-print(f"TTFT over requests started at or after {skip:.0f} ms")
+if any(f.endswith(".bench.json") for f in os.listdir(run)):
+    print("open loop: spillway bench's figures past its warmup")
+else:
+    print(f"TTFT over requests started at or after {skip:.0f} ms")
 print(f"{'rep':3} {'target':9} {'req/s':>7} {'÷direct':>7} {'p50 ms':>7} {'p99 ms':>7} {'+p50':>7} {'+p99':>7} {'n':>6} {'CPU µs/req':>10} {'RSS MB':>7} {'KB/stream':>9} errors")
 for r in reps:
     base = None

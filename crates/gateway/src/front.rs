@@ -10,8 +10,9 @@
 //! for the rest of its life, which then answers it as it always did.
 
 use crate::gateway::Gateway;
-use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER};
+use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
 use crate::server::{Front, Reply};
+use crate::traces::TRACE_HEADERS;
 use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use axum::response::Response;
@@ -102,12 +103,11 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
             },
             () = closed(&mut s.closing) => return,
         };
-        let (head, request, table) = match head {
+        let (head, request, read_for) = match head {
             Head::Closed => return,
             Head::Other => return conn.hand_to_hyper(None, s).await,
             Head::Complete(head) => {
-                // The request is served by the table in force when its head is read, which says
-                // what of the head it reads.
+                // The table in force says which headers its routes' rules read.
                 let table = s.gateway.table();
                 match Request::from_head(&head, &table.rule_headers, server.max_header_bytes) {
                     Some(r) => (head, r, table),
@@ -126,6 +126,16 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
             Ok(None) => return,
             Err(_) => Upload::TimedOut,
         };
+        // The request is served by the table in force once its body is in, as on hyper's path (a
+        // key a reload removed meanwhile is refused). A reload that changed the rules' headers
+        // meanwhile has the head read again for them.
+        let table = s.gateway.table();
+        let request = if Arc::ptr_eq(&table, &read_for) || table.rule_headers == read_for.rule_headers {
+            request
+        } else {
+            Request::from_head(&head, &table.rule_headers, server.max_header_bytes).unwrap_or(request)
+        };
+        drop(read_for);
         let close = request.close || matches!(body, Upload::TimedOut);
         let api = request.api;
         let req = request.with_body(body);
@@ -435,10 +445,11 @@ impl Conn {
 fn head_end(buf: &[u8]) -> Option<usize> {
     static LF_LF: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\n\n"));
     static LF_CRLF: LazyLock<memmem::Finder<'static>> = LazyLock::new(|| memmem::Finder::new(b"\n\r\n"));
-    match (LF_LF.find(buf), LF_CRLF.find(buf)) {
-        (Some(lf), Some(crlf)) if lf < crlf => Some(lf + 2),
-        (_, Some(crlf)) => Some(crlf + 3),
-        (lf, None) => lf.map(|lf| lf + 2),
+    // CR LF heads are the rule: a bare LF LF is looked for only before the CR LF blank line
+    // (not through the body bytes read with the head). Both cannot start at the same byte.
+    match LF_CRLF.find(buf) {
+        Some(crlf) => Some(LF_LF.find(&buf[..crlf + 1]).map_or(crlf + 3, |lf| lf + 2)),
+        None => LF_LF.find(buf).map(|lf| lf + 2),
     }
 }
 
@@ -615,11 +626,11 @@ impl Date {
 /// passes on no other.
 const READ_HEADERS: [&str; 6] = [
     "authorization",
-    "x-request-id",
+    REQUEST_ID_HEADER,
     DEADLINE_HEADER,
     PRIORITY_HEADER,
-    "traceparent",
-    "tracestate",
+    TRACE_HEADERS[0],
+    TRACE_HEADERS[1],
 ];
 
 /// A completion request's head, parsed once: what this module acts on, and the headers the

@@ -21,7 +21,9 @@ pub(crate) const PRIORITY_HEADER: &str = "x-spillway-priority";
 // first, on every request.
 const PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
 const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
-const REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+/// The request header a caller names its request with.
+pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
+const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 
 /// Which OpenAI endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

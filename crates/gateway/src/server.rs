@@ -203,7 +203,9 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
 }
 
 /// A completion request as the router's middleware and handler would serve it, by `table` if
-/// given (the one its head was read for), else by the table in force when it starts.
+/// given (`front` takes the one in force once the body is in), else by the table in force then.
+/// On `front`'s path, the head was counted against `max_header_bytes` whole before its headers
+/// were sifted (`identified` sees only those kept).
 pub(crate) async fn completion<B>(
     g: Arc<Gateway>,
     table: Option<Arc<Table>>,

@@ -192,8 +192,10 @@ impl Extractor for Headers<'_> {
 }
 
 // Made at compile time: a lookup by string checks and lowers the name's bytes on every request.
-const TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static("traceparent");
-const TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static("tracestate");
+/// The W3C trace-context request headers the gateway reads.
+pub(crate) const TRACE_HEADERS: [&str; 2] = ["traceparent", "tracestate"];
+const TRACEPARENT: axum::http::HeaderName = axum::http::HeaderName::from_static(TRACE_HEADERS[0]);
+const TRACESTATE: axum::http::HeaderName = axum::http::HeaderName::from_static(TRACE_HEADERS[1]);
 
 impl Trace {
     /// The request's tracing, from the caller's headers and this gateway's tracer (if any).

@@ -73,7 +73,7 @@ impl std::error::Error for ApiError {}
 pub fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // Tracking the path costs an allocation per key: only a body that fails is read again with it.
     // A body checked as UTF-8 once is parsed as text: read as bytes, each string in it is checked
-    // again on its own (under callgrind, 770 of a small chat request's 3,700 instructions).
+    // on its own (under callgrind, 3,812 instructions for a small chat request, 3,175 as text).
     let fast = match std::str::from_utf8(body) {
         Ok(text) => serde_json::from_str(text),
         Err(_) => serde_json::from_slice(body),

@@ -704,3 +704,49 @@ async fn h2_stream(h2: &reqwest::Client, stack: &Stack, body: Value) -> reqwest:
     assert_eq!(r.status(), 200);
     r
 }
+
+/// The public port keeps of a request's head only the headers the request path reads, a class
+/// rule's among them: the rules of the table in force once the body is in, even when a reload
+/// between the head and the body brought the rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rules_header_counts_when_a_reload_brings_the_rule_between_head_and_body() {
+    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let mut c = connect(&stack).await;
+    let body = chat("chat", 3, false).to_string();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-workload: batch\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    c.get_mut().write_all(head.as_bytes()).await.unwrap();
+    // Time for the gateway to read the head; if it has not, the rule is in force when it does.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let with_rule = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    classes:
+      - { name: interactive, concurrency: 8, queue: 8, queue_wait: 2s }
+      - name: batch
+        when: { header: { name: X-Workload, value: batch } }
+        concurrency: 1
+        queue: 2
+        queue_wait: 3s
+"#;
+    let config = spillway_gateway::config::Config::from_yaml(&stack.fill(with_rule)).unwrap();
+    stack.gateway.reload(config).unwrap();
+    c.get_mut().write_all(body.as_bytes()).await.unwrap();
+    let a = read_answer(&mut c).await.unwrap();
+    assert_eq!(a.status, 200, "{}", a.body);
+    let records = stack.records();
+    assert_eq!(records.len(), 1);
+    assert_eq!(&*records[0].class, "batch", "{records:?}");
+    // And a request without the header is not put there.
+    c.get_mut()
+        .write_all(&post("/v1/chat/completions", &chat("chat", 3, false), ""))
+        .await
+        .unwrap();
+    assert_eq!(read_answer(&mut c).await.unwrap().status, 200);
+    assert_eq!(&*stack.records()[1].class, "interactive");
+}
