@@ -17,8 +17,8 @@ def quantile(values, q):
     return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
-def open_loop(r, t, path):
-    global base
+def open_loop(r, t, path, base):
+    """Prints a row of an open-loop run; returns direct's (rate, p50, p99) for the rows after it."""
     b = json.load(open(path + ".bench.json"))
     level = b["levels"][0]
     st = level["stats"]
@@ -35,6 +35,7 @@ def open_loop(r, t, path):
     errors = st["requests"] - st["ok"]
     lag = st["send_lag"]["p99"] * 1e3 if st["send_lag"] else nan
     print(f"{r:<3} {t:9} {rate:7.1f} {'open':>7} {p50:7.2f} {p99:7.2f} {p50 - base[1]:+7.2f} {p99 - base[2]:+7.2f} {st['requests']:6} {cpu:10.1f} {rss / 1024:7.1f} {(rss - idle) / in_flight:9.1f} {errors} (in flight {in_flight:.0f}, send lag p99 {lag:.1f} ms{', DISTORTED' if level['distorted'] else ''})")
+    return base
 
 
 reps = sorted({int(f.split("-r")[1].split(".")[0]) for f in os.listdir(run) if f.startswith("direct-r") and f.endswith(".json")})
@@ -48,7 +49,7 @@ for r in reps:
     for t in ["direct", "nginx", "spillway", "other"]:
         path = f"{run}/{t}-r{r}"
         if os.path.exists(path + ".bench.json"):
-            open_loop(r, t, path)
+            base = open_loop(r, t, path, base)
             continue
         if not os.path.exists(path + ".json"):
             continue

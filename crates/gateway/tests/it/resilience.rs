@@ -154,18 +154,19 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
     // Ties are broken from a random start, so the busy replica's first pick may take a few
     // requests (six in a row went to the other one in CI, 1 time in 64): send until it has been
     // tried and retried once, then five more.
+    let send = || async {
+        let r = stack.stream("chat", 3).await;
+        assert_eq!(r.status(), 200, "the busy replica's 503 is retried on the other");
+        read_stream(r).await;
+    };
     let mut sent = 0;
     while counter(&stack.metrics().await, "spillway_retries_total") < 1.0 {
         assert!(sent < 30, "the busy replica was never picked in {sent} requests");
-        let r = stack.stream("chat", 3).await;
-        assert_eq!(r.status(), 200, "the busy replica's 503 is retried on the other");
-        read_stream(r).await;
+        send().await;
         sent += 1;
     }
     for _ in 0..5 {
-        let r = stack.stream("chat", 3).await;
-        assert_eq!(r.status(), 200, "the busy replica's 503 is retried on the other");
-        read_stream(r).await;
+        send().await;
     }
     stack.engines[0]
         .engine

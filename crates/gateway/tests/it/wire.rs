@@ -720,21 +720,18 @@ async fn a_rules_header_counts_when_a_reload_brings_the_rule_between_head_and_bo
     c.get_mut().write_all(head.as_bytes()).await.unwrap();
     // Time for the gateway to read the head; if it has not, the rule is in force when it does.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let with_rule = r#"
-listen: 127.0.0.1:0
-routes:
-  - model: chat
-    upstream_model: sim
-    replicas: [{E0}]
-    classes:
-      - { name: interactive, concurrency: 8, queue: 8, queue_wait: 2s }
+    // ONE, with a class that a header puts requests in.
+    let with_rule = format!(
+        "{ONE}    classes:
+      - {{ name: interactive, concurrency: 8, queue: 8, queue_wait: 2s }}
       - name: batch
-        when: { header: { name: X-Workload, value: batch } }
+        when: {{ header: {{ name: X-Workload, value: batch }} }}
         concurrency: 1
         queue: 2
         queue_wait: 3s
-"#;
-    let config = spillway_gateway::config::Config::from_yaml(&stack.fill(with_rule)).unwrap();
+"
+    );
+    let config = spillway_gateway::config::Config::from_yaml(&stack.fill(&with_rule)).unwrap();
     stack.gateway.reload(config).unwrap();
     c.get_mut().write_all(body.as_bytes()).await.unwrap();
     let a = read_answer(&mut c).await.unwrap();
