@@ -47,27 +47,30 @@ const MAX_ROOM: usize = 64 * 1024;
 /// The end of a chunked body.
 const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
 
-/// Streams being written by this module's connections, in the whole process (those hyper
-/// serves are not counted: a stream over HTTP/2 does not make another look busy).
-static STREAMING: AtomicUsize = AtomicUsize::new(0);
+/// Requests this module's connections are serving, in the whole process, from their body's
+/// arrival to their answer's end (those hyper serves are not counted). A stream written alone
+/// is a sign of an idle gateway only with those waiting on their replica counted: a stream of
+/// back-to-back tokens is written whole in one poll, so streams being written hardly overlap.
+static SERVING: AtomicUsize = AtomicUsize::new(0);
 
-/// One stream counted in [`STREAMING`] while it is written.
-struct Streaming {
-    /// No other stream was being written when it started.
-    alone: bool,
-}
+/// One request counted in [`SERVING`] while it is served.
+struct Counted;
 
-impl Streaming {
-    fn start() -> Streaming {
-        Streaming {
-            alone: STREAMING.fetch_add(1, Ordering::Relaxed) == 0,
-        }
+impl Counted {
+    fn start() -> Counted {
+        SERVING.fetch_add(1, Ordering::Relaxed);
+        Counted
+    }
+
+    /// No other request is being served: the gateway has nothing else to do.
+    fn alone() -> bool {
+        SERVING.load(Ordering::Relaxed) <= 1
     }
 }
 
-impl Drop for Streaming {
+impl Drop for Counted {
     fn drop(&mut self) {
-        STREAMING.fetch_sub(1, Ordering::Relaxed);
+        SERVING.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -139,6 +142,7 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         let close = request.close || matches!(body, Upload::TimedOut);
         let api = request.api;
         let req = request.with_body(body);
+        let _counted = Counted::start();
         // Boxed: the request path's future is over 4 KB, and a connection's task would otherwise
         // hold that much for as long as it lives, streaming or idle.
         let mut answer = Box::pin(crate::server::completion(
@@ -330,12 +334,11 @@ impl Conn {
     /// source is dropped once it has ended, before its last bytes go out, for the reason [`end`]
     /// gives.
     ///
-    /// A stream alone in the gateway sends its first chunk (and the head) at once, whatever else
-    /// is ready: that is the client's time to first token, and an idle gateway has nothing to
-    /// gain from one write fewer. Under load it shares the write too.
+    /// A stream alone in the gateway (no other request served) sends its first chunk (and the
+    /// head) at once, whatever else is ready: that is the client's time to first token, and an
+    /// idle gateway has nothing to gain from one write fewer. Under load it shares the write too.
     async fn write_chunked(&mut self, source: impl Chunks) -> bool {
-        let streaming = Streaming::start();
-        self.write_stream(source, streaming.alone).await
+        self.write_stream(source, Counted::alone()).await
     }
 
     /// [`Conn::write_chunked`], the first chunk written on its own if `first_alone`.
