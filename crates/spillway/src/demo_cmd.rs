@@ -31,7 +31,7 @@ const SERVED: &str = "sim";
 
 #[derive(Args, Debug)]
 pub(crate) struct DemoArgs {
-    /// A shorter run (about 30 s): fewer staircase levels and a shorter burst. The test suite runs it.
+    /// A shorter run (about 20 s): fewer staircase levels and a shorter burst. The test suite runs it.
     #[arg(long)]
     quick: bool,
     /// Where the HTML report, the gateway's config files and the plan go.

@@ -58,9 +58,6 @@ pub(crate) struct EngineArgs {
     /// own shaped like dcgm-exporter (its metric names and gpu/UUID/modelName/Hostname labels).
     #[arg(long, value_name = "ADDR")]
     dcgm_listen: Option<SocketAddr>,
-    /// Use the runtime's 1 ms timer for steps instead of the precise wait (less CPU, ~1 ms late).
-    #[arg(long)]
-    coarse_timer: bool,
     /// Fault: requests never receive their first token (a hung engine).
     #[arg(long)]
     fault_never_first_token: bool,
@@ -129,7 +126,6 @@ impl EngineArgs {
         c.output_len = self.output_len;
         c.seed = self.seed;
         c.dcgm = self.dcgm;
-        c.precise_timer = !self.coarse_timer;
         c.core_thread = true;
         c.faults.stall_after_tokens = if self.fault_never_first_token {
             Some(0)
