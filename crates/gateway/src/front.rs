@@ -676,11 +676,11 @@ impl Request {
         };
         let mut content_length = None;
         let mut close = false;
-        // As `server` counts a head against `max_header_bytes`.
+        // As `server::head_size` counts a head against `max_header_bytes`.
         let mut size = uri.path_and_query().map_or(0, |p| p.as_str().len());
         let mut headers = HeaderMap::new();
         for h in req.headers.iter() {
-            size += h.name.len() + h.value.len() + 4;
+            size += crate::server::header_size(h.name.as_bytes(), h.value);
             let read = |n: &&str| h.name.eq_ignore_ascii_case(n);
             if (READ_HEADERS.iter().any(read) || rule_headers.iter().any(|n| read(&n.as_str())))
                 && let (Ok(name), Ok(value)) = (
@@ -1130,6 +1130,26 @@ mod tests {
             assert!(written.await.expect("the source is asked again, not waited on"));
             assert_eq!(*before_second.lock().unwrap(), seen, "alone: {alone}");
         }
+    }
+
+    /// A stream is not alone while another request is served, even one with nothing to write
+    /// yet (waiting on its replica): its first chunk shares the write. Other tests running
+    /// meanwhile can only add to the count, so this holds whatever they do.
+    #[tokio::test]
+    async fn a_stream_is_not_alone_while_another_request_waits_on_its_replica() {
+        let (client, io, _) = connected().await;
+        let client = Arc::new(client.into_std().unwrap());
+        let mut conn = test_conn(io);
+        let before_second = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let source = Noting {
+            peer: client.clone(),
+            asked: 0,
+            before_second: before_second.clone(),
+        };
+        let (_this, _waiting) = (Counted::start(), Counted::start());
+        let written = tokio::time::timeout(Duration::from_secs(10), conn.write_chunked(source));
+        assert!(written.await.expect("the source is asked again, not waited on"));
+        assert_eq!(*before_second.lock().unwrap(), b"");
     }
 
     fn test_conn(io: ClientIo) -> Conn {
