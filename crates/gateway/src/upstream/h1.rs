@@ -14,7 +14,7 @@ use std::fmt;
 use std::future::Future as _;
 use std::io::{self, IoSlice, Write as _};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -31,11 +31,8 @@ const MAX_LINE: usize = 4096;
 /// Idle connections kept per replica; past it, the oldest is closed.
 const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed rather than reused: uvicorn, under vLLM, closes
-/// its own after 5 s, and reusing one just as it does is the race [`send`] has to mend.
+/// its own after 5 s, and a close that crosses a request is a request lost ([`send`]).
 const IDLE_TIMEOUT: Duration = Duration::from_secs(4);
-/// A reused connection that ends this soon after the request went out, with no byte of an
-/// answer, was closed while idle (the close crossed the request); later, the replica had it.
-const IDLE_CLOSE_WINDOW: Duration = Duration::from_millis(100);
 /// A connection whose read buffer grew past this (a large head) goes back to the pool with a
 /// new one of the usual size.
 const MAX_POOLED_BUF: usize = 4 * READ_BUF;
@@ -184,17 +181,12 @@ fn expire(idle: &mut VecDeque<(Conn, Instant)>, now: Instant) {
 }
 
 /// Whether an idle connection can carry a request: the peer has not closed it and sent nothing
-/// unasked. The reactor's readiness says so without a system call in the common case.
+/// unasked. Asked of the socket itself, not of the reactor's readiness, which a close that came
+/// since the reactor's last turn has not reached yet: a request sent into that close would be
+/// lost, since it cannot be sent again ([`send`]).
 fn looks_open(stream: &TcpStream) -> bool {
-    let mut cx = Context::from_waker(Waker::noop());
-    match stream.poll_read_ready(&mut cx) {
-        Poll::Pending => true,
-        Poll::Ready(Err(_)) => false,
-        Poll::Ready(Ok(())) => {
-            let mut byte = [0u8; 1];
-            matches!(stream.try_read(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-        }
-    }
+    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+    matches!(socket2::SockRef::from(stream).peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
 }
 
 /// A POST to a replica: its path under the replica's URL, extra headers, and the JSON body.
@@ -205,11 +197,11 @@ pub(crate) struct Request<'a> {
 }
 
 /// Sends `request` and reads the answer's head; the body is read from the returned [`Body`].
-/// A reused connection that fails before any byte of an answer, at once or within
-/// [`IDLE_CLOSE_WINDOW`] of the request (the replica closed it while it sat idle, and the close
-/// crossed the request), is replaced by a new one, once. A later failure is the replica's, which
-/// had the request: it is not sent again, and if the new connection cannot be opened, the first
-/// failure is the one reported.
+/// A request is sent a second time only when it provably never reached the replica: a reused
+/// connection whose write failed is replaced by a new one, once. Once written, a request is the
+/// replica's: a connection that then fails or closes without an answer (even at once, an idle
+/// close crossing the request) is an error, as with hyper's client, since the replica may have
+/// started on it; if the new connection cannot be opened, the first failure is the one reported.
 pub(crate) async fn send(
     conns: &Arc<Conns>,
     request: &Request<'_>,
@@ -219,14 +211,8 @@ pub(crate) async fn send(
     if let Some(mut conn) = conns.reuse() {
         match exchange(&mut conn, &head, request.body).await {
             Ok(parsed) => return Ok(parsed.into_response(conn, conns)),
-            Err(Failure {
-                error,
-                idle_close: false,
-            }) => return Err(error),
-            Err(Failure {
-                error,
-                idle_close: true,
-            }) => {
+            Err(Failure { error, sent: true }) => return Err(error),
+            Err(Failure { error, sent: false }) => {
                 let mut conn = match conns.connect(connect_timeout).await {
                     Ok(conn) => conn,
                     Err(_) => return Err(error),
@@ -245,10 +231,10 @@ pub(crate) async fn send(
     }
 }
 
-/// Why an exchange failed, and whether it looks like an idle close that crossed the request.
+/// Why an exchange failed, and whether the whole request had been written when it did.
 struct Failure {
     error: Error,
-    idle_close: bool,
+    sent: bool,
 }
 
 fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
@@ -326,15 +312,10 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, Fai
     if let Err(e) = write_all(&mut conn.stream, head, body).await {
         return Err(Failure {
             error: Error::Io(e),
-            idle_close: true,
+            sent: false,
         });
     }
-    let sent = Instant::now();
-    let mut received = false;
-    let failed = |error: Error, received: bool| Failure {
-        error,
-        idle_close: !received && sent.elapsed() < IDLE_CLOSE_WINDOW,
-    };
+    let failed = |error: Error| Failure { error, sent: true };
     conn.buf.clear();
     loop {
         if !conn.buf.is_empty() {
@@ -348,17 +329,17 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, Fai
                     }
                 }
                 Ok(None) if conn.buf.len() >= MAX_HEAD => {
-                    return Err(failed(Error::Protocol("the head is over 64 KiB"), true));
+                    return Err(failed(Error::Protocol("the head is over 64 KiB")));
                 }
                 Ok(None) => {}
-                Err(e) => return Err(failed(e, true)),
+                Err(e) => return Err(failed(e)),
             }
         }
         conn.buf.reserve(READ_BUF);
         match conn.stream.read_buf(&mut conn.buf).await {
-            Ok(0) => return Err(failed(Error::Closed, received)),
-            Ok(_) => received = true,
-            Err(e) => return Err(failed(Error::Io(e), received)),
+            Ok(0) => return Err(failed(Error::Closed)),
+            Ok(_) => {}
+            Err(e) => return Err(failed(Error::Io(e))),
         }
     }
 }
@@ -406,11 +387,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     let mut length: Option<u64> = None;
     let mut retry_after = None;
     let mut close = http10;
-    let number = |value: &[u8]| {
-        std::str::from_utf8(value)
-            .ok()
-            .and_then(|s| s.trim().parse::<u64>().ok())
-    };
+
     for h in parsed.headers.iter() {
         let (name, value) = (h.name, h.value);
         if name.eq_ignore_ascii_case("transfer-encoding") {
@@ -422,11 +399,14 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
                 .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
             close |= !chunked;
         } else if name.eq_ignore_ascii_case("content-length") {
-            let n = number(value).ok_or(Error::Protocol("bad content-length"))?;
-            if length.is_some_and(|l| l != n) {
-                return Err(Error::Protocol("two different content-lengths"));
+            // A list of one value repeated ("5, 5") is one length, as hyper takes it.
+            for item in value.split(|b| *b == b',') {
+                let n = decimal(item).ok_or(Error::Protocol("bad content-length"))?;
+                if length.is_some_and(|l| l != n) {
+                    return Err(Error::Protocol("two different content-lengths"));
+                }
+                length = Some(n);
             }
-            length = Some(n);
         } else if name.eq_ignore_ascii_case("connection") {
             for token in value.split(|b| *b == b',') {
                 let token = token.trim_ascii();
@@ -437,9 +417,12 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
                 }
             }
         } else if name.eq_ignore_ascii_case("retry-after") {
-            retry_after = number(value);
+            retry_after = decimal(value);
         }
     }
+    // An HTTP/1.0 message with a transfer coding has faulty framing: it is read, then its
+    // connection is closed (RFC 9112 §6.1).
+    close |= http10 && encoded;
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Length(0)
     } else if encoded {
@@ -466,6 +449,16 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
             reusable: !close,
         }),
     )))
+}
+
+/// A header's decimal number: digits only, no sign (Rust's parse takes a `+`, which would let a
+/// replica's length mean what a proxy beside us reads otherwise), whitespace around it ignored.
+fn decimal(value: &[u8]) -> Option<u64> {
+    let digits = value.trim_ascii();
+    if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 /// How the rest of a body is delimited.
@@ -697,7 +690,7 @@ fn decode_from(
                 };
                 let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
                 *framing = match *state {
-                    Chunk::Size => match chunk_size(line)? {
+                    Chunk::Size => match chunk_size(&rest[..=end])? {
                         0 => Framing::Chunked(Chunk::Trailer),
                         n => Framing::Chunked(Chunk::Data(n)),
                     },
@@ -734,24 +727,17 @@ fn take(rest: &[u8], left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usize {
     n
 }
 
-/// A chunk-size line: hex digits, then optional extensions after `;`.
+/// A chunk-size line, its CR LF included: hex digits, then optional extensions after `;`, as
+/// httparse parses it (fuzzed there). An empty line, which httparse takes for a last chunk, is
+/// refused, as hyper refuses it.
 fn chunk_size(line: &[u8]) -> Result<u64, Error> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default().trim_ascii();
-    let significant = {
-        let start = digits.iter().position(|d| *d != b'0').unwrap_or(digits.len());
-        &digits[start..]
-    };
-    if digits.is_empty() || significant.len() > 15 {
+    if !line.first().is_some_and(u8::is_ascii_hexdigit) {
         return Err(Error::Protocol("bad chunk size"));
     }
-    let mut size = 0u64;
-    for d in digits {
-        let v = (*d as char)
-            .to_digit(16)
-            .ok_or(Error::Protocol("bad chunk size"))?;
-        size = size * 16 + u64::from(v);
+    match httparse::parse_chunk_size(line) {
+        Ok(httparse::Status::Complete((_, size))) => Ok(size),
+        _ => Err(Error::Protocol("bad chunk size")),
     }
-    Ok(size)
 }
 
 #[cfg(test)]
