@@ -30,6 +30,9 @@ pub struct AccessRecord {
     pub tokens_in: Option<u32>,
     pub tokens_out: Option<u32>,
     pub retries: u32,
+    /// Something about the exchange the outcome does not say, from a fixed vocabulary (e.g.
+    /// `upstream_body_not_ended`: the replica sent `[DONE]` but never ended its body).
+    pub note: Option<&'static str>,
 }
 
 /// What the writer thread receives: a line, or a request to write out everything before it.
@@ -236,6 +239,11 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     optional(line, r.tokens_out, int);
     line.extend_from_slice(b",\"retries\":");
     int(line, r.retries);
+    line.extend_from_slice(b",\"note\":");
+    match r.note {
+        Some(s) => string(line, s),
+        None => line.extend_from_slice(b"null"),
+    }
     line.extend_from_slice(b"}\n");
 }
 
@@ -386,6 +394,7 @@ mod tests {
                 tokens_in: Some(i as u32 * 1000),
                 tokens_out: (i % 2 == 1).then_some(u32::MAX),
                 retries: i as u32,
+                note: (i % 2 == 0).then_some("upstream_body_not_ended"),
             });
         }
         for micros in (0..20_000).step_by(7) {

@@ -195,6 +195,18 @@ pub enum MetricsExposure {
     Admin,
 }
 
+/// Which HTTP/1.1 server serves the public port's client connections.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Http1 {
+    /// The gateway's own for the completion requests that make up the hot path (`front`), hyper
+    /// for everything else.
+    #[default]
+    Fast,
+    /// hyper for every request: the well-kept server, should the gateway's own misbehave.
+    Hyper,
+}
+
 /// Limits of the HTTP server itself.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -234,6 +246,11 @@ pub struct ServerConfig {
     pub max_header_bytes: usize,
     /// `public` (default) or `admin`: where `/metrics` is served.
     pub metrics: MetricsExposure,
+    /// `fast` (default) or `hyper`: which HTTP/1.1 server parses client requests.
+    pub http1: Http1,
+    /// A replica's whole answer (not a stream: each event of those has its own bound) is read
+    /// up to this many bytes; a larger one gets 502 `upstream_response_too_large`.
+    pub max_response_bytes: usize,
 }
 
 impl Default for ServerConfig {
@@ -249,6 +266,8 @@ impl Default for ServerConfig {
             max_connections: None,
             max_header_bytes: 32 * 1024,
             metrics: MetricsExposure::Public,
+            http1: Http1::Fast,
+            max_response_bytes: 16 * 1024 * 1024,
         }
     }
 }

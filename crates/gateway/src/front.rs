@@ -13,7 +13,7 @@ use crate::gateway::Gateway;
 use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
 use crate::server::{Front, Reply};
 use crate::traces::TRACE_HEADERS;
-use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, TRANSFER_ENCODING, UPGRADE};
+use axum::http::header::{CONNECTION, CONTENT_LENGTH, EXPECT, HOST, TRANSFER_ENCODING, UPGRADE};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Uri, Version};
 use axum::response::Response;
 use bytes::{Buf, Bytes, BytesMut};
@@ -109,6 +109,7 @@ pub(crate) async fn serve(tcp: TcpStream, mut s: Serving) {
         let (head, request, read_for) = match head {
             Head::Closed => return,
             Head::Other => return conn.hand_to_hyper(None, s).await,
+            Head::Invalid => return conn.refuse_invalid().await,
             Head::Complete(head) => {
                 // The table in force says which headers its routes' rules read.
                 let table = s.gateway.table();
@@ -183,6 +184,8 @@ enum Head {
     Closed,
     /// Not a head this module parses: too large, or HTTP/2's preface.
     Other,
+    /// Bytes that cannot begin a request.
+    Invalid,
     Complete(Bytes),
 }
 
@@ -196,8 +199,9 @@ impl Conn {
             if self.buf.starts_with(b"PRI ") {
                 return Head::Other;
             }
-            // Blank lines before a request line are ignored (RFC 9112 2.2), as hyper does.
-            let blank = self.buf.iter().take_while(|b| matches!(b, b'\r' | b'\n')).count();
+            // Blank lines before a request line are ignored (RFC 9112 2.2), as hyper does: CR LF
+            // or LF, never a lone CR, which hyper answers with 400.
+            let blank = blank_lines(&self.buf);
             if blank > 0 {
                 self.buf.advance(blank);
                 searched = searched.saturating_sub(blank);
@@ -212,6 +216,11 @@ impl Conn {
             }
             if self.buf.len() > max_head {
                 return Head::Other;
+            }
+            // Bytes that cannot begin a request (a TLS handshake, a lone CR, garbage) are refused
+            // at once, instead of waiting for a blank line until `header_timeout`.
+            if !may_be_head(&self.buf) {
+                return Head::Invalid;
             }
             self.buf.reserve(READ_SIZE);
             match self.io.tcp.read_buf(&mut self.buf).await {
@@ -309,22 +318,50 @@ impl Conn {
         }
     }
 
-    /// A body of known length: its bytes after the head, then one write.
+    /// A body of known length: its bytes after the head, then one write. A large piece (a whole
+    /// answer read from a replica is one) is written from its own buffer, not copied after the
+    /// head.
     async fn write_whole(&mut self, body: &mut axum::body::Body) -> bool {
+        let mut large: Option<Bytes> = None;
         loop {
             match poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
                 Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
+                    let Ok(data) = frame.into_data() else { continue };
+                    if let Some(before) = large.take() {
+                        self.out.extend_from_slice(&before);
+                    }
+                    if data.len() > MAX_ROOM {
+                        large = Some(data);
+                    } else {
                         self.out.extend_from_slice(&data);
                     }
                 }
                 Some(Err(_)) => return false,
                 None => {
                     end(body);
-                    return self.flush().await.is_some();
+                    return match large {
+                        Some(data) => self.flush().await.is_some() && self.write_all(&data).await,
+                        None => self.flush().await.is_some(),
+                    };
                 }
             }
         }
+    }
+
+    /// Writes `data` whole; false when the connection failed or the client stopped taking bytes.
+    async fn write_all(&mut self, data: &[u8]) -> bool {
+        let mut written = 0;
+        poll_fn(|cx| {
+            while written < data.len() {
+                match Pin::new(&mut self.io).poll_write(cx, &data[written..]) {
+                    Poll::Ready(Ok(0) | Err(_)) => return Poll::Ready(false),
+                    Poll::Ready(Ok(n)) => written += n,
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            Poll::Ready(true)
+        })
+        .await
     }
 
     /// A stream: whatever is ready goes out in one write (the head with the first chunk, the
@@ -422,6 +459,18 @@ impl Conn {
         ok.then_some(waited)
     }
 
+    /// hyper's answer to a head it cannot parse, then the close: hyper itself waits for more
+    /// bytes after some heads httparse has already refused (bare CRs past the first 24 bytes).
+    async fn refuse_invalid(mut self) {
+        self.out.clear();
+        self.out.extend_from_slice(
+            b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: ",
+        );
+        DATE.with_borrow_mut(|d| self.out.extend_from_slice(d.now()));
+        self.out.extend_from_slice(b"\r\n\r\n");
+        let _ = self.flush().await;
+    }
+
     /// hyper serves the connection from here on, starting with the bytes already read.
     async fn hand_to_hyper(mut self, head: Option<Bytes>, s: Serving) {
         if *s.closing.borrow() {
@@ -440,6 +489,45 @@ impl Conn {
         // Boxed: hyper's connection would otherwise make every connection's task that large.
         let _ = Box::pin(s.watcher.watch(serving)).await;
     }
+}
+
+/// How many bytes of blank lines (CR LF or LF) `buf` starts with.
+fn blank_lines(buf: &[u8]) -> usize {
+    let mut at = 0;
+    loop {
+        match &buf[at..] {
+            [b'\n', ..] => at += 1,
+            [b'\r', b'\n', ..] => at += 2,
+            _ => return at,
+        }
+    }
+}
+
+/// Whether `buf`, which holds no whole head, may be the start of one: httparse finds nothing
+/// wrong in it so far. Run only while a head is incomplete after a read, which a client's head
+/// seldom is.
+fn may_be_head(buf: &[u8]) -> bool {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    match httparse::Request::new(&mut headers).parse(buf) {
+        Ok(_) | Err(httparse::Error::TooManyHeaders) => true,
+        Err(_) => false,
+    }
+}
+
+/// Whether a `Host` value is one RFC 9112 §3.2 lets a server take: `uri-host [ ":" port ]`, or
+/// empty (a target without an authority).
+pub(crate) fn valid_host(value: &[u8]) -> bool {
+    if value.is_empty() {
+        return true;
+    }
+    // `http` takes any text for a port; RFC 3986's is digits.
+    let port = match value.iter().rposition(|b| *b == b':') {
+        Some(i) if !value[i..].contains(&b']') => &value[i + 1..],
+        _ => b"",
+    };
+    port.iter().all(u8::is_ascii_digit)
+        && !value.contains(&b'@')
+        && axum::http::uri::Authority::try_from(value).is_ok()
 }
 
 /// The index just past the first blank line, as [`protocol::sse::event_end`] finds it (a line
@@ -676,6 +764,8 @@ impl Request {
         };
         let mut content_length = None;
         let mut close = false;
+        // RFC 9112 §3.2: one Host, valid; hyper's path answers any other head with 400.
+        let mut hosts = 0;
         // As `server::head_size` counts a head against `max_header_bytes`.
         let mut size = uri.path_and_query().map_or(0, |p| p.as_str().len());
         let mut headers = HeaderMap::new();
@@ -690,7 +780,12 @@ impl Request {
             {
                 headers.append(name, value);
             }
-            if h.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str()) {
+            if h.name.eq_ignore_ascii_case(HOST.as_str()) {
+                hosts += 1;
+                if !valid_host(h.value) {
+                    return None;
+                }
+            } else if h.name.eq_ignore_ascii_case(CONTENT_LENGTH.as_str()) {
                 let n = std::str::from_utf8(h.value).ok()?;
                 if content_length.is_some() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
                     return None;
@@ -709,7 +804,7 @@ impl Request {
                 close |= v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"));
             }
         }
-        if size > max_header_bytes {
+        if size > max_header_bytes || hosts != 1 {
             return None;
         }
         Some(Request {
@@ -896,36 +991,99 @@ mod tests {
         let r = head("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 12").unwrap();
         assert_eq!((r.api, r.content_length, r.close), (Api::Chat, 12, false));
         let r =
-            head("POST /v1/completions?a=b HTTP/1.1\r\ncontent-length: 0\r\nConnection: keep-alive, Close")
+            head("POST /v1/completions?a=b HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nConnection: keep-alive, Close")
                 .unwrap();
         assert_eq!((r.api, r.content_length, r.close), (Api::Completions, 0, true));
         for other in [
-            "GET /v1/chat/completions HTTP/1.1\r\nContent-Length: 1",
-            "POST /v1/models HTTP/1.1\r\nContent-Length: 1",
-            "POST /v1/chat/completions/ HTTP/1.1\r\nContent-Length: 1",
-            "POST /v1/chat/completions HTTP/1.0\r\nContent-Length: 1",
-            "POST /v1/chat/completions HTTP/1.1",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: +1",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 99999999999999999999999",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nExpect: 100-continue",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nConnection: Upgrade",
-            "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 1\r\nUpgrade: h2c",
+            "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1",
+            "POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 1",
+            "POST /v1/chat/completions/ HTTP/1.1\r\nHost: x\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 1",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: +1",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 99999999999999999999999",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nTransfer-Encoding: chunked",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nExpect: 100-continue",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nConnection: Upgrade",
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nUpgrade: h2c",
         ] {
             assert!(head(other).is_none(), "{other}");
         }
         // Up to MAX_HEADERS headers are read here; a head with more goes to hyper, whose own limit
         // answers it.
         let with = |n: usize| {
-            let extra: String = (2..=n).map(|i| format!("\r\nx-h{i}: {i}")).collect();
+            let extra: String = (3..=n).map(|i| format!("\r\nx-h{i}: {i}")).collect();
             head(&format!(
-                "POST /v1/chat/completions HTTP/1.1\r\nContent-Length: 3{extra}"
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3{extra}"
             ))
         };
         let r = with(MAX_HEADERS).unwrap();
         assert_eq!(r.content_length, 3);
         assert!(with(MAX_HEADERS + 1).is_none());
+    }
+
+    /// RFC 9112 §3.2 (B03: a missing, repeated or invalid Host was served): such a head goes to
+    /// hyper's path, which answers 400.
+    #[test]
+    fn a_head_without_exactly_one_valid_host_is_not_served_here() {
+        let with = |hosts: &str| {
+            head(&format!(
+                "POST /v1/completions HTTP/1.1\r\n{hosts}Content-Length: 0"
+            ))
+        };
+        for good in [
+            "Host: x\r\n",
+            "host: gw.example:8080\r\n",
+            "Host: [::1]:80\r\n",
+            "Host: \r\n",
+        ] {
+            assert!(with(good).is_some(), "{good:?}");
+        }
+        for bad in [
+            "",
+            "Host: a\r\nHost: a\r\n",
+            "Host: a b\r\n",
+            "Host: user@gw\r\n",
+            "Host: gw:port\r\n",
+            "Host: gw/path\r\n",
+        ] {
+            assert!(with(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    /// Only CR LF and LF are blank lines; a lone CR is not (B02: `\rPOST …` was served).
+    #[test]
+    fn blank_lines_before_a_head_are_cr_lf_or_lf_never_a_lone_cr() {
+        assert_eq!(blank_lines(b"\r\n\n\r\nPOST"), 5);
+        assert_eq!(blank_lines(b"\rPOST"), 0);
+        assert_eq!(blank_lines(b"\n\rPOST"), 1);
+        assert_eq!(blank_lines(b"\r"), 0, "a CR whose LF has not come yet is kept");
+    }
+
+    /// B01: what cannot start a request is handed over at once, not held until header_timeout.
+    #[test]
+    fn bytes_that_cannot_start_a_request_are_seen_before_a_blank_line() {
+        for partial in [
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le"[..],
+            b"PO",
+            b"",
+            b"\r",
+        ] {
+            assert!(may_be_head(partial), "{partial:?}");
+        }
+        let client_hello = [0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03];
+        for garbage in [
+            &client_hello[..],
+            b"\rPOST / HTTP/1.1",
+            b"POST / HTTP/1.1\rHost: x\r",
+            b"POST /v1/chat/completions HTTP/1.1\rHost: x\rContent-Length: 2\r\r{}",
+            b"POST / HTTP/1.1\r\nHost: x\r\r",
+            b"\x00\x01\x02",
+            b"POST /a b HTTP/1.1\r\n",
+        ] {
+            assert!(!may_be_head(garbage), "{garbage:?}");
+        }
     }
 
     #[test]

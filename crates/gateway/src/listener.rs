@@ -148,6 +148,15 @@ pub async fn run(
                 let serving = builder.serve_connection(io, service);
                 let _ = watcher.watch(serving).await;
             });
+        } else if server.http1 == crate::config::Http1::Hyper {
+            let (service, builder) = (app.clone(), builder.clone());
+            let io = TokioIo::new(crate::front::client_io(tcp, &gateway));
+            tokio::spawn(async move {
+                let _conn = conn;
+                // Boxed, as `front` boxes it once a connection is hyper's.
+                let serving = builder.serve_connection(io, service);
+                let _ = Box::pin(watcher.watch(serving)).await;
+            });
         } else {
             let serving = crate::front::Serving {
                 gateway: gateway.clone(),
@@ -249,6 +258,10 @@ fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
     }
     router
         .fallback(move || async move { GatewayError::TooManyConnections(max) })
+        .layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            crate::server::request_id,
+        ))
         .layer(axum::middleware::map_response(
             |mut r: axum::response::Response| async move {
                 r.headers_mut()

@@ -26,8 +26,9 @@ const OUT_CAPACITY: usize = 2 * 1024;
 /// is a few KiB): past it, the stream ends rather than hold an event that never ends.
 const MAX_EVENT: usize = 1024 * 1024;
 
-/// A whole (non-streamed) upstream answer may be at most this large.
-const MAX_RESPONSE_BODY: usize = 64 * 1024 * 1024;
+/// After `[DONE]`, how long the replica has to end its body before the stream is ended for it:
+/// the client has its whole answer, and its slot is not held for `stream_idle` meanwhile.
+const DONE_GRACE: Duration = Duration::from_secs(1);
 
 /// Needles built once: building a searcher costs more than searching one event.
 struct Needles {
@@ -418,23 +419,40 @@ fn too_large_message() -> String {
     format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 
-/// Reads a non-streamed answer whole within the total budget.
+/// Reads a non-streamed answer whole within the total budget and `limit` bytes
+/// (`server.max_response_bytes`).
 pub(crate) async fn whole(
     upstream: Body,
     deadline: Instant,
     budget: Duration,
+    limit: usize,
     rename: Option<&Rename>,
 ) -> Result<Bytes, GatewayError> {
-    match tokio::time::timeout_at(deadline, upstream.collect(MAX_RESPONSE_BODY)).await {
-        Ok(Ok(body)) => Ok(match rename {
-            Some(r) => r.apply(body),
-            None => body,
-        }),
+    let body = collect(upstream, deadline, limit, GatewayError::DeadlineExceeded(budget)).await?;
+    Ok(match rename {
+        Some(r) => r.apply(body),
+        None => body,
+    })
+}
+
+/// A replica's body, whole, by `deadline` (else `late`) and within `limit` bytes.
+pub(crate) async fn collect(
+    upstream: Body,
+    deadline: Instant,
+    limit: usize,
+    late: GatewayError,
+) -> Result<Bytes, GatewayError> {
+    match tokio::time::timeout_at(deadline, upstream.collect(limit)).await {
+        Ok(Ok(body)) => Ok(body),
+        Ok(Err(h1::Error::TooLarge(limit))) => Err(GatewayError::upstream(
+            "upstream_response_too_large",
+            format!("the replica's answer is over {limit} bytes (server.max_response_bytes)"),
+        )),
         Ok(Err(e)) => Err(GatewayError::upstream(
             "upstream_error",
             format!("the replica's answer failed: {e}"),
         )),
-        Err(_) => Err(GatewayError::DeadlineExceeded(budget)),
+        Err(_) => Err(late),
     }
 }
 
@@ -514,6 +532,8 @@ pub(crate) struct Relay {
     last_read: Instant,
     alarms: Alarms,
     done: bool,
+    /// Once `[DONE]` has come, when the body must have ended.
+    done_by: Option<Instant>,
 }
 
 impl Relay {
@@ -527,6 +547,7 @@ impl Relay {
             last_read: now,
             alarms: Alarms::new((now + config.idle).min(config.deadline), config.stop),
             done: false,
+            done_by: None,
         }
     }
 
@@ -553,6 +574,12 @@ impl Relay {
                     if let Some(at) = at {
                         self.last_read = at;
                     }
+                    if self.exchange.ended() && self.done_by.is_none() {
+                        // `[DONE]` has come: the body's end should follow at once.
+                        let by = (self.last_read + DONE_GRACE).min(self.deadline);
+                        self.done_by = Some(by);
+                        self.alarms.reset(by);
+                    }
                     if self.events.event_too_large() {
                         // What came before it goes out, then the error event.
                         self.fail(Cut::Upstream, "upstream_stream_error", &too_large_message());
@@ -576,6 +603,15 @@ impl Relay {
                         return Poll::Pending;
                     }
                     let now = Instant::now();
+                    if let Some(by) = self.done_by
+                        && now >= by
+                    {
+                        // The client has its whole stream: it ends as if the body had, and the
+                        // replica's connection, its body unfinished, is closed.
+                        self.done = true;
+                        self.exchange.record.note = Some("upstream_body_not_ended");
+                        return Poll::Ready(());
+                    }
                     if now >= self.deadline {
                         self.fail(
                             Cut::Deadline,
@@ -584,7 +620,9 @@ impl Relay {
                         );
                         return Poll::Ready(());
                     }
-                    let due = (self.last_read + self.idle).min(self.deadline);
+                    let due = (self.last_read + self.idle)
+                        .min(self.deadline)
+                        .min(self.done_by.unwrap_or(self.deadline));
                     if now >= due {
                         let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
                         self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg);

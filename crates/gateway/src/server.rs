@@ -59,15 +59,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 struct RequestId(String);
 
 /// The router's side of [`identified`]: the ID goes into the request for the handlers.
-async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+pub(crate) async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
     let limit = g.config.server.max_header_bytes;
     identified(limit, req, |id, mut req| async move {
-        let value = HeaderValue::from_str(&id);
-        req.extensions_mut().insert(RequestId(id));
+        req.extensions_mut().insert(RequestId(id.clone()));
         let mut response = next.run(req).await;
-        if let Ok(v) = value {
-            response.headers_mut().insert(X_REQUEST_ID, v);
-        }
+        stamp(&mut response, &id);
         response
     })
     .await
@@ -87,9 +84,7 @@ where
         return serve(id, req).await;
     }
     let mut response = GatewayError::HeadersTooLarge { limit }.into_response();
-    if let Ok(v) = HeaderValue::from_str(&id) {
-        response.headers_mut().insert(X_REQUEST_ID, v);
-    }
+    stamp(&mut response, &id);
     response.map(R::from)
 }
 
@@ -194,6 +189,11 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
     type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;
 
     fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
+        if let Err(e) = host_checked(&req) {
+            let mut response = e.into_response();
+            stamp(&mut response, &prepare::request_id(req.headers()));
+            return Box::pin(std::future::ready(Ok(response)));
+        }
         let api = match (req.method(), req.uri().path()) {
             (&Method::POST, "/v1/chat/completions") => Some(Api::Chat),
             (&Method::POST, "/v1/completions") => Some(Api::Completions),
@@ -206,6 +206,40 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
             }
             _ => Box::pin(self.router.call(req)),
         }
+    }
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request has one `Host` header, and an HTTP/1 request's `Host`, if
+/// any, is valid; HTTP/2 names its authority otherwise. `front` hands such heads over to be
+/// answered here.
+fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
+    let version = req.version();
+    if version > axum::http::Version::HTTP_11 {
+        return Ok(());
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let message = match (hosts.next(), hosts.next()) {
+        (None, _) if version == axum::http::Version::HTTP_11 => "an HTTP/1.1 request must have a Host header",
+        (None, _) => return Ok(()),
+        (Some(_), Some(_)) => "a request must have one Host header, not several",
+        (Some(h), None) if !crate::front::valid_host(h.as_bytes()) => {
+            "the Host header is not a valid host[:port]"
+        }
+        (Some(_), None) => return Ok(()),
+    };
+    Err(GatewayError::bad_request("invalid_host", message, None))
+}
+
+/// What every answer says of its request besides what the request path adds: its ID, and a
+/// `Server-Timing` of no wait for those that never reached the queue.
+pub(crate) fn stamp(response: &mut Response, id: &str) {
+    if let Ok(v) = HeaderValue::from_str(id) {
+        response.headers_mut().insert(X_REQUEST_ID, v);
+    }
+    if !response.headers().contains_key(SERVER_TIMING) {
+        response
+            .headers_mut()
+            .insert(SERVER_TIMING, HeaderValue::from_static("queue;dur=0.0"));
     }
 }
 
@@ -231,8 +265,8 @@ where
 // Lives for one `match` on the stack; boxing the stream would cost an allocation per request.
 #[allow(clippy::large_enum_variant)]
 enum Answer {
-    /// A non-streamed answer, read whole.
-    Whole(Bytes),
+    /// A non-streamed answer (a 2xx), read whole.
+    Whole(StatusCode, Bytes),
     /// A stream whose first chunk has arrived.
     Stream(Events, RelayConfig),
     /// The replica's own 4xx, relayed as it was.
@@ -371,6 +405,11 @@ where
     B::Error: Into<axum::BoxError>,
 {
     let limit = server.max_body_bytes;
+    // A declared length over the limit is refused before any of the body is asked for, so an
+    // `Expect: 100-continue` client is never told to send it.
+    if body.size_hint().lower() > limit as u64 {
+        return Err(GatewayError::BodyTooLarge { limit });
+    }
     match tokio::time::timeout(server.body_timeout, Limited::new(body, limit).collect()).await {
         Ok(Ok(collected)) => Ok(collected.to_bytes()),
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
@@ -576,8 +615,9 @@ async fn answer(
     ex: &mut Exchange,
 ) -> Result<Answer, GatewayError> {
     let status = upstream.status();
+    let limit = g.config.server.max_response_bytes;
     if !status.is_success() {
-        let body = upstream::error_body(upstream, budgets.deadline).await;
+        let body = upstream::error_body(upstream, budgets, prepared.stream, limit).await?;
         return Ok(Answer::Relayed(status, body));
     }
     if !prepared.stream {
@@ -585,10 +625,11 @@ async fn answer(
             upstream.into_body(),
             budgets.deadline,
             budgets.total,
+            limit,
             route.rename.as_deref(),
         )
         .await?;
-        return Ok(Answer::Whole(body));
+        return Ok(Answer::Whole(status, body));
     }
     let config = RelayConfig {
         idle: route.config.timeouts.stream_idle,
@@ -625,7 +666,7 @@ fn respond(
 ) -> Response<Reply> {
     let (opened, config) = match answer {
         Ok(Answer::Stream(opened, config)) => (opened, config),
-        Ok(Answer::Whole(body)) => return answered(Ended::Whole(body), ex),
+        Ok(Answer::Whole(status, body)) => return answered(Ended::Whole(status, body), ex),
         Ok(Answer::Relayed(status, body)) => return answered(Ended::Relayed(status, body), ex),
         Err(e) => return answered(Ended::Failed(e), ex),
     };
@@ -649,7 +690,7 @@ fn respond(
 
 /// How a request ends that is not a stream.
 enum Ended {
-    Whole(Bytes),
+    Whole(StatusCode, Bytes),
     Relayed(StatusCode, Bytes),
     Failed(GatewayError),
 }
@@ -659,15 +700,15 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
     // Timed before the exchange ends, as the stages left it.
     let timing = server_timing(&ex);
     let mut response = match ended {
-        Ended::Whole(body) => {
+        Ended::Whole(status, body) => {
             ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), relay::parse_usage(&body));
-            ex.end(Ending::Finished, 200);
-            ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+            ex.end(Ending::Finished, status.as_u16());
+            relayed(status, body)
         }
         Ended::Relayed(status, body) => {
             ex.end(Ending::UpstreamRejected, status.as_u16());
-            (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+            relayed(status, body)
         }
         Ended::Failed(e) => {
             ex.fail(&e);
@@ -676,6 +717,15 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
     };
     request_fields(&timing, &ex, &mut inserting(response.headers_mut()));
     response.map(Reply::Body)
+}
+
+/// A replica's answer as it was: its status, and its body typed JSON (the replicas' headers are
+/// not passed on) unless it has none (a 204, or any empty answer).
+fn relayed(status: StatusCode, body: Bytes) -> Response {
+    if body.is_empty() {
+        return status.into_response();
+    }
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// `Server-Timing`: milliseconds in Spillway's queue, the upstream's time to its first byte

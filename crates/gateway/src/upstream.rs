@@ -5,14 +5,16 @@
 use crate::error::GatewayError;
 use crate::outcome::Exchange;
 use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
+use crate::relay;
 use crate::route::{Observation, Route};
 pub(crate) mod h1;
 
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Upstream error bodies are read at most this far (for the log; clients never see them).
-const MAX_ERROR_BODY: usize = 64 * 1024;
+/// A failed replica's (5xx) error body is read at most this far, for the log; clients never see
+/// it.
+const MAX_LOGGED_BODY: usize = 64 * 1024;
 
 /// The request's budgets as instants: the caller's deadline, if smaller, shrinks each of them.
 #[derive(Debug, Clone, Copy)]
@@ -36,7 +38,7 @@ impl Budgets {
     }
 
     /// How long the response head may take: the first token for a stream, everything otherwise.
-    fn head(&self, stream: bool) -> (Instant, Duration) {
+    pub(crate) fn head(&self, stream: bool) -> (Instant, Duration) {
         if stream {
             (self.first_token_deadline, self.first_token)
         } else {
@@ -197,7 +199,11 @@ async fn attempt(
         }
         _ => {
             route.observe(replica, Observation::Failed);
-            let body = error_body(response, budgets.deadline).await;
+            // Read no longer than the head could take: a retry, or the client's 502, waits on it.
+            let late = GatewayError::DeadlineExceeded(head_budget);
+            let body = relay::collect(response.into_body(), head_deadline, MAX_LOGGED_BODY, late)
+                .await
+                .unwrap_or_default();
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, status, body = %detail, "upstream answered an error");
             Err(GatewayError::upstream(
@@ -208,11 +214,20 @@ async fn attempt(
     }
 }
 
-/// Reads the replica's own 4xx body (bounded) to relay it as it is.
-pub(crate) async fn error_body(response: h1::Response, deadline: Instant) -> bytes::Bytes {
-    tokio::time::timeout_at(deadline, response.into_body().collect(MAX_ERROR_BODY))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .unwrap_or_default()
+/// The replica's own 4xx body, to relay as it is: whole, within `limit` bytes
+/// (`server.max_response_bytes`) and by the time the head was due (`budgets.head`), since a
+/// stream's client would otherwise wait on a stalled body past its first-token budget.
+pub(crate) async fn error_body(
+    response: h1::Response,
+    budgets: &Budgets,
+    stream: bool,
+    limit: usize,
+) -> Result<bytes::Bytes, GatewayError> {
+    let (deadline, budget) = budgets.head(stream);
+    let late = if stream {
+        GatewayError::FirstTokenTimeout(budget)
+    } else {
+        GatewayError::DeadlineExceeded(budget)
+    };
+    relay::collect(response.into_body(), deadline, limit, late).await
 }

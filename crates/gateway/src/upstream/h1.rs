@@ -566,7 +566,13 @@ impl Body {
 
     /// The whole body, up to `limit` bytes.
     pub(crate) async fn collect(mut self, limit: usize) -> Result<Bytes, Error> {
-        let mut out = BytesMut::new();
+        // A known length is taken at once, in a buffer of its size: grown by doubling, a large
+        // answer's buffer would reach twice its size, and three times while it is copied.
+        let mut out = match self.framing {
+            Framing::Length(n) if n > limit as u64 => return Err(Error::TooLarge(limit)),
+            Framing::Length(n) => BytesMut::with_capacity(n as usize),
+            _ => BytesMut::new(),
+        };
         loop {
             let mut over = false;
             let read = self

@@ -9,6 +9,7 @@ mod cancellation;
 mod clients;
 mod deploy;
 mod hostile;
+mod http1;
 mod observability;
 mod operations;
 mod quotas;

@@ -29,14 +29,14 @@ routes:
 
 /// One answer as it came over the wire.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: String,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) body: String,
 }
 
 impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -45,7 +45,7 @@ impl Answer {
 }
 
 /// Reads one answer, framed by `content-length` or chunked; `None` once the server closed.
-async fn read_answer(r: &mut BufReader<TcpStream>) -> Option<Answer> {
+pub(crate) async fn read_answer(r: &mut BufReader<TcpStream>) -> Option<Answer> {
     let read = async {
         let mut line = String::new();
         loop {
