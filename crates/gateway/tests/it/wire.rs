@@ -27,6 +27,27 @@ routes:
       - { name: all, concurrency: 1, queue: 0, queue_wait: 1s }
 "#;
 
+/// A wire test run twice: under `server.http1: fast` (the gateway's own HTTP/1.1) and `hyper`.
+macro_rules! both {
+    ($name:ident) => {
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn fast() {
+                super::$name("fast").await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn hyper() {
+                super::$name("hyper").await;
+            }
+        }
+    };
+}
+
+/// `yaml` served by the `http1` server.
+fn serving(yaml: &str, http1: &str) -> String {
+    format!("{yaml}server: {{ http1: {http1} }}\n")
+}
+
 /// One answer as it came over the wire.
 #[derive(Debug)]
 pub(crate) struct Answer {
@@ -118,9 +139,9 @@ async fn connect(stack: &Stack) -> BufReader<TcpStream> {
     BufReader::new(tcp)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pipelined_requests_are_answered_in_order_whichever_server_part_answers_them() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+both!(pipelined_requests_are_answered_in_order_whichever_server_part_answers_them);
+async fn pipelined_requests_are_answered_in_order_whichever_server_part_answers_them(http1: &str) {
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, http1)).await;
     let mut c = connect(&stack).await;
     // All in one write: a stream, a whole answer, a probe (which hands the connection over to
     // the router's server), then a completion again, behind it.
@@ -166,9 +187,9 @@ async fn pipelined_requests_are_answered_in_order_whichever_server_part_answers_
     assert!(records.iter().all(|r| r.status == 200), "{records:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_close_is_answered_then_done_and_keep_alive_is_not() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+both!(connection_close_is_answered_then_done_and_keep_alive_is_not);
+async fn connection_close_is_answered_then_done_and_keep_alive_is_not(http1: &str) {
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, http1)).await;
     let mut c = connect(&stack).await;
     c.get_mut()
         .write_all(&post("/v1/chat/completions", &chat("chat", 2, false), ""))
@@ -204,9 +225,9 @@ async fn connection_close_is_answered_then_done_and_keep_alive_is_not() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn chunked_and_expect_uploads_and_bad_lengths_are_answered_too() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+both!(chunked_and_expect_uploads_and_bad_lengths_are_answered_too);
+async fn chunked_and_expect_uploads_and_bad_lengths_are_answered_too(http1: &str) {
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, http1)).await;
     let body = chat("chat", 2, false).to_string();
 
     let mut c = connect(&stack).await;
@@ -262,9 +283,9 @@ async fn chunked_and_expect_uploads_and_bad_lengths_are_answered_too() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_closes_mid_stream_frees_its_slot() {
-    let stack = Stack::start(vec![engine(stalling(2)).await], ONE_SLOT).await;
+both!(a_client_that_closes_mid_stream_frees_its_slot);
+async fn a_client_that_closes_mid_stream_frees_its_slot(http1: &str) {
+    let stack = Stack::start(vec![engine(stalling(2)).await], &serving(ONE_SLOT, http1)).await;
     let mut c = connect(&stack).await;
     c.get_mut()
         .write_all(&post("/v1/chat/completions", &chat("chat", 50, true), ""))
@@ -303,9 +324,9 @@ async fn the_slot_frees(stack: &Stack, within: Duration, whose: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_sends_ahead_then_closes_its_side_gets_the_answer_in_progress() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+both!(a_client_that_sends_ahead_then_closes_its_side_gets_the_answer_in_progress);
+async fn a_client_that_sends_ahead_then_closes_its_side_gets_the_answer_in_progress(http1: &str) {
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, http1)).await;
     let mut c = connect(&stack).await;
     let mut both = post("/v1/chat/completions", &chat("chat", 3, true), "");
     both.extend(post("/v1/chat/completions", &chat("chat", 2, false), ""));
@@ -324,9 +345,9 @@ async fn a_client_that_sends_ahead_then_closes_its_side_gets_the_answer_in_progr
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_sent_a_byte_at_a_time_is_served() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+both!(a_request_sent_a_byte_at_a_time_is_served);
+async fn a_request_sent_a_byte_at_a_time_is_served(http1: &str) {
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, http1)).await;
     let mut c = connect(&stack).await;
     c.get_mut().set_nodelay(true).unwrap();
     // Bare LF line ends as well as CRLF, and every cut point, including inside "\r\n\r\n".
@@ -344,19 +365,19 @@ async fn a_request_sent_a_byte_at_a_time_is_served() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_is_cut_after_send_timeout_and_frees_its_slot() {
-    stopped_reader_is_cut(false).await;
+both!(a_client_that_stops_reading_is_cut_after_send_timeout_and_frees_its_slot);
+async fn a_client_that_stops_reading_is_cut_after_send_timeout_and_frees_its_slot(http1: &str) {
+    stopped_reader_is_cut(false, http1).await;
 }
 
+both!(a_client_that_stops_reading_is_cut_on_a_connection_hyper_serves_too);
 /// The same through hyper's server: a chunked upload hands the connection over.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_stops_reading_is_cut_on_a_connection_hyper_serves_too() {
-    stopped_reader_is_cut(true).await;
+async fn a_client_that_stops_reading_is_cut_on_a_connection_hyper_serves_too(http1: &str) {
+    stopped_reader_is_cut(true, http1).await;
 }
 
-async fn stopped_reader_is_cut(chunked_upload: bool) {
-    let stack = one_slot_on_a_zero_cost_engine().await;
+async fn stopped_reader_is_cut(chunked_upload: bool, http1: &str) {
+    let stack = one_slot_on_a_zero_cost_engine(http1).await;
     // A client with a small receive window that never reads: a long stream fills its window and
     // the gateway's send buffer, and the gateway's write blocks.
     let mut c = client_with_window(&stack, 4096).await;
@@ -386,6 +407,7 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
     is_cut_after_send_timeout(&stack, "a client that stopped reading").await;
 }
 
+both!(a_client_that_reads_slowly_gets_the_whole_stream);
 /// A client that reads slowly (2 KiB at a time, half a millisecond apart) while the replica
 /// streams as fast as it is read gets the whole stream, counted whole. Whether the gateway's own
 /// writes wait depends on how much the kernel's send buffer takes (up to 4 MB by default, more
@@ -398,9 +420,8 @@ async fn stopped_reader_is_cut(chunked_upload: bool) {
 /// gateway's socket with `timer:(persist…)`, `snd_wnd` below `mss`, and the rest of the stream
 /// unsent in the kernel). That took this test past its 60 s in 3 of 140 runs on a loaded
 /// machine, with the gateway done and its record written: the kernel's pace, not the gateway's.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_reads_slowly_gets_the_whole_stream() {
-    let stack = one_slot_on_a_zero_cost_engine().await;
+async fn a_client_that_reads_slowly_gets_the_whole_stream(http1: &str) {
+    let stack = one_slot_on_a_zero_cost_engine(http1).await;
     let mut c = client_with_window(&stack, 64 * 1024).await;
     let tokens = 6_000;
     let mut long = chat("chat", tokens, true);
@@ -492,8 +513,8 @@ async fn client_with_window(stack: &Stack, bytes: u32) -> TcpStream {
 
 /// One slot, no queue, a one-second `send_timeout`, and an engine that streams as fast as the
 /// gateway takes its events.
-async fn one_slot_on_a_zero_cost_engine() -> Stack {
-    let yaml = format!("{ONE_SLOT}server: {{ send_timeout: 1s }}\n");
+async fn one_slot_on_a_zero_cost_engine(http1: &str) -> Stack {
+    let yaml = format!("{ONE_SLOT}server: {{ send_timeout: 1s, http1: {http1} }}\n");
     let mut zero = engine::EngineConfig::preset(engine::Preset::Zero);
     zero.model = crate::support::UPSTREAM_MODEL.into();
     Stack::start(vec![engine(zero).await], &yaml).await
@@ -536,13 +557,13 @@ async fn is_cut_after_send_timeout(
     records
 }
 
+both!(a_streams_head_says_the_same_whichever_server_part_writes_it);
 /// A stream's head is written by the front (a plain upload), by hyper's HTTP/1.1 (a chunked
 /// upload, which the front hands over) and by hyper's HTTP/2: each says the same, each field
 /// once, its team's rate limits included.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
+async fn a_streams_head_says_the_same_whichever_server_part_writes_it(http1: &str) {
     // Three requests, within `search`'s rpm: 3; its key is "test".
-    let stack = Stack::start(vec![engine(tiny()).await], TEAMS).await;
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(TEAMS, http1)).await;
     let check = |how: &str, headers: Vec<(String, String)>, id: &str| {
         let all = |name: &str| -> Vec<&str> {
             headers
@@ -630,7 +651,7 @@ async fn a_streams_head_says_the_same_whichever_server_part_writes_it() {
 /// and the cut stream ends in an error for the client, never as a whole one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_http2_stream_its_client_stops_reading_is_cut_after_send_timeout() {
-    let stack = one_slot_on_a_zero_cost_engine().await;
+    let stack = one_slot_on_a_zero_cost_engine("fast").await;
     // A small window per stream, a large one for the connection: one stream shut does not shut
     // the others.
     let h2 = reqwest::Client::builder()
@@ -710,7 +731,7 @@ async fn h2_stream(h2: &reqwest::Client, stack: &Stack, body: Value) -> reqwest:
 /// between the head and the body brought the rule.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rules_header_counts_when_a_reload_brings_the_rule_between_head_and_body() {
-    let stack = Stack::start(vec![engine(tiny()).await], ONE).await;
+    let stack = Stack::start(vec![engine(tiny()).await], &serving(ONE, "fast")).await;
     let mut c = connect(&stack).await;
     let body = chat("chat", 3, false).to_string();
     let head = format!(
