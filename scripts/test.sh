@@ -28,6 +28,11 @@ fi
 
 echo "== cargo fmt --check"
 cargo fmt --all -- --check
+cargo fmt --manifest-path fuzz/Cargo.toml -- --check
+# The fuzz targets are a workspace of their own (cargo-fuzz builds them with nightly flags); a
+# plain check on the stable toolchain keeps them and their lock from rotting.
+echo "== cargo check of fuzz/ (the fuzz targets)"
+CARGO_TARGET_DIR=target/fuzz-check cargo check --manifest-path fuzz/Cargo.toml --locked --bins
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"

@@ -4,11 +4,13 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use spillway_protocol::sse::{EventSplitter, data as event_data};
 use spillway_gateway::relay::{Rename, classify, parse_usage};
+use spillway_protocol::sse::{EventSplitter, data as event_data};
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&cuts, stream)) = data.split_first() else { return };
+    let Some((&cuts, stream)) = data.split_first() else {
+        return;
+    };
     let rename = Rename::new("up", "public");
     let mut s = EventSplitter::default();
     let mut out = Vec::new();
@@ -24,6 +26,9 @@ fuzz_target!(|data: &[u8]| {
         });
     }
     out.extend_from_slice(&s.rest());
-    assert_eq!(out, stream, "the splitter must hand back exactly the bytes it was given");
+    assert_eq!(
+        out, stream,
+        "the splitter must hand back exactly the bytes it was given"
+    );
     let _ = Bytes::from(out);
 });

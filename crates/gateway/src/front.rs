@@ -196,31 +196,13 @@ impl Conn {
         // again from its start with every byte.
         let mut searched: usize = 0;
         loop {
-            if self.buf.starts_with(b"PRI ") {
-                return Head::Other;
-            }
-            // Blank lines before a request line are ignored (RFC 9112 2.2), as hyper does: CR LF
-            // or LF, never a lone CR, which hyper answers with 400.
-            let blank = blank_lines(&self.buf);
-            if blank > 0 {
-                self.buf.advance(blank);
-                searched = searched.saturating_sub(blank);
-            }
-            let from = searched.saturating_sub(2);
-            searched = self.buf.len();
-            let new = &self.buf[from..];
-            // A head ends at its first blank line, as an SSE event does; it is parsed once, by
-            // `Request::from_head` (one that does not parse goes to hyper, these bytes first).
-            if let Some(end) = head_end(new) {
-                return Head::Complete(self.buf.split_to(from + end).freeze());
-            }
-            if self.buf.len() > max_head {
-                return Head::Other;
-            }
-            // Bytes that cannot begin a request (a TLS handshake, a lone CR, garbage) are refused
-            // at once, instead of waiting for a blank line until `header_timeout`.
-            if !may_be_head(&self.buf) {
-                return Head::Invalid;
+            let (blank, scanned) = scan(&self.buf, &mut searched, max_head);
+            self.buf.advance(blank);
+            match scanned {
+                Scan::Complete(end) => return Head::Complete(self.buf.split_to(end).freeze()),
+                Scan::Other => return Head::Other,
+                Scan::Invalid => return Head::Invalid,
+                Scan::More => {}
             }
             self.buf.reserve(READ_SIZE);
             match self.io.tcp.read_buf(&mut self.buf).await {
@@ -491,6 +473,49 @@ impl Conn {
     }
 }
 
+/// What the bytes read so far hold, as [`scan`] finds it.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Scan {
+    /// A whole head, this long (after the blank lines skipped).
+    Complete(usize),
+    /// Not a head this module parses: too large, or HTTP/2's preface.
+    Other,
+    /// Bytes that cannot begin a request.
+    Invalid,
+    /// Not yet a whole head.
+    More,
+}
+
+/// Looks at what a connection has read: how many bytes of blank lines to skip first, then what
+/// follows them. `searched` is how far an earlier call looked for the head's end (0 at first), so
+/// that a head sent a byte at a time is not searched again from its start with every byte.
+/// Parsing apart from the socket: the fuzz target `front_head` runs this very function.
+pub(crate) fn scan(buf: &[u8], searched: &mut usize, max_head: usize) -> (usize, Scan) {
+    // Blank lines before a request line are ignored (RFC 9112 2.2), as hyper does: CR LF or LF,
+    // never a lone CR, which hyper answers with 400.
+    let blank = blank_lines(buf);
+    let buf = &buf[blank..];
+    if buf.starts_with(b"PRI ") {
+        return (blank, Scan::Other);
+    }
+    let from = searched.saturating_sub(blank).saturating_sub(2);
+    *searched = buf.len();
+    // A head ends at its first blank line, as an SSE event does; it is parsed once, by
+    // `Request::from_head` (one that does not parse goes to hyper, these bytes first).
+    if let Some(end) = head_end(&buf[from..]) {
+        return (blank, Scan::Complete(from + end));
+    }
+    if buf.len() > max_head {
+        return (blank, Scan::Other);
+    }
+    // Bytes that cannot begin a request (a TLS handshake, a lone CR, garbage) are refused at
+    // once, instead of waiting for a blank line until `header_timeout`.
+    if !may_be_head(buf) {
+        return (blank, Scan::Invalid);
+    }
+    (blank, Scan::More)
+}
+
 /// How many bytes of blank lines (CR LF or LF) `buf` starts with.
 fn blank_lines(buf: &[u8]) -> usize {
     let mut at = 0;
@@ -726,13 +751,13 @@ const READ_HEADERS: [&str; 6] = [
 
 /// A completion request's head, parsed once: what this module acts on, and the headers the
 /// request path reads, their values sharing the head's bytes.
-struct Request {
-    api: Api,
-    uri: Uri,
+pub(crate) struct Request {
+    pub(crate) api: Api,
+    pub(crate) uri: Uri,
     headers: HeaderMap,
-    content_length: usize,
+    pub(crate) content_length: usize,
     /// The client asked to close after the answer.
-    close: bool,
+    pub(crate) close: bool,
 }
 
 impl Request {
@@ -740,7 +765,7 @@ impl Request {
     /// `server` counts a head). Of the headers, only those the request path reads are kept
     /// ([`READ_HEADERS`] and `rule_headers`): each kept costs a name check, a hash and an
     /// insertion, and a client such as OpenAI's sends seventeen.
-    fn from_head(head: &Bytes, rule_headers: &[String], max_header_bytes: usize) -> Option<Request> {
+    pub(crate) fn from_head(head: &Bytes, rule_headers: &[String], max_header_bytes: usize) -> Option<Request> {
         // Uninitialised, as in the replica's head (upstream::h1).
         let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);

@@ -121,4 +121,54 @@ pub mod fuzzing {
     pub fn request_id(headers: &HeaderMap) -> String {
         crate::prepare::request_id(headers)
     }
+
+    /// A request head the public port's own HTTP/1.1 (`front`) serves itself.
+    #[derive(Debug)]
+    pub struct FrontHead {
+        pub chat: bool,
+        /// The request-target, as sent.
+        pub target: String,
+        pub content_length: usize,
+        /// The client asked to close after the answer.
+        pub close: bool,
+        /// Where the body starts: the blank lines before the head, and the head.
+        pub body_offset: usize,
+    }
+
+    /// What `front` makes of `data` arriving in two reads cut at `cut`, as its connection would
+    /// read it: `None` where it does not serve the request itself (hyper does, or it is
+    /// refused), else what it read of the head.
+    pub fn front_head(data: &[u8], cut: usize) -> Option<FrontHead> {
+        let mut buf = bytes::BytesMut::new();
+        let mut searched = 0;
+        let mut skipped = 0;
+        for piece in [&data[..cut.min(data.len())], &data[cut.min(data.len())..]] {
+            buf.extend_from_slice(piece);
+            let (blank, scanned) = crate::front::scan(&buf, &mut searched, 64 * 1024);
+            bytes::Buf::advance(&mut buf, blank);
+            skipped += blank;
+            match scanned {
+                crate::front::Scan::Complete(end) => {
+                    let head = buf.split_to(end).freeze();
+                    let r = crate::front::Request::from_head(&head, &[], usize::MAX)?;
+                    return Some(FrontHead {
+                        chat: r.api == crate::prepare::Api::Chat,
+                        target: r.uri.to_string(),
+                        content_length: r.content_length,
+                        close: r.close,
+                        body_offset: skipped + end,
+                    });
+                }
+                crate::front::Scan::More => {}
+                _ => return None,
+            }
+        }
+        None
+    }
+
+    /// What the replica client makes of an answer `data` read in pieces cut at `cuts`, then
+    /// the connection's close: its status, body and whether the connection could be reused.
+    pub fn upstream_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>, bool), String> {
+        crate::upstream::h1::decode_answer(data, cuts).map_err(|e| e.to_string())
+    }
 }

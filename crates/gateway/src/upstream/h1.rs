@@ -451,6 +451,55 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     )))
 }
 
+/// An answer's status, body and whether its connection could carry another request, from
+/// `data` read in pieces cut at `cuts` and then the connection's close: the head parsed and the
+/// body decoded by the functions a [`Body`] calls, without a socket (the fuzz target
+/// `upstream_answer` compares it with hyper's client).
+pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>, bool), Error> {
+    let mut buf = BytesMut::new();
+    let mut pieces = cuts
+        .iter()
+        .copied()
+        .filter(|&c| c <= data.len())
+        .chain(std::iter::once(data.len()));
+    let mut from = 0;
+    let mut next = |buf: &mut BytesMut| match pieces.next() {
+        Some(to) if to >= from => {
+            buf.extend_from_slice(&data[from..to]);
+            from = to;
+            true
+        }
+        Some(_) => true,
+        None => false,
+    };
+    let head = loop {
+        match parse_head(&buf)? {
+            Some((n, Some(head))) => {
+                buf.advance(n);
+                break head;
+            }
+            Some((n, None)) => buf.advance(n),
+            None if buf.len() >= MAX_HEAD => return Err(Error::Protocol("the head is over 64 KiB")),
+            None if !next(&mut buf) => return Err(Error::Closed),
+            None => {}
+        }
+    };
+    let mut framing = head.framing;
+    let mut body = Vec::new();
+    loop {
+        decode(&mut framing, &mut buf, &mut |d| body.extend_from_slice(d), Pieces::All)?;
+        if framing == Framing::Done {
+            return Ok((head.status.as_u16(), body, head.reusable && buf.is_empty()));
+        }
+        if !next(&mut buf) {
+            return match framing {
+                Framing::UntilClose => Ok((head.status.as_u16(), body, false)),
+                _ => Err(Error::Closed),
+            };
+        }
+    }
+}
+
 /// A header's decimal number: digits only, no sign (Rust's parse takes a `+`, which would let a
 /// replica's length mean what a proxy beside us reads otherwise), whitespace around it ignored.
 fn decimal(value: &[u8]) -> Option<u64> {
