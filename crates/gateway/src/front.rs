@@ -765,7 +765,11 @@ impl Request {
     /// `server` counts a head). Of the headers, only those the request path reads are kept
     /// ([`READ_HEADERS`] and `rule_headers`): each kept costs a name check, a hash and an
     /// insertion, and a client such as OpenAI's sends seventeen.
-    pub(crate) fn from_head(head: &Bytes, rule_headers: &[String], max_header_bytes: usize) -> Option<Request> {
+    pub(crate) fn from_head(
+        head: &Bytes,
+        rule_headers: &[String],
+        max_header_bytes: usize,
+    ) -> Option<Request> {
         // Uninitialised, as in the replica's head (upstream::h1).
         let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
         let mut req = httparse::Request::new(&mut []);

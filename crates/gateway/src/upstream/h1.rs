@@ -487,7 +487,12 @@ pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>
     let mut framing = head.framing;
     let mut body = Vec::new();
     loop {
-        decode(&mut framing, &mut buf, &mut |d| body.extend_from_slice(d), Pieces::All)?;
+        decode(
+            &mut framing,
+            &mut buf,
+            &mut |d| body.extend_from_slice(d),
+            Pieces::All,
+        )?;
         if framing == Framing::Done {
             return Ok((head.status.as_u16(), body, head.reusable && buf.is_empty()));
         }
@@ -752,7 +757,8 @@ fn decode_from(
                     Chunk::DataEnd if line.is_empty() => Framing::Chunked(Chunk::Size),
                     Chunk::DataEnd => return Err(Error::Protocol("a chunk is longer than its size")),
                     Chunk::Trailer if line.is_empty() => Framing::Done,
-                    Chunk::Trailer => Framing::Chunked(Chunk::Trailer),
+                    Chunk::Trailer if trailer_field(&rest[..=end]) => Framing::Chunked(Chunk::Trailer),
+                    Chunk::Trailer => return Err(Error::Protocol("a malformed trailer field")),
                     Chunk::Data(_) => unreachable!("handled above"),
                 };
                 *at += end + 1;
@@ -780,6 +786,20 @@ fn take(rest: &[u8], left: &mut u64, each: &mut dyn FnMut(&[u8])) -> usize {
         *left -= n as u64;
     }
     n
+}
+
+/// Whether a trailer line (its line end included) is a header field as httparse reads one:
+/// trailers are dropped, but one hyper's client would refuse is refused here too. Trailers are
+/// rare, so the copy this takes costs nothing on a stream's way.
+fn trailer_field(line: &[u8]) -> bool {
+    let mut field = Vec::with_capacity(line.len() + 2);
+    field.extend_from_slice(line);
+    field.extend_from_slice(b"\r\n");
+    let mut one = [httparse::EMPTY_HEADER; 1];
+    matches!(
+        httparse::parse_headers(&field, &mut one),
+        Ok(httparse::Status::Complete(_))
+    )
 }
 
 /// A chunk-size line, its CR LF included: hex digits, then optional extensions after `;`, as

@@ -57,6 +57,10 @@ fn bad_chunks_are_errors_not_hangs() {
         b"\r\n",
         b"5\r\nhelloX\r\n",
         b"fffffffffffffffff\r\n",
+        // Found by the fuzz target `upstream_answer`: a trailer line that is no header field,
+        // which hyper's client refuses.
+        b"0\r\n: chunked\r\n\r\n",
+        b"0\r\nno colon\r\n\r\n",
     ] {
         let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[], Pieces::All);
         assert!(
