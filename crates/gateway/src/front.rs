@@ -1081,6 +1081,158 @@ mod tests {
         }
     }
 
+    /// The request-head checklist (after pingora's tests of its HTTP/1 server), each head read
+    /// in two pieces cut at every byte, as a connection reads it: what `front` serves itself,
+    /// and what it leaves to hyper (`None`), which answers it as it always did.
+    #[test]
+    fn heads_scan_and_parse_alike_however_they_are_cut() {
+        let cases: [(&str, &str, Option<(usize, bool)>); 14] = [
+            (
+                "plain",
+                "POST /v1/chat/completions HTTP/1.1
+Host: x
+Content-Length: 2
+
+",
+                Some((2, false)),
+            ),
+            (
+                "blank lines first",
+                "
+
+POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 0
+
+",
+                Some((0, false)),
+            ),
+            (
+                "bare LF lines",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 3
+
+",
+                Some((3, false)),
+            ),
+            (
+                "close",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Connection: close
+Content-Length: 1
+
+",
+                Some((1, true)),
+            ),
+            (
+                "length with leading zeros",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 007
+
+",
+                Some((7, false)),
+            ),
+            (
+                "two lengths",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 1
+Content-Length: 1
+
+",
+                None,
+            ),
+            (
+                "signed length",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: +1
+
+",
+                None,
+            ),
+            (
+                "length list",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 1, 1
+
+",
+                None,
+            ),
+            (
+                "length and chunked",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length: 1
+Transfer-Encoding: chunked
+
+",
+                None,
+            ),
+            (
+                "chunked not last",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Transfer-Encoding: chunked, gzip
+
+",
+                None,
+            ),
+            (
+                "HTTP/1.0",
+                "POST /v1/completions HTTP/1.0
+Host: x
+Content-Length: 1
+
+",
+                None,
+            ),
+            (
+                "obs-fold",
+                "POST /v1/completions HTTP/1.1
+Host: x
+X-A: 1
+ folded
+Content-Length: 1
+
+",
+                None,
+            ),
+            (
+                "space before colon",
+                "POST /v1/completions HTTP/1.1
+Host: x
+Content-Length : 1
+
+",
+                None,
+            ),
+            (
+                "no length",
+                "POST /v1/completions HTTP/1.1
+Host: x
+
+",
+                None,
+            ),
+        ];
+        for (name, head, want) in cases {
+            let wire = format!("{head}body");
+            for cut in 0..=wire.len() {
+                let got = crate::fuzzing::front_head(wire.as_bytes(), cut);
+                let got = got.map(|h| {
+                    assert_eq!(h.body_offset, head.len(), "{name}, cut at {cut}");
+                    (h.content_length, h.close)
+                });
+                assert_eq!(got, want, "{name}, cut at {cut}");
+            }
+        }
+    }
+
     /// Only CR LF and LF are blank lines; a lone CR is not (B02: `\rPOST …` was served).
     #[test]
     fn blank_lines_before_a_head_are_cr_lf_or_lf_never_a_lone_cr() {

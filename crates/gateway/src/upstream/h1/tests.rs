@@ -480,3 +480,40 @@ async fn a_body_over_the_limit_is_refused() {
     let r = call(&conns).await.unwrap();
     assert!(matches!(r.into_body().collect(4).await, Err(Error::TooLarge(4))));
 }
+
+/// The answer-decoding checklist (after pingora's tests of its HTTP/1 client), each answer read
+/// whole and cut at every byte: what the client takes, and what it refuses.
+#[test]
+fn answers_decode_alike_however_they_are_cut() {
+    type Want = Option<(u16, &'static [u8], bool)>;
+    let cases: [(&str, &[u8], Want); 16] = [
+        ("length", b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello", Some((200, b"hello", true))),
+        ("length zero", b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Some((200, b"", true))),
+        ("length repeated", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 2\r\n\r\nok", Some((200, b"ok", true))),
+        ("lengths that differ", b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\ncontent-length: 3\r\n\r\nok", None),
+        ("signed length", b"HTTP/1.1 200 OK\r\ncontent-length: +2\r\n\r\nok", None),
+        ("length and chunked: chunked wins, no reuse", b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n", Some((200, b"ok", false))),
+        ("HTTP/1.0 and chunked: read, then closed", b"HTTP/1.0 200 OK\r\ntransfer-encoding: chunked\r\nconnection: keep-alive\r\n\r\n2\r\nok\r\n0\r\n\r\n", Some((200, b"ok", false))),
+        ("chunked not last: until close", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked, gzip\r\n\r\nraw", Some((200, b"raw", false))),
+        ("several 1xx first", b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", Some((200, b"ok", true))),
+        ("101 is no answer", b"HTTP/1.1 101 Switching Protocols\r\nupgrade: x\r\n\r\n", None),
+        ("obs-fold", b"HTTP/1.1 200 OK\r\nx-a: 1\r\n folded\r\ncontent-length: 2\r\n\r\nok", None),
+        ("trailers", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n", Some((200, b"ok", true))),
+        ("no framing: until close", b"HTTP/1.1 200 OK\r\n\r\nall of it", Some((200, b"all of it", false))),
+        ("204 has no body", b"HTTP/1.1 204 No Content\r\ncontent-length: 5\r\n\r\n", Some((204, b"", true))),
+        ("cut short by length", b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\n\r\nshort", None),
+        ("cut short by chunks", b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhel", None),
+    ];
+    for (name, wire, want) in cases {
+        for cut in 0..=wire.len() {
+            let got = decode_answer(wire, &[cut]);
+            match want {
+                Some((status, body, reusable)) => {
+                    let (s, b, r) = got.unwrap_or_else(|e| panic!("{name}, cut at {cut}: {e}"));
+                    assert_eq!((s, &b[..], r), (status, body, reusable), "{name}, cut at {cut}");
+                }
+                None => assert!(got.is_err(), "{name}, cut at {cut}: {got:?}"),
+            }
+        }
+    }
+}
