@@ -451,27 +451,39 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     )))
 }
 
-/// An answer's status, body and whether its connection could carry another request, from
-/// `data` read in pieces cut at `cuts` and then the connection's close: the head parsed and the
-/// body decoded by the functions a [`Body`] calls, without a socket (the fuzz target
-/// `upstream_answer` compares it with hyper's client).
-pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>, bool), Error> {
+/// What [`decode_answer`] read of an answer.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    pub(crate) status: u16,
+    pub(crate) body: Vec<u8>,
+    /// Its connection could carry another request.
+    pub(crate) reusable: bool,
+    /// The bytes the answer took (anything after it was not part of it).
+    pub(crate) consumed: usize,
+}
+
+/// An answer from `data` read in pieces cut at `cuts` and then the connection's close: the head
+/// parsed and the body decoded by the functions a [`Body`] calls, without a socket (the fuzz
+/// target `upstream_answer` compares it with hyper's client).
+pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
     let mut buf = BytesMut::new();
-    let mut pieces = cuts
+    let mut ends = cuts
         .iter()
         .copied()
         .filter(|&c| c <= data.len())
         .chain(std::iter::once(data.len()));
-    let mut from = 0;
-    let mut next = |buf: &mut BytesMut| match pieces.next() {
-        Some(to) if to >= from => {
-            buf.extend_from_slice(&data[from..to]);
-            from = to;
+    let fed = std::cell::Cell::new(0);
+    let next = |buf: &mut BytesMut| match ends.next() {
+        Some(to) => {
+            if to > fed.get() {
+                buf.extend_from_slice(&data[fed.get()..to]);
+                fed.set(to);
+            }
             true
         }
-        Some(_) => true,
         None => false,
     };
+    let mut next = next;
     let head = loop {
         match parse_head(&buf)? {
             Some((n, Some(head))) => {
@@ -486,6 +498,7 @@ pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>
     };
     let mut framing = head.framing;
     let mut body = Vec::new();
+    let status = head.status.as_u16();
     loop {
         decode(
             &mut framing,
@@ -494,11 +507,23 @@ pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>
             Pieces::All,
         )?;
         if framing == Framing::Done {
-            return Ok((head.status.as_u16(), body, head.reusable && buf.is_empty()));
+            let reusable = head.reusable && buf.is_empty();
+            let consumed = fed.get() - buf.len();
+            return Ok(Decoded {
+                status,
+                body,
+                reusable,
+                consumed,
+            });
         }
         if !next(&mut buf) {
             return match framing {
-                Framing::UntilClose => Ok((head.status.as_u16(), body, false)),
+                Framing::UntilClose => Ok(Decoded {
+                    status,
+                    body,
+                    reusable: false,
+                    consumed: data.len(),
+                }),
                 _ => Err(Error::Closed),
             };
         }

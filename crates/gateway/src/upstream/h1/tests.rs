@@ -509,8 +509,13 @@ fn answers_decode_alike_however_they_are_cut() {
             let got = decode_answer(wire, &[cut]);
             match want {
                 Some((status, body, reusable)) => {
-                    let (s, b, r) = got.unwrap_or_else(|e| panic!("{name}, cut at {cut}: {e}"));
-                    assert_eq!((s, &b[..], r), (status, body, reusable), "{name}, cut at {cut}");
+                    let d = got.unwrap_or_else(|e| panic!("{name}, cut at {cut}: {e}"));
+                    assert_eq!(
+                        (d.status, &d.body[..], d.reusable),
+                        (status, body, reusable),
+                        "{name}, cut at {cut}"
+                    );
+                    assert_eq!(d.consumed, wire.len(), "{name}, cut at {cut}");
                 }
                 None => assert!(got.is_err(), "{name}, cut at {cut}: {got:?}"),
             }
