@@ -151,6 +151,10 @@ pub mod fuzzing {
                 crate::front::Scan::Complete(end) => {
                     let head = buf.split_to(end).freeze();
                     let r = crate::front::Request::from_head(&head, &[], usize::MAX)?;
+                    // As `front::serve` does: a body over the limit goes to hyper's path.
+                    if r.content_length > crate::config::ServerConfig::default().max_body_bytes {
+                        return None;
+                    }
                     return Some(FrontHead {
                         chat: r.api == crate::prepare::Api::Chat,
                         target: r.uri.to_string(),

@@ -773,7 +773,11 @@ fn decode_from(
                     }
                     return Ok(handed);
                 };
-                let line = rest[..end].strip_suffix(b"\r").unwrap_or(&rest[..end]);
+                // Every line of the chunked framing ends in CR LF, as hyper requires: a bare LF
+                // would end a line here that a proxy beside us reads on.
+                let Some(line) = rest[..end].strip_suffix(b"\r") else {
+                    return Err(Error::Protocol("a chunked body's line ends without CR LF"));
+                };
                 *framing = match *state {
                     Chunk::Size => match chunk_size(&rest[..=end])? {
                         0 => Framing::Chunked(Chunk::Trailer),

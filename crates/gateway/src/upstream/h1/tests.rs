@@ -61,6 +61,11 @@ fn bad_chunks_are_errors_not_hangs() {
         // which hyper's client refuses.
         b"0\r\n: chunked\r\n\r\n",
         b"0\r\nno colon\r\n\r\n",
+        // Found by `upstream_answer`: a bare LF after a chunk's data, or in the trailers, which
+        // hyper's client refuses.
+        b"5\r\nhello\n0\r\n\r\n",
+        b"0\r\nx: y\n\r\n",
+        b"0\r\n\n",
     ] {
         let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[], Pieces::All);
         assert!(
