@@ -420,9 +420,11 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
             retry_after = decimal(value);
         }
     }
-    // An HTTP/1.0 message with a transfer coding has faulty framing: it is read, then its
-    // connection is closed (RFC 9112 §6.1).
-    close |= http10 && encoded;
+    // An HTTP/1.0 message with a transfer coding has faulty framing (RFC 9112 §6.1): refused,
+    // as hyper's client refuses it, and its connection closed with it.
+    if http10 && encoded {
+        return Err(Error::Protocol("an HTTP/1.0 answer with a transfer coding"));
+    }
     let framing = if status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
         Framing::Length(0)
     } else if encoded {
