@@ -1,7 +1,8 @@
 //! `spillway serve` in front of real vLLM: relaying, cancellation reaching vLLM, deadlines,
 //! vLLM's own queue limit, engine-aware balancing, reasoning deltas, `/v1/models`, error bodies.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::time::Instant;
 
 use super::{Gateway, chat, get_body, open_stream, post, request, send_stream, servers};
 use crate::support::wait_until;
