@@ -119,7 +119,10 @@ serve() {
       wait "$pid" || true
       die "vllm serve exited before it was ready"
     }
-    [ $((SECONDS - t0)) -lt 600 ] || die "vllm serve not ready after 600s"
+    if [ $((SECONDS - t0)) -ge 600 ]; then
+      kill -TERM "$pid" 2>/dev/null || true
+      die "vllm serve not ready after 600s"
+    fi
     sleep 1
   done
   echo "vllm ready: http://127.0.0.1:$port (model tiny, ${model##*/}, $((SECONDS - t0))s)"
