@@ -8,3 +8,4 @@ mod diagnose;
 mod plan;
 mod shared;
 mod support;
+mod vllm;

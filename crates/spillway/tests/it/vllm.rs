@@ -1,0 +1,491 @@
+//! Against a real vLLM 0.32 (its CPU build, a tiny Llama with dummy weights; `scripts/vllm.sh`
+//! installs it and docs/vllm.md says what it shows). `#[ignore]`d in a plain `cargo test`:
+//! scripts/test.sh runs them on their own, after the rest, so the servers' CPU does not slow the
+//! other tests. Without an install they skip with a note, or fail when `CI` is set or
+//! `SPILLWAY_VLLM_REQUIRED=1`.
+//!
+//! Two servers are shared by every test of the process (a start costs a minute of CPU) and stop
+//! when it exits: `plain()` (at most 4 sequences a step, at most 8 requests in flight:
+//! `--max-num-queued-reqs 8`) and `think()` (a `<think>` template and
+//! `--reasoning-parser deepseek_r1`: its output is all `delta.reasoning`). The tests take one
+//! lock, so they run one at a time whatever `--test-threads` says: each reads the servers'
+//! counters and queues, which another test's load would move.
+//!
+//! Tests marked "needs issue 34's gateway/bench/plan fixes" check behaviour that the issue
+//! specifies and that Spillway does not have before those fixes land.
+
+mod gateway;
+mod tools;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use crate::support::{BIN, try_get};
+
+/// The served model name of both servers.
+pub(crate) const MODEL: &str = "tiny";
+
+pub(crate) fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// Whether a missing install is a failure rather than a skip.
+fn required() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false")
+        || std::env::var("SPILLWAY_VLLM_REQUIRED").is_ok_and(|v| v == "1")
+}
+
+/// One test at a time: see the module's note.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// A running `scripts/vllm.sh serve`, in a process group of its own.
+pub(crate) struct Vllm {
+    pub(crate) port: u16,
+    pub(crate) log: PathBuf,
+    pgid: u32,
+}
+
+impl Drop for Vllm {
+    fn drop(&mut self) {
+        stop_group(self.pgid);
+    }
+}
+
+/// SIGTERM to the group (the script, vLLM's API server, its engine core), SIGKILL 15 s later.
+fn stop_group(pgid: u32) {
+    let group = format!("-{pgid}");
+    let _ = Command::new("kill").args(["-TERM", "--", &group]).status();
+    let alive = || {
+        Command::new("kill")
+            .args(["-0", "--", &group])
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    let until = Instant::now() + Duration::from_secs(15);
+    while alive() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+}
+
+impl Vllm {
+    /// Starts `scripts/vllm.sh serve PORT [--think] ARGS` and waits for `/health`.
+    fn start(name: &str, think: bool, args: &[&str]) -> Result<Vllm, String> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| e.to_string())?
+            .port();
+        let logs = repo_root().join("target/vllm-logs");
+        std::fs::create_dir_all(&logs).map_err(|e| e.to_string())?;
+        let log = logs.join(format!("{name}-{port}.log"));
+        let out = std::fs::File::create(&log).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("bash");
+        cmd.arg(repo_root().join("scripts/vllm.sh"))
+            .args(["serve", &port.to_string()]);
+        if think {
+            cmd.arg("--think");
+        }
+        use std::os::unix::process::CommandExt;
+        let child = cmd
+            .args(args)
+            .env("SPILLWAY_VLLM_EXIT_WITH", std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().map_err(|e| e.to_string())?)
+            .stderr(out)
+            .process_group(0)
+            .spawn()
+            .map_err(|e| format!("scripts/vllm.sh: {e}"))?;
+        let server = Vllm {
+            port,
+            log,
+            pgid: child.id(),
+        };
+        let mut child = child;
+        let until = Instant::now() + Duration::from_secs(600);
+        loop {
+            if try_get(port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+                return Ok(server);
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "vLLM ({name}) exited with {status} before it was ready; its log, {}:\n{}",
+                    server.log.display(),
+                    tail(&server.log, 40)
+                ));
+            }
+            if Instant::now() > until {
+                return Err(format!("vLLM ({name}) not ready after 600 s"));
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The value of `name` (the first series whose line starts with it) in `/metrics`.
+    pub(crate) fn metric(&self, name: &str) -> f64 {
+        metric_in(&get_body(self.port, "/metrics"), name)
+            .unwrap_or_else(|| panic!("{name} not in vLLM's /metrics"))
+    }
+
+    /// vLLM's own log so far.
+    pub(crate) fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The value of the first series of `exposition` whose line starts with `name`.
+pub(crate) fn metric_in(exposition: &str, name: &str) -> Option<f64> {
+    exposition
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .find(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with(['{', ' ']))
+        })
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// Whether the install is there; when it is not, panics if it is required, else says why the
+/// test is skipped.
+fn installed() -> bool {
+    let root = repo_root();
+    let missing: Vec<String> = [
+        "target/vllm-venv/bin/vllm",
+        "target/vllm-model/tiny-llama/config.json",
+        "target/vllm-model/tiny-llama-think/config.json",
+    ]
+    .iter()
+    .filter(|p| !root.join(p).exists())
+    .map(|p| p.to_string())
+    .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    let why = format!(
+        "no real vLLM ({} missing): run scripts/vllm.sh install",
+        missing.join(", ")
+    );
+    assert!(
+        !required(),
+        "{why} (required here: CI or SPILLWAY_VLLM_REQUIRED=1)"
+    );
+    eprintln!("skipped: {why}");
+    false
+}
+
+type Shared = OnceLock<Result<Vllm, String>>;
+
+fn shared(cell: &'static Shared, name: &str, think: bool, args: &[&str]) -> Option<&'static Vllm> {
+    if !installed() {
+        return None;
+    }
+    match cell.get_or_init(|| Vllm::start(name, think, args)) {
+        Ok(v) => Some(v),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The shared plain server: 4 sequences a step, 8 requests in flight at most, requests logged
+/// (so an abort shows in its log).
+pub(crate) fn plain() -> Option<&'static Vllm> {
+    static CELL: Shared = OnceLock::new();
+    shared(
+        &CELL,
+        "plain",
+        false,
+        &[
+            "--max-num-seqs",
+            "4",
+            "--max-num-queued-reqs",
+            "8",
+            "--enable-log-requests",
+        ],
+    )
+}
+
+/// The shared reasoning server (`--reasoning-parser deepseek_r1`).
+pub(crate) fn think() -> Option<&'static Vllm> {
+    static CELL: Shared = OnceLock::new();
+    shared(&CELL, "think", true, &["--max-num-seqs", "4"])
+}
+
+/// Holds the one-test-at-a-time lock, and both servers, started side by side.
+pub(crate) struct Servers {
+    pub(crate) plain: &'static Vllm,
+    pub(crate) think: &'static Vllm,
+    _serial: MutexGuard<'static, ()>,
+}
+
+/// Both servers, or None when the test is skipped (no install, not required).
+pub(crate) fn servers() -> Option<Servers> {
+    let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !installed() {
+        return None;
+    }
+    // Two starts at once share the cores but overlap their waits.
+    let (plain, think) = std::thread::scope(|s| {
+        let t = s.spawn(think);
+        (plain(), t.join().expect("think() panicked"))
+    });
+    let servers = Servers {
+        plain: plain?,
+        think: think?,
+        _serial: serial,
+    };
+    // A test that failed mid-load may have left requests running: wait for both to drain.
+    for v in [servers.plain, servers.think] {
+        let idle = crate::support::wait_until(1500, || {
+            v.metric("vllm:num_requests_running") == 0.0 && v.metric("vllm:num_requests_waiting") == 0.0
+        });
+        assert!(idle, "vLLM on {} did not drain", v.port);
+    }
+    Some(servers)
+}
+
+/// An HTTP/1.1 answer, its chunked body decoded.
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) head: String,
+    pub(crate) body: String,
+}
+
+impl Reply {
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// A header's value (names compared case-insensitively).
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.head.lines().skip(1).find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+        })
+    }
+
+    /// The JSON of every `data:` event but `[DONE]`.
+    pub(crate) fn events(&self) -> Vec<serde_json::Value> {
+        self.body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .map(str::trim)
+            .filter(|d| *d != "[DONE]")
+            .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+            .collect()
+    }
+}
+
+/// Sends a request and reads the whole answer (`connection: close`).
+pub(crate) fn request(port: u16, method: &str, path: &str, body: &str) -> Reply {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the answer");
+    parse_reply(&raw)
+}
+
+pub(crate) fn post(port: u16, path: &str, body: &serde_json::Value) -> Reply {
+    request(port, "POST", path, &body.to_string())
+}
+
+pub(crate) fn get_body(port: u16, path: &str) -> String {
+    request(port, "GET", path, "").body
+}
+
+fn parse_reply(raw: &[u8]) -> Reply {
+    let text = String::from_utf8_lossy(raw);
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head in {text:?}"));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { dechunk(rest) } else { rest.to_owned() };
+    Reply {
+        status,
+        head: head.to_owned(),
+        body,
+    }
+}
+
+fn dechunk(mut rest: &str) -> String {
+    let mut body = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
+            break;
+        };
+        if n == 0 || after.len() < n {
+            break;
+        }
+        body.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    body
+}
+
+/// A chat request for the tiny model.
+pub(crate) fn chat(max_tokens: u32, stream: bool) -> serde_json::Value {
+    serde_json::json!({
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me about spillways."}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "ignore_eos": true,
+    })
+}
+
+/// Sends a streamed request and returns its connection, unread, for the caller to drop.
+pub(crate) fn send_stream(port: u16, body: &serde_json::Value) -> TcpStream {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    s
+}
+
+/// Sends a streamed request and reads until its first `data:` event has arrived; the stream is
+/// left open, unread, for the caller to drop or finish.
+pub(crate) fn open_stream(port: u16, body: &serde_json::Value) -> (TcpStream, String) {
+    let mut s = send_stream(port, body);
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data:") {
+        let n = s.read(&mut buf).expect("the stream's first event");
+        assert!(
+            n > 0,
+            "closed before any event: {:?}",
+            String::from_utf8_lossy(&seen)
+        );
+        seen.extend_from_slice(&buf[..n]);
+    }
+    (s, String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// A gateway in front of vLLM replicas, its access log in a file.
+pub(crate) struct Gateway {
+    pub(crate) port: u16,
+    log: PathBuf,
+    _child: crate::support::Kill,
+    _dir: TempDir,
+}
+
+impl Gateway {
+    /// `spillway serve` with one route, `tiny`, to `replicas`; `route_extra` is YAML added to the
+    /// route (indented for it, e.g. `"    balance: engine_aware\n"`).
+    pub(crate) fn start(replicas: &[u16], route_extra: &str) -> Gateway {
+        let dir = TempDir::new("gw");
+        let port = {
+            let _ports = crate::support::PORTS.lock().unwrap_or_else(|e| e.into_inner());
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        };
+        let replicas: Vec<String> = replicas.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+        let config = format!(
+            "listen: 127.0.0.1:{port}\nroutes:\n  - model: {MODEL}\n    replicas: [{}]\n{route_extra}",
+            replicas.join(", ")
+        );
+        let path = dir.0.join("spillway.yaml");
+        std::fs::write(&path, &config).unwrap();
+        let log = dir.0.join("access.log");
+        let errors = dir.0.join("stderr.log");
+        let child = Command::new(BIN)
+            .args(["serve", "--config", path.to_str().unwrap()])
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::File::create(&errors).unwrap())
+            .spawn()
+            .unwrap();
+        let child = crate::support::Kill(child);
+        let up = crate::support::wait_until(1000, || {
+            try_get(port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+        });
+        assert!(
+            up,
+            "the gateway did not start on:\n{config}\n{}",
+            std::fs::read_to_string(&errors).unwrap_or_default()
+        );
+        Gateway {
+            port,
+            log,
+            _child: child,
+            _dir: dir,
+        }
+    }
+
+    /// The access log's lines so far, parsed (each request's line is written when it ends).
+    pub(crate) fn access_log(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Waits up to 5 s for `n` access-log lines.
+    pub(crate) fn access_lines(&self, n: usize) -> Vec<serde_json::Value> {
+        crate::support::wait_until(250, || self.access_log().len() >= n);
+        let lines = self.access_log();
+        assert!(
+            lines.len() >= n,
+            "{} access-log lines, wanted {n}: {lines:?}",
+            lines.len()
+        );
+        lines
+    }
+}
+
+/// A folder under the system's temp dir, removed on drop.
+pub(crate) struct TempDir(pub(crate) PathBuf);
+
+impl TempDir {
+    pub(crate) fn new(tag: &str) -> TempDir {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("spillway-vllm-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        TempDir(dir)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Runs `spillway ARGS`: exit code, stdout, stderr.
+pub(crate) fn spillway(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(BIN).args(args).output().unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
