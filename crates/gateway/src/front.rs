@@ -1086,7 +1086,9 @@ mod tests {
     /// and what it leaves to hyper (`None`), which answers it as it always did.
     #[test]
     fn heads_scan_and_parse_alike_however_they_are_cut() {
-        let cases: [(&str, &str, Option<(usize, bool)>); 14] = [
+        // A head, and what `front` reads of it: its length and `close`, or `None` for hyper's.
+        type Case = (&'static str, &'static str, Option<(usize, bool)>);
+        let cases: [Case; 14] = [
             (
                 "plain",
                 "POST /v1/chat/completions HTTP/1.1
