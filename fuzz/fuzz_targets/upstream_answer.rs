@@ -71,7 +71,14 @@ fuzz_target!(|input: &[u8]| {
     let ours = upstream_answer(data, &[cut]);
     let whole = upstream_answer(data, &[]);
     match (&ours, &whole) {
-        (Ok(a), Ok(b)) => assert_eq!(a, b, "the same answer read otherwise"),
+        // Reuse aside: bytes after the answer make its connection unfit for reuse only once
+        // they are read, and a cut may fall between them and the answer (the next use's peek
+        // sees them then).
+        (Ok(a), Ok(b)) => assert_eq!(
+            (&a.0, &a.1, a.3),
+            (&b.0, &b.1, b.3),
+            "the same answer read otherwise"
+        ),
         (Err(_), Err(_)) => {}
         _ => panic!("cut at {cut}: {ours:?}, whole: {whole:?}"),
     }
