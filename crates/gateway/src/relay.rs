@@ -270,6 +270,8 @@ pub(crate) struct Events {
     /// Bytes for the client, until written: the front writes them from here and clears them,
     /// hyper's body takes them as pieces split off the front.
     out: BytesMut,
+    /// An error event that came before any token ([`open`] answers it in place of the stream).
+    early_error: Option<Bytes>,
 }
 
 /// What one read of the upstream brought.
@@ -296,6 +298,7 @@ impl Events {
             rename,
             strip_usage,
             out,
+            early_error,
         } = self;
         let (mut at, mut events) = (None, 0);
         let token = std::cell::Cell::new(false);
@@ -313,6 +316,16 @@ impl Events {
             }
             splitter.feed_slices(data, |e| {
                 events += 1;
+                if early_error.is_some() {
+                    return;
+                }
+                // Only before the first token (`open`'s reads): an error there is answered as
+                // the status it names, so it is kept back rather than passed on.
+                if until_token && !token.get() && is_error_event(e) {
+                    *early_error = Some(Bytes::copy_from_slice(e));
+                    token.set(true);
+                    return;
+                }
                 if pass_on(ex, e, now, rename.as_deref(), *strip_usage, out) != EventKind::Other {
                     token.set(true);
                 }
@@ -333,6 +346,65 @@ impl Events {
     }
 }
 
+/// Whether an SSE event is an error object (`data: {"error": …}`), as vLLM and OpenAI send
+/// one inside a 200 stream.
+fn is_error_event(event: &[u8]) -> bool {
+    let blank = |b: &u8| b.is_ascii_whitespace();
+    let start = event.iter().position(|b| !blank(b)).unwrap_or(event.len());
+    let Some(data) = event[start..].strip_prefix(b"data:") else {
+        return false;
+    };
+    let start = data.iter().position(|b| !blank(b)).unwrap_or(data.len());
+    let Some(object) = data[start..].strip_prefix(b"{") else {
+        return false;
+    };
+    let start = object.iter().position(|b| !blank(b)).unwrap_or(object.len());
+    object[start..].starts_with(b"\"error\"")
+}
+
+/// An SSE error event that came in place of a stream's first token: vLLM refuses a request its
+/// full queue (`--max-num-queued-reqs`) cannot take so, inside a `200 text/event-stream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EarlyError {
+    /// The status its `code` names (an integer, or digits in a string); `None` if it names none.
+    pub(crate) status: Option<u16>,
+    /// The event's JSON (`{"error": …}`), to relay as a body.
+    pub(crate) body: Bytes,
+}
+
+impl EarlyError {
+    fn parse(event: &[u8]) -> EarlyError {
+        let start = event
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(event.len());
+        let data = event[start..].strip_prefix(b"data:").unwrap_or(&event[start..]);
+        let body = data.trim_ascii();
+        let code = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/error/code").cloned());
+        let status = match code {
+            Some(serde_json::Value::Number(n)) => n.as_u64(),
+            Some(serde_json::Value::String(s)) => s.parse().ok(),
+            _ => None,
+        };
+        EarlyError {
+            status: status
+                .and_then(|s| u16::try_from(s).ok())
+                .filter(|s| (400..600).contains(s)),
+            body: Bytes::copy_from_slice(body),
+        }
+    }
+}
+
+/// What the upstream's stream began with.
+pub(crate) enum Opened {
+    /// Its first event (a token, or the events before it): the stream goes on.
+    Stream(Events),
+    /// An error event before any token, which the client never sees as a stream.
+    Error(EarlyError),
+}
+
 /// Waits for the upstream's first complete event, at most until `deadline` (the end of the
 /// `budget` for the first token), and handles the events read meanwhile as the relay would.
 pub(crate) async fn open(
@@ -342,13 +414,14 @@ pub(crate) async fn open(
     ex: &mut Exchange,
     deadline: Instant,
     budget: Duration,
-) -> Result<Events, GatewayError> {
+) -> Result<Opened, GatewayError> {
     let mut events = Events {
         upstream,
         splitter: EventSplitter::default(),
         rename,
         strip_usage,
         out: BytesMut::with_capacity(OUT_CAPACITY),
+        early_error: None,
     };
     loop {
         // The first event with tokens (or the end) goes out with the head as soon as it is
@@ -356,6 +429,10 @@ pub(crate) async fn open(
         // the same read wait for the relay, which passes them on straight after.
         let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, true));
         match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(_)) if events.early_error.is_some() => {
+                let event = events.early_error.take().unwrap_or_default();
+                return Ok(Opened::Error(EarlyError::parse(&event)));
+            }
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream("upstream_error", too_large_message()));
             }
@@ -364,7 +441,7 @@ pub(crate) async fn open(
                 events: 0,
                 ..
             })) => {}
-            Ok(Ok(Got { read: Read::Data, .. })) => return Ok(events),
+            Ok(Ok(Got { read: Read::Data, .. })) => return Ok(Opened::Stream(events)),
             Ok(Ok(Got { read: Read::End, .. })) => {
                 return Err(GatewayError::upstream(
                     "upstream_error",
@@ -811,7 +888,7 @@ mod tests {
             "id".into(),
         );
         let deadline = Instant::now() + Duration::from_secs(5);
-        let opened = open(
+        let Opened::Stream(opened) = open(
             answer.into_body(),
             None,
             false,
@@ -820,7 +897,9 @@ mod tests {
             Duration::from_secs(5),
         )
         .await
-        .unwrap();
+        .unwrap() else {
+            panic!("a stream")
+        };
         assert_eq!(&opened.out[..], [events[0], events[1]].concat().as_bytes());
         let (_stop_tx, stop) = watch::channel(false);
         let config = RelayConfig {
@@ -837,6 +916,84 @@ mod tests {
             relay.written();
         }
         assert_eq!(rest, [events[2], events[3]].concat().as_bytes());
+    }
+
+    /// `events`, each a chunk of one 200 stream written at once, opened as the gateway opens
+    /// a stream.
+    async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Exchange) {
+        let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for e in events {
+            wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let (url, _replica) = h1::tests::serve_script(vec![wire], false).await;
+        let conns = Arc::new(h1::Conns::new(&url));
+        let answer = h1::tests::call(&conns).await.unwrap();
+        let mut ex = Exchange::new(
+            Arc::new(crate::metrics::Metrics::new()),
+            crate::access_log::AccessLog::discard(),
+            "id".into(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let opened = open(
+            answer.into_body(),
+            None,
+            false,
+            &mut ex,
+            deadline,
+            Duration::from_secs(5),
+        )
+        .await;
+        (opened, ex)
+    }
+
+    /// vLLM 0.32 refuses a request its full queue cannot take with a 200 stream of one error
+    /// event (`code` an integer) and `[DONE]`: the stream does not open, and the error says
+    /// which status it names; nothing of it is timed or ends the exchange.
+    #[tokio::test]
+    async fn an_error_event_before_the_first_token_is_not_a_stream() {
+        let busy = "data: {\"error\": {\"message\": \"The server is overloaded\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}\n\n";
+        let (opened, ex) = open_script(&[busy, "data: [DONE]\n\n"]).await;
+        let Ok(Opened::Error(early)) = opened else {
+            panic!("an error, not a stream")
+        };
+        assert_eq!(early.status, Some(503));
+        assert_eq!(
+            &early.body[..],
+            busy.trim_start_matches("data: ").trim_end().as_bytes()
+        );
+        assert!(!ex.ended(), "[DONE] after it does not finish the exchange");
+        // The same in one write, after a role chunk.
+        let role = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let bad = "data: {\"error\":{\"message\":\"max_tokens is too large\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}\n\ndata: [DONE]\n\n";
+        let (opened, ex) = open_script(&[&format!("{role}{bad}")]).await;
+        let Ok(Opened::Error(early)) = opened else {
+            panic!("an error, not a stream")
+        };
+        assert_eq!(early.status, Some(400));
+        assert!(!ex.ended());
+        // After a token, an error event is the stream's own: relayed as it is.
+        let token = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let (opened, _) = open_script(&[&format!("{token}{bad}")]).await;
+        assert!(matches!(opened, Ok(Opened::Stream(_))));
+    }
+
+    #[test]
+    fn an_error_events_status_is_its_code() {
+        let status = |json: &str| EarlyError::parse(format!("data: {json}\n\n").as_bytes()).status;
+        assert_eq!(status(r#"{"error":{"message":"x","code":429}}"#), Some(429));
+        assert_eq!(status(r#"{"error":{"message":"x","code":"503"}}"#), Some(503));
+        assert_eq!(
+            status(r#"{"error":{"message":"x","code":"upstream_busy"}}"#),
+            None
+        );
+        assert_eq!(status(r#"{"error":{"message":"x","code":200}}"#), None);
+        assert_eq!(status(r#"{"error":{"message":"x"}}"#), None);
+        assert_eq!(status(r#"{"error":"#), None);
+        assert!(is_error_event(b"data: {\"error\": {}}\n\n"));
+        assert!(is_error_event(b"\ndata:{ \"error\":{}}\n\n"));
+        assert!(!is_error_event(b"data: {\"id\":\"x\",\"error\":null}\n\n"));
+        assert!(!is_error_event(b": error\n\n"));
     }
 
     /// Waits until `alarm` says yes, polling it the way the relay does.

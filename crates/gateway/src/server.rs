@@ -8,10 +8,10 @@ use crate::gateway::Gateway;
 use crate::outcome::{Ending, Exchange};
 use crate::prepare::{self, Api, Parsed, Prepared};
 use crate::relay::{self, Events, Relay, RelayConfig};
-use crate::route::{Class, Observation, Route};
+use crate::route::{Class, Route};
 use crate::table::Table;
 use crate::tenant::Tenant;
-use crate::upstream::{self, Budgets};
+use crate::upstream::{self, Answered, Budgets};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -360,8 +360,8 @@ where
     ex.record.tokens_in = Some(prepared.input_tokens);
     ex.trace.admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
-    let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
-    answer(g, &route, upstream, &prepared, &budgets, ex).await
+    let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
+    answer(g, &route, answered, &budgets).await
 }
 
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).
@@ -566,54 +566,42 @@ async fn take_slot(
     }
 }
 
-/// Stage 10: the replica's answer read whole, or a stream held until its first chunk.
+/// Stage 10: the replica's answer read whole, or a stream (held until its first chunk by
+/// [`upstream::call`]) with what its relay needs.
 async fn answer(
     g: &Gateway,
     route: &Route,
-    upstream: upstream::h1::Response,
-    prepared: &Prepared,
+    answered: Answered,
     budgets: &Budgets,
-    ex: &mut Exchange,
 ) -> Result<Answer, GatewayError> {
+    let upstream = match answered {
+        Answered::Response(upstream) => upstream,
+        Answered::Rejected(status, body) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            return Ok(Answer::Relayed(status, body));
+        }
+        Answered::Stream(events) => {
+            let config = RelayConfig {
+                idle: route.config.timeouts.stream_idle,
+                deadline: budgets.deadline,
+                stop: g.stop.subscribe(),
+            };
+            return Ok(Answer::Stream(events, config));
+        }
+    };
     let status = upstream.status();
     if !status.is_success() {
         let body = upstream::error_body(upstream, budgets.deadline).await;
         return Ok(Answer::Relayed(status, body));
     }
-    if !prepared.stream {
-        let body = relay::whole(
-            upstream.into_body(),
-            budgets.deadline,
-            budgets.total,
-            route.rename.as_deref(),
-        )
-        .await?;
-        return Ok(Answer::Whole(body));
-    }
-    let config = RelayConfig {
-        idle: route.config.timeouts.stream_idle,
-        deadline: budgets.deadline,
-        stop: g.stop.subscribe(),
-    };
-    let opened = relay::open(
+    let body = relay::whole(
         upstream.into_body(),
-        route.rename.clone(),
-        !prepared.client_wants_usage,
-        ex,
-        budgets.first_token_deadline,
-        budgets.first_token,
+        budgets.deadline,
+        budgets.total,
+        route.rename.as_deref(),
     )
-    .await;
-    ex.upstream_first_byte = Some(Instant::now());
-    if let Some(r) = &ex.replica {
-        let seen = match &opened {
-            Ok(_) => Observation::Served,
-            Err(GatewayError::FirstTokenTimeout(_)) => Observation::TimedOut,
-            Err(_) => Observation::Failed,
-        };
-        route.observe(&r.replica, seen);
-    }
-    Ok(Answer::Stream(opened?, config))
+    .await?;
+    Ok(Answer::Whole(body))
 }
 
 /// The response for what the stages produced; the exchange ends in [`answered`], or lives on in

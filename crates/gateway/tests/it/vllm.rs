@@ -1,0 +1,194 @@
+//! What vLLM 0.32 answers that `spillway engine` once did not: error events inside a 200 stream,
+//! `max_model_len` in `/v1/models`; replicas scripted to answer as vLLM does.
+
+use crate::support::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// vLLM's answer to a streamed request its full queue (`--max-num-queued-reqs`) refuses.
+pub(crate) const BUSY_EVENT: &str = "{\"error\": {\"message\": \"The server is overloaded, please retry later.\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}";
+
+/// A 200 SSE answer of `events` (each a `data:` payload), chunked as vLLM's server sends it.
+pub(crate) fn sse_answer(events: &[&str]) -> Vec<u8> {
+    let mut wire = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+    for e in events {
+        let e = format!("data: {e}\n\n");
+        wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    wire
+}
+
+/// A JSON answer with `status`.
+pub(crate) fn json_answer(status: u16, body: &str) -> Vec<u8> {
+    format!(
+        "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A replica on a loopback port that answers every POST with `post` (given how many came
+/// before), `GET /v1/models` with a card of `model` and `max_model_len`, and any other GET
+/// with 200; connections are kept alive. Returns its URL and the number of POSTs it took.
+pub(crate) async fn scripted(
+    model: &'static str,
+    max_model_len: Option<u32>,
+    post: impl Fn(usize) -> Vec<u8> + Send + Sync + 'static,
+) -> (String, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let posts = Arc::new(AtomicUsize::new(0));
+    let post = Arc::new(post);
+    let counted = posts.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let (post, posts) = (post.clone(), counted.clone());
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 8192];
+                loop {
+                    // A whole request: its head, then content-length bytes of body.
+                    let head_end = loop {
+                        if let Some(p) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break p + 4;
+                        }
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .and_then(|v| v.trim().parse().ok())
+                        .unwrap_or(0);
+                    while got.len() < head_end + length {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    got.drain(..head_end + length);
+                    let answer = if head.starts_with("post") {
+                        post(posts.fetch_add(1, Ordering::SeqCst))
+                    } else if head.starts_with("get /v1/models") {
+                        let len = max_model_len.map_or(String::new(), |l| format!(",\"max_model_len\":{l}"));
+                        json_answer(
+                            200,
+                            &format!(
+                                "{{\"object\":\"list\",\"data\":[{{\"id\":\"{model}\",\"object\":\"model\",\"owned_by\":\"vllm\"{len}}}]}}"
+                            ),
+                        )
+                    } else {
+                        json_answer(200, "{}")
+                    };
+                    if s.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (url, posts)
+}
+
+fn one_replica(url: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{url}]\n    timeouts: {{ connect: 1s, first_token: 3s, stream_idle: 2s, total: 10s }}\n    retry: {{ attempts: 2, backoff: {{ base: 5ms, max: 20ms }}, budget: {{ ratio: 0.1, min_per_second: 5 }} }}\n"
+    )
+}
+
+/// vLLM's in-stream overload answer is the replica's backpressure, like its 503: another
+/// replica is tried, and the client gets that one's stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_stream_503_is_retried_on_another_replica() {
+    let (busy, posts) = scripted("sim", None, |_| sse_answer(&[BUSY_EVENT, "[DONE]"])).await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{busy}, {{E0}}]\n    timeouts: {{ connect: 1s, first_token: 3s, stream_idle: 2s, total: 10s }}\n    retry: {{ attempts: 2, backoff: {{ base: 5ms, max: 20ms }}, budget: {{ ratio: 0.1, min_per_second: 5 }} }}\n"
+    );
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    // Ties are broken from a random start: send until the busy replica has been tried.
+    let mut sent = 0;
+    while posts.load(Ordering::SeqCst) == 0 {
+        assert!(sent < 30, "the busy replica was never picked in {sent} requests");
+        let r = stack.stream("chat", 3).await;
+        assert_eq!(r.status(), 200);
+        let (body, _, _) = read_stream(r).await;
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+        assert!(!body.contains("error"), "the refusal is not relayed: {body}");
+        sent += 1;
+    }
+    assert!(
+        eventually(Duration::from_secs(5), || stack
+            .records()
+            .iter()
+            .any(|r| r.retries == 1))
+        .await
+    );
+    let retried = stack.records().into_iter().find(|r| r.retries == 1).unwrap();
+    assert_eq!(retried.outcome, "ok");
+    assert_eq!(retried.status, 200);
+    assert!(retried.ttft_ms.is_some());
+    let m = stack.metrics().await;
+    assert!(
+        m.lines()
+            .any(|l| l.starts_with("spillway_upstream_requests_total{") && l.contains("result=\"busy\"")),
+        "counted as the replica's busy answer"
+    );
+}
+
+/// With no other replica to try, the client gets the gateway's own 503 with Retry-After, never
+/// a 200 whose stream is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_stream_503_with_no_replica_left_is_the_gateways_503() {
+    let (busy, posts) = scripted("sim", None, |_| sse_answer(&[BUSY_EVENT, "[DONE]"])).await;
+    let stack = Stack::start(vec![], &one_replica(&busy)).await;
+    let r = stack.stream("chat", 3).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header(&r, "retry-after"), "1");
+    assert!(header(&r, "content-type").starts_with("application/json"));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_busy", "{v}");
+    assert_eq!(posts.load(Ordering::SeqCst), 1);
+    assert!(eventually(Duration::from_secs(5), || !stack.records().is_empty()).await);
+    let record = stack.records().remove(0);
+    assert_eq!((record.status, record.outcome), (503, "upstream_busy"));
+}
+
+/// An in-stream 429 is backpressure too; a 400 is the client's (relayed as vLLM's own error
+/// body, with its status); a 500 is a failure (the gateway's 502).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_stream_error_is_answered_with_the_status_it_names() {
+    let event = |code: u16, kind: &str| {
+        format!(
+            "{{\"error\": {{\"message\": \"refused\", \"type\": \"{kind}\", \"param\": null, \"code\": {code}}}}}"
+        )
+    };
+    for (code, kind, status, gateway_code) in [
+        (429, "RateLimitError", 503, Some("upstream_busy")),
+        (400, "BadRequestError", 400, None),
+        (500, "InternalServerError", 502, Some("upstream_error")),
+    ] {
+        let e = event(code, kind);
+        let (url, posts) = scripted("sim", None, move |_| sse_answer(&[&e, "[DONE]"])).await;
+        let stack = Stack::start(vec![], &one_replica(&url)).await;
+        let r = stack.stream("chat", 3).await;
+        assert_eq!(r.status(), status, "in-stream {code}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        match gateway_code {
+            Some(c) => assert_eq!(v["error"]["code"], c, "{v}"),
+            None => {
+                assert_eq!(v["error"]["code"], code, "vLLM's own body: {v}");
+                assert_eq!(v["error"]["type"], kind);
+            }
+        }
+        assert_eq!(posts.load(Ordering::SeqCst), 1, "in-stream {code} is tried once");
+    }
+}
