@@ -36,6 +36,9 @@ struct Needles {
     no_choices: memmem::Finder<'static>,
     content: memmem::Finder<'static>,
     text: memmem::Finder<'static>,
+    /// `"reasoning":"` (vLLM 0.32) and `"reasoning_content":"` (older) in one search.
+    reasoning: memmem::Finder<'static>,
+    tool_calls: memmem::Finder<'static>,
 }
 
 static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needles {
@@ -44,6 +47,8 @@ static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needl
     no_choices: memmem::Finder::new(b"\"choices\":[]"),
     content: memmem::Finder::new(b"\"content\":\""),
     text: memmem::Finder::new(b"\"text\":\""),
+    reasoning: memmem::Finder::new(b"\"reasoning"),
+    tool_calls: memmem::Finder::new(b"\"tool_calls\":["),
 });
 
 /// What one SSE event of an OpenAI stream is, judged without parsing its JSON.
@@ -52,7 +57,7 @@ pub enum EventKind {
     Done,
     /// The usage-only chunk (`"choices":[]` with `usage`).
     Usage,
-    /// A chunk carrying generated text.
+    /// A chunk carrying generated tokens: text, reasoning or tool calls.
     Tokens,
     /// Anything else: the role chunk, the finish chunk, comments, errors.
     Other,
@@ -68,15 +73,28 @@ pub fn classify(event: &[u8]) -> EventKind {
     }
     let n = &*NEEDLES;
     // Text first: nearly every event carries some, and a usage-only chunk carries none (a chunk
-    // with both, as vLLM's continuous usage stats send, counts as tokens either way).
-    let has_text = |f: &memmem::Finder<'_>| {
+    // with both, as vLLM's continuous usage stats send, counts as tokens either way). Reasoning
+    // and tool calls are tokens too, searched last: a usage-only chunk has no choice to carry
+    // them, and the events that carry them are the fewest.
+    let not_empty = |f: &memmem::Finder<'_>, empty: u8| {
         f.find(event)
-            .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != b'"'))
+            .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != empty))
     };
-    if has_text(&n.content) || has_text(&n.text) {
+    let reasoning = || {
+        n.reasoning.find(event).is_some_and(|p| {
+            let rest = &event[p + n.reasoning.needle().len()..];
+            let value = rest
+                .strip_prefix(b"\":\"")
+                .or_else(|| rest.strip_prefix(b"_content\":\""));
+            value.and_then(|v| v.first()).is_some_and(|c| *c != b'"')
+        })
+    };
+    if not_empty(&n.content, b'"') || not_empty(&n.text, b'"') {
         EventKind::Tokens
     } else if n.usage.find(event).is_some() && n.no_choices.find(event).is_some() {
         EventKind::Usage
+    } else if reasoning() || not_empty(&n.tool_calls, b']') {
+        EventKind::Tokens
     } else {
         EventKind::Other
     }
@@ -1071,6 +1089,25 @@ mod tests {
             classify(br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#),
             EventKind::Other
         );
+        // Reasoning (vLLM 0.32's field and the older one) and tool calls are generated tokens.
+        for delta in [
+            r#"{"reasoning":"Let"}"#,
+            r#"{"reasoning_content":"Let"}"#,
+            r#"{"content":null,"reasoning":" me"}"#,
+            r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"a"}}]}"#,
+        ] {
+            let event = format!(r#"data: {{"choices":[{{"index":0,"delta":{delta}}}]}}"#);
+            assert_eq!(classify(event.as_bytes()), EventKind::Tokens, "{delta}");
+        }
+        for delta in [
+            r#"{"reasoning":""}"#,
+            r#"{"reasoning_content":""}"#,
+            r#"{"reasoning":null}"#,
+            r#"{"tool_calls":[]}"#,
+        ] {
+            let event = format!(r#"data: {{"choices":[{{"index":0,"delta":{delta}}}]}}"#);
+            assert_eq!(classify(event.as_bytes()), EventKind::Other, "{delta}");
+        }
         assert_eq!(
             classify(br#"data: {"choices":[{"delta":{},"finish_reason":"stop"}]}"#),
             EventKind::Other

@@ -192,3 +192,80 @@ async fn an_in_stream_error_is_answered_with_the_status_it_names() {
         assert_eq!(posts.load(Ordering::SeqCst), 1, "in-stream {code} is tried once");
     }
 }
+
+fn with_slo(url: &str) -> String {
+    format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{url}]\n    classes:\n      - name: interactive\n        concurrency: 4\n        queue: 4\n        queue_wait: 1s\n        slo: {{ ttft: 2s, itl: 1s }}\n"
+    )
+}
+
+/// The sum of every series of `name` in a Prometheus exposition.
+fn total(metrics: &str, name: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// vLLM 0.32 streams a reasoning model's thinking in `delta.reasoning`, and tool calls in
+/// `delta.tool_calls`: the first of them is the first token (TTFT, the adaptive limit's
+/// samples), the rest are inter-token gaps, and the request is measured against the SLO.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reasoning_and_tool_call_deltas_are_tokens() {
+    let (url, _) = scripted("sim", None, |_| {
+        sse_answer(&[
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"reasoning":"Let"}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"reasoning":" me think"}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]}"#,
+            r#"{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"ok"},"finish_reason":"stop","stop_reason":null}]}"#,
+            "[DONE]",
+        ])
+    })
+    .await;
+    let stack = Stack::start(vec![], &with_slo(&url)).await;
+    let r = stack.stream("chat", 8).await;
+    assert_eq!(r.status(), 200);
+    read_stream(r).await;
+    assert!(eventually(Duration::from_secs(5), || !stack.records().is_empty()).await);
+    let record = stack.records().remove(0);
+    assert_eq!(record.outcome, "ok");
+    assert!(
+        record.ttft_ms.is_some(),
+        "the first reasoning delta is the first token"
+    );
+    assert_eq!(
+        record.tokens_out,
+        Some(4),
+        "counted from the chunks without usage"
+    );
+    let m = stack.metrics().await;
+    assert_eq!(total(&m, "spillway_time_to_first_token_seconds_count"), 1.0);
+    assert_eq!(total(&m, "spillway_inter_token_latency_seconds_count"), 3.0);
+    assert_eq!(total(&m, "spillway_goodput_requests_total"), 1.0);
+}
+
+/// A stream whose first token the gateway never saw has no TTFT to hold against the SLO: it is
+/// measured (in the denominator) but never goodput.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_without_a_measured_first_token_is_not_goodput() {
+    let (url, _) = scripted("sim", None, |_| {
+        sse_answer(&[
+            r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#,
+            r#"{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}"#,
+            "[DONE]",
+        ])
+    })
+    .await;
+    let stack = Stack::start(vec![], &with_slo(&url)).await;
+    let r = stack.stream("chat", 8).await;
+    assert_eq!(r.status(), 200);
+    read_stream(r).await;
+    assert!(eventually(Duration::from_secs(5), || !stack.records().is_empty()).await);
+    let record = stack.records().remove(0);
+    assert_eq!((record.outcome, record.ttft_ms), ("ok", None));
+    let m = stack.metrics().await;
+    assert_eq!(total(&m, "spillway_slo_requests_total"), 1.0);
+    assert_eq!(total(&m, "spillway_goodput_requests_total"), 0.0);
+}
