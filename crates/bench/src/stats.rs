@@ -115,7 +115,8 @@ pub fn values(records: &[&Record], metric: Metric) -> Vec<f64> {
 }
 
 /// Whether one request met every latency target, taken per request: its TTFT, its TPOT against the
-/// ITL and TPOT limits, its end-to-end time.
+/// ITL and TPOT limits, its end-to-end time. One whose first token was never seen (a stream of
+/// deltas the client did not count) is inside nothing, whatever the targets.
 pub fn within_slo(r: &Record, slo: &Slo) -> bool {
     let under = |v: Option<Duration>, limit: Option<Duration>| match (v, limit) {
         (_, None) => true,
@@ -127,6 +128,7 @@ pub fn within_slo(r: &Record, slo: &Slo) -> bool {
         .flatten()
         .min();
     r.ok()
+        && r.ttft.is_some()
         && under(r.ttft, slo.limit(Metric::Ttft))
         && (per_token.is_none() || r.output_tokens < 2 || under(r.tpot(), per_token))
         && under(Some(r.e2e), slo.limit(Metric::E2e))
@@ -305,6 +307,15 @@ mod tests {
             upstream_first_byte: None,
             error: None,
         }
+    }
+
+    #[test]
+    fn a_request_without_a_first_token_is_never_goodput() {
+        let mut r = rec(10, &[5, 5], Outcome::Ok);
+        let slo: Slo = "e2e_p95=10s".parse().unwrap();
+        assert!(within_slo(&r, &slo));
+        r.ttft = None;
+        assert!(!within_slo(&r, &slo), "no TTFT target, yet no first token seen");
     }
 
     #[test]
