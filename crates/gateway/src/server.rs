@@ -141,7 +141,14 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
         .routes
         .iter()
         .filter(|r| tenant.may_use(&r.config.model))
-        .map(|r| serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"}))
+        .map(|r| {
+            let mut card = serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"});
+            // The smallest the replicas stated: a request that fits it fits wherever it goes.
+            if let Some(len) = r.replicas.iter().filter_map(|x| x.max_model_len()).min() {
+                card["max_model_len"] = len.into();
+            }
+            card
+        })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }

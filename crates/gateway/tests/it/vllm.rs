@@ -269,3 +269,56 @@ async fn a_request_without_a_measured_first_token_is_not_goodput() {
     assert_eq!(total(&m, "spillway_slo_requests_total"), 1.0);
     assert_eq!(total(&m, "spillway_goodput_requests_total"), 0.0);
 }
+
+/// The gateway's `/v1/models` card of each route.
+async fn cards(url: &str) -> serde_json::Value {
+    http()
+        .get(format!("{url}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+/// A bench through the gateway fits its long requests to the context the gateway publishes:
+/// the smallest its replicas state in their own `/v1/models` (read when they pass a health
+/// check), and none while no replica has said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn models_carry_the_smallest_context_of_the_routes_replicas() {
+    let (a, _) = scripted("sim", Some(4096), |_| json_answer(500, "{}")).await;
+    let (b, _) = scripted("sim", Some(2048), |_| json_answer(500, "{}")).await;
+    let (silent, _) = scripted("other", None, |_| json_answer(500, "{}")).await;
+    let health = "    health: { interval: 100ms, timeout: 100ms, unhealthy_after: 2, healthy_after: 1 }\n";
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{a}, {b}]\n{health}  - model: quiet\n    replicas: [{silent}]\n{health}  - model: sim\n    replicas: [{{E0}}]\n{health}"
+    );
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let len = |v: &serde_json::Value, id: &str| {
+        v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["id"] == id)
+            .unwrap()
+            .get("max_model_len")
+            .cloned()
+    };
+    let mut v = cards(&stack.url).await;
+    for _ in 0..200 {
+        if len(&v, "chat").is_some() && len(&v, "sim").is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        v = cards(&stack.url).await;
+    }
+    assert_eq!(len(&v, "chat"), Some(2048.into()), "{v}");
+    let engine_len = stack.engines[0].engine.config().max_model_len;
+    assert_eq!(
+        len(&v, "sim"),
+        Some(engine_len.into()),
+        "spillway engine states it too"
+    );
+    assert_eq!(len(&v, "quiet"), None, "absent while unknown: {v}");
+}
