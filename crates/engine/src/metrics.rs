@@ -103,6 +103,8 @@ impl Metrics {
             .register(Box::new(success_vec.clone()))
             .expect("unique metric name");
         let success = FinishReason::ALL.map(|r| success_vec.with_label_values(&[r.as_str()]));
+        // vLLM 0.32 has this reason too (a repetition detector the simulator does not model).
+        success_vec.with_label_values(&["repetition"]);
 
         let dcgm = dcgm.then(|| {
             let uuid = gpu_uuid(gpu_index);
