@@ -98,6 +98,9 @@ pub struct Record {
     pub itl_us: Vec<u32>,
     /// Prompt tokens as the server's `usage` counted them.
     pub input_tokens: Option<u32>,
+    /// Prompt tokens as the bench asked for them (synthetic prompts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_input_tokens: Option<u32>,
     /// Completion tokens from `usage`, else the number of content chunks.
     pub output_tokens: u32,
     pub outcome: Outcome,
@@ -147,6 +150,7 @@ impl Record {
             e2e: Duration::ZERO,
             itl_us: Vec::new(),
             input_tokens: None,
+            asked_input_tokens: None,
             output_tokens: 0,
             outcome: Outcome::Transport,
             id: None,
@@ -338,6 +342,7 @@ impl Client {
             sent.saturating_duration_since(scheduled),
             prompt.long,
         );
+        rec.asked_input_tokens = prompt.input_tokens;
         let req = match req.body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => {
