@@ -322,3 +322,50 @@ async fn models_carry_the_smallest_context_of_the_routes_replicas() {
     );
     assert_eq!(len(&v, "quiet"), None, "absent while unknown: {v}");
 }
+
+/// What a client sees from each layer (docs/errors.md): the gateway's own errors carry a string
+/// `code` and OpenAI's `type`s; a replica's own 4xx is relayed as vLLM wrote it (`code` the
+/// status, an integer; `type` like `BadRequestError`), from a status or from an error event in
+/// place of a stream's first token; a replica's 5xx or busy answer becomes the gateway's own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn error_bodies_say_which_layer_answered() {
+    let (failing, _) = scripted("sim", None, |_| {
+        json_answer(
+            500,
+            r#"{"error":{"message":"engine died","type":"InternalServerError","param":null,"code":500}}"#,
+        )
+    })
+    .await;
+    let yaml = format!(
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{{E0}}]\n  - model: broken\n    upstream_model: sim\n    replicas: [{failing}]\n    retry: {{ attempts: 1 }}\n"
+    );
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let body = |model: &str, max_tokens: u32, stream: bool| chat(model, max_tokens, stream);
+    let send = |b: serde_json::Value| {
+        let url = format!("{}/v1/chat/completions", stack.url);
+        async move {
+            let r = http().post(url).json(&b).send().await.unwrap();
+            let status = r.status().as_u16();
+            (status, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    // The gateway's own: a string code.
+    let (status, v) = send(body("nope", 4, false)).await;
+    assert_eq!(status, 404);
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    assert_eq!(v["error"]["type"], "not_found_error");
+    // vLLM's own 400 (max_tokens over the context), relayed as it was: an integer code.
+    for stream in [false, true] {
+        let (status, v) = send(body("chat", 100_000, stream)).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["code"], 400, "{v}");
+        assert_eq!(v["error"]["type"], "BadRequestError");
+        assert_eq!(v["error"]["param"], "max_tokens");
+    }
+    // A replica's 500 is the gateway's 502; vLLM's words stay in the log.
+    let (status, v) = send(body("broken", 4, false)).await;
+    assert_eq!(status, 502);
+    assert_eq!(v["error"]["code"], "upstream_error", "{v}");
+    assert_eq!(v["error"]["type"], "upstream_error");
+    assert!(!v.to_string().contains("engine died"));
+}
