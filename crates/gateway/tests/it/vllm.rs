@@ -369,3 +369,39 @@ async fn error_bodies_say_which_layer_answered() {
     assert_eq!(v["error"]["type"], "upstream_error");
     assert!(!v.to_string().contains("engine died"));
 }
+
+/// The same through `spillway engine`'s `--max-num-queued-reqs`, which refuses a streamed
+/// request as vLLM 0.32 does: one engine refusing everything, the other serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_in_stream_refusal_is_retried_on_another_replica() {
+    let mut full = tiny();
+    full.max_num_queued_reqs = Some(0);
+    let yaml = "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{E0}, {E1}]\n    retry: { attempts: 2, backoff: { base: 5ms, max: 20ms }, budget: { ratio: 0.1, min_per_second: 5 } }\n";
+    let stack = Stack::start(vec![engine(full).await, engine(tiny()).await], yaml).await;
+    let served = || stack.engines[0].engine.records().len() + stack.engines[1].engine.records().len();
+    let mut sent = 0;
+    while total(&stack.metrics().await, "spillway_retries_total") < 1.0 {
+        assert!(sent < 30, "the full engine was never picked in {sent} requests");
+        let r = stack.stream("chat", 3).await;
+        assert_eq!(r.status(), 200);
+        let (body, _, _) = read_stream(r).await;
+        assert!(
+            body.ends_with("data: [DONE]\n\n") && !body.contains("error"),
+            "{body}"
+        );
+        sent += 1;
+    }
+    assert!(
+        stack.engines[0].engine.records().is_empty(),
+        "the full engine ran nothing"
+    );
+    assert_eq!(served(), sent, "each request served once, by the other engine");
+    let alone =
+        "listen: 127.0.0.1:0\nroutes:\n  - model: chat\n    upstream_model: sim\n    replicas: [{E0}]\n";
+    let mut full = tiny();
+    full.max_num_queued_reqs = Some(0);
+    let stack = Stack::start(vec![engine(full).await], alone).await;
+    let r = stack.stream("chat", 3).await;
+    assert_eq!(r.status(), 503);
+    assert_eq!(header(&r, "retry-after"), "1");
+}
