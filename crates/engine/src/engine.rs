@@ -420,7 +420,7 @@ impl Engine {
         }
         let waiting = core.sched.num_waiting();
         drop(core);
-        self.inner.metrics.waiting.set(waiting as f64);
+        self.inner.metrics.set_waiting(waiting);
         self.inner.wake.notify_one();
         Ok(Generation {
             id,
@@ -587,7 +587,7 @@ impl Engine {
         let gpu = m.dcgm.as_ref().map(|_| self.gpu_reading());
         let core = lock(&self.inner.core);
         m.running.set(core.sched.num_running() as f64);
-        m.waiting.set(core.sched.num_waiting() as f64);
+        m.set_waiting(core.sched.num_waiting());
         m.kv_usage.set(core.sched.kv.usage());
         drop(core);
         if let (Some(d), Some(r)) = (&m.dcgm, gpu) {
@@ -673,7 +673,7 @@ async fn step_loop(inner: Arc<Inner>) {
             let shape = core.sched.schedule(now);
             core.stats.max_running = core.stats.max_running.max(core.sched.num_running());
             inner.metrics.running.set(core.sched.num_running() as f64);
-            inner.metrics.waiting.set(core.sched.num_waiting() as f64);
+            inner.metrics.set_waiting(core.sched.num_waiting());
             (shape, core.sched.is_idle())
         };
         if shape.is_empty() {
@@ -782,7 +782,7 @@ fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instan
     let generated = core.out.generated;
     record_finished(m, core);
     m.running.set(core.sched.num_running() as f64);
-    m.waiting.set(core.sched.num_waiting() as f64);
+    m.set_waiting(core.sched.num_waiting());
     m.kv_usage.set(core.sched.kv.usage());
     generated
 }

@@ -118,6 +118,17 @@ async fn a_full_queue_refuses_a_stream_inside_a_200_stream() {
         "{:?}",
         e.engine.snapshot()
     );
+    // vLLM 0.32 says why they wait: here always for capacity.
+    let text = String::from_utf8(e.engine.metrics_text()).unwrap();
+    assert!(
+        text.contains(
+            "vllm:num_requests_waiting_by_reason{engine=\"0\",model_name=\"sim\",reason=\"capacity\"} 1"
+        ),
+        "{text}"
+    );
+    assert!(text.contains(
+        "vllm:num_requests_waiting_by_reason{engine=\"0\",model_name=\"sim\",reason=\"deferred\"} 0"
+    ));
     let r = post(url.clone(), chat(true, 5)).await;
     assert_eq!(r.status(), 200);
     assert!(
