@@ -1,5 +1,5 @@
-//! Stage 10: the answer. A stream's response head is held until the upstream's first chunk (so a
-//! failure before it is still a clean 502/504), then the stream is relayed without buffering: all
+//! Stage 10: the answer. A stream's response head is held until the upstream's first token (so a
+//! failure before it, an error event included, is still a clean status), then the stream is relayed without buffering: all
 //! the bytes ready when the relay wakes go out in one write (the first token's, with the head, may
 //! go out ahead of what was read with it: `front`), each SSE event is timed (TTFT, ITL),
 //! the usage chunk is read (and dropped if the client did not ask for it), and a stall, a failure,
@@ -297,7 +297,8 @@ struct Got {
     read: Read,
     /// When its data came; events handed over together share it (docs/metrics.md on ITL).
     at: Option<Instant>,
-    events: usize,
+    /// It brought an event with tokens, usage or the end (or an error before them).
+    token: bool,
 }
 
 impl Events {
@@ -318,7 +319,7 @@ impl Events {
             out,
             early_error,
         } = self;
-        let (mut at, mut events) = (None, 0);
+        let mut at = None;
         let token = std::cell::Cell::new(false);
         let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
@@ -333,7 +334,6 @@ impl Events {
                 }
             }
             splitter.feed_slices(data, |e| {
-                events += 1;
                 if early_error.is_some() {
                     return;
                 }
@@ -355,7 +355,8 @@ impl Events {
             Pieces::All
         };
         let read = upstream.poll_pieces(cx, each, pieces);
-        read.map(|r| r.map(|read| Got { read, at, events }))
+        let token = token.get();
+        read.map(|r| r.map(|read| Got { read, at, token }))
     }
 
     /// An event still incomplete has passed [`MAX_EVENT`].
@@ -423,8 +424,10 @@ pub(crate) enum Opened {
     Error(EarlyError),
 }
 
-/// Waits for the upstream's first complete event, at most until `deadline` (the end of the
-/// `budget` for the first token), and handles the events read meanwhile as the relay would.
+/// Waits for the upstream's first event with tokens (or usage, or the end), at most until
+/// `deadline` (the end of the `budget` for the first token), and handles the events read
+/// meanwhile as the relay would; those before it (a role chunk sent ahead, comments) are held
+/// with the head, so that an error event after them is still answered as its status.
 pub(crate) async fn open(
     upstream: Body,
     rename: Option<Arc<Rename>>,
@@ -456,7 +459,7 @@ pub(crate) async fn open(
             }
             Ok(Ok(Got {
                 read: Read::Data,
-                events: 0,
+                token: false,
                 ..
             })) => {}
             Ok(Ok(Got { read: Read::Data, .. })) => return Ok(Opened::Stream(events)),

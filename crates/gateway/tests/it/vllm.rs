@@ -405,3 +405,80 @@ async fn the_engines_in_stream_refusal_is_retried_on_another_replica() {
     assert_eq!(r.status(), 503);
     assert_eq!(header(&r, "retry-after"), "1");
 }
+
+/// A replica that answers each POST with a 200 stream written in `writes`, 200 ms apart (each
+/// write a list of `data:` payloads; after the last, the stream ends unless `hang`).
+async fn paced(writes: Vec<Vec<&'static str>>, hang: bool) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                return;
+            };
+            let writes = writes.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 8192];
+                while !(got.windows(4).any(|w| w == b"\r\n\r\n") && got.ends_with(b"}")) {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+                let _ = s.write_all(head).await;
+                for (i, events) in writes.iter().enumerate() {
+                    if i > 0 {
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                    for e in events {
+                        let e = format!("data: {e}\n\n");
+                        let _ = s.write_all(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes()).await;
+                    }
+                }
+                if hang {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+                let _ = s.write_all(b"0\r\n\r\n").await;
+            });
+        }
+    });
+    url
+}
+
+const ROLE: &str = r#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}"#;
+
+/// A server that sends its role chunk ahead of the first token (vLLM sends it with the token;
+/// others do not): the head is still held until a token, so an error event after the role chunk
+/// is answered as its status, and a stall after it is a first-token timeout, not a 200 stream
+/// cut later by `stream_idle`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_chunk_sent_ahead_does_not_release_the_head() {
+    let url = paced(vec![vec![ROLE], vec![BUSY_EVENT, "[DONE]"]], false).await;
+    let stack = Stack::start(vec![], &one_replica(&url)).await;
+    let r = stack.stream("chat", 3).await;
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_busy", "{v}");
+
+    let url = paced(vec![vec![ROLE]], true).await;
+    let yaml = one_replica(&url).replace(
+        "connect: 1s, first_token: 3s",
+        "connect: 100ms, first_token: 500ms",
+    );
+    let stack = Stack::start(vec![], &yaml).await;
+    let r = stack.stream("chat", 3).await;
+    assert_eq!(r.status(), 504);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "first_token_timeout", "{v}");
+
+    // The role chunk goes out with the head and the first token once it comes.
+    let token = r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#;
+    let url = paced(vec![vec![ROLE], vec![token, "[DONE]"]], false).await;
+    let stack = Stack::start(vec![], &one_replica(&url)).await;
+    let r = stack.stream("chat", 3).await;
+    assert_eq!(r.status(), 200);
+    let (body, _, _) = read_stream(r).await;
+    assert_eq!(sse_data(&body), [ROLE, token, "[DONE]"]);
+}
