@@ -457,6 +457,20 @@ pub(crate) async fn open(
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream("upstream_error", too_large_message()));
             }
+            // What comes ahead of the first token is held with the head: as much as one event.
+            Ok(Ok(Got {
+                read: Read::Data,
+                token: false,
+                ..
+            })) if events.out.len() > MAX_EVENT => {
+                return Err(GatewayError::upstream(
+                    "upstream_error",
+                    format!(
+                        "the replica sent over {} KiB before its first token",
+                        MAX_EVENT / 1024
+                    ),
+                ));
+            }
             Ok(Ok(Got {
                 read: Read::Data,
                 token: false,
@@ -996,6 +1010,23 @@ mod tests {
         // After a token, an error event is the stream's own: relayed as it is.
         let token = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
         let (opened, _) = open_script(&[&format!("{token}{bad}")]).await;
+        assert!(matches!(opened, Ok(Opened::Stream(_))));
+    }
+
+    /// Comments (or role chunks) without end ahead of the first token are held only up to one
+    /// event's bound.
+    #[tokio::test]
+    async fn what_comes_ahead_of_the_first_token_is_bounded() {
+        let ping = ": ping\n\n";
+        let many = ping.repeat(2 * MAX_EVENT / ping.len());
+        let (opened, _) = open_script(&[&many, "data: [DONE]\n\n"]).await;
+        match opened {
+            Err(GatewayError::Upstream { message, .. }) => {
+                assert!(message.contains("before its first token"), "{message}")
+            }
+            _ => panic!("refused"),
+        }
+        let (opened, _) = open_script(&[&ping.repeat(100), "data: [DONE]\n\n"]).await;
         assert!(matches!(opened, Ok(Opened::Stream(_))));
     }
 
