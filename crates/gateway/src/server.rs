@@ -240,7 +240,7 @@ where
 enum Answer {
     /// A non-streamed answer, read whole.
     Whole(Bytes),
-    /// A stream whose first chunk has arrived.
+    /// A stream whose first token has arrived.
     Stream(Events, RelayConfig),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
@@ -573,7 +573,7 @@ async fn take_slot(
     }
 }
 
-/// Stage 10: the replica's answer read whole, or a stream (held until its first chunk by
+/// Stage 10: the replica's answer read whole, or a stream (held until its first token by
 /// [`upstream::call`]) with what its relay needs.
 async fn answer(
     g: &Gateway,

@@ -49,7 +49,7 @@ impl Budgets {
 
 /// What a replica answered that goes to the client.
 pub(crate) enum Answered {
-    /// A stream whose first event has arrived.
+    /// A stream whose first token has arrived.
     Stream(Events),
     /// A whole answer (2xx), or the replica's own 4xx, still to be read.
     Response(h1::Response),
@@ -59,7 +59,7 @@ pub(crate) enum Answered {
 }
 
 /// Calls replicas until one gives an answer to relay (a 2xx, or the client's own 4xx) or the
-/// attempts run out; a stream counts as answered once its first event has come, so an error
+/// attempts run out; a stream counts as answered once its first token has come, so an error
 /// event in its place is judged like the status it names. `ex` learns which replica answered
 /// and how many retries it took.
 pub(crate) async fn call(
@@ -128,7 +128,7 @@ pub(crate) async fn call(
     }
 }
 
-/// Waits for the first event of replica `index`'s stream (DESIGN rule 10 holds the head until
+/// Waits for the first token of replica `index`'s stream (DESIGN rule 10 holds the head until
 /// then), and judges an error event in its place like the status it names: 429 and 503 are the
 /// replica's backpressure (retried elsewhere), another 4xx is the client's, anything else a
 /// failure.
