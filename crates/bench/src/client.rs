@@ -98,6 +98,9 @@ pub struct Record {
     pub itl_us: Vec<u32>,
     /// Prompt tokens as the server's `usage` counted them.
     pub input_tokens: Option<u32>,
+    /// Prompt tokens as the bench asked for them (synthetic prompts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub asked_input_tokens: Option<u32>,
     /// Completion tokens from `usage`, else the number of content chunks.
     pub output_tokens: u32,
     pub outcome: Outcome,
@@ -147,6 +150,7 @@ impl Record {
             e2e: Duration::ZERO,
             itl_us: Vec::new(),
             input_tokens: None,
+            asked_input_tokens: None,
             output_tokens: 0,
             outcome: Outcome::Transport,
             id: None,
@@ -338,6 +342,7 @@ impl Client {
             sent.saturating_duration_since(scheduled),
             prompt.long,
         );
+        rec.asked_input_tokens = prompt.input_tokens;
         let req = match req.body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => {
@@ -456,12 +461,37 @@ struct Choice<'a> {
     text: Option<Cow<'a, str>>,
 }
 
+/// The fields of a delta that carry generated tokens: text, reasoning (vLLM 0.32's `reasoning`,
+/// older releases' `reasoning_content`) and tool calls.
 #[derive(Deserialize)]
 struct Delta<'a> {
     #[serde(borrow, default)]
     content: Option<Cow<'a, str>>,
     #[serde(borrow, default)]
+    reasoning: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
     reasoning_content: Option<Cow<'a, str>>,
+    #[serde(default)]
+    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
+}
+
+impl Delta<'_> {
+    fn has_tokens(&self) -> bool {
+        [&self.content, &self.reasoning, &self.reasoning_content]
+            .into_iter()
+            .flatten()
+            .any(|t| !t.is_empty())
+            || self.tool_calls.as_ref().is_some_and(|c| !c.is_empty())
+    }
+}
+
+/// The status an error event's `code` names (vLLM sends an integer; digits in a string too).
+fn error_status(err: &serde_json::Value) -> Option<u16> {
+    let code = err.get("code")?;
+    let n = code
+        .as_u64()
+        .or_else(|| code.as_str().and_then(|s| s.parse().ok()))?;
+    u16::try_from(n).ok().filter(|s| (400..600).contains(s))
 }
 
 #[derive(Deserialize)]
@@ -513,7 +543,12 @@ where
                 continue;
             };
             if let Some(err) = chunk.error {
-                rec.outcome = Outcome::StreamError;
+                // Before any token, an error event is the server's answer, as vLLM refuses a
+                // request its full queue cannot take (a 503 inside a 200 stream).
+                rec.outcome = match error_status(&err) {
+                    Some(code) if last.is_none() => Outcome::Status { code },
+                    _ => Outcome::StreamError,
+                };
                 rec.error = Some(
                     err.get("message")
                         .and_then(|m| m.as_str())
@@ -531,15 +566,8 @@ where
                 usage_tokens = u.completion_tokens.or(usage_tokens);
             }
             let has_text = chunk.choices.iter().any(|c| {
-                let delta = c.delta.as_ref();
-                [
-                    c.text.as_deref(),
-                    delta.and_then(|d| d.content.as_deref()),
-                    delta.and_then(|d| d.reasoning_content.as_deref()),
-                ]
-                .into_iter()
-                .flatten()
-                .any(|t| !t.is_empty())
+                c.text.as_deref().is_some_and(|t| !t.is_empty())
+                    || c.delta.as_ref().is_some_and(Delta::has_tokens)
             });
             if !has_text {
                 continue;
@@ -639,6 +667,44 @@ mod tests {
         let rec = parse_split(vec![cut.as_bytes().to_vec()]).await;
         assert_eq!(rec.outcome, Outcome::Truncated);
         assert_eq!(rec.output_tokens, 2, "counted from chunks without usage");
+    }
+
+    /// vLLM 0.32 streams reasoning in `delta.reasoning` (older releases in
+    /// `reasoning_content`) and tool calls in `delta.tool_calls`: each times a token.
+    #[tokio::test]
+    async fn every_delta_that_carries_tokens_is_timed() {
+        let stream = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{\"reasoning\":\"Let me\"}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{\"reasoning_content\":\" think\"}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{\"tool_calls\":[]}}]}\n\n\
+            data: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n\
+            data: [DONE]\n\n";
+        let rec = parse_split(vec![stream.as_bytes().to_vec()]).await;
+        assert_eq!(rec.outcome, Outcome::Ok);
+        assert!(rec.ttft.is_some(), "the first reasoning delta is the first token");
+        assert_eq!(rec.output_tokens, 4);
+        assert_eq!(rec.itl_us.len(), 3);
+    }
+
+    /// vLLM's overload answer under `--max-num-queued-reqs`: a 200 stream of one error event
+    /// (`code` an integer) and `[DONE]`. Before any token it is the status it names, an
+    /// overload like a 503; after a token it is the stream's failure.
+    #[tokio::test]
+    async fn an_error_event_before_the_first_token_counts_as_its_status() {
+        let busy = "data: {\"error\": {\"message\": \"The server is overloaded\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}\n\ndata: [DONE]\n\n";
+        let rec = parse_split(vec![busy.as_bytes().to_vec()]).await;
+        assert_eq!(rec.outcome, Outcome::Status { code: 503 });
+        assert_eq!(rec.outcome.kind(), "http_503");
+        let limited = busy.replace("503", "429");
+        let rec = parse_split(vec![limited.into_bytes()]).await;
+        assert_eq!(rec.outcome.kind(), "http_429");
+        let named = busy.replace("503}", "\"queue_full\"}");
+        let rec = parse_split(vec![named.into_bytes()]).await;
+        assert_eq!(rec.outcome, Outcome::StreamError, "a code that names no status");
+        let late = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"a\"}}}}]}}\n\n{busy}");
+        let rec = parse_split(vec![late.into_bytes()]).await;
+        assert_eq!(rec.outcome, Outcome::StreamError);
     }
 
     #[test]

@@ -500,8 +500,15 @@ fn page(r: &Report) -> Result<String, String> {
         esc(&r.finished_at),
         esc(&r.summary)
     );
+    if let Some(p) = &r.prompt_tokens {
+        let _ = writeln!(h, "<p>{}</p>", esc(&crate::report::prompt_line(p)));
+    }
     for note in &r.notes {
-        let _ = writeln!(h, "<p>Note: {}</p>", esc(note));
+        match note.strip_prefix("WARNING: ") {
+            Some(w) => writeln!(h, "<p class=\"warn\">{}</p>", esc(w)),
+            None => writeln!(h, "<p>Note: {}</p>", esc(note)),
+        }
+        .ok();
     }
     if r.distorted_levels > 0 {
         let _ = writeln!(

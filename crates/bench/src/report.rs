@@ -153,6 +153,19 @@ pub(crate) fn split_line(l: &LevelReport) -> Option<String> {
 }
 
 /// The final table: every level, then the bursts, the self-check and the conclusion.
+/// The prompts' length as asked against the server's count of it.
+pub fn prompt_line(p: &crate::run::PromptDrift) -> String {
+    format!(
+        "prompt tokens: {:.0} asked, {:.0} counted by the server on average over {} requests ({} of its chat template's); drift {:+.1}%",
+        p.asked_mean,
+        p.served_mean,
+        p.requests,
+        p.template_tokens
+            .map_or("? tokens".to_owned(), |t| format!("{t} tokens")),
+        p.drift * 100.0
+    )
+}
+
 pub fn table(r: &Report) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -221,8 +234,12 @@ pub fn table(r: &Report) -> String {
             r.distorted_levels
         );
     }
+    if let Some(p) = &r.prompt_tokens {
+        let _ = writeln!(out, "{}", prompt_line(p));
+    }
     for note in &r.notes {
-        let _ = writeln!(out, "note: {note}");
+        let prefix = if note.starts_with("WARNING") { "" } else { "note: " };
+        let _ = writeln!(out, "{prefix}{note}");
     }
     let _ = writeln!(out, "{}", r.summary);
     out

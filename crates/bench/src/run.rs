@@ -6,7 +6,7 @@ mod burst;
 mod fit;
 
 pub use burst::recovery;
-pub use fit::{DEFAULT_LONG_INPUT, DEFAULT_LONG_OUTPUT, Fitted, fit};
+pub use fit::{DEFAULT_LONG_INPUT, DEFAULT_LONG_OUTPUT, Fitted, fit, refit};
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
@@ -19,7 +19,7 @@ use crate::client::{Client, Endpoint, Record, Target};
 use crate::load::{Driver, LevelRun, Sink, Stop};
 use crate::progress::Progress;
 use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo, ser_opt_secs, ser_secs};
-use crate::stats::{LevelStats, Percentiles};
+use crate::stats::{LevelStats, Percentiles, PromptTokens};
 use crate::watch::{LoopLag, QueueSummary, QueueWatch};
 use crate::workload::{Workload, WorkloadInfo};
 
@@ -178,12 +178,61 @@ pub struct Report {
     /// The largest level that passed the SLOs (and recovered from a burst, when that phase ran).
     pub safe: Option<Load>,
     pub summary: String,
+    /// The prompts' real length: the server's count of their tokens against the bench's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<PromptDrift>,
     /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
     pub notes: Vec<String>,
     /// Levels whose numbers the client's own lag may have distorted.
     pub distorted_levels: usize,
     #[serde(skip)]
     pub slo: Slo,
+}
+
+/// Prompt tokens asked for against the server's count (`usage.prompt_tokens`), over every
+/// request that had both.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptDrift {
+    pub requests: usize,
+    pub asked_mean: f64,
+    pub served_mean: f64,
+    /// What the server's chat template adds to each prompt: the first request's count less its
+    /// one word.
+    pub template_tokens: Option<u32>,
+    /// Server tokens per asked token, the template's taken out, less 1: +0.6 is 1.6× as long.
+    pub drift: f64,
+}
+
+/// A drift beyond this is said in a warning: latencies measured are of other prompt lengths than
+/// the ones asked for.
+pub const DRIFT_WARNING: f64 = 0.10;
+
+impl PromptDrift {
+    fn of(tokens: PromptTokens, template_tokens: Option<u32>) -> Option<PromptDrift> {
+        let n = tokens.requests as f64;
+        Some(PromptDrift {
+            requests: tokens.requests,
+            asked_mean: tokens.asked as f64 / n,
+            served_mean: tokens.served as f64 / n,
+            template_tokens,
+            drift: tokens.ratio(template_tokens.unwrap_or(0))? - 1.0,
+        })
+    }
+
+    /// The warning a large drift deserves.
+    pub fn warning(&self) -> Option<String> {
+        (self.drift.abs() > DRIFT_WARNING).then(|| {
+            format!(
+                "WARNING: the server counted the prompts {:+.0}% against the tokens asked ({:.0} asked, {:.0} counted on \
+                 average, its chat template's {} tokens included): its tokenizer is not the bench's four-bytes-a-token \
+                 words, so every length in this report is the asked one, not the one served",
+                self.drift * 100.0,
+                self.asked_mean,
+                self.served_mean,
+                self.template_tokens.map_or("unknown".to_owned(), |t| t.to_string()),
+            )
+        })
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -229,6 +278,8 @@ struct Ctx {
     opts: Options,
     max_model_len: Option<u32>,
     fitted: Fitted,
+    /// Tokens the server's chat template adds to a prompt, from the first request.
+    template_tokens: Option<u32>,
     driver: Driver,
     watch: Option<QueueWatch>,
     lag: LoopLag,
@@ -242,7 +293,7 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
     let client = Client::new(opts.target.clone())?;
-    preflight(&client).await?;
+    let template_tokens = preflight(&client).await?;
     let max_model_len = client.max_model_len().await;
     let fitted = fit(&opts, max_model_len)?;
     let watch = match &opts.metrics_url {
@@ -272,6 +323,7 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
     let mut ctx = Ctx {
         max_model_len,
         fitted,
+        template_tokens,
         progress,
         lag: LoopLag::start(epoch),
         sink: Sink::default(),
@@ -286,19 +338,21 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
 }
 
 /// One small request first, so a target that is down or a wrong model fails the run at once with
-/// the server's own words.
-async fn preflight(client: &Client) -> Result<(), BenchError> {
+/// the server's own words. Its one-word prompt's count says how many tokens the server's chat
+/// template adds to every prompt.
+async fn preflight(client: &Client) -> Result<Option<u32>, BenchError> {
     let url = client.target().url.clone();
     let prompt = crate::workload::Prompt {
         text: "the".into(),
         max_tokens: 2,
         long: false,
+        input_tokens: Some(1),
     };
     let now = Instant::now();
     let rec = client.send(&prompt, now, now).await;
     let detail = rec.error.clone().unwrap_or_default();
     match rec.outcome {
-        crate::client::Outcome::Ok => Ok(()),
+        crate::client::Outcome::Ok => Ok(rec.input_tokens.map(|n| n.saturating_sub(1))),
         crate::client::Outcome::Transport => Err(BenchError::Unreachable { url, detail }),
         crate::client::Outcome::Status { code } if code != 429 && code != 503 => {
             let mut message = detail;
@@ -314,11 +368,21 @@ async fn preflight(client: &Client) -> Result<(), BenchError> {
             })
         }
         // A busy target is a state to measure, not a reason to stop.
-        _ => Ok(()),
+        _ => Ok(None),
     }
 }
 
 impl Ctx {
+    /// The prompts' drift over the levels run so far.
+    fn prompt_drift(&self) -> Option<PromptDrift> {
+        let tokens = self
+            .levels
+            .iter()
+            .filter_map(|l| l.stats.prompt_tokens)
+            .reduce(std::ops::Add::add)?;
+        PromptDrift::of(tokens, self.template_tokens)
+    }
+
     fn default_loads(&self) -> Vec<Load> {
         if !self.opts.loads.is_empty() {
             return self.opts.loads.clone();
@@ -498,6 +562,14 @@ impl Ctx {
         let candidate = passed.first().copied();
         if phases.contains(&Phase::LongMix) {
             let at = candidate.unwrap_or(lowest);
+            if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
+                let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
+                self.fitted.long_input = input;
+                if let Some(note) = note {
+                    self.progress.println(format!("note: {note}"));
+                    self.fitted.notes.push(note);
+                }
+            }
             let mixed = self.opts.workload.with_long(
                 self.opts.long_share,
                 self.fitted.long_input,
@@ -527,6 +599,17 @@ impl Ctx {
             .filter(|l| l.distorted.is_some())
             .count();
         let summary = summarize(&phases, candidate, knee, safe, &bursts, loads.last().copied());
+        let prompt_tokens = self
+            .levels
+            .iter()
+            .chain(bursts.iter().map(|b| &b.level))
+            .filter_map(|l| l.stats.prompt_tokens)
+            .reduce(std::ops::Add::add)
+            .and_then(|t| PromptDrift::of(t, self.template_tokens));
+        let mut notes = self.fitted.notes.clone();
+        if let Some(w) = prompt_tokens.as_ref().and_then(PromptDrift::warning) {
+            notes.push(w);
+        }
         let o = &self.opts;
         Report {
             schema: "spillway-bench/1",
@@ -578,7 +661,8 @@ impl Ctx {
             knee,
             safe,
             summary,
-            notes: self.fitted.notes.clone(),
+            prompt_tokens,
+            notes,
             distorted_levels,
             slo: o.slo.clone(),
         }

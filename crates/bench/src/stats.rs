@@ -91,6 +91,9 @@ pub struct LevelStats {
     pub upstream_first_byte: Option<Percentiles>,
     pub input_tokens_mean: Option<f64>,
     pub output_tokens_mean: Option<f64>,
+    /// The prompt tokens asked for against the server's count of them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens: Option<PromptTokens>,
     pub verdicts: Vec<Verdict>,
     /// Every target met.
     pub slo_pass: bool,
@@ -114,8 +117,54 @@ pub fn values(records: &[&Record], metric: Metric) -> Vec<f64> {
     })
 }
 
+/// Prompt tokens as the bench asked for them against the server's `usage.prompt_tokens`, summed
+/// over the requests that had both: the server's tokenizer and chat template decide the real
+/// length, which can be well above what the bench's words were meant to be.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct PromptTokens {
+    pub requests: usize,
+    pub asked: u64,
+    pub served: u64,
+}
+
+impl PromptTokens {
+    pub fn of<'a>(records: impl IntoIterator<Item = &'a Record>) -> Option<PromptTokens> {
+        let sum = records
+            .into_iter()
+            .filter_map(|r| Some((r.asked_input_tokens?, r.input_tokens?)))
+            .fold(PromptTokens::default(), |t, (asked, served)| PromptTokens {
+                requests: t.requests + 1,
+                asked: t.asked + u64::from(asked),
+                served: t.served + u64::from(served),
+            });
+        (sum.requests > 0).then_some(sum)
+    }
+
+    /// How many prompt tokens the server counts for each one asked, its chat template's own
+    /// `overhead` tokens per request taken out first.
+    pub fn ratio(&self, overhead: u32) -> Option<f64> {
+        let served = self
+            .served
+            .saturating_sub(u64::from(overhead) * self.requests as u64);
+        (self.asked > 0).then(|| served as f64 / self.asked as f64)
+    }
+}
+
+impl std::ops::Add for PromptTokens {
+    type Output = PromptTokens;
+
+    fn add(self, other: PromptTokens) -> PromptTokens {
+        PromptTokens {
+            requests: self.requests + other.requests,
+            asked: self.asked + other.asked,
+            served: self.served + other.served,
+        }
+    }
+}
+
 /// Whether one request met every latency target, taken per request: its TTFT, its TPOT against the
-/// ITL and TPOT limits, its end-to-end time.
+/// ITL and TPOT limits, its end-to-end time. One whose first token was never seen (a stream of
+/// deltas the client did not count) is inside nothing, whatever the targets.
 pub fn within_slo(r: &Record, slo: &Slo) -> bool {
     let under = |v: Option<Duration>, limit: Option<Duration>| match (v, limit) {
         (_, None) => true,
@@ -127,6 +176,7 @@ pub fn within_slo(r: &Record, slo: &Slo) -> bool {
         .flatten()
         .min();
     r.ok()
+        && r.ttft.is_some()
         && under(r.ttft, slo.limit(Metric::Ttft))
         && (per_token.is_none() || r.output_tokens < 2 || under(r.tpot(), per_token))
         && under(Some(r.e2e), slo.limit(Metric::E2e))
@@ -234,6 +284,7 @@ impl LevelStats {
                     .map(|r| f64::from(r.output_tokens))
                     .collect(),
             ),
+            prompt_tokens: PromptTokens::of(records.iter().copied()),
             slo_pass: verdicts.iter().all(|v| v.pass),
             verdicts,
         }
@@ -297,6 +348,7 @@ mod tests {
             e2e,
             itl_us: gaps_ms.iter().map(|g| g * 1000).collect(),
             input_tokens: Some(10),
+            asked_input_tokens: None,
             output_tokens: gaps_ms.len() as u32 + 1,
             outcome,
             id: None,
@@ -305,6 +357,30 @@ mod tests {
             upstream_first_byte: None,
             error: None,
         }
+    }
+
+    /// The server's count against the asked one, over the requests that have both, the chat
+    /// template's tokens taken out of each.
+    #[test]
+    fn prompt_tokens_are_held_against_the_asked_ones() {
+        let mut a = rec(10, &[5], Outcome::Ok);
+        (a.asked_input_tokens, a.input_tokens) = (Some(100), Some(170));
+        let mut b = rec(10, &[5], Outcome::Ok);
+        (b.asked_input_tokens, b.input_tokens) = (Some(300), Some(490));
+        let dataset = rec(10, &[5], Outcome::Ok);
+        let t = PromptTokens::of([&a, &b, &dataset]).unwrap();
+        assert_eq!((t.requests, t.asked, t.served), (2, 400, 660));
+        assert_eq!(t.ratio(10), Some(1.6));
+        assert_eq!(PromptTokens::of([&dataset]), None);
+    }
+
+    #[test]
+    fn a_request_without_a_first_token_is_never_goodput() {
+        let mut r = rec(10, &[5, 5], Outcome::Ok);
+        let slo: Slo = "e2e_p95=10s".parse().unwrap();
+        assert!(within_slo(&r, &slo));
+        r.ttft = None;
+        assert!(!within_slo(&r, &slo), "no TTFT target, yet no first token seen");
     }
 
     #[test]

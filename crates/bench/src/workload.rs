@@ -16,6 +16,8 @@ pub struct Prompt {
     pub text: Arc<str>,
     pub max_tokens: u32,
     pub long: bool,
+    /// The prompt's length as asked (synthetic prompts), to hold against the server's count.
+    pub input_tokens: Option<u32>,
 }
 
 /// Short three-letter words: each `" xyz"` is four bytes, one token in common BPE vocabularies and
@@ -79,24 +81,31 @@ impl Workload {
         if let Some((share, input, output)) = &self.long
             && rng.random_bool(share.clamp(0.0, 1.0))
         {
+            let tokens = input.sample(rng);
             return Prompt {
-                text: synthetic_text(input.sample(rng), rng).into(),
+                text: synthetic_text(tokens, rng).into(),
                 max_tokens: output.sample(rng),
                 long: true,
+                input_tokens: Some(tokens),
             };
         }
         match &self.source {
-            Source::Synthetic { input, output } => Prompt {
-                text: synthetic_text(input.sample(rng), rng).into(),
-                max_tokens: output.sample(rng),
-                long: false,
-            },
+            Source::Synthetic { input, output } => {
+                let tokens = input.sample(rng);
+                Prompt {
+                    text: synthetic_text(tokens, rng).into(),
+                    max_tokens: output.sample(rng),
+                    long: false,
+                    input_tokens: Some(tokens),
+                }
+            }
             Source::Dataset { entries, output } => {
                 let e = &entries[rng.random_range(0..entries.len())];
                 Prompt {
                     text: e.text.clone(),
                     max_tokens: e.output.unwrap_or_else(|| output.sample(rng)),
                     long: false,
+                    input_tokens: None,
                 }
             }
         }

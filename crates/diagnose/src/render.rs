@@ -90,14 +90,15 @@ fn rows(out: &mut String, r: &Rows) {
     let u = &r.user_impact;
     let _ = writeln!(
         out,
-        "user impact     [{}] {} req/s, success {}, 429 {}/s, 5xx {}/s, timeouts {}/s, cancelled {}/s, goodput {}\n                latency {}",
+        "user impact     [{}] {} req/s, success {}, 429 {}/s, 5xx {}/s, timeouts {}/s, cancelled {}, goodput {}\n                latency {}",
         u.seen_at.unwrap_or("unseen"),
         opt(u.requests_per_s, ""),
         pct(u.success_ratio),
         opt(u.status_429_per_s, ""),
         opt(u.status_5xx_per_s, ""),
         opt(u.timeouts_per_s, ""),
-        opt(u.cancellations_per_s, ""),
+        u.cancellations_per_s
+            .map_or_else(|| "unseen".to_owned(), |v| format!("{}/s", num(v))),
         pct(u.goodput_ratio),
         dist(u.latency),
     );

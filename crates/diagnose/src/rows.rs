@@ -16,6 +16,8 @@ pub struct UserImpact {
     pub status_5xx_per_s: Option<f64>,
     /// 504s and streams cut by a deadline or an idle timeout.
     pub timeouts_per_s: Option<f64>,
+    /// Clients that left: the gateway's count; `None` where only engines are seen and they did
+    /// not count any (vLLM 0.32 counts no abort, so a 0 there says nothing).
     pub cancellations_per_s: Option<f64>,
     /// (429 + 5xx) / requests.
     pub error_ratio: Option<f64>,
@@ -179,12 +181,22 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
         let all = r.rate(Key::RequestSuccess, |_| true);
         let ok = r.rate(Key::RequestSuccess, reason(&["stop", "length", "repetition"]));
         let errors = r.rate(Key::RequestSuccess, reason(&["error"]));
+        // A gateway's own count where it is scraped; else the engines' aborts only where they
+        // counted some (releases before 0.32 did): vLLM 0.32 leaves `abort` at 0 whatever happens.
+        let cancellations = r
+            .rate(Key::GwCancellations, |s| {
+                s.label("reason") == Some("client_disconnect")
+            })
+            .or_else(|| {
+                r.rate(Key::RequestSuccess, reason(&["abort"]))
+                    .filter(|v| *v > 0.0)
+            });
         return UserImpact {
             seen_at: Some("engine"),
             requests_per_s: all,
             success_ratio: ratio(ok, all),
             status_5xx_per_s: errors,
-            cancellations_per_s: r.rate(Key::RequestSuccess, reason(&["abort"])),
+            cancellations_per_s: cancellations,
             error_ratio: ratio(errors, all),
             latency: r.dist(Key::E2e),
             ..UserImpact::default()

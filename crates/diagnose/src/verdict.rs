@@ -320,6 +320,15 @@ fn blind_spots(found: &[Found], rows: &Rows) -> Vec<String> {
             f.name.unwrap_or_default()
         ));
     }
+    let u = &rows.user_impact;
+    if u.seen_at == Some("engine") && u.cancellations_per_s.is_none() {
+        out.push(
+            "cancellations: vLLM 0.32 counts no aborted request (finished_reason=\"abort\" stays 0), so \
+             clients that left, and the requests they were, are missing from the engines' counts; \
+             scrape the gateway (spillway_cancellations_total) to see them"
+                .to_owned(),
+        );
+    }
     if !rows.infrastructure.targets_down.is_empty() {
         out.push(format!(
             "targets not answering at the end of the window: {}",

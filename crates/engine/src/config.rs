@@ -82,6 +82,10 @@ pub struct EngineConfig {
     /// Requests allowed to wait in the engine; beyond it new ones get 503. vLLM has no such bound,
     /// so the default is large; it exists so that a flood cannot grow memory without limit.
     pub max_waiting: usize,
+    /// vLLM's `--max-num-queued-reqs`: requests allowed to wait; beyond it vLLM refuses a new one
+    /// with 503, a streamed one as a 200 stream of one error event and `[DONE]`. `None`: no bound
+    /// but `max_waiting`.
+    pub max_num_queued_reqs: Option<usize>,
     pub gpu: GpuProfile,
     /// Expose DCGM-exporter-like GPU metrics beside vLLM's.
     pub dcgm: bool,
@@ -119,6 +123,7 @@ impl EngineConfig {
             tokenizer: None,
             seed: 0,
             max_waiting: 100_000,
+            max_num_queued_reqs: None,
             gpu: h100,
             dcgm: false,
             precise_timer: false,

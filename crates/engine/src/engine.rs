@@ -353,19 +353,18 @@ impl Engine {
                     Some("max_tokens"),
                 ));
             }
-            Some(m) if u64::from(m) + u64::from(prompt_len) > u64::from(cfg.max_model_len) => {
+            Some(m) if m > cfg.max_model_len => {
                 return Err(ApiError::bad_request(
                     format!(
-                        "This model's maximum context length is {} tokens. However, you requested {} tokens ({} in the messages, {} in the completion). Please reduce the length of the messages or completion.",
-                        cfg.max_model_len,
-                        u64::from(m) + u64::from(prompt_len),
-                        prompt_len,
-                        m
+                        "max_tokens ({m}) is greater than the model's maximum context length of {} tokens.",
+                        cfg.max_model_len
                     ),
                     Some("max_tokens"),
                 ));
             }
-            Some(m) => m,
+            // As vLLM 0.32: what does not fit beside the prompt is cut, and the answer ends
+            // with `length` where the context does.
+            Some(m) => m.min(cfg.max_model_len - prompt_len),
             None => cfg.max_model_len - prompt_len,
         };
         if params.n == 0 {
@@ -381,6 +380,11 @@ impl Engine {
             .next_id
             .fetch_add(u64::from(params.n), Ordering::Relaxed);
         let mut core = lock(&self.inner.core);
+        if let Some(limit) = cfg.max_num_queued_reqs
+            && core.sched.num_waiting() + params.n as usize > limit
+        {
+            return Err(queue_full());
+        }
         if core.sched.num_waiting() + params.n as usize > cfg.max_waiting {
             return Err(ApiError::vllm(
                 503,
@@ -416,7 +420,7 @@ impl Engine {
         }
         let waiting = core.sched.num_waiting();
         drop(core);
-        self.inner.metrics.waiting.set(waiting as f64);
+        self.inner.metrics.set_waiting(waiting);
         self.inner.wake.notify_one();
         Ok(Generation {
             id,
@@ -583,7 +587,7 @@ impl Engine {
         let gpu = m.dcgm.as_ref().map(|_| self.gpu_reading());
         let core = lock(&self.inner.core);
         m.running.set(core.sched.num_running() as f64);
-        m.waiting.set(core.sched.num_waiting() as f64);
+        m.set_waiting(core.sched.num_waiting());
         m.kv_usage.set(core.sched.kv.usage());
         drop(core);
         if let (Some(d), Some(r)) = (&m.dcgm, gpu) {
@@ -633,6 +637,20 @@ fn injected_failure(status: u16) -> ApiError {
     ApiError::vllm(status, kind, format!("injected failure (status {status})"), None)
 }
 
+/// What a request its full waiting queue (`max_num_queued_reqs`) refuses is told.
+const QUEUE_FULL: &str =
+    "The server is overloaded: the waiting queue is full (--max-num-queued-reqs). Please retry later.";
+
+fn queue_full() -> ApiError {
+    ApiError::vllm(503, "ServiceUnavailableError", QUEUE_FULL, None)
+}
+
+/// Whether `e` is the refusal of a full waiting queue, which vLLM sends a streamed request inside
+/// a 200 stream.
+pub(crate) fn is_queue_full(e: &ApiError) -> bool {
+    e.status == 503 && e.message() == QUEUE_FULL
+}
+
 async fn step_loop(inner: Arc<Inner>) {
     let cost = inner.config.cost;
     let mut gpu_free_at: Option<Instant> = None;
@@ -655,7 +673,7 @@ async fn step_loop(inner: Arc<Inner>) {
             let shape = core.sched.schedule(now);
             core.stats.max_running = core.stats.max_running.max(core.sched.num_running());
             inner.metrics.running.set(core.sched.num_running() as f64);
-            inner.metrics.waiting.set(core.sched.num_waiting() as f64);
+            inner.metrics.set_waiting(core.sched.num_waiting());
             (shape, core.sched.is_idle())
         };
         if shape.is_empty() {
@@ -764,14 +782,18 @@ fn finish_step(inner: &Inner, shape: &StepShape, duration: Duration, now: Instan
     let generated = core.out.generated;
     record_finished(m, core);
     m.running.set(core.sched.num_running() as f64);
-    m.waiting.set(core.sched.num_waiting() as f64);
+    m.set_waiting(core.sched.num_waiting());
     m.kv_usage.set(core.sched.kv.usage());
     generated
 }
 
 fn record_finished(m: &Metrics, core: &mut Core) {
     for r in core.out.finished.drain(..) {
-        m.success(r.finish).inc();
+        // vLLM 0.32 aborts a request whose client left but does not count it here: its
+        // `finished_reason="abort"` series stays 0 (the snapshot's `aborts` still counts them).
+        if r.finish != FinishReason::Abort {
+            m.success(r.finish).inc();
+        }
         m.e2e.observe(r.e2e.as_secs_f64());
         m.queue.observe(r.queue.as_secs_f64());
         m.inference.observe(r.e2e.saturating_sub(r.queue).as_secs_f64());

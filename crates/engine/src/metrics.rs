@@ -2,7 +2,8 @@
 //! DCGM-exporter-like GPU metrics.
 
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, IntCounter, IntCounterVec, Opts, Registry,
+    TextEncoder,
 };
 
 use crate::scheduler::FinishReason;
@@ -29,7 +30,10 @@ pub const ITERATION_TOKEN_BUCKETS: &[f64] = &[
 pub(crate) struct Metrics {
     registry: Registry,
     pub(crate) running: Gauge,
-    pub(crate) waiting: Gauge,
+    waiting: Gauge,
+    /// `vllm:num_requests_waiting_by_reason`: every waiting request waits for `capacity` here;
+    /// vLLM's other reason, `deferred` (e.g. a KV transfer), stays 0.
+    waiting_for_capacity: Gauge,
     pub(crate) kv_usage: Gauge,
     pub(crate) preemptions: IntCounter,
     pub(crate) prompt_tokens: IntCounter,
@@ -103,6 +107,8 @@ impl Metrics {
             .register(Box::new(success_vec.clone()))
             .expect("unique metric name");
         let success = FinishReason::ALL.map(|r| success_vec.with_label_values(&[r.as_str()]));
+        // vLLM 0.32 has this reason too (a repetition detector the simulator does not model).
+        success_vec.with_label_values(&["repetition"]);
 
         let dcgm = dcgm.then(|| {
             let uuid = gpu_uuid(gpu_index);
@@ -155,6 +161,21 @@ impl Metrics {
                 "vllm:num_requests_waiting",
                 "Number of requests waiting to be processed.",
             ),
+            waiting_for_capacity: {
+                let by_reason = GaugeVec::new(
+                    opts(
+                        "vllm:num_requests_waiting_by_reason",
+                        "Number of requests waiting, by why they wait.",
+                    ),
+                    &["reason"],
+                )
+                .expect("valid gauge options");
+                registry
+                    .register(Box::new(by_reason.clone()))
+                    .expect("unique metric name");
+                by_reason.with_label_values(&["deferred"]);
+                by_reason.with_label_values(&["capacity"])
+            },
             kv_usage: gauge(
                 "vllm:kv_cache_usage_perc",
                 "KV-cache usage. 1 means 100 percent usage.",
@@ -220,6 +241,12 @@ impl Metrics {
             dcgm,
             registry,
         }
+    }
+
+    /// The waiting queue's length, in both of vLLM's gauges.
+    pub(crate) fn set_waiting(&self, n: usize) {
+        self.waiting.set(n as f64);
+        self.waiting_for_capacity.set(n as f64);
     }
 
     pub(crate) fn success(&self, reason: FinishReason) -> &IntCounter {

@@ -373,9 +373,11 @@ async fn respond(
     if prepared.is_ok() {
         engine.frontend_admit().await;
     }
+    let stream = prepared.as_ref().is_ok_and(|p| p.1);
     let mut response = match prepared
         .and_then(|(params, stream, usage, model)| engine.submit(params).map(|g| (g, stream, usage, model)))
     {
+        Err(e) if stream && crate::engine::is_queue_full(&e) => in_stream_error(&e),
         Err(e) => error_response(&e),
         Ok((generation, stream, include_usage, model)) => {
             let render = Render::new(kind, generation.id, unix_now(), model);
@@ -401,6 +403,25 @@ async fn respond(
         response.headers_mut().insert("x-request-id", id);
     }
     response
+}
+
+/// A refusal as vLLM 0.32 sends it to a streamed request: a 200 stream of one error event (the
+/// body's `error`, its `code` an integer) and `[DONE]`.
+fn in_stream_error(err: &ApiError) -> Response {
+    let mut body = Vec::from(&b"data: "[..]);
+    body.extend_from_slice(&err.to_json());
+    body.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    (
+        [
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream; charset=utf-8"),
+            ),
+            (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+        ],
+        body,
+    )
+        .into_response()
 }
 
 /// Waits for every choice to finish, then answers with the whole completion.

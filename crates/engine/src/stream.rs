@@ -48,7 +48,8 @@ impl Render {
         }
     }
 
-    fn token_chunk(&self, buf: &mut BytesMut, choice: u32, word: &str) {
+    /// A token's chunk; the last one of a choice carries its finish reason, as vLLM's does.
+    fn token_chunk(&self, buf: &mut BytesMut, choice: u32, word: &str, finish: Option<FinishReason>) {
         buf.put_slice(&self.token_prefix);
         buf.put_slice(choice.to_string().as_bytes());
         match self.kind {
@@ -58,8 +59,16 @@ impl Render {
         // Filler words are plain ASCII without quotes or backslashes: no escaping needed.
         buf.put_slice(word.as_bytes());
         match self.kind {
-            RenderKind::Chat => buf.put_slice(b"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"),
-            RenderKind::Completion => buf.put_slice(b"\",\"logprobs\":null,\"finish_reason\":null}]}\n\n"),
+            RenderKind::Chat => buf.put_slice(b"\"},\"logprobs\":null,\"finish_reason\":"),
+            RenderKind::Completion => buf.put_slice(b"\",\"logprobs\":null,\"finish_reason\":"),
+        }
+        match finish {
+            None => buf.put_slice(b"null}]}\n\n"),
+            Some(reason) => {
+                buf.put_slice(b"\"");
+                buf.put_slice(reason.as_str().as_bytes());
+                buf.put_slice(b"\",\"stop_reason\":null}]}\n\n");
+            }
         }
     }
 
@@ -236,11 +245,17 @@ impl TokenStream {
                     if self.sent[i] == 0 {
                         self.render.role_chunk(&mut buf, choice);
                     }
+                    let finish = p
+                        .finish
+                        .filter(|r| !matches!(r, FinishReason::Error | FinishReason::Abort));
                     for t in self.sent[i]..p.tokens {
                         let word = text::token(self.render.seed + u64::from(choice), t);
-                        self.render.token_chunk(&mut buf, choice, word);
+                        let last = t + 1 == p.tokens;
+                        self.render
+                            .token_chunk(&mut buf, choice, word, finish.filter(|_| last));
                     }
                     self.sent[i] = p.tokens;
+                    self.finished[i] |= finish.is_some();
                 }
                 if let Some(reason) = p.finish
                     && !self.finished[i]

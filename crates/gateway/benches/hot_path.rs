@@ -43,21 +43,30 @@ fn relay(c: &mut Criterion) {
     let chunk = br#"data: {"id":"chatcmpl-0000000000000001","object":"chat.completion.chunk","created":1795977379,"model":"spillway-sim","choices":[{"index":0,"delta":{"content":" below"},"logprobs":null,"finish_reason":null}]}
 
 "#;
-    let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
+    // vLLM 0.32's reasoning delta: found after the searches for text and usage.
+    let reasoning = br#"data: {"id":"chatcmpl-0000000000000001","object":"chat.completion.chunk","created":1795977379,"model":"spillway-sim","choices":[{"index":0,"delta":{"reasoning":" below"},"logprobs":null,"finish_reason":null}]}
+
+"#;
     let mut g = c.benchmark_group("relay");
-    g.throughput(Throughput::Bytes(stream.len() as u64));
-    g.bench_function("split_and_classify_16_chunks", |b| {
-        b.iter(|| {
-            let mut s = EventSplitter::default();
-            let mut tokens = 0;
-            s.feed(black_box(&stream), |e| {
-                if classify(&e) == spillway_gateway::relay::EventKind::Tokens {
-                    tokens += 1;
-                }
-            });
-            assert_eq!(tokens, 16);
-        })
-    });
+    for (name, chunk) in [
+        ("split_and_classify_16_chunks", &chunk[..]),
+        ("split_and_classify_16_reasoning_chunks", &reasoning[..]),
+    ] {
+        let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
+        g.throughput(Throughput::Bytes(stream.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| {
+                let mut s = EventSplitter::default();
+                let mut tokens = 0;
+                s.feed(black_box(&stream), |e| {
+                    if classify(&e) == spillway_gateway::relay::EventKind::Tokens {
+                        tokens += 1;
+                    }
+                });
+                assert_eq!(tokens, 16);
+            })
+        });
+    }
     g.finish();
 }
 

@@ -237,14 +237,15 @@ impl Exchange {
         self.usage = usage;
     }
 
-    /// TTFT within the class's objective, and the mean gap between chunks within its ITL objective.
+    /// TTFT within the class's objective, and the mean gap between chunks within its ITL
+    /// objective. A request whose first token was never seen (a stream of deltas the relay did
+    /// not count) is not known to be inside anything, so it never counts.
     fn met_slo(&self) -> bool {
-        let Some(slo) = self.slo else { return true };
-        let ttft_ok = match (slo.ttft, self.first_chunk) {
-            (Some(limit), Some(first)) => first - self.arrival <= limit,
-            (Some(limit), None) => self.last_chunk.unwrap_or_else(Instant::now) - self.arrival <= limit,
-            (None, _) => true,
+        let Some(first) = self.first_chunk else {
+            return false;
         };
+        let Some(slo) = self.slo else { return true };
+        let ttft_ok = slo.ttft.is_none_or(|limit| first - self.arrival <= limit);
         let itl_ok = match (slo.itl, self.first_chunk, self.last_chunk) {
             (Some(limit), Some(first), Some(last)) if self.chunks > 1 => {
                 (last - first) / (self.chunks - 1) <= limit

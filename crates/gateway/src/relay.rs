@@ -1,5 +1,5 @@
-//! Stage 10: the answer. A stream's response head is held until the upstream's first chunk (so a
-//! failure before it is still a clean 502/504), then the stream is relayed without buffering: all
+//! Stage 10: the answer. A stream's response head is held until the upstream's first token (so a
+//! failure before it, an error event included, is still a clean status), then the stream is relayed without buffering: all
 //! the bytes ready when the relay wakes go out in one write (the first token's, with the head, may
 //! go out ahead of what was read with it: `front`), each SSE event is timed (TTFT, ITL),
 //! the usage chunk is read (and dropped if the client did not ask for it), and a stall, a failure,
@@ -37,6 +37,9 @@ struct Needles {
     no_choices: memmem::Finder<'static>,
     content: memmem::Finder<'static>,
     text: memmem::Finder<'static>,
+    /// `"reasoning":"` (vLLM 0.32) and `"reasoning_content":"` (older) in one search.
+    reasoning: memmem::Finder<'static>,
+    tool_calls: memmem::Finder<'static>,
 }
 
 static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needles {
@@ -45,6 +48,8 @@ static NEEDLES: std::sync::LazyLock<Needles> = std::sync::LazyLock::new(|| Needl
     no_choices: memmem::Finder::new(b"\"choices\":[]"),
     content: memmem::Finder::new(b"\"content\":\""),
     text: memmem::Finder::new(b"\"text\":\""),
+    reasoning: memmem::Finder::new(b"\"reasoning"),
+    tool_calls: memmem::Finder::new(b"\"tool_calls\":["),
 });
 
 /// What one SSE event of an OpenAI stream is, judged without parsing its JSON.
@@ -53,7 +58,7 @@ pub enum EventKind {
     Done,
     /// The usage-only chunk (`"choices":[]` with `usage`).
     Usage,
-    /// A chunk carrying generated text.
+    /// A chunk carrying generated tokens: text, reasoning or tool calls.
     Tokens,
     /// Anything else: the role chunk, the finish chunk, comments, errors.
     Other,
@@ -69,15 +74,28 @@ pub fn classify(event: &[u8]) -> EventKind {
     }
     let n = &*NEEDLES;
     // Text first: nearly every event carries some, and a usage-only chunk carries none (a chunk
-    // with both, as vLLM's continuous usage stats send, counts as tokens either way).
-    let has_text = |f: &memmem::Finder<'_>| {
+    // with both, as vLLM's continuous usage stats send, counts as tokens either way). Reasoning
+    // and tool calls are tokens too, searched last: a usage-only chunk has no choice to carry
+    // them, and the events that carry them are the fewest.
+    let not_empty = |f: &memmem::Finder<'_>, empty: u8| {
         f.find(event)
-            .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != b'"'))
+            .is_some_and(|p| event.get(p + f.needle().len()).is_some_and(|c| *c != empty))
     };
-    if has_text(&n.content) || has_text(&n.text) {
+    let reasoning = || {
+        n.reasoning.find(event).is_some_and(|p| {
+            let rest = &event[p + n.reasoning.needle().len()..];
+            let value = rest
+                .strip_prefix(b"\":\"")
+                .or_else(|| rest.strip_prefix(b"_content\":\""));
+            value.and_then(|v| v.first()).is_some_and(|c| *c != b'"')
+        })
+    };
+    if not_empty(&n.content, b'"') || not_empty(&n.text, b'"') {
         EventKind::Tokens
     } else if n.usage.find(event).is_some() && n.no_choices.find(event).is_some() {
         EventKind::Usage
+    } else if reasoning() || not_empty(&n.tool_calls, b']') {
+        EventKind::Tokens
     } else {
         EventKind::Other
     }
@@ -271,6 +289,8 @@ pub(crate) struct Events {
     /// Bytes for the client, until written: the front writes them from here and clears them,
     /// hyper's body takes them as pieces split off the front.
     out: BytesMut,
+    /// An error event that came before any token ([`open`] answers it in place of the stream).
+    early_error: Option<Bytes>,
 }
 
 /// What one read of the upstream brought.
@@ -278,7 +298,8 @@ struct Got {
     read: Read,
     /// When its data came; events handed over together share it (docs/metrics.md on ITL).
     at: Option<Instant>,
-    events: usize,
+    /// It brought an event with tokens, usage or the end (or an error before them).
+    token: bool,
 }
 
 impl Events {
@@ -297,8 +318,9 @@ impl Events {
             rename,
             strip_usage,
             out,
+            early_error,
         } = self;
-        let (mut at, mut events) = (None, 0);
+        let mut at = None;
         let token = std::cell::Cell::new(false);
         let each = &mut |data: &[u8]| {
             let now = *at.get_or_insert_with(Instant::now);
@@ -313,7 +335,16 @@ impl Events {
                 }
             }
             splitter.feed_slices(data, |e| {
-                events += 1;
+                if early_error.is_some() {
+                    return;
+                }
+                // Only before the first token (`open`'s reads): an error there is answered as
+                // the status it names, so it is kept back rather than passed on.
+                if until_token && !token.get() && is_error_event(e) {
+                    *early_error = Some(Bytes::copy_from_slice(e));
+                    token.set(true);
+                    return;
+                }
                 if pass_on(ex, e, now, rename.as_deref(), *strip_usage, out) != EventKind::Other {
                     token.set(true);
                 }
@@ -325,7 +356,8 @@ impl Events {
             Pieces::All
         };
         let read = upstream.poll_pieces(cx, each, pieces);
-        read.map(|r| r.map(|read| Got { read, at, events }))
+        let token = token.get();
+        read.map(|r| r.map(|read| Got { read, at, token }))
     }
 
     /// An event still incomplete has passed [`MAX_EVENT`].
@@ -334,8 +366,69 @@ impl Events {
     }
 }
 
-/// Waits for the upstream's first complete event, at most until `deadline` (the end of the
-/// `budget` for the first token), and handles the events read meanwhile as the relay would.
+/// Whether an SSE event is an error object (`data: {"error": …}`), as vLLM and OpenAI send
+/// one inside a 200 stream.
+fn is_error_event(event: &[u8]) -> bool {
+    let blank = |b: &u8| b.is_ascii_whitespace();
+    let start = event.iter().position(|b| !blank(b)).unwrap_or(event.len());
+    let Some(data) = event[start..].strip_prefix(b"data:") else {
+        return false;
+    };
+    let start = data.iter().position(|b| !blank(b)).unwrap_or(data.len());
+    let Some(object) = data[start..].strip_prefix(b"{") else {
+        return false;
+    };
+    let start = object.iter().position(|b| !blank(b)).unwrap_or(object.len());
+    object[start..].starts_with(b"\"error\"")
+}
+
+/// An SSE error event that came in place of a stream's first token: vLLM refuses a request its
+/// full queue (`--max-num-queued-reqs`) cannot take so, inside a `200 text/event-stream`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EarlyError {
+    /// The status its `code` names (an integer, or digits in a string); `None` if it names none.
+    pub(crate) status: Option<u16>,
+    /// The event's JSON (`{"error": …}`), to relay as a body.
+    pub(crate) body: Bytes,
+}
+
+impl EarlyError {
+    fn parse(event: &[u8]) -> EarlyError {
+        let start = event
+            .iter()
+            .position(|b| !b.is_ascii_whitespace())
+            .unwrap_or(event.len());
+        let data = event[start..].strip_prefix(b"data:").unwrap_or(&event[start..]);
+        let body = data.trim_ascii();
+        let code = serde_json::from_slice::<serde_json::Value>(body)
+            .ok()
+            .and_then(|v| v.pointer("/error/code").cloned());
+        let status = match code {
+            Some(serde_json::Value::Number(n)) => n.as_u64(),
+            Some(serde_json::Value::String(s)) => s.parse().ok(),
+            _ => None,
+        };
+        EarlyError {
+            status: status
+                .and_then(|s| u16::try_from(s).ok())
+                .filter(|s| (400..600).contains(s)),
+            body: Bytes::copy_from_slice(body),
+        }
+    }
+}
+
+/// What the upstream's stream began with.
+pub(crate) enum Opened {
+    /// Its first event (a token, or the events before it): the stream goes on.
+    Stream(Events),
+    /// An error event before any token, which the client never sees as a stream.
+    Error(EarlyError),
+}
+
+/// Waits for the upstream's first event with tokens (or usage, or the end), at most until
+/// `deadline` (the end of the `budget` for the first token), and handles the events read
+/// meanwhile as the relay would; those before it (a role chunk sent ahead, comments) are held
+/// with the head, so that an error event after them is still answered as its status.
 pub(crate) async fn open(
     upstream: Body,
     rename: Option<Arc<Rename>>,
@@ -343,13 +436,14 @@ pub(crate) async fn open(
     ex: &mut Exchange,
     deadline: Instant,
     budget: Duration,
-) -> Result<Events, GatewayError> {
+) -> Result<Opened, GatewayError> {
     let mut events = Events {
         upstream,
         splitter: EventSplitter::default(),
         rename,
         strip_usage,
         out: BytesMut::with_capacity(OUT_CAPACITY),
+        early_error: None,
     };
     loop {
         // The first event with tokens (or the end) goes out with the head as soon as it is
@@ -357,15 +451,33 @@ pub(crate) async fn open(
         // the same read wait for the relay, which passes them on straight after.
         let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, true));
         match tokio::time::timeout_at(deadline, read).await {
+            Ok(Ok(_)) if events.early_error.is_some() => {
+                let event = events.early_error.take().unwrap_or_default();
+                return Ok(Opened::Error(EarlyError::parse(&event)));
+            }
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream("upstream_error", too_large_message()));
             }
+            // What comes ahead of the first token is held with the head: as much as one event.
             Ok(Ok(Got {
                 read: Read::Data,
-                events: 0,
+                token: false,
+                ..
+            })) if events.out.len() > MAX_EVENT => {
+                return Err(GatewayError::upstream(
+                    "upstream_error",
+                    format!(
+                        "the replica sent over {} KiB before its first token",
+                        MAX_EVENT / 1024
+                    ),
+                ));
+            }
+            Ok(Ok(Got {
+                read: Read::Data,
+                token: false,
                 ..
             })) => {}
-            Ok(Ok(Got { read: Read::Data, .. })) => return Ok(events),
+            Ok(Ok(Got { read: Read::Data, .. })) => return Ok(Opened::Stream(events)),
             Ok(Ok(Got { read: Read::End, .. })) => {
                 return Err(GatewayError::upstream(
                     "upstream_error",
@@ -849,7 +961,7 @@ mod tests {
             "id".into(),
         );
         let deadline = Instant::now() + Duration::from_secs(5);
-        let opened = open(
+        let Opened::Stream(opened) = open(
             answer.into_body(),
             None,
             false,
@@ -858,7 +970,9 @@ mod tests {
             Duration::from_secs(5),
         )
         .await
-        .unwrap();
+        .unwrap() else {
+            panic!("a stream")
+        };
         assert_eq!(&opened.out[..], [events[0], events[1]].concat().as_bytes());
         let (_stop_tx, stop) = watch::channel(false);
         let config = RelayConfig {
@@ -875,6 +989,101 @@ mod tests {
             relay.written();
         }
         assert_eq!(rest, [events[2], events[3]].concat().as_bytes());
+    }
+
+    /// `events`, each a chunk of one 200 stream written at once, opened as the gateway opens
+    /// a stream.
+    async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Exchange) {
+        let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for e in events {
+            wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
+        }
+        wire.extend_from_slice(b"0\r\n\r\n");
+        let (url, _replica) = h1::tests::serve_script(vec![wire], false).await;
+        let conns = Arc::new(h1::Conns::new(&url));
+        let answer = h1::tests::call(&conns).await.unwrap();
+        let mut ex = Exchange::new(
+            Arc::new(crate::metrics::Metrics::new()),
+            crate::access_log::AccessLog::discard(),
+            "id".into(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let opened = open(
+            answer.into_body(),
+            None,
+            false,
+            &mut ex,
+            deadline,
+            Duration::from_secs(5),
+        )
+        .await;
+        (opened, ex)
+    }
+
+    /// vLLM 0.32 refuses a request its full queue cannot take with a 200 stream of one error
+    /// event (`code` an integer) and `[DONE]`: the stream does not open, and the error says
+    /// which status it names; nothing of it is timed or ends the exchange.
+    #[tokio::test]
+    async fn an_error_event_before_the_first_token_is_not_a_stream() {
+        let busy = "data: {\"error\": {\"message\": \"The server is overloaded\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}\n\n";
+        let (opened, ex) = open_script(&[busy, "data: [DONE]\n\n"]).await;
+        let Ok(Opened::Error(early)) = opened else {
+            panic!("an error, not a stream")
+        };
+        assert_eq!(early.status, Some(503));
+        assert_eq!(
+            &early.body[..],
+            busy.trim_start_matches("data: ").trim_end().as_bytes()
+        );
+        assert!(!ex.ended(), "[DONE] after it does not finish the exchange");
+        // The same in one write, after a role chunk.
+        let role = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let bad = "data: {\"error\":{\"message\":\"max_tokens is too large\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}\n\ndata: [DONE]\n\n";
+        let (opened, ex) = open_script(&[&format!("{role}{bad}")]).await;
+        let Ok(Opened::Error(early)) = opened else {
+            panic!("an error, not a stream")
+        };
+        assert_eq!(early.status, Some(400));
+        assert!(!ex.ended());
+        // After a token, an error event is the stream's own: relayed as it is.
+        let token = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+        let (opened, _) = open_script(&[&format!("{token}{bad}")]).await;
+        assert!(matches!(opened, Ok(Opened::Stream(_))));
+    }
+
+    /// Comments (or role chunks) without end ahead of the first token are held only up to one
+    /// event's bound.
+    #[tokio::test]
+    async fn what_comes_ahead_of_the_first_token_is_bounded() {
+        let ping = ": ping\n\n";
+        let many = ping.repeat(2 * MAX_EVENT / ping.len());
+        let (opened, _) = open_script(&[&many, "data: [DONE]\n\n"]).await;
+        match opened {
+            Err(GatewayError::Upstream { message, .. }) => {
+                assert!(message.contains("before its first token"), "{message}")
+            }
+            _ => panic!("refused"),
+        }
+        let (opened, _) = open_script(&[&ping.repeat(100), "data: [DONE]\n\n"]).await;
+        assert!(matches!(opened, Ok(Opened::Stream(_))));
+    }
+
+    #[test]
+    fn an_error_events_status_is_its_code() {
+        let status = |json: &str| EarlyError::parse(format!("data: {json}\n\n").as_bytes()).status;
+        assert_eq!(status(r#"{"error":{"message":"x","code":429}}"#), Some(429));
+        assert_eq!(status(r#"{"error":{"message":"x","code":"503"}}"#), Some(503));
+        assert_eq!(
+            status(r#"{"error":{"message":"x","code":"upstream_busy"}}"#),
+            None
+        );
+        assert_eq!(status(r#"{"error":{"message":"x","code":200}}"#), None);
+        assert_eq!(status(r#"{"error":{"message":"x"}}"#), None);
+        assert_eq!(status(r#"{"error":"#), None);
+        assert!(is_error_event(b"data: {\"error\": {}}\n\n"));
+        assert!(is_error_event(b"\ndata:{ \"error\":{}}\n\n"));
+        assert!(!is_error_event(b"data: {\"id\":\"x\",\"error\":null}\n\n"));
+        assert!(!is_error_event(b": error\n\n"));
     }
 
     /// Waits until `alarm` says yes, polling it the way the relay does.
@@ -952,6 +1161,25 @@ mod tests {
             classify(br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#),
             EventKind::Other
         );
+        // Reasoning (vLLM 0.32's field and the older one) and tool calls are generated tokens.
+        for delta in [
+            r#"{"reasoning":"Let"}"#,
+            r#"{"reasoning_content":"Let"}"#,
+            r#"{"content":null,"reasoning":" me"}"#,
+            r#"{"tool_calls":[{"index":0,"function":{"arguments":"{\"a"}}]}"#,
+        ] {
+            let event = format!(r#"data: {{"choices":[{{"index":0,"delta":{delta}}}]}}"#);
+            assert_eq!(classify(event.as_bytes()), EventKind::Tokens, "{delta}");
+        }
+        for delta in [
+            r#"{"reasoning":""}"#,
+            r#"{"reasoning_content":""}"#,
+            r#"{"reasoning":null}"#,
+            r#"{"tool_calls":[]}"#,
+        ] {
+            let event = format!(r#"data: {{"choices":[{{"index":0,"delta":{delta}}}]}}"#);
+            assert_eq!(classify(event.as_bytes()), EventKind::Other, "{delta}");
+        }
         assert_eq!(
             classify(br#"data: {"choices":[{"delta":{},"finish_reason":"stop"}]}"#),
             EventKind::Other

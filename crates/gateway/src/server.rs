@@ -8,10 +8,10 @@ use crate::gateway::Gateway;
 use crate::outcome::{Ending, Exchange};
 use crate::prepare::{self, Api, Parsed, Prepared};
 use crate::relay::{self, Events, Relay, RelayConfig};
-use crate::route::{Class, Observation, Route};
+use crate::route::{Class, Route};
 use crate::table::Table;
 use crate::tenant::Tenant;
-use crate::upstream::{self, Budgets};
+use crate::upstream::{self, Answered, Budgets};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -136,7 +136,14 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
         .routes
         .iter()
         .filter(|r| tenant.may_use(&r.config.model))
-        .map(|r| serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"}))
+        .map(|r| {
+            let mut card = serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"});
+            // The smallest the replicas stated: a request that fits it fits wherever it goes.
+            if let Some(len) = r.replicas.iter().filter_map(|x| x.max_model_len()).min() {
+                card["max_model_len"] = len.into();
+            }
+            card
+        })
         .collect();
     axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
 }
@@ -267,7 +274,7 @@ where
 enum Answer {
     /// A non-streamed answer (a 2xx), read whole.
     Whole(StatusCode, Bytes),
-    /// A stream whose first chunk has arrived.
+    /// A stream whose first token has arrived.
     Stream(Events, RelayConfig),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
@@ -394,8 +401,8 @@ where
     ex.record.tokens_in = Some(prepared.input_tokens);
     ex.trace.admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
-    let upstream = upstream::call(&route, api, &prepared, &budgets, ex).await?;
-    answer(g, &route, upstream, &prepared, &budgets, ex).await
+    let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
+    answer(g, &route, answered, prepared.stream, &budgets).await
 }
 
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).
@@ -605,56 +612,45 @@ async fn take_slot(
     }
 }
 
-/// Stage 10: the replica's answer read whole, or a stream held until its first chunk.
+/// Stage 10: the replica's answer read whole, or a stream (held until its first token by
+/// [`upstream::call`]) with what its relay needs.
 async fn answer(
     g: &Gateway,
     route: &Route,
-    upstream: upstream::h1::Response,
-    prepared: &Prepared,
+    answered: Answered,
+    stream: bool,
     budgets: &Budgets,
-    ex: &mut Exchange,
 ) -> Result<Answer, GatewayError> {
+    let upstream = match answered {
+        Answered::Response(upstream) => upstream,
+        Answered::Rejected(status, body) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
+            return Ok(Answer::Relayed(status, body));
+        }
+        Answered::Stream(events) => {
+            let config = RelayConfig {
+                idle: route.config.timeouts.stream_idle,
+                deadline: budgets.deadline,
+                stop: g.stop.subscribe(),
+            };
+            return Ok(Answer::Stream(events, config));
+        }
+    };
     let status = upstream.status();
     let limit = g.config.server.max_response_bytes;
     if !status.is_success() {
-        let body = upstream::error_body(upstream, budgets, prepared.stream, limit).await?;
+        let body = upstream::error_body(upstream, budgets, stream, limit).await?;
         return Ok(Answer::Relayed(status, body));
     }
-    if !prepared.stream {
-        let body = relay::whole(
-            upstream.into_body(),
-            budgets.deadline,
-            budgets.total,
-            limit,
-            route.rename.as_deref(),
-        )
-        .await?;
-        return Ok(Answer::Whole(status, body));
-    }
-    let config = RelayConfig {
-        idle: route.config.timeouts.stream_idle,
-        deadline: budgets.deadline,
-        stop: g.stop.subscribe(),
-    };
-    let opened = relay::open(
+    let body = relay::whole(
         upstream.into_body(),
-        route.rename.clone(),
-        !prepared.client_wants_usage,
-        ex,
-        budgets.first_token_deadline,
-        budgets.first_token,
+        budgets.deadline,
+        budgets.total,
+        limit,
+        route.rename.as_deref(),
     )
-    .await;
-    ex.upstream_first_byte = Some(Instant::now());
-    if let Some(r) = &ex.replica {
-        let seen = match &opened {
-            Ok(_) => Observation::Served,
-            Err(GatewayError::FirstTokenTimeout(_)) => Observation::TimedOut,
-            Err(_) => Observation::Failed,
-        };
-        route.observe(&r.replica, seen);
-    }
-    Ok(Answer::Stream(opened?, config))
+    .await?;
+    Ok(Answer::Whole(status, body))
 }
 
 /// The response for what the stages produced; the exchange ends in [`answered`], or lives on in

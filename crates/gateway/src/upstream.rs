@@ -5,10 +5,11 @@
 use crate::error::GatewayError;
 use crate::outcome::Exchange;
 use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
-use crate::relay;
+use crate::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
 pub(crate) mod h1;
 
+use bytes::Bytes;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -47,15 +48,28 @@ impl Budgets {
     }
 }
 
+/// What a replica answered that goes to the client.
+pub(crate) enum Answered {
+    /// A stream whose first token has arrived.
+    Stream(Events),
+    /// A whole answer (2xx), or the replica's own 4xx, still to be read.
+    Response(h1::Response),
+    /// The replica's own 4xx, sent as an error event in place of a stream's first token: its
+    /// status and the event's JSON.
+    Rejected(u16, Bytes),
+}
+
 /// Calls replicas until one gives an answer to relay (a 2xx, or the client's own 4xx) or the
-/// attempts run out. `ex` learns which replica answered and how many retries it took.
+/// attempts run out; a stream counts as answered once its first token has come, so an error
+/// event in its place is judged like the status it names. `ex` learns which replica answered
+/// and how many retries it took.
 pub(crate) async fn call(
     route: &Route,
     api: Api,
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Exchange,
-) -> Result<h1::Response, GatewayError> {
+) -> Result<Answered, GatewayError> {
     let pool = &route.classes[prepared.class].pool;
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
@@ -72,16 +86,24 @@ pub(crate) async fn call(
         let index = replica.index;
         ex.replica = Some(replica);
         let trace = ex.trace.attempt(&route.replicas[index].url);
-        let result = attempt(route, api, prepared, budgets, &ex.record.id, index, trace).await;
+        let result = match attempt(route, api, prepared, budgets, &ex.record.id, index, trace).await {
+            Ok(r) if prepared.stream && r.status().is_success() => {
+                open(route, prepared, budgets, index, r, ex).await
+            }
+            Ok(r) => {
+                ex.upstream_first_byte = Some(Instant::now());
+                Ok(Answered::Response(r))
+            }
+            Err(e) => Err(e),
+        };
         ex.trace.attempt_done(match &result {
-            Ok(r) => Ok(r.status().as_u16()),
+            Ok(Answered::Response(r)) => Ok(r.status().as_u16()),
+            Ok(Answered::Stream(_)) => Ok(200),
+            Ok(Answered::Rejected(status, _)) => Ok(*status),
             Err(e) => Err((e.reason(), e.status())),
         });
         let error = match result {
-            Ok(response) => {
-                ex.upstream_first_byte = Some(Instant::now());
-                return Ok(response);
-            }
+            Ok(answered) => return Ok(answered),
             Err(e) => e,
         };
         if !error.retryable()
@@ -104,6 +126,76 @@ pub(crate) async fn call(
         route.retries.inc();
         ex.record.retries += 1;
         now = Instant::now();
+    }
+}
+
+/// Waits for the first token of replica `index`'s stream (DESIGN rule 10 holds the head until
+/// then), and judges an error event in its place like the status it names: 429 and 503 are the
+/// replica's backpressure (retried elsewhere), another 4xx is the client's, anything else a
+/// failure.
+async fn open(
+    route: &Route,
+    prepared: &Prepared,
+    budgets: &Budgets,
+    index: usize,
+    response: h1::Response,
+    ex: &mut Exchange,
+) -> Result<Answered, GatewayError> {
+    let replica = &route.replicas[index];
+    let name = &route.config.model;
+    let opened = relay::open(
+        response.into_body(),
+        route.rename.clone(),
+        !prepared.client_wants_usage,
+        ex,
+        budgets.first_token_deadline,
+        budgets.first_token,
+    )
+    .await;
+    ex.upstream_first_byte = Some(Instant::now());
+    let early = match opened {
+        Ok(Opened::Stream(events)) => {
+            route.observe(replica, Observation::Served);
+            return Ok(Answered::Stream(events));
+        }
+        Ok(Opened::Error(early)) => early,
+        Err(e) => {
+            let seen = match e {
+                GatewayError::FirstTokenTimeout(_) => Observation::TimedOut,
+                _ => Observation::Failed,
+            };
+            route.observe(replica, seen);
+            return Err(e);
+        }
+    };
+    match early.status {
+        Some(status @ (429 | 503)) => {
+            // The event carries no Retry-After: the default of a busy answer without one.
+            let retry_after = Duration::from_secs(1);
+            route.observe(replica, Observation::Busy { retry_after });
+            Err(GatewayError::UpstreamBusy {
+                route: name.clone(),
+                replica: index,
+                status,
+                retry_after,
+            })
+        }
+        Some(status @ 400..=499) => {
+            route.observe(replica, Observation::ClientError);
+            Ok(Answered::Rejected(status, early.body))
+        }
+        status => {
+            route.observe(replica, Observation::Failed);
+            let detail = String::from_utf8_lossy(&early.body[..early.body.len().min(300)]);
+            tracing::warn!(route = %name, replica = %replica.url, ?status, body = %detail, "upstream sent an error event before the first token");
+            let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
+            Err(GatewayError::upstream(
+                "upstream_error",
+                format!(
+                    "route '{name}' replica {index} answered {named} in its stream before the first token"
+                ),
+            ))
+        }
     }
 }
 

@@ -155,6 +155,9 @@ pub struct Plan {
     pub per_gateway: Share,
     /// vLLM `--max-num-seqs` on each replica.
     pub max_num_seqs: u32,
+    /// vLLM `--max-num-queued-reqs` on each replica: a backstop behind the gateway's Q, never
+    /// below what the gateway can hand one replica.
+    pub max_num_queued_reqs: u32,
     /// LiteLLM's deployment `max_parallel_requests`.
     pub litellm_max_parallel: u32,
     pub budgets: Budgets,
@@ -355,6 +358,19 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         ));
     }
 
+    // Q is the gateway's: the engine's own bound only stops what bypasses the gateway, and must
+    // never refuse what it admitted. The gateways together hold at most C in flight, all of which
+    // can land on one replica when the others are out: C − its batch wait there at most, so a
+    // bound of C also leaves a batch of room for aborts vLLM has not yet reaped.
+    let max_num_queued_reqs = c;
+    line(
+        "vLLM",
+        format!(
+            "--max-num-queued-reqs = C = {c}: a backstop, not the queue — Q {q} waits at the gateway, which can hand one replica at most its C in flight (every other replica out), {max_num_seqs} of them running; vLLM's own bound then refuses only what bypasses the gateway"
+        ),
+        "C, --max-num-seqs: above".into(),
+    );
+
     let budgets = budgets(m, d, &mut line)?;
 
     let formula_cap = c + q;
@@ -470,6 +486,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         queue: q,
         per_gateway,
         max_num_seqs,
+        max_num_queued_reqs,
         litellm_max_parallel,
         budgets,
         slo,

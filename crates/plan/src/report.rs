@@ -23,13 +23,14 @@ pub fn text(plan: &Plan) -> String {
     let _ = writeln!(out);
     let _ = writeln!(
         out,
-        "Limits: C {} in flight, Q {} waiting, Wq {} (per gateway: C {}, Q {}); vLLM --max-num-seqs {} per replica; LiteLLM max_parallel_requests {}",
+        "Limits: C {} in flight, Q {} waiting, Wq {} (per gateway: C {}, Q {}); vLLM --max-num-seqs {} and --max-num-queued-reqs {} per replica; LiteLLM max_parallel_requests {}",
         plan.concurrency,
         plan.queue,
         dur(b.queue_wait),
         plan.per_gateway.concurrency,
         plan.per_gateway.queue,
         plan.max_num_seqs,
+        plan.max_num_queued_reqs,
         plan.litellm_max_parallel
     );
     let _ = writeln!(

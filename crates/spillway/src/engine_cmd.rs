@@ -32,6 +32,10 @@ pub(crate) struct EngineArgs {
     /// Longest prompt + completion (vLLM's --max-model-len).
     #[arg(long)]
     max_model_len: Option<u32>,
+    /// Requests allowed to wait (vLLM's --max-num-queued-reqs); beyond it a new one is refused
+    /// with 503, a streamed one inside a 200 stream as vLLM does. Default: no bound.
+    #[arg(long)]
+    max_num_queued_reqs: Option<usize>,
     /// KV-cache capacity in tokens; fewer blocks mean earlier preemption.
     #[arg(long)]
     kv_cache_tokens: Option<u32>,
@@ -117,6 +121,7 @@ impl EngineArgs {
         if let Some(v) = self.max_model_len {
             c.max_model_len = v;
         }
+        c.max_num_queued_reqs = self.max_num_queued_reqs;
         if let Some(v) = self.kv_cache_tokens {
             c.kv_cache_tokens = v;
         }

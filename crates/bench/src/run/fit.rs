@@ -84,3 +84,44 @@ pub fn fit(opts: &Options, context: Option<u32>) -> Result<Fitted, BenchError> {
         notes,
     })
 }
+
+/// The long mix's prompt length again, once the server's own count of the prompts is known:
+/// `ratio` tokens of its tokenizer for each one asked. A fitted (defaulted) length shrinks to fit
+/// the context with the server's tokens; one given on the command line stays, with a note when it
+/// no longer fits (vLLM then cuts the output short, or refuses a prompt longer than the context).
+pub fn refit(
+    fitted: &Fitted,
+    opts: &Options,
+    context: Option<u32>,
+    ratio: f64,
+) -> (LengthDist, Option<String>) {
+    let input = fitted.long_input;
+    let Some(ctx) = context.filter(|_| ratio > 1.0) else {
+        return (input, None);
+    };
+    let output = fitted.long_output.bound();
+    let need = input.bound() * ratio + output + f64::from(TEMPLATE_ROOM);
+    if need <= f64::from(ctx) {
+        return (input, None);
+    }
+    let room = (f64::from(ctx) - output - f64::from(TEMPLATE_ROOM)).max(1.0);
+    let model = &opts.target.model;
+    if opts.long_input.is_some() {
+        let note = format!(
+            "long mix: --long-input-len {input} is about {:.0} tokens with the server's tokenizer ({:.2} per asked token): \
+             with {output:.0} out it passes the context of {model} (max_model_len {ctx}); the server cuts those answers \
+             short, or refuses a prompt longer than the context",
+            input.bound() * ratio,
+            ratio
+        );
+        return (input, Some(note));
+    }
+    let tokens = ((room / ratio).floor() as u32).max(1);
+    let refitted = LengthDist::Fixed { tokens };
+    let note = format!(
+        "long mix: {refitted} tokens in (asked), about {:.0} with the server's tokenizer ({ratio:.2} per asked token), \
+         to fit the context of {model} (max_model_len {ctx}) beside {output:.0} out",
+        f64::from(tokens) * ratio
+    );
+    (refitted, Some(note))
+}

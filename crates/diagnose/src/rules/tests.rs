@@ -423,6 +423,52 @@ fn busy_but_healthy_is_no_incident() {
     assert_eq!(quiet.status, Status::Healthy);
 }
 
+/// vLLM 0.32 leaves `finished_reason="abort"` at 0 whatever clients do: the engine-only view
+/// shows no cancellation figure and says why; a release that counted aborts is read; a gateway
+/// scraped beside the engines gives its own count.
+#[test]
+fn cancellations_come_from_where_they_are_counted() {
+    let v = engine_only(&Engine::default(), 0.3);
+    assert_eq!(v.rows.user_impact.seen_at, Some("engine"));
+    assert_eq!(v.rows.user_impact.cancellations_per_s, None);
+    assert!(
+        v.blind_spots
+            .iter()
+            .any(|b| b.contains("vLLM 0.32 counts no aborted request")),
+        "{:?}",
+        v.blind_spots
+    );
+    let text = crate::render::text(&v, crate::render::Style { colour: false });
+    assert!(text.contains("cancelled unseen"), "{text}");
+    assert!(!text.contains("cancelled 0"), "{text}");
+
+    let older = Engine {
+        finished_reason: "abort",
+        ..Engine::default()
+    };
+    let v = engine_only(&older, 0.3);
+    assert_eq!(v.rows.user_impact.cancellations_per_s, Some(10.0));
+
+    let e = Engine::default();
+    let gone = Expo::default()
+        .line(
+            "spillway_cancellations_total",
+            "route=\"m\",class=\"c\",reason=\"client_disconnect\"",
+            30.0,
+        )
+        .0;
+    let none = Expo::default()
+        .line(
+            "spillway_cancellations_total",
+            "route=\"m\",class=\"c\",reason=\"client_disconnect\"",
+            0.0,
+        )
+        .0;
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(&[("e:1", &b), ("g:1", &none)], &[("e:1", &a), ("g:1", &gone)]);
+    assert_eq!(v.rows.user_impact.cancellations_per_s, Some(3.0));
+}
+
 #[test]
 fn older_vllm_names_are_read_and_said() {
     let e = Engine {

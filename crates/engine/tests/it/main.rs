@@ -8,3 +8,4 @@ mod metrics;
 mod scheduling;
 mod support;
 mod tokenizer;
+mod vllm;

@@ -11,6 +11,7 @@ fn expected() -> BTreeMap<&'static str, &'static str> {
     BTreeMap::from([
         ("vllm:num_requests_running", "gauge"),
         ("vllm:num_requests_waiting", "gauge"),
+        ("vllm:num_requests_waiting_by_reason", "gauge"),
         ("vllm:kv_cache_usage_perc", "gauge"),
         ("vllm:num_preemptions_total", "counter"),
         ("vllm:prompt_tokens_total", "counter"),

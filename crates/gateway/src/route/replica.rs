@@ -59,6 +59,10 @@ pub(crate) struct Replica {
     ejection: Mutex<Ejection>,
     busy_until: Mutex<Option<Instant>>,
     outstanding: AtomicU32,
+    /// The context length its `/v1/models` states (`max_model_len`, as vLLM publishes it); 0
+    /// while unknown. Learned by the health checks, forgotten when it turns unhealthy (it may
+    /// come back with another).
+    max_model_len: AtomicU32,
     gauges: Gauges,
 }
 
@@ -103,6 +107,7 @@ impl Replica {
             ejection: Mutex::new(Ejection::default()),
             busy_until: Mutex::new(None),
             outstanding: AtomicU32::new(0),
+            max_model_len: AtomicU32::new(0),
             gauges: Gauges {
                 outstanding: metrics.replica_outstanding.with_label_values(&labels),
                 healthy,
@@ -128,6 +133,15 @@ impl Replica {
 
     pub(crate) fn outstanding(&self) -> u32 {
         self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// The context length it stated, if known.
+    pub(crate) fn max_model_len(&self) -> Option<u32> {
+        Some(self.max_model_len.load(Ordering::Relaxed)).filter(|n| *n > 0)
+    }
+
+    pub(crate) fn set_max_model_len(&self, len: Option<u32>) {
+        self.max_model_len.store(len.unwrap_or(0), Ordering::Relaxed);
     }
 
     pub(crate) fn is_ejected(&self, now: Instant) -> bool {

@@ -18,4 +18,5 @@ mod shared;
 mod streaming;
 mod support;
 mod traces;
+mod vllm;
 mod wire;

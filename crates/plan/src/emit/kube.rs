@@ -191,7 +191,10 @@ pub(super) fn inference_service(plan: &Plan) -> Result<Object<IsvcSpec>, PlanErr
 /// The engine's flags from the plan, and the ones passed through.
 fn engine_args(plan: &Plan) -> Vec<(&'static str, String)> {
     let n = &plan.names;
-    let mut args = vec![("--max-num-seqs", plan.max_num_seqs.to_string())];
+    let mut args = vec![
+        ("--max-num-seqs", plan.max_num_seqs.to_string()),
+        ("--max-num-queued-reqs", plan.max_num_queued_reqs.to_string()),
+    ];
     if let Some(len) = n.max_model_len {
         args.push(("--max-model-len", len.to_string()));
     }
@@ -216,7 +219,7 @@ pub(super) fn vllm_command(plan: &Plan) -> String {
         words.push(v);
     }
     format!(
-        "# on each of the {} replicas: --max-num-seqs = ceil(C {} / R {})\n{}\n",
+        "# on each of the {} replicas: --max-num-seqs = ceil(C {} / R {}); --max-num-queued-reqs = C, a backstop behind the gateway's Q\n{}\n",
         plan.replicas,
         plan.concurrency,
         plan.replicas,

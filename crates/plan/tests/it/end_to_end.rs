@@ -196,6 +196,7 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
                         text: bench::workload::synthetic_text(16, &mut rng).into(),
                         max_tokens: OUTPUT_TOKENS,
                         long: false,
+                        input_tokens: Some(16),
                     };
                     let rec = client.send(&prompt, Instant::now(), epoch).await;
                     let rejected = matches!(rec.outcome, Outcome::Status { code: 503 | 429 });

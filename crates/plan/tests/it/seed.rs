@@ -75,6 +75,10 @@ fn every_file_carries_the_same_numbers_and_parses() {
     assert_eq!(kserve["spec"]["predictor"]["minReplicas"], 2);
     let vllm = files.iter().find(|f| f.target == Target::Vllm).unwrap();
     assert!(vllm.text.contains("--max-num-seqs 12"), "{}", vllm.text);
+    // vLLM's own queue is a backstop behind the gateway's Q 12: C, what the gateway can hand
+    // one replica at most.
+    assert!(vllm.text.contains("--max-num-queued-reqs 24"), "{}", vllm.text);
+    assert!(args.iter().any(|a| a == "--max-num-queued-reqs=24"), "{args:?}");
 }
 
 #[test]
