@@ -82,9 +82,9 @@ pub struct EngineConfig {
     /// Requests allowed to wait in the engine; beyond it new ones get 503. vLLM has no such bound,
     /// so the default is large; it exists so that a flood cannot grow memory without limit.
     pub max_waiting: usize,
-    /// vLLM's `--max-num-queued-reqs`: requests allowed to wait; beyond it vLLM refuses a new one
-    /// with 503, a streamed one as a 200 stream of one error event and `[DONE]`. `None`: no bound
-    /// but `max_waiting`.
+    /// vLLM's `--max-num-queued-reqs`: requests the engine may hold, running and waiting (vLLM's
+    /// admission check counts both); beyond it vLLM refuses a new one with 503, a streamed one as
+    /// a 200 stream of one error event and `[DONE]`. `None`: no bound but `max_waiting`.
     pub max_num_queued_reqs: Option<usize>,
     pub gpu: GpuProfile,
     /// Expose DCGM-exporter-like GPU metrics beside vLLM's.

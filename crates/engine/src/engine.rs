@@ -380,8 +380,9 @@ impl Engine {
             .next_id
             .fetch_add(u64::from(params.n), Ordering::Relaxed);
         let mut core = lock(&self.inner.core);
+        // vLLM's admission check counts the requests it holds, running and waiting alike.
         if let Some(limit) = cfg.max_num_queued_reqs
-            && core.sched.num_waiting() + params.n as usize > limit
+            && core.sched.num_waiting() + core.sched.num_running() + params.n as usize > limit
         {
             return Err(queue_full());
         }
@@ -637,12 +638,12 @@ fn injected_failure(status: u16) -> ApiError {
     ApiError::vllm(status, kind, format!("injected failure (status {status})"), None)
 }
 
-/// What a request its full waiting queue (`max_num_queued_reqs`) refuses is told.
-const QUEUE_FULL: &str =
-    "The server is overloaded: the waiting queue is full (--max-num-queued-reqs). Please retry later.";
+/// What a request refused by `max_num_queued_reqs` (running and waiting) is told: vLLM 0.32's words.
+const QUEUE_FULL: &str = "The engine is currently busy and cannot accept new requests. Please try again later or on a different instance.";
 
 fn queue_full() -> ApiError {
-    ApiError::vllm(503, "ServiceUnavailableError", QUEUE_FULL, None)
+    // vLLM 0.32's own words and type (with its space) for this refusal.
+    ApiError::vllm(503, "Service Unavailable", QUEUE_FULL, None)
 }
 
 /// Whether `e` is the refusal of a full waiting queue, which vLLM sends a streamed request inside

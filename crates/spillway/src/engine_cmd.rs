@@ -32,8 +32,9 @@ pub(crate) struct EngineArgs {
     /// Longest prompt + completion (vLLM's --max-model-len).
     #[arg(long)]
     max_model_len: Option<u32>,
-    /// Requests allowed to wait (vLLM's --max-num-queued-reqs); beyond it a new one is refused
-    /// with 503, a streamed one inside a 200 stream as vLLM does. Default: no bound.
+    /// Requests the engine may hold, running and waiting (vLLM's --max-num-queued-reqs, whose
+    /// check counts both); beyond it a new one is refused with 503, a streamed one inside a 200
+    /// stream as vLLM does. Default: no bound.
     #[arg(long)]
     max_num_queued_reqs: Option<usize>,
     /// KV-cache capacity in tokens; fewer blocks mean earlier preemption.
