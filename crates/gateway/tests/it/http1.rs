@@ -6,8 +6,8 @@ use crate::support::{Stack, chat, engine, http, read_stream, tiny};
 use crate::wire::{Answer, read_answer};
 use serde_json::Value;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
 use tokio::time::Instant;
 
 const MODES: [&str; 2] = ["fast", "hyper"];
@@ -224,90 +224,30 @@ async fn every_answer_carries_its_request_id_and_server_timing() {
     }
 }
 
-/// What a scripted replica does after its answer's bytes.
-#[derive(Clone, Copy)]
-enum Then {
-    Close,
-    Stall,
-}
-
-/// A replica that answers every POST with `answer` (then closes or stalls) and every GET with
-/// an empty 200 (the health probe).
-async fn scripted_replica(answer: Vec<u8>, then: Then) -> String {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let answer = std::sync::Arc::new(answer);
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = listener.accept().await {
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                loop {
-                    let mut got = Vec::new();
-                    let mut buf = [0u8; 4096];
-                    let head_end = loop {
-                        if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                            break i + 4;
-                        }
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    };
-                    let head = String::from_utf8_lossy(&got[..head_end]).to_lowercase();
-                    let len: usize = head
-                        .lines()
-                        .find_map(|l| l.strip_prefix("content-length: "))
-                        .map_or(0, |v| v.trim().parse().unwrap_or(0));
-                    while got.len() < head_end + len {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    if head.starts_with("get ") {
-                        if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                            .await
-                            .is_err()
-                        {
-                            return;
-                        }
-                        continue;
-                    }
-                    if s.write_all(&answer).await.is_err() {
-                        return;
-                    }
-                    match then {
-                        Then::Close => return,
-                        Then::Stall => {
-                            tokio::time::sleep(Duration::from_secs(3600)).await;
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    url
-}
-
-/// A gateway in front of one scripted replica.
-async fn in_front_of(replica: &str, server: &str) -> Stack {
-    let yaml = config("fast", server).replace("{E0}", replica);
+/// A gateway in front of one scripted replica that answers every POST with `answer` (and
+/// keeps the connection: an answer cut short stalls there).
+async fn in_front_of(answer: Vec<u8>, server: &str) -> Stack {
+    let (replica, _) = crate::vllm::scripted("sim", None, move |_| answer.clone()).await;
+    let yaml = config("fast", server).replace("{E0}", &replica);
     Stack::start(vec![], &yaml).await
+}
+
+/// A non-streamed (or streamed) chat completion of two tokens through `stack`.
+async fn chat_through(stack: &Stack, stream: bool) -> reqwest::Response {
+    http()
+        .post(format!("{}/v1/chat/completions", stack.url))
+        .json(&chat("chat", 2, stream))
+        .send()
+        .await
+        .unwrap()
 }
 
 /// B08: a replica's 204 reached a non-streaming client as 200 with an empty JSON body; it is
 /// relayed as it came.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_empty_2xx_is_relayed_as_it_came() {
-    let replica = scripted_replica(b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(), Then::Close).await;
-    let stack = in_front_of(&replica, "").await;
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 2, false))
-        .send()
-        .await
-        .unwrap();
+    let stack = in_front_of(b"HTTP/1.1 204 No Content\r\n\r\n".to_vec(), "").await;
+    let r = chat_through(&stack, false).await;
     assert_eq!(r.status(), 204);
     assert!(r.headers().get("content-type").is_none(), "{:?}", r.headers());
     assert!(r.headers().get("x-request-id").is_some());
@@ -325,14 +265,8 @@ async fn a_large_4xx_body_is_relayed_whole() {
         "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
     );
-    let replica = scripted_replica(answer.into_bytes(), Then::Close).await;
-    let stack = in_front_of(&replica, "").await;
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 2, false))
-        .send()
-        .await
-        .unwrap();
+    let stack = in_front_of(answer.into_bytes(), "").await;
+    let r = chat_through(&stack, false).await;
     assert_eq!(r.status(), 400);
     assert_eq!(r.text().await.unwrap(), body);
 }
@@ -342,8 +276,7 @@ async fn a_large_4xx_body_is_relayed_whole() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_head_with_a_stalled_body_is_bounded_by_the_first_token_budget() {
     let answer = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 100\r\n\r\n{\"error\":".to_vec();
-    let replica = scripted_replica(answer, Then::Stall).await;
-    let stack = in_front_of(&replica, "").await;
+    let stack = in_front_of(answer, "").await;
     let start = Instant::now();
     let r = tokio::time::timeout(
         Duration::from_secs(20),
@@ -375,15 +308,9 @@ async fn a_done_without_the_bodys_end_ends_the_stream_cleanly() {
         event(r#"{"choices":[{"index":0,"delta":{"content":"hi"}}]}"#),
         event("[DONE]")
     );
-    let replica = scripted_replica(answer.into_bytes(), Then::Stall).await;
-    let stack = in_front_of(&replica, "").await;
+    let stack = in_front_of(answer.into_bytes(), "").await;
     let start = Instant::now();
-    let r = http()
-        .post(format!("{}/v1/chat/completions", stack.url))
-        .json(&chat("chat", 2, true))
-        .send()
-        .await
-        .unwrap();
+    let r = chat_through(&stack, true).await;
     assert_eq!(r.status(), 200);
     let (body, _, clean) = tokio::time::timeout(Duration::from_secs(20), read_stream(r))
         .await
@@ -417,14 +344,8 @@ async fn a_whole_answer_is_bounded_by_max_response_bytes() {
             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         );
-        let replica = scripted_replica(answer.into_bytes(), Then::Close).await;
-        let stack = in_front_of(&replica, ", max_response_bytes: 1048576").await;
-        let r = http()
-            .post(format!("{}/v1/chat/completions", stack.url))
-            .json(&chat("chat", 2, false))
-            .send()
-            .await
-            .unwrap();
+        let stack = in_front_of(answer.into_bytes(), ", max_response_bytes: 1048576").await;
+        let r = chat_through(&stack, false).await;
         assert_eq!(r.status(), status, "{size}");
         let text = r.text().await.unwrap();
         if status == 200 {
