@@ -50,6 +50,10 @@ pub struct Gateway {
     applied: RwLock<Config>,
     /// Why the last reload of the file was refused; cleared by one that applies.
     reload_error: Mutex<Option<String>>,
+    /// Requests the public port's own HTTP/1.1 is serving, for its write policy (`front`).
+    pub(crate) load: Arc<http1::server::Load>,
+    /// Counts a client write cut by `server.send_timeout`; one for every connection.
+    pub(crate) send_cut: Arc<dyn Fn() + Send + Sync>,
 }
 
 impl Gateway {
@@ -88,7 +92,10 @@ impl Gateway {
             ),
             None => None,
         };
+        let send_timeouts = metrics.send_timeouts.clone();
         Ok(Arc::new(Gateway {
+            load: Arc::default(),
+            send_cut: Arc::new(move || send_timeouts.inc()),
             shared,
             tracer,
             applied: RwLock::new(config.clone()),

@@ -144,11 +144,11 @@ pub mod fuzzing {
         let mut skipped = 0;
         for piece in [&data[..cut.min(data.len())], &data[cut.min(data.len())..]] {
             buf.extend_from_slice(piece);
-            let (blank, scanned) = crate::front::scan(&buf, &mut searched, 64 * 1024);
+            let (blank, scanned) = http1::server::scan(&buf, &mut searched, 64 * 1024);
             bytes::Buf::advance(&mut buf, blank);
             skipped += blank;
             match scanned {
-                crate::front::Scan::Complete(end) => {
+                http1::server::Scan::Complete(end) => {
                     let head = buf.split_to(end).freeze();
                     let r = crate::front::Request::from_head(&head, &[], usize::MAX)?;
                     // As `front::serve` does: a body over the limit goes to hyper's path.
@@ -163,7 +163,7 @@ pub mod fuzzing {
                         body_offset: skipped + end,
                     });
                 }
-                crate::front::Scan::More => {}
+                http1::server::Scan::More => {}
                 _ => return None,
             }
         }
@@ -174,7 +174,7 @@ pub mod fuzzing {
     /// the connection's close: its status, body, whether the connection could be reused, and
     /// how many bytes of `data` the answer took.
     pub fn upstream_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>, bool, usize), String> {
-        crate::upstream::h1::decode_answer(data, cuts)
+        http1::client::decode_answer(data, cuts)
             .map(|d| (d.status, d.body, d.reusable, d.consumed))
             .map_err(|e| e.to_string())
     }

@@ -935,6 +935,17 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    /// One POST of `{}` on `conns`, as the gateway sends them.
+    async fn call(conns: &Arc<h1::Conns>) -> Result<h1::Response, h1::Error> {
+        let body = Bytes::from_static(b"{}");
+        let request = h1::Request {
+            path: "/v1/chat/completions",
+            headers: &[],
+            body: &body,
+        };
+        h1::send(conns, &request, Duration::from_secs(1)).await
+    }
+
     /// What a lone stream's first write gets: the events up to the first with tokens (a role
     /// chunk sent apart, as vLLM sends it, comes along), not those read after it; the relay
     /// passes those on next, without another read.
@@ -952,9 +963,9 @@ mod tests {
         }
         wire.extend_from_slice(b"0\r\n\r\n");
         // One write: the whole answer reaches the gateway's first read.
-        let (url, _replica) = h1::tests::serve_script(vec![wire], false).await;
+        let (url, _replica) = testkit::serve_script(vec![wire], false).await;
         let conns = Arc::new(h1::Conns::new(&url));
-        let answer = h1::tests::call(&conns).await.unwrap();
+        let answer = call(&conns).await.unwrap();
         let mut ex = Exchange::new(
             Arc::new(crate::metrics::Metrics::new()),
             crate::access_log::AccessLog::discard(),
@@ -999,9 +1010,9 @@ mod tests {
             wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
         }
         wire.extend_from_slice(b"0\r\n\r\n");
-        let (url, _replica) = h1::tests::serve_script(vec![wire], false).await;
+        let (url, _replica) = testkit::serve_script(vec![wire], false).await;
         let conns = Arc::new(h1::Conns::new(&url));
-        let answer = h1::tests::call(&conns).await.unwrap();
+        let answer = call(&conns).await.unwrap();
         let mut ex = Exchange::new(
             Arc::new(crate::metrics::Metrics::new()),
             crate::access_log::AccessLog::discard(),

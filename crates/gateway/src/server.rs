@@ -103,10 +103,8 @@ fn head_size<B>(req: &axum::http::Request<B>) -> usize {
         + uri
 }
 
-/// What one header line counts toward `server.max_header_bytes` (`front` counts its heads so too).
-pub(crate) fn header_size(name: &[u8], value: &[u8]) -> usize {
-    name.len() + value.len() + 4
-}
+/// What one header line counts toward `server.max_header_bytes`, as `front` counts its heads.
+use http1::server::header_size;
 
 /// Ready unless draining or some route has no replica that answered its last connection attempt.
 async fn ready(State(g): State<Arc<Gateway>>) -> StatusCode {
@@ -229,7 +227,7 @@ fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
         (None, _) if version == axum::http::Version::HTTP_11 => "an HTTP/1.1 request must have a Host header",
         (None, _) => return Ok(()),
         (Some(_), Some(_)) => "a request must have one Host header, not several",
-        (Some(h), None) if !crate::front::valid_host(h.as_bytes()) => {
+        (Some(h), None) if !http1::server::valid_host(h.as_bytes()) => {
             "the Host header is not a valid host[:port]"
         }
         (Some(_), None) => return Ok(()),
@@ -284,11 +282,9 @@ enum Answer {
 /// (`front`), which frames what it makes ready straight into the connection's buffer, and
 /// writes the stream's head fields ([`stream_fields`]) the same way; hyper gets it as a body
 /// ([`into_hyper`]).
-pub(crate) enum Reply {
-    Body(Body),
-    /// Boxed as hyper's body would be: a connection's task holds this while the answer goes out.
-    Stream(Box<Relay>),
-}
+/// The stream's relay is boxed as hyper's body would be: a connection's task holds this while
+/// the answer goes out.
+pub(crate) type Reply = http1::server::Reply<Box<Relay>, Body>;
 
 /// The answer as hyper's paths take it: the body as a `Body`, a stream's head fields as headers.
 fn into_hyper(response: Response<Reply>) -> Response {
@@ -330,12 +326,6 @@ fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8]) + '_ {
         if let Ok(v) = HeaderValue::from_bytes(value) {
             headers.insert(name.clone(), v);
         }
-    }
-}
-
-impl From<Body> for Reply {
-    fn from(body: Body) -> Reply {
-        Reply::Body(body)
     }
 }
 
@@ -422,7 +412,7 @@ where
         Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
             Err(GatewayError::BodyTooLarge { limit })
         }
-        Ok(Err(e)) if e.downcast_ref::<crate::front::BodyTimedOut>().is_some() => {
+        Ok(Err(e)) if e.downcast_ref::<http1::server::BodyTimedOut>().is_some() => {
             Err(GatewayError::BodyTimeout(server.body_timeout))
         }
         Ok(Err(e)) => Err(GatewayError::bad_request(

@@ -7,7 +7,7 @@ use crate::outcome::Exchange;
 use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
-pub(crate) mod h1;
+pub(crate) use http1::client as h1;
 
 use bytes::Bytes;
 use std::time::Duration;

@@ -6,14 +6,15 @@
 //! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
 //! - [`eventually`]: polls a condition on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
-//! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs.
+//! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
+//! - [`serve_script`]: a replica that answers each request with scripted bytes.
 
 pub mod crd;
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The path of `name` on `PATH`; panics with how to install it when it is missing.
 pub fn tool(name: &str) -> String {
@@ -147,4 +148,44 @@ pub fn assert_error_mentions(body: &serde_json::Value, needle: &str) {
         .as_str()
         .unwrap_or_else(|| panic!("not an OpenAI error body: {body}"));
     assert!(message.contains(needle), "{needle:?} not in {body}");
+}
+
+/// A server for one connection: it reads one request (head, and body by content-length) per
+/// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
+/// `close_after`. It ends, returning each request's peer and head, when its client closes.
+pub async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
+    answers: Vec<A>,
+    close_after: bool,
+) -> (String, tokio::task::JoinHandle<Vec<String>>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let mut seen = Vec::new();
+        let mut answers = answers.into_iter();
+        let (mut s, peer) = listener.accept().await.unwrap();
+        loop {
+            let mut got = Vec::new();
+            let mut byte = [0u8; 1];
+            while !got.ends_with(b"\r\n\r\n") {
+                if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                    return seen;
+                }
+                got.push(byte[0]);
+            }
+            let head = String::from_utf8(got).unwrap();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length: "))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            let mut body = vec![0u8; len];
+            s.read_exact(&mut body).await.unwrap();
+            seen.push(format!("{peer} {head}"));
+            let Some(answer) = answers.next() else { return seen };
+            s.write_all(answer.as_ref()).await.unwrap();
+            if close_after && answers.len() == 0 {
+                return seen;
+            }
+        }
+    });
+    (url, task)
 }

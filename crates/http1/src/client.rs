@@ -7,16 +7,16 @@
 //! its end; dropping a [`Body`] before that closes its connection, which is how a replica learns
 //! that the client left.
 
-use axum::http::StatusCode;
 use bytes::{Buf, Bytes, BytesMut};
+use http::StatusCode;
 use std::collections::VecDeque;
 use std::fmt;
-use std::future::Future as _;
+use std::future::Future;
 use std::io::{self, IoSlice, Write as _};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -39,7 +39,7 @@ const MAX_POOLED_BUF: usize = 4 * READ_BUF;
 
 /// Why a call to a replica failed.
 #[derive(Debug)]
-pub(crate) enum Error {
+pub enum Error {
     /// No connection could be opened (refused, unreachable, or over the connect timeout).
     Connect(io::Error),
     /// The connection failed or closed in the middle of the exchange.
@@ -53,7 +53,7 @@ pub(crate) enum Error {
 }
 
 impl Error {
-    pub(crate) fn is_connect(&self) -> bool {
+    pub fn is_connect(&self) -> bool {
         matches!(self, Error::Connect(_))
     }
 }
@@ -72,48 +72,95 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// How a pool reaches its replica: it opens connections, and tells whether an idle one can still
+/// carry a request. [`Tcp`] in the gateway; a test's script elsewhere.
+pub trait Transport: Send + Sync + 'static {
+    type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// A new connection, ready for a request.
+    fn connect(&self) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+
+    /// Whether an idle connection still looks open: the peer has not closed it and sent
+    /// nothing unasked.
+    fn looks_open(stream: &Self::Stream) -> bool;
+}
+
+/// TCP to a host and port.
+pub struct Tcp {
+    host: String,
+    port: u16,
+}
+
+impl Transport for Tcp {
+    type Stream = TcpStream;
+
+    async fn connect(&self) -> io::Result<TcpStream> {
+        let stream = TcpStream::connect((self.host.as_str(), self.port)).await?;
+        // Each SSE event must leave at once, not wait for the previous one's ACK.
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    }
+
+    /// Asked of the socket itself, not of the reactor's readiness, which a close that came
+    /// since the reactor's last turn has not reached yet: a request sent into that close would
+    /// be lost, since it cannot be sent again ([`send`]).
+    fn looks_open(stream: &TcpStream) -> bool {
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
+        matches!(socket2::SockRef::from(stream).peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
 /// One open connection and its read buffer, which travel together through the pool.
-struct Conn {
-    stream: TcpStream,
+struct Conn<S> {
+    stream: S,
     buf: BytesMut,
 }
 
 /// A replica's address and its idle connections.
-pub(crate) struct Conns {
-    host: String,
-    port: u16,
+pub struct Conns<T: Transport = Tcp> {
+    transport: T,
     /// The `Host` header's value and the request-target's prefix, as the configured URL says.
     authority: String,
     prefix: String,
     /// Oldest first; reuse takes from the back.
-    idle: Mutex<VecDeque<(Conn, Instant)>>,
+    idle: Mutex<VecDeque<(Conn<T::Stream>, Instant)>>,
 }
 
-impl Conns {
+impl Conns<Tcp> {
     /// `url` is a replica's base URL as configuration checked it (`http://host:port[/prefix]`).
-    pub(crate) fn new(url: &str) -> Conns {
-        let uri: axum::http::Uri = url.parse().unwrap_or_default();
+    pub fn new(url: &str) -> Conns<Tcp> {
+        let uri: http::Uri = url.parse().unwrap_or_default();
         // Host and port only: never credentials a URL might carry.
         let authority = uri.authority().map_or_else(String::new, |a| {
             let s = a.as_str();
             s.rsplit_once('@').map_or(s, |(_, hostport)| hostport).to_owned()
         });
         let host = uri.host().unwrap_or("localhost");
-        Conns {
+        let tcp = Tcp {
             host: host.trim_start_matches('[').trim_end_matches(']').to_owned(),
             port: uri.port_u16().unwrap_or(80),
+        };
+        Conns::with(tcp, authority, uri.path())
+    }
+}
+
+impl<T: Transport> Conns<T> {
+    /// A pool over `transport`: requests say `Host: authority` and go to `prefix` + their path.
+    pub fn with(transport: T, authority: String, prefix: &str) -> Conns<T> {
+        Conns {
+            transport,
             authority,
-            prefix: uri.path().trim_end_matches('/').to_owned(),
+            prefix: prefix.trim_end_matches('/').to_owned(),
             idle: Mutex::new(VecDeque::new()),
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Conn, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Conn<T::Stream>, Instant)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The most recently used idle connection that still looks open.
-    fn reuse(&self) -> Option<Conn> {
+    fn reuse(&self) -> Option<Conn<T::Stream>> {
         let now = Instant::now();
         loop {
             let (conn, since) = {
@@ -121,26 +168,23 @@ impl Conns {
                 expire(&mut idle, now);
                 idle.pop_back()?
             };
-            if now.saturating_duration_since(since) < IDLE_TIMEOUT && looks_open(&conn.stream) {
+            if now.saturating_duration_since(since) < IDLE_TIMEOUT && T::looks_open(&conn.stream) {
                 return Some(conn);
             }
         }
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<Conn, Error> {
-        let stream =
-            match tokio::time::timeout(timeout, TcpStream::connect((self.host.as_str(), self.port))).await {
-                Ok(Ok(s)) => s,
-                Ok(Err(e)) => return Err(Error::Connect(e)),
-                Err(_) => {
-                    return Err(Error::Connect(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        format!("no connection within {timeout:?}"),
-                    )));
-                }
-            };
-        // Each SSE event must leave at once, not wait for the previous one's ACK.
-        stream.set_nodelay(true).map_err(Error::Connect)?;
+    async fn connect(&self, timeout: Duration) -> Result<Conn<T::Stream>, Error> {
+        let stream = match tokio::time::timeout(timeout, self.transport.connect()).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return Err(Error::Connect(e)),
+            Err(_) => {
+                return Err(Error::Connect(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("no connection within {timeout:?}"),
+                )));
+            }
+        };
         Ok(Conn {
             stream,
             buf: BytesMut::with_capacity(READ_BUF),
@@ -149,7 +193,7 @@ impl Conns {
 
     /// Keeps a connection whose answer was read whole; the oldest go first when there are too
     /// many, and those idle too long are closed here rather than left half-closed.
-    fn put_back(&self, mut conn: Conn) {
+    fn put_back(&self, mut conn: Conn<T::Stream>) {
         if conn.buf.capacity() > MAX_POOLED_BUF {
             conn.buf = BytesMut::with_capacity(READ_BUF);
         }
@@ -171,7 +215,7 @@ impl Conns {
 
 /// Closes the idle connections that have waited longer than [`IDLE_TIMEOUT`] (the oldest are at
 /// the front).
-fn expire(idle: &mut VecDeque<(Conn, Instant)>, now: Instant) {
+fn expire<S>(idle: &mut VecDeque<(Conn<S>, Instant)>, now: Instant) {
     while idle
         .front()
         .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= IDLE_TIMEOUT)
@@ -180,20 +224,11 @@ fn expire(idle: &mut VecDeque<(Conn, Instant)>, now: Instant) {
     }
 }
 
-/// Whether an idle connection can carry a request: the peer has not closed it and sent nothing
-/// unasked. Asked of the socket itself, not of the reactor's readiness, which a close that came
-/// since the reactor's last turn has not reached yet: a request sent into that close would be
-/// lost, since it cannot be sent again ([`send`]).
-fn looks_open(stream: &TcpStream) -> bool {
-    let mut byte = [std::mem::MaybeUninit::<u8>::uninit(); 1];
-    matches!(socket2::SockRef::from(stream).peek(&mut byte), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
-}
-
 /// A POST to a replica: its path under the replica's URL, extra headers, and the JSON body.
-pub(crate) struct Request<'a> {
-    pub(crate) path: &'a str,
-    pub(crate) headers: &'a [(&'a str, &'a [u8])],
-    pub(crate) body: &'a Bytes,
+pub struct Request<'a> {
+    pub path: &'a str,
+    pub headers: &'a [(&'a str, &'a [u8])],
+    pub body: &'a Bytes,
 }
 
 /// Sends `request` and reads the answer's head; the body is read from the returned [`Body`].
@@ -202,11 +237,11 @@ pub(crate) struct Request<'a> {
 /// replica's: a connection that then fails or closes without an answer (even at once, an idle
 /// close crossing the request) is an error, as with hyper's client, since the replica may have
 /// started on it; if the new connection cannot be opened, the first failure is the one reported.
-pub(crate) async fn send(
-    conns: &Arc<Conns>,
+pub async fn send<T: Transport>(
+    conns: &Arc<Conns<T>>,
     request: &Request<'_>,
     connect_timeout: Duration,
-) -> Result<Response, Error> {
+) -> Result<Response<T>, Error> {
     let head = request_head(conns, request);
     if let Some(mut conn) = conns.reuse() {
         match exchange(&mut conn, &head, request.body).await {
@@ -237,7 +272,7 @@ struct Failure {
     sent: bool,
 }
 
-fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
+fn request_head<T: Transport>(conns: &Conns<T>, request: &Request<'_>) -> Vec<u8> {
     let mut head = Vec::with_capacity(256);
     let mut put = |parts: &[&[u8]]| parts.iter().for_each(|p| head.extend_from_slice(p));
     put(&[
@@ -261,23 +296,23 @@ fn request_head(conns: &Conns, request: &Request<'_>) -> Vec<u8> {
 }
 
 /// A replica's answer: what the gateway reads of its head, and its body to read on.
-pub(crate) struct Response {
+pub struct Response<T: Transport = Tcp> {
     status: StatusCode,
     retry_after: Option<u64>,
-    body: Body,
+    body: Body<T>,
 }
 
-impl Response {
-    pub(crate) fn status(&self) -> StatusCode {
+impl<T: Transport> Response<T> {
+    pub fn status(&self) -> StatusCode {
         self.status
     }
 
     /// `Retry-After` in seconds, when the replica sent it as a number.
-    pub(crate) fn retry_after(&self) -> Option<u64> {
+    pub fn retry_after(&self) -> Option<u64> {
         self.retry_after
     }
 
-    pub(crate) fn into_body(self) -> Body {
+    pub fn into_body(self) -> Body<T> {
         self.body
     }
 }
@@ -293,7 +328,7 @@ struct Head {
 }
 
 impl Head {
-    fn into_response(self, conn: Conn, conns: &Arc<Conns>) -> Response {
+    fn into_response<T: Transport>(self, conn: Conn<T::Stream>, conns: &Arc<Conns<T>>) -> Response<T> {
         Response {
             status: self.status,
             retry_after: self.retry_after,
@@ -308,7 +343,11 @@ impl Head {
 }
 
 /// Writes the request and reads the answer's head.
-async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, Failure> {
+async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut Conn<S>,
+    head: &[u8],
+    body: &[u8],
+) -> Result<Head, Failure> {
     if let Err(e) = write_all(&mut conn.stream, head, body).await {
         return Err(Failure {
             error: Error::Io(e),
@@ -344,7 +383,7 @@ async fn exchange(conn: &mut Conn, head: &[u8], body: &[u8]) -> Result<Head, Fai
     }
 }
 
-async fn write_all(stream: &mut TcpStream, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
+async fn write_all<S: AsyncWrite + Unpin>(stream: &mut S, mut a: &[u8], mut b: &[u8]) -> io::Result<()> {
     while !a.is_empty() || !b.is_empty() {
         let n = stream.write_vectored(&[IoSlice::new(a), IoSlice::new(b)]).await?;
         if n == 0 {
@@ -455,19 +494,19 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
 
 /// What [`decode_answer`] read of an answer.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Decoded {
-    pub(crate) status: u16,
-    pub(crate) body: Vec<u8>,
+pub struct Decoded {
+    pub status: u16,
+    pub body: Vec<u8>,
     /// Its connection could carry another request.
-    pub(crate) reusable: bool,
+    pub reusable: bool,
     /// The bytes the answer took (anything after it was not part of it).
-    pub(crate) consumed: usize,
+    pub consumed: usize,
 }
 
 /// An answer from `data` read in pieces cut at `cuts` and then the connection's close: the head
 /// parsed and the body decoded by the functions a [`Body`] calls, without a socket (the fuzz
 /// target `upstream_answer` compares it with hyper's client).
-pub(crate) fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
+pub fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
     let mut buf = BytesMut::new();
     let mut ends = cuts
         .iter()
@@ -568,7 +607,7 @@ enum Chunk {
 
 /// What one call to [`Body::read`] found.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Read {
+pub enum Read {
     /// Some of the body was handed over.
     Data,
     /// The body is whole.
@@ -576,24 +615,24 @@ pub(crate) enum Read {
 }
 
 /// An answer's body, read on the caller's task.
-pub(crate) struct Body {
+pub struct Body<T: Transport = Tcp> {
     /// `None` once the body is whole (the connection went back to the pool, or was closed).
-    conn: Option<Conn>,
+    conn: Option<Conn<T::Stream>>,
     framing: Framing,
     reusable: bool,
-    conns: Arc<Conns>,
+    conns: Arc<Conns<T>>,
 }
 
-impl Body {
+impl<T: Transport> Body<T> {
     /// Waits until some of the body is here (one read of the socket at most), then hands every
     /// decoded piece of what the buffer holds to `each`, in order, without copying it.
-    pub(crate) async fn read(&mut self, each: &mut (dyn FnMut(&[u8]) + Send)) -> Result<Read, Error> {
+    pub async fn read(&mut self, each: &mut (dyn FnMut(&[u8]) + Send)) -> Result<Read, Error> {
         std::future::poll_fn(|cx| self.poll_read(cx, each)).await
     }
 
     /// [`Body::read`] for a caller that polls: `Pending` (with the task woken later) when the
     /// buffer holds no data and the socket has none ready.
-    pub(crate) fn poll_read(
+    pub fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
         each: &mut dyn FnMut(&[u8]),
@@ -603,7 +642,7 @@ impl Body {
 
     /// [`Body::poll_read`], handing over pieces only until `pieces` says it has enough: what the
     /// buffer holds after them waits for the next call, without a read of the socket.
-    pub(crate) fn poll_pieces(
+    pub fn poll_pieces(
         &mut self,
         cx: &mut Context<'_>,
         each: &mut dyn FnMut(&[u8]),
@@ -646,7 +685,7 @@ impl Body {
     }
 
     /// The whole body, up to `limit` bytes.
-    pub(crate) async fn collect(mut self, limit: usize) -> Result<Bytes, Error> {
+    pub async fn collect(mut self, limit: usize) -> Result<Bytes, Error> {
         // A known length is taken at once, in a buffer of its size: grown by doubling, a large
         // answer's buffer would reach twice its size, and three times while it is copied.
         let mut out = match self.framing {
@@ -688,7 +727,7 @@ impl Body {
 /// How much of what the buffer holds one call hands over. A piece is a chunk's data, or what
 /// the buffer holds of a body without chunks.
 #[derive(Clone, Copy)]
-pub(crate) enum Pieces<'a> {
+pub enum Pieces<'a> {
     /// Every decoded piece.
     All,
     /// Pieces until, after one, the flag is set (by the caller's handling of them).
@@ -847,4 +886,4 @@ fn chunk_size(line: &[u8]) -> Result<u64, Error> {
 }
 
 #[cfg(test)]
-pub(crate) mod tests;
+pub mod tests;

@@ -1,4 +1,5 @@
 use super::*;
+use testkit::serve_script;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -184,48 +185,8 @@ fn a_head_may_have_as_many_headers_as_the_limit_and_no_more() {
     }
 }
 
-/// A server for one connection: it reads one request (head, and body by content-length) per
-/// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
-/// `close_after`. It ends, returning each request's peer and head, when its client closes.
-pub(crate) async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
-    answers: Vec<A>,
-    close_after: bool,
-) -> (String, tokio::task::JoinHandle<Vec<String>>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        let mut answers = answers.into_iter();
-        let (mut s, peer) = listener.accept().await.unwrap();
-        loop {
-            let mut got = Vec::new();
-            let mut byte = [0u8; 1];
-            while !got.ends_with(b"\r\n\r\n") {
-                if s.read(&mut byte).await.unwrap_or(0) == 0 {
-                    return seen;
-                }
-                got.push(byte[0]);
-            }
-            let head = String::from_utf8(got).unwrap();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            let mut body = vec![0u8; len];
-            s.read_exact(&mut body).await.unwrap();
-            seen.push(format!("{peer} {head}"));
-            let Some(answer) = answers.next() else { return seen };
-            s.write_all(answer.as_ref()).await.unwrap();
-            if close_after && answers.len() == 0 {
-                return seen;
-            }
-        }
-    });
-    (url, task)
-}
-
 /// One POST of `{}` with an `x-request-id`, as the gateway sends them, on `conns`.
-pub(crate) async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
+async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
     let body = Bytes::from_static(b"{}");
     let request = Request {
         path: "/v1/chat/completions",
