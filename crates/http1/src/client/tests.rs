@@ -494,3 +494,194 @@ fn answers_decode_alike_however_they_are_cut() {
         }
     }
 }
+
+/// A connection's script: for each request, the answer's pieces.
+type Answers = Vec<Vec<Vec<u8>>>;
+
+/// A transport whose connections are scripts over in-memory pipes: for each of its answers, a
+/// connection reads a request, checks it is the one [`call_on`] sends, and writes the answer in
+/// the pieces it lists, the client given time to read each; after the last it closes.
+struct Scripted(Mutex<VecDeque<Answers>>);
+
+impl Transport for Scripted {
+    type Stream = tokio::io::DuplexStream;
+
+    async fn connect(&self) -> io::Result<tokio::io::DuplexStream> {
+        let Some(answers) = self.0.lock().unwrap().pop_front() else {
+            return Err(io::ErrorKind::ConnectionRefused.into());
+        };
+        let (client, mut replica) = tokio::io::duplex(1 << 16);
+        tokio::spawn(async move {
+            for pieces in answers {
+                let mut request = vec![0u8; SCRIPTED_HEAD.len() + 2];
+                if replica.read_exact(&mut request).await.is_err() {
+                    return;
+                }
+                assert_eq!(request, [SCRIPTED_HEAD, b"{}"].concat(), "the request as sent");
+                for piece in pieces {
+                    if replica.write_all(&piece).await.is_err() {
+                        return;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        Ok(client)
+    }
+
+    fn looks_open(_: &tokio::io::DuplexStream) -> bool {
+        true
+    }
+}
+
+/// The request [`call_on`] sends, as the replica reads it.
+const SCRIPTED_HEAD: &[u8] =
+    b"POST /v1/chat/completions HTTP/1.1\r\nhost: replica:8000\r\ncontent-type: application/json\r\ncontent-length: 2\r\nx-request-id: abc\r\n\r\n";
+
+/// An answer in pieces cut at `cuts`.
+fn script(answer: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
+    let mut pieces = Vec::new();
+    let mut from = 0;
+    for &to in cuts.iter().chain(std::iter::once(&answer.len())) {
+        let to = to.clamp(from, answer.len());
+        if to > from {
+            pieces.push(answer[from..to].to_vec());
+        }
+        from = to;
+    }
+    pieces
+}
+
+/// One call over scripted connections (one answer each): the answer's status and whole body,
+/// and whether its connection went back to the pool.
+async fn call_on(scripts: Vec<Vec<Vec<u8>>>) -> Result<(u16, Vec<u8>, bool), Error> {
+    let conns = Arc::new(Conns::with(
+        Scripted(Mutex::new(scripts.into_iter().map(|s| vec![s]).collect())),
+        "replica:8000".into(),
+        "/",
+    ));
+    scripted_call(&conns).await
+}
+
+/// One call on `conns`, its answer read whole.
+async fn scripted_call(conns: &Arc<Conns<Scripted>>) -> Result<(u16, Vec<u8>, bool), Error> {
+    let body = Bytes::from_static(b"{}");
+    let request = Request {
+        path: "/v1/chat/completions",
+        headers: &[("x-request-id", b"abc")],
+        body: &body,
+    };
+    let answer = send(conns, &request, Duration::from_secs(1)).await?;
+    let status = answer.status().as_u16();
+    let body = answer.into_body().collect(1 << 20).await?;
+    Ok((status, body.to_vec(), conns.idle_count() == 1))
+}
+
+/// The answer checklist of pingora's HTTP/1 client tests, each answer read from a scripted
+/// connection whole and cut in two at every byte: what the client takes (status, body, and
+/// whether the connection lives on), and what it refuses.
+#[tokio::test]
+async fn answers_from_a_scripted_replica_read_alike_however_they_are_cut() {
+    type Case = (&'static str, &'static str, Result<(u16, &'static str, bool), ()>);
+    let cases: [Case; 14] = [
+        (
+            "length",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello",
+            Ok((200, "hello", true)),
+        ),
+        (
+            "length with spaces",
+            "HTTP/1.1 200 OK\r\nContent-Length:  5 \r\n\r\nhello",
+            Ok((200, "hello", true)),
+        ),
+        (
+            "a list of one length",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello",
+            Ok((200, "hello", true)),
+        ),
+        (
+            "a signed length",
+            "HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello",
+            Err(()),
+        ),
+        (
+            "two lengths",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!",
+            Err(()),
+        ),
+        (
+            "length and chunked: chunked wins, the connection closes",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Ok((200, "hello", false)),
+        ),
+        (
+            "HTTP/1.0 with a transfer coding",
+            "HTTP/1.0 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Err(()),
+        ),
+        (
+            "several 1xx first",
+            "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok",
+            Ok((200, "ok", true)),
+        ),
+        (
+            "obs-fold",
+            "HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\nContent-Length: 2\r\n\r\nok",
+            Err(()),
+        ),
+        (
+            "trailers, dropped",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\nX-T: 1\r\nX-U: 2\r\n\r\n",
+            Ok((200, "ok", true)),
+        ),
+        (
+            "chunked not last: read to the close",
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, gzip\r\n\r\nraw bytes",
+            Ok((200, "raw bytes", false)),
+        ),
+        (
+            "no length: read to the close",
+            "HTTP/1.1 200 OK\r\n\r\nraw",
+            Ok((200, "raw", false)),
+        ),
+        (
+            "204 has no body",
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            Ok((204, "", true)),
+        ),
+        (
+            "cut short",
+            "HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhel",
+            Err(()),
+        ),
+    ];
+    for (name, answer, want) in cases {
+        for cut in 0..=answer.len() {
+            let got = call_on(vec![script(answer.as_bytes(), &[cut])]).await;
+            let got = got
+                .map(|(status, body, reused)| (status, String::from_utf8(body).unwrap(), reused))
+                .map_err(|_| ());
+            let want = want.map(|(status, body, reused)| (status, body.to_owned(), reused));
+            assert_eq!(got, want, "{name}, cut at {cut}");
+        }
+    }
+}
+
+/// B05: a reused connection the replica closes once it has the request, with no answer, is an
+/// error: the request is not sent again on a new connection, since the replica may have started
+/// on it.
+#[tokio::test]
+async fn a_request_a_reused_connection_took_is_not_sent_again() {
+    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok".to_vec();
+    let conns = Arc::new(Conns::with(
+        Scripted(Mutex::new(
+            vec![vec![vec![ok.clone()], vec![]], vec![vec![ok.clone()]]].into(),
+        )),
+        "replica:8000".into(),
+        "",
+    ));
+    assert_eq!(scripted_call(&conns).await.unwrap(), (200, b"ok".to_vec(), true));
+    let r = scripted_call(&conns).await;
+    assert!(matches!(r, Err(Error::Closed)), "{r:?}");
+    assert_eq!(conns.transport.0.lock().unwrap().len(), 1, "no second connection");
+}

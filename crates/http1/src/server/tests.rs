@@ -5,6 +5,7 @@
 use super::head::{blank_lines, head_end, may_be_head};
 use super::write::LAST_CHUNK;
 use super::*;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -331,4 +332,301 @@ async fn bytes_taken_restart_the_send_timeout() {
         "60 s from the last bytes taken, at 40 s"
     );
     assert_eq!(cut.load(Ordering::Relaxed), 1);
+}
+
+/// A handler for scripted connections: it serves any POST whose head [`RequestHead::parse`]
+/// takes, answering `<method> <target> <body>` whole (or as a stream of one chunk per body
+/// byte when the target is `/stream`), and notes what it saw and what was handed over.
+#[derive(Clone, Default)]
+struct Script {
+    seen: Arc<std::sync::Mutex<Vec<String>>>,
+    handed: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
+    load: Arc<Load>,
+}
+
+/// A body of one piece, or none.
+#[derive(Default)]
+struct Text(Option<Bytes>);
+
+impl http_body::Body for Text {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        Poll::Ready(self.0.take().map(|b| Ok(http_body::Frame::data(b))))
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.0.as_ref().map_or(0, |b| b.len() as u64))
+    }
+}
+
+/// One chunk per byte, then the end.
+struct Bytewise(Vec<u8>);
+
+impl Chunks for Bytewise {
+    fn poll_chunk_into(
+        &mut self,
+        _: &mut Context<'_>,
+        out: &mut BytesMut,
+    ) -> Poll<Result<Framed, StreamCut>> {
+        if self.0.is_empty() {
+            return Poll::Ready(Ok(Framed::End));
+        }
+        let b = self.0.remove(0);
+        encode_chunk(out, &[b]);
+        Poll::Ready(Ok(Framed::More))
+    }
+
+    fn head_fields(&self, each: &mut dyn FnMut(&[u8], &[u8])) {
+        each(b"content-type", b"text/event-stream");
+    }
+}
+
+impl<IO: AsyncRead + AsyncWrite + Unpin + Send> Handler<IO> for Script {
+    type Request = RequestHead;
+    type Stream = Bytewise;
+    type Body = Text;
+
+    fn limits(&self) -> Limits {
+        Limits {
+            header_timeout: Duration::from_secs(5),
+            body_timeout: Duration::from_secs(5),
+            max_head: 1024,
+        }
+    }
+
+    fn load(&self) -> Arc<Load> {
+        self.load.clone()
+    }
+
+    fn head(&mut self, head: &Bytes) -> Option<Served<RequestHead>> {
+        let parsed = RequestHead::parse(head, |_| false)?;
+        (parsed.method == http::Method::POST).then(|| Served {
+            content_length: parsed.content_length,
+            close: parsed.close,
+            request: parsed,
+        })
+    }
+
+    async fn call(
+        &mut self,
+        _: &Bytes,
+        request: RequestHead,
+        body: Upload,
+    ) -> http::Response<Reply<Bytewise, Text>> {
+        let body = match body {
+            Upload::Whole(b) => b.unwrap_or_default(),
+            Upload::TimedOut => return http::Response::new(Reply::Body(Text(Some("timed out".into())))),
+        };
+        let text = format!("POST {} {}", request.uri, String::from_utf8_lossy(&body));
+        self.seen.lock().unwrap().push(text.clone());
+        if request.uri.path() == "/stream" {
+            return http::Response::new(Reply::Stream(Bytewise(body.to_vec())));
+        }
+        http::Response::new(Reply::Body(Text(Some(text.into()))))
+    }
+
+    async fn closed(&mut self) {
+        std::future::pending::<()>().await;
+    }
+
+    fn is_closing(&self) -> bool {
+        false
+    }
+
+    async fn hand_off(self, mut io: ClientIo<IO>) {
+        let mut got = Vec::new();
+        let _ = io.read_to_end(&mut got).await;
+        *self.handed.lock().unwrap() = Some(got);
+    }
+}
+
+/// Serves one scripted connection: `wire` is written in pieces cut at `cuts` (each piece sent
+/// on its own, the server given time to read it), then the client's side closes; returns what
+/// the server wrote, with each `date` value blanked, and the handler's notes.
+async fn converse(wire: &[u8], cuts: &[usize]) -> (String, Script) {
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    let script = Script::default();
+    let on_cut: Arc<dyn Fn() + Send + Sync> = Arc::new(|| {});
+    let task = tokio::spawn(serve(
+        ClientIo::new(server, Duration::from_secs(5), on_cut),
+        script.clone(),
+    ));
+    let mut from = 0;
+    for &to in cuts.iter().chain(std::iter::once(&wire.len())) {
+        let to = to.clamp(from, wire.len());
+        // The server may have answered and closed already (bytes that cannot begin a request).
+        let _ = client.write_all(&wire[from..to]).await;
+        from = to;
+        tokio::task::yield_now().await;
+    }
+    let _ = client.shutdown().await;
+    let mut out = Vec::new();
+    client.read_to_end(&mut out).await.unwrap();
+    task.await.unwrap();
+    let out = String::from_utf8(out).unwrap();
+    let blanked: Vec<String> = out
+        .split("\r\n")
+        .map(|l| {
+            if l.starts_with("date: ") {
+                "date: -".to_owned()
+            } else {
+                l.to_owned()
+            }
+        })
+        .collect();
+    (blanked.join("\r\n"), script)
+}
+
+/// What [`Script`] answers to `POST <target>` with `body`, whole.
+fn whole(target: &str, body: &str) -> String {
+    let text = format!("POST {target} {body}");
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\ndate: -\r\n\r\n{text}",
+        text.len()
+    )
+}
+
+/// Valid requests, whole or cut at every byte, are served alike: the body by its length, what
+/// follows it as the next request.
+#[tokio::test]
+async fn requests_cut_at_every_byte_are_served_alike() {
+    let two = "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhelloPOST /b?q=1 HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n";
+    let want = [whole("/a", "hello"), whole("/b?q=1", "")].concat();
+    for cut in 0..=two.len() {
+        let (out, script) = converse(two.as_bytes(), &[cut]).await;
+        assert_eq!(out, want, "cut at {cut}");
+        assert!(script.handed.lock().unwrap().is_none(), "cut at {cut}");
+    }
+}
+
+/// The request-head checklist: what is served here, and what is handed over whole (these bytes
+/// first, then the rest), for the other server to answer.
+#[tokio::test]
+async fn heads_this_half_does_not_serve_are_handed_over_with_every_byte() {
+    let served: [(&str, &str); 5] = [
+        ("leading zeros", "Content-Length: 005"),
+        ("blank lines first", "Content-Length: 5"),
+        ("close", "Content-Length: 5\r\nConnection: keep-alive, close"),
+        ("empty host is one host", "Content-Length: 5"),
+        ("bare LF lines", "Content-Length: 5"),
+    ];
+    for (name, fields) in served {
+        let wire = match name {
+            "blank lines first" => format!("\r\n\nPOST /a HTTP/1.1\r\nHost: x\r\n{fields}\r\n\r\nhello"),
+            "empty host is one host" => format!("POST /a HTTP/1.1\r\nHost: \r\n{fields}\r\n\r\nhello"),
+            "bare LF lines" => format!("POST /a HTTP/1.1\nHost: x\n{fields}\n\nhello"),
+            _ => format!("POST /a HTTP/1.1\r\nHost: x\r\n{fields}\r\n\r\nhello"),
+        };
+        let (out, script) = converse(wire.as_bytes(), &[]).await;
+        let mut want = whole("/a", "hello");
+        if name == "close" {
+            want = want.replace("date: -", "connection: close\r\ndate: -");
+        }
+        assert_eq!(out, want, "{name}");
+        assert!(script.handed.lock().unwrap().is_none(), "{name}");
+    }
+    let handed: [(&str, &str); 14] = [
+        ("two lengths", "Content-Length: 5\r\nContent-Length: 5"),
+        ("a list of lengths", "Content-Length: 5, 5"),
+        ("a signed length", "Content-Length: +5"),
+        ("a negative length", "Content-Length: -5"),
+        ("no length", "X-A: 1"),
+        (
+            "length and chunked",
+            "Content-Length: 5\r\nTransfer-Encoding: chunked",
+        ),
+        ("chunked", "Transfer-Encoding: chunked"),
+        ("chunked not last", "Transfer-Encoding: chunked, gzip"),
+        ("expect", "Content-Length: 5\r\nExpect: 100-continue"),
+        (
+            "upgrade",
+            "Content-Length: 5\r\nConnection: upgrade\r\nUpgrade: h2c",
+        ),
+        ("obs-fold", "Content-Length: 5\r\nX-A: 1\r\n folded"),
+        ("space before colon", "Content-Length : 5"),
+        ("two hosts", "Content-Length: 5\r\nHost: y"),
+        ("a host with userinfo", "Content-Length: 5\r\nHost: u@y"),
+    ];
+    for (name, fields) in handed {
+        let wire = format!("POST /a HTTP/1.1\r\nHost: x\r\n{fields}\r\n\r\nhello");
+        let (out, script) = converse(wire.as_bytes(), &[]).await;
+        assert_eq!(out, "", "{name}: nothing answered here");
+        let got = script.handed.lock().unwrap().clone();
+        assert_eq!(got.as_deref(), Some(wire.as_bytes()), "{name}");
+        assert!(script.seen.lock().unwrap().is_empty(), "{name}");
+    }
+    for (name, wire) in [
+        (
+            "HTTP/1.0",
+            "POST /a HTTP/1.0\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello",
+        ),
+        (
+            "HTTP/1.0 and chunked",
+            "POST /a HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        ),
+        ("no host", "POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"),
+        ("GET", "GET /a HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"),
+        ("HTTP/2's preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
+    ] {
+        let (out, script) = converse(wire.as_bytes(), &[]).await;
+        assert_eq!(out, "", "{name}");
+        assert_eq!(
+            script.handed.lock().unwrap().as_deref(),
+            Some(wire.as_bytes()),
+            "{name}"
+        );
+    }
+}
+
+/// Bytes that cannot begin a request get a bare 400 and the close, at once (no blank line
+/// awaited), however they are cut; a whole head that does not parse, or one over the limit, is
+/// handed over (hyper answers 400 or 431).
+#[tokio::test]
+async fn garbage_is_refused_at_once_and_a_large_head_is_handed_over() {
+    for wire in [
+        &b"\x16\x03\x01\x02\x00\x01\x00"[..],
+        b"\rPOST / HTTP/1.1\r\n",
+        b"POST /a b HTTP/1.1\r\n",
+    ] {
+        for cut in 0..=wire.len() {
+            let (out, script) = converse(wire, &[cut]).await;
+            assert!(
+                out.starts_with("HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\n"),
+                "{wire:?} cut at {cut}: {out:?}"
+            );
+            assert!(script.handed.lock().unwrap().is_none());
+        }
+    }
+    let large = format!("POST /a HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n", "y".repeat(2000));
+    for wire in [large.as_bytes(), b"\rPOST / HTTP/1.1\r\n\r\n"] {
+        let (out, script) = converse(wire, &[]).await;
+        assert_eq!(out, "");
+        assert_eq!(script.handed.lock().unwrap().as_deref(), Some(wire));
+    }
+}
+
+/// A stream goes out chunked, its head fields first; a client that closes mid-body is never
+/// answered, and its request never reaches the handler.
+#[tokio::test]
+async fn streams_are_chunked_and_a_body_cut_short_is_not_served() {
+    let (out, _) = converse(
+        b"POST /stream HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\nab",
+        &[],
+    )
+    .await;
+    assert_eq!(
+        out,
+        "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\ndate: -\r\n\r\n1\r\na\r\n1\r\nb\r\n0\r\n\r\n"
+    );
+    let wire = b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+    for end in 0..wire.len() {
+        let (out, script) = converse(&wire[..end], &[]).await;
+        assert_eq!(out, "", "closed after {end} bytes");
+        assert!(script.seen.lock().unwrap().is_empty(), "closed after {end} bytes");
+    }
 }
