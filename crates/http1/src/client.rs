@@ -28,6 +28,13 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
 /// A chunk-size or trailer line may be at most this long.
 const MAX_LINE: usize = 4096;
+/// A chunked body's extensions may add up to less than this, and its trailer section (the
+/// trailer lines and the blank line after them) must be shorter: hyper's client's limits.
+const MAX_EXTENSIONS: usize = 16 * 1024;
+const MAX_TRAILER: usize = 16 * 1024;
+/// A chunked body may have fewer trailer fields than this, as hyper's client allows (its
+/// `h1_max_headers`).
+const MAX_TRAILERS: usize = MAX_HEADERS;
 /// Idle connections kept per replica; past it, the oldest is closed.
 const MAX_IDLE: usize = 1024;
 /// An idle connection older than this is closed rather than reused: uvicorn, under vLLM, closes
@@ -471,7 +478,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
         // its transfer coding and the connection is not used again.
         close |= length.is_some();
         if chunked {
-            Framing::Chunked(Chunk::Size)
+            Framing::Chunked(Chunk::Size, 0)
         } else {
             Framing::UntilClose
         }
@@ -586,7 +593,8 @@ fn decimal(value: &[u8]) -> Option<u64> {
 enum Framing {
     /// This many bytes are left.
     Length(u64),
-    Chunked(Chunk),
+    /// Where the decoder stands, and the extension bytes of the chunk lines so far.
+    Chunked(Chunk, u16),
     /// Until the replica closes the connection.
     UntilClose,
     Done,
@@ -601,8 +609,8 @@ enum Chunk {
     Data(u64),
     /// Expecting the line break after a chunk's data.
     DataEnd,
-    /// After the last chunk: trailer lines until an empty one.
-    Trailer,
+    /// After the last chunk: trailer lines until an empty one; those so far, and their bytes.
+    Trailer { fields: u8, bytes: u16 },
 }
 
 /// What one call to [`Body::read`] found.
@@ -797,17 +805,20 @@ fn decode_from(
                 *at = buf.len();
                 handed = true;
             }
-            Framing::Chunked(Chunk::Data(left)) => {
+            Framing::Chunked(Chunk::Data(left), _) => {
                 let n = take(rest, left, each);
                 *at += n;
                 handed |= n > 0;
                 if *left == 0 {
-                    *framing = Framing::Chunked(Chunk::DataEnd);
+                    let Framing::Chunked(chunk, _) = framing else {
+                        unreachable!()
+                    };
+                    *chunk = Chunk::DataEnd;
                 } else if n == 0 {
                     return Ok(handed);
                 }
             }
-            Framing::Chunked(state) => {
+            Framing::Chunked(state, extensions) => {
                 let Some(end) = line_end(rest) else {
                     if rest.len() >= MAX_LINE {
                         return Err(Error::Protocol("a chunk line is over 4 KiB"));
@@ -819,16 +830,53 @@ fn decode_from(
                 let Some(line) = rest[..end].strip_suffix(b"\r") else {
                     return Err(Error::Protocol("a chunked body's line ends without CR LF"));
                 };
+                let extensions = *extensions;
                 *framing = match *state {
-                    Chunk::Size => match chunk_size(&rest[..=end])? {
-                        0 => Framing::Chunked(Chunk::Trailer),
-                        n => Framing::Chunked(Chunk::Data(n)),
-                    },
-                    Chunk::DataEnd if line.is_empty() => Framing::Chunked(Chunk::Size),
+                    Chunk::Size => {
+                        let size = chunk_size(&rest[..=end])?;
+                        // What follows the first `;`, as hyper counts it over the whole body.
+                        let more = line
+                            .iter()
+                            .position(|b| *b == b';')
+                            .map_or(0, |i| line.len() - i - 1);
+                        let extensions = usize::from(extensions) + more;
+                        if extensions >= MAX_EXTENSIONS {
+                            return Err(Error::Protocol("the chunk extensions are over 16 KiB"));
+                        }
+                        let extensions = extensions as u16;
+                        match size {
+                            0 => Framing::Chunked(Chunk::Trailer { fields: 0, bytes: 0 }, extensions),
+                            n => Framing::Chunked(Chunk::Data(n), extensions),
+                        }
+                    }
+                    Chunk::DataEnd if line.is_empty() => Framing::Chunked(Chunk::Size, extensions),
                     Chunk::DataEnd => return Err(Error::Protocol("a chunk is longer than its size")),
-                    Chunk::Trailer if line.is_empty() => Framing::Done,
-                    Chunk::Trailer if trailer_field(&rest[..=end]) => Framing::Chunked(Chunk::Trailer),
-                    Chunk::Trailer => return Err(Error::Protocol("a malformed trailer field")),
+                    Chunk::Trailer { fields, bytes } => {
+                        // The trailer section's bytes, its blank line included when there are
+                        // trailers, as hyper counts them.
+                        let bytes = usize::from(bytes)
+                            + if fields == 0 && line.is_empty() {
+                                0
+                            } else {
+                                end + 1
+                            };
+                        if bytes >= MAX_TRAILER {
+                            return Err(Error::Protocol("the trailer section is over 16 KiB"));
+                        }
+                        if line.is_empty() {
+                            Framing::Done
+                        } else if usize::from(fields) + 1 >= MAX_TRAILERS {
+                            return Err(Error::Protocol("more than 99 trailer fields"));
+                        } else if trailer_field(&rest[..=end]) {
+                            let trailer = Chunk::Trailer {
+                                fields: fields + 1,
+                                bytes: bytes as u16,
+                            };
+                            Framing::Chunked(trailer, extensions)
+                        } else {
+                            return Err(Error::Protocol("a malformed trailer field"));
+                        }
+                    }
                     Chunk::Data(_) => unreachable!("handled above"),
                 };
                 *at += end + 1;

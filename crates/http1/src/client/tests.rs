@@ -42,7 +42,7 @@ fn a_chunked_body_decodes_the_same_however_it_is_cut() {
     ] {
         for a in 0..=wire.len() {
             for b in a..=wire.len() {
-                let chunked = Framing::Chunked(Chunk::Size);
+                let chunked = Framing::Chunked(Chunk::Size, 0);
                 let (data, framing) = decode_in_pieces(chunked, wire, &[a, b], pieces).unwrap();
                 assert_eq!(data, want, "{name}, cut at {a} and {b}");
                 assert_eq!(framing, Framing::Done, "{name}, cut at {a} and {b}");
@@ -68,7 +68,7 @@ fn bad_chunks_are_errors_not_hangs() {
         b"0\r\nx: y\n\r\n",
         b"0\r\n\n",
     ] {
-        let r = decode_in_pieces(Framing::Chunked(Chunk::Size), wire, &[], Pieces::All);
+        let r = decode_in_pieces(Framing::Chunked(Chunk::Size, 0), wire, &[], Pieces::All);
         assert!(
             matches!(r, Err(Error::Protocol(_))),
             "{:?}: {r:?}",
@@ -76,14 +76,14 @@ fn bad_chunks_are_errors_not_hangs() {
         );
     }
     let long = vec![b'1'; MAX_LINE + 1];
-    let r = decode_in_pieces(Framing::Chunked(Chunk::Size), &long, &[], Pieces::All);
+    let r = decode_in_pieces(Framing::Chunked(Chunk::Size, 0), &long, &[], Pieces::All);
     assert!(matches!(r, Err(Error::Protocol(_))), "{r:?}");
 }
 
 /// One piece per call leaves the rest in the buffer for the next call, untouched.
 #[test]
 fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
-    let mut framing = Framing::Chunked(Chunk::Size);
+    let mut framing = Framing::Chunked(Chunk::Size, 0);
     let mut buf = BytesMut::from(&b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n"[..]);
     let mut calls = Vec::new();
     loop {
@@ -109,7 +109,7 @@ fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
 /// stays in the buffer.
 #[test]
 fn pieces_are_handed_over_until_the_caller_has_enough() {
-    let mut framing = Framing::Chunked(Chunk::Size);
+    let mut framing = Framing::Chunked(Chunk::Size, 0);
     let mut buf = BytesMut::from(&b"1\r\na\r\n1\r\nx\r\n1\r\nb\r\n0\r\n\r\n"[..]);
     let seen = std::cell::Cell::new(false);
     let mut got = Vec::new();
@@ -136,7 +136,7 @@ fn a_length_body_stops_at_its_length() {
 fn heads_say_how_the_body_is_framed_and_whether_the_connection_lives_on() {
     let head = |wire: &str| parse_head(wire.as_bytes()).unwrap().unwrap().1.unwrap();
     let h = head("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
-    assert_eq!((h.framing, h.reusable), (Framing::Chunked(Chunk::Size), true));
+    assert_eq!((h.framing, h.reusable), (Framing::Chunked(Chunk::Size, 0), true));
     let h = head("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\nretry-after: 3\r\n\r\n");
     assert_eq!(
         (h.status.as_u16(), h.framing, h.reusable),
@@ -684,4 +684,62 @@ async fn a_request_a_reused_connection_took_is_not_sent_again() {
     let r = scripted_call(&conns).await;
     assert!(matches!(r, Err(Error::Closed)), "{r:?}");
     assert_eq!(conns.transport.0.lock().unwrap().len(), 1, "no second connection");
+}
+
+/// hyper's client's limits on a chunked body's metadata, which the fuzz target
+/// `upstream_answer` found missing here (fuzz/findings/upstream_answer-trailer-section: 150
+/// short trailer fields, which hyper refuses): fewer than 100 trailer fields, a trailer section
+/// under 16 KiB, extensions under 16 KiB over the whole body.
+#[test]
+fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
+    let answer = |body: &[u8]| {
+        let mut a = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        a.extend_from_slice(body);
+        decode_answer(&a, &[]).map(|d| d.body)
+    };
+    let trailers = |n: usize| {
+        let lines: String = (0..n).map(|i| format!("x-t{i}: v\r\n")).collect();
+        answer(format!("2\r\nok\r\n0\r\n{lines}\r\n").as_bytes())
+    };
+    assert_eq!(trailers(99).unwrap(), b"ok");
+    assert!(matches!(trailers(100), Err(Error::Protocol(_))));
+    assert!(matches!(trailers(150), Err(Error::Protocol(_))));
+    // One trailer field of `len` bytes with its CR LF, then the blank line.
+    let section = |len: usize| {
+        let value = "v".repeat(len - "x: \r\n".len());
+        answer(format!("0\r\nx: {value}\r\n\r\n").as_bytes())
+    };
+    // Lines are at most 4 KiB: the section is made of several.
+    let long = |total: usize| {
+        let mut lines = String::new();
+        let mut left = total - 2;
+        let mut i = 0;
+        while left > 0 {
+            let len = left.min(4000);
+            let name = format!("x{i:03}: ");
+            lines.push_str(&name);
+            lines.push_str(&"v".repeat(len - name.len() - 2));
+            lines.push_str("\r\n");
+            left -= len;
+            i += 1;
+        }
+        answer(format!("0\r\n{lines}\r\n").as_bytes())
+    };
+    assert!(section(100).is_ok());
+    assert!(long(16 * 1024 - 1).is_ok());
+    assert!(matches!(long(16 * 1024), Err(Error::Protocol(_))));
+    let extensions = |total: usize| {
+        let per = 4000;
+        let mut body = String::new();
+        let mut left = total;
+        while left > 0 {
+            let n = left.min(per);
+            body.push_str(&format!("1;{}\r\na\r\n", "e".repeat(n)));
+            left -= n;
+        }
+        body.push_str("0\r\n\r\n");
+        answer(body.as_bytes())
+    };
+    assert!(extensions(16 * 1024 - 1).is_ok());
+    assert!(matches!(extensions(16 * 1024), Err(Error::Protocol(_))));
 }
