@@ -1,9 +1,9 @@
 //! The signal-combination table, the saturation rule and "busy but healthy", applied to the rows.
 
-use crate::catalog::{Key, SIGNALS};
+use crate::catalog::{Key, Kind, SIGNALS};
 use crate::kube::Cluster;
 use crate::rows::{Reader, Rows};
-use crate::verdict::{Evidence, Finding, Saturation, Suspect, Thresholds};
+use crate::verdict::{Basis, Evidence, Finding, Saturation, Suspect, Thresholds};
 use crate::window::{Distribution, Level};
 
 pub(crate) struct Outcome {
@@ -16,6 +16,9 @@ pub(crate) struct Outcome {
     pub(crate) user_itl_p95: Option<f64>,
     pub(crate) saturation: Saturation,
     pub(crate) busy: Vec<Evidence>,
+    /// Why refusals by design are the limits doing their job: the refused share and the
+    /// admitted requests inside their objectives. Empty unless nothing else is wrong.
+    pub(crate) protected: Vec<Evidence>,
 }
 
 /// Most specific first: a cause outranks the symptoms it produces (preemptions fill the queue, a
@@ -59,6 +62,11 @@ impl Ctx<'_> {
         op: &'static str,
         threshold: Option<f64>,
     ) -> Evidence {
+        let basis = match SIGNALS.iter().find(|s| s.key == key).map(|s| s.kind) {
+            Some(Kind::Gauge) => Basis::Instantaneous,
+            Some(Kind::Histogram) => Basis::Completions,
+            Some(Kind::Counter) | None => Basis::Counter,
+        };
         Evidence {
             series: self.series(key),
             stat,
@@ -67,6 +75,7 @@ impl Ctx<'_> {
             op,
             threshold,
             window_secs: self.secs,
+            basis,
         }
     }
 }
@@ -117,10 +126,16 @@ pub(crate) fn apply(
     let itl_breach = user_itl
         .filter(|(_, v)| *v > t.itl_p95)
         .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.itl_p95)));
-    let error_breach = u
-        .error_ratio
+    // The errors of the admitted: the gateway's refusals by design are its limits working, judged
+    // apart (protected), not failures.
+    let (error_stat, error_ratio) = if u.refused.is_empty() {
+        ("error_ratio", u.error_ratio)
+    } else {
+        ("admitted_error_ratio", u.admitted_error_ratio)
+    };
+    let error_breach = error_ratio
         .filter(|v| *v > t.error_ratio)
-        .map(|v| c.ev(error_key, "error_ratio", v, "", ">", Some(t.error_ratio)));
+        .map(|v| c.ev(error_key, error_stat, v, "", ">", Some(t.error_ratio)));
     let breaches: Vec<Evidence> = [ttft_breach.clone(), itl_breach.clone(), error_breach.clone()]
         .into_iter()
         .flatten()
@@ -334,6 +349,7 @@ pub(crate) fn apply(
                     op: ">",
                     threshold: Some(0.0),
                     window_secs: c.secs,
+                    basis: Basis::Instantaneous,
                 });
             }
         }
@@ -346,6 +362,7 @@ pub(crate) fn apply(
                 op: "=",
                 threshold: None,
                 window_secs: c.secs,
+                basis: Basis::Counter,
             });
         }
         for restart in cluster.restarts_within(r.w.start.at, r.w.end.at) {
@@ -357,6 +374,7 @@ pub(crate) fn apply(
                 op: "=",
                 threshold: None,
                 window_secs: c.secs,
+                basis: Basis::Counter,
             });
         }
         found.push(Finding::new(Suspect::GpuFault, ev));
@@ -402,6 +420,39 @@ pub(crate) fn apply(
         }
     }
 
+    let mut protected = Vec::new();
+    if found.is_empty() && breaches.is_empty() && !saturation.declared && !u.refused.is_empty() {
+        if let Some(v) = u.refused_by_design_ratio {
+            protected.push(c.ev(Key::GwRejections, "refused_by_design_ratio", v, "", "=", None));
+        }
+        for x in &u.refused {
+            let team = x
+                .team
+                .as_ref()
+                .map(|t| format!(",team=\"{t}\""))
+                .unwrap_or_default();
+            protected.push(Evidence {
+                series: format!("{}{{reason=\"{}\"{team}}}", c.series(Key::GwRejections), x.reason),
+                ..c.ev(Key::GwRejections, "increase", x.requests, "requests", "=", None)
+            });
+        }
+        if let Some(v) = u.admitted_error_ratio {
+            protected.push(c.ev(
+                Key::GwRequests,
+                "admitted_error_ratio",
+                v,
+                "",
+                "<=",
+                Some(t.error_ratio),
+            ));
+        }
+        protected.extend(user_ttft.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.ttft_p95))));
+        protected.extend(user_itl.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.itl_p95))));
+        if let Some(v) = u.goodput_ratio {
+            protected.push(c.ev(Key::GwGoodput, "admitted_ratio", v, "", "=", None));
+        }
+    }
+
     Outcome {
         findings: found,
         breaches,
@@ -410,6 +461,7 @@ pub(crate) fn apply(
         user_itl_p95: user_itl.map(|(_, v)| v),
         saturation,
         busy,
+        protected,
     }
 }
 
