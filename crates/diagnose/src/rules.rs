@@ -120,9 +120,46 @@ pub(crate) fn apply(
     } else {
         Key::RequestSuccess
     };
+    // Onset. TTFT is observed at a first token and queue time when a request finishes, so the
+    // first seconds of a flood leave them empty. A queue at the window's end is held (not one
+    // request caught between its arrival and the scheduler's next step) when it stood at both
+    // ends, or when the engine runs the same number at both ends (vLLM moves a waiting request
+    // into the batch at its next step if it can: a steady maximum is its cap) or the gateway's
+    // slots were all taken at both ends. No first token while a queue is held is the worst case.
+    let stood = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0 && l.start.is_some_and(|s| s >= 1.0));
+    let running_steady = e.running.filter(|l| l.end >= 1.0 && l.start == Some(l.end));
+    let slots_full = e
+        .gateway_in_flight
+        .zip(e.gateway_concurrency_limit)
+        .is_some_and(|(f, limit)| limit > 0.0 && f.end >= limit && f.start.is_some_and(|s| s >= limit));
+    let engine_held =
+        e.waiting.is_some_and(|l| l.end >= 1.0) && (stood(e.waiting) || running_steady.is_some());
+    let gateway_held =
+        e.gateway_queued.is_some_and(|l| l.end >= 1.0) && (stood(e.gateway_queued) || slots_full);
+    let waiting_now = e.waiting.map_or(0.0, |l| l.end) + e.gateway_queued.map_or(0.0, |l| l.end);
+    let instant = |mut ev: Evidence| {
+        ev.basis = Basis::Instantaneous;
+        ev
+    };
+    let ttft_unobserved = (user_ttft.is_none() && (engine_held || gateway_held)).then(|| {
+        let key = if r.name(Key::GwTtft).is_some() {
+            Key::GwTtft
+        } else {
+            Key::Ttft
+        };
+        instant(c.ev(
+            key,
+            "unobserved_while_waiting",
+            waiting_now,
+            "requests",
+            ">=",
+            Some(1.0),
+        ))
+    });
     let ttft_breach = user_ttft
         .filter(|(_, v)| *v > t.ttft_p95)
-        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.ttft_p95)));
+        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.ttft_p95)))
+        .or(ttft_unobserved);
     let itl_breach = user_itl
         .filter(|(_, v)| *v > t.itl_p95)
         .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.itl_p95)));
@@ -185,6 +222,64 @@ pub(crate) fn apply(
     }
     if let Some(v) = gateway_queue_time.filter(|v| *v > t.queue_time) {
         queue_time_ev.push(c.ev(Key::GwQueueWait, "mean", v, "s", ">", Some(t.queue_time)));
+    }
+    // At onset nothing has left the queue to be timed: a held queue with no queue time observed
+    // is the evidence, unless the engine makes no progress at all (a hang, rule 6's, not a flood).
+    let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
+    if !stuck && engine_held && engine_queue_time.is_none() {
+        let w = e.waiting.map_or(0.0, |l| l.end);
+        queue_time_ev.push(instant(c.ev(
+            Key::QueueTime,
+            "unobserved_while_waiting",
+            w,
+            "requests",
+            ">=",
+            Some(1.0),
+        )));
+    }
+    if !stuck && gateway_held && gateway_queue_time.is_none() {
+        let q = e.gateway_queued.map_or(0.0, |l| l.end);
+        queue_time_ev.push(instant(c.ev(
+            Key::GwQueueWait,
+            "unobserved_while_waiting",
+            q,
+            "requests",
+            ">=",
+            Some(1.0),
+        )));
+    }
+    if !queue_time_ev.is_empty() {
+        if let Some(run) = running_steady.filter(|_| engine_held) {
+            queue_time_ev.push(c.ev(Key::Running, "steady", run.end, "requests", "=", None));
+        }
+        if slots_full && gateway_held {
+            let f = e.gateway_in_flight.map_or(0.0, |l| l.end);
+            queue_time_ev.push(c.ev(
+                Key::GwInFlight,
+                "at_limit",
+                f,
+                "requests",
+                ">=",
+                e.gateway_concurrency_limit,
+            ));
+        }
+    }
+    // A queue that stood through a window without a first token: those waiting at its start
+    // have waited at least the window.
+    if !queue_time_ev.is_empty() && user_ttft.is_none() && (stood(e.waiting) || stood(e.gateway_queued)) {
+        let key = if stood(e.waiting) {
+            Key::Waiting
+        } else {
+            Key::GwQueued
+        };
+        queue_time_ev.push(c.ev(
+            key,
+            "waited_at_least",
+            c.secs,
+            "s",
+            if c.secs > t.ttft_p95 { ">" } else { "<=" },
+            Some(t.ttft_p95),
+        ));
     }
     let queue_time_high = !queue_time_ev.is_empty();
 
@@ -307,7 +402,6 @@ pub(crate) fn apply(
     }
 
     // 6. Queue up with the GPU idle (or the engine making no progress): CPU, network, process.
-    let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
     // Requests running through the whole window and more still taken into the batch while
     // nothing comes out: a queue of the engine's own, which a scheduler with room to spare never
     // moves to `waiting`. (One request that arrived at the window's end and is still in prefill
