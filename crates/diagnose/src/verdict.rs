@@ -343,7 +343,15 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         Status::Unknown => "could not diagnose: no engine or gateway metrics were seen".into(),
     };
     let mut healthy_evidence = outcome.busy;
-    healthy_evidence.extend(outcome.protected);
+    for e in outcome.protected {
+        // Busy and protected both cite the admitted's TTFT and ITL: once is enough.
+        if !healthy_evidence
+            .iter()
+            .any(|h| h.series == e.series && h.stat == e.stat)
+        {
+            healthy_evidence.push(e);
+        }
+    }
     let evidence_basis = EvidenceBasis::of(
         outcome
             .breaches

@@ -164,10 +164,19 @@ fn refusals_by_design_with_the_admitted_inside_their_objectives_are_protected() 
         "{}",
         v.summary
     );
-    assert!(
-        v.healthy_evidence
-            .iter()
-            .any(|e| e.stat == "p95" && e.op == "<=" && e.basis == Basis::Completions)
+    let p95: Vec<&str> = v
+        .healthy_evidence
+        .iter()
+        .filter(|e| e.stat == "p95" && e.op == "<=" && e.basis == Basis::Completions)
+        .map(|e| e.series.as_str())
+        .collect();
+    assert_eq!(
+        p95,
+        [
+            "spillway_time_to_first_token_seconds",
+            "vllm:inter_token_latency_seconds"
+        ],
+        "each once"
     );
     let shown = crate::render::text(&v, crate::render::Style { colour: false });
     assert!(shown.starts_with("PROTECTED (exit 0)"), "{shown}");
