@@ -252,6 +252,10 @@ pub(crate) fn apply(
         if let Some(run) = running_steady.filter(|_| engine_held) {
             queue_time_ev.push(c.ev(Key::Running, "steady", run.end, "requests", "=", None));
         }
+        // A full KV cache is why a batch stops taking requests before its sequence cap.
+        if let Some(kv) = e.kv_usage.filter(|l| engine_held && l.end >= t.kv_high) {
+            queue_time_ev.push(c.ev(Key::KvUsage, "end", kv.end, "ratio", ">=", Some(t.kv_high)));
+        }
         if slots_full && gateway_held {
             let f = e.gateway_in_flight.map_or(0.0, |l| l.end);
             queue_time_ev.push(c.ev(

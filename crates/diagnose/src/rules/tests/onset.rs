@@ -190,6 +190,34 @@ fn the_gateway_queue_at_onset_with_its_slots_full() {
     assert_eq!(v.slo_breaches[0].series, "spillway_time_to_first_token_seconds");
 }
 
+/// A full KV cache beside a held queue is read as the reason the batch takes no more, before any
+/// preemption: it stands in the onset's evidence (not a KV-pressure finding, which needs
+/// preemptions).
+#[test]
+fn a_full_kv_cache_beside_a_held_queue_is_part_of_the_onset() {
+    let before = Engine {
+        running: 6.0,
+        kv: 0.97,
+        ..Engine::default()
+    };
+    let after = Engine {
+        waiting: 9.0,
+        gen_tokens: before.gen_tokens + 800.0,
+        ..before
+    };
+    let v = run(
+        &[("e:1", &before.text(KV, ITL_NAME))],
+        &[("e:1", &after.text(KV, ITL_NAME))],
+    );
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    let kv = v.findings[0]
+        .evidence
+        .iter()
+        .find(|e| e.series == KV)
+        .expect("KV in the onset's evidence");
+    assert_eq!((kv.stat, kv.value, kv.basis), ("end", 0.97, Basis::Instantaneous));
+}
+
 /// A request caught between its arrival and the scheduler's next step on a quiet engine is no
 /// onset: the queue did not stand and the engine was not at a steady maximum.
 #[test]
