@@ -246,6 +246,12 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
     UserImpact::default()
 }
 
+/// A team worth naming: the gateway labels every request `anonymous` when no tenants are
+/// configured, which says nothing about who was refused.
+fn named_team(t: &str) -> bool {
+    !t.is_empty() && t != "anonymous"
+}
+
 /// The gateway's refusals by design in the window, by reason and team, largest first.
 fn refused(r: &Reader<'_>, all_per_s: Option<f64>) -> Vec<Refused> {
     let Some(name) = r.name(Key::GwRejections) else {
@@ -258,7 +264,7 @@ fn refused(r: &Reader<'_>, all_per_s: Option<f64>) -> Vec<Refused> {
             .filter(|s| s.name == name)
             .filter_map(|s| {
                 let reason = s.label("reason").filter(|v| DESIGNED_REFUSALS.contains(v))?;
-                let team = s.label("team").filter(|t| !t.is_empty()).map(str::to_owned);
+                let team = s.label("team").filter(|t| named_team(t)).map(str::to_owned);
                 Some((reason.to_owned(), team))
             })
             .collect();
@@ -270,7 +276,7 @@ fn refused(r: &Reader<'_>, all_per_s: Option<f64>) -> Vec<Refused> {
         .filter_map(|(reason, team)| {
             let n = r.increase(Key::GwRejections, |s| {
                 s.label("reason") == Some(reason.as_str())
-                    && s.label("team").filter(|t| !t.is_empty()) == team.as_deref()
+                    && s.label("team").filter(|t| named_team(t)) == team.as_deref()
             })?;
             (n > 0.0).then(|| Refused {
                 share: ratio(Some(n), all),

@@ -193,7 +193,7 @@ fn refusals_by_design_with_the_admitted_inside_their_objectives_are_protected() 
 fn refusals_by_design_beside_a_breach_of_the_admitted_are_an_incident() {
     let gw = Gateway {
         ok: 110.0,
-        refused: &[("503", "queue_full", "", 60.0)],
+        refused: &[("503", "queue_full", "anonymous", 60.0)],
         ttft: 2.0,
         in_flight: 8.0,
     };
@@ -202,6 +202,8 @@ fn refusals_by_design_beside_a_breach_of_the_admitted_are_an_incident() {
     assert_eq!(v.exit_code(), 1);
     assert!(v.healthy_evidence.is_empty());
     assert!(v.slo_breaches.iter().any(|e| e.stat == "p95"));
+    // Without tenants every request is `anonymous`: no team is named.
+    assert_eq!(v.rows.user_impact.refused[0].team, None);
 }
 
 /// A refusal that is no limit of ours (no replica healthy) is a failure, not protection.
