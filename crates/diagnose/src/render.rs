@@ -90,7 +90,7 @@ fn rows(out: &mut String, r: &Rows) {
     let u = &r.user_impact;
     let _ = writeln!(
         out,
-        "user impact     [{}] {} req/s, success {}, 429 {}/s, 5xx {}/s, timeouts {}/s, cancelled {}, goodput {}\n                latency {}",
+        "user impact     [{}] {} req/s, success {} of all, 429 {}/s, 5xx {}/s, timeouts {}/s, cancelled {}\n                refused by design {}{}, errors of the admitted {}, goodput {} of the admitted measured\n                latency {}",
         u.seen_at.unwrap_or("unseen"),
         opt(u.requests_per_s, ""),
         pct(u.success_ratio),
@@ -99,6 +99,21 @@ fn rows(out: &mut String, r: &Rows) {
         opt(u.timeouts_per_s, ""),
         u.cancellations_per_s
             .map_or_else(|| "unseen".to_owned(), |v| format!("{}/s", num(v))),
+        pct(u.refused_by_design_ratio),
+        if u.refused.is_empty() {
+            String::new()
+        } else {
+            let by: Vec<String> = u
+                .refused
+                .iter()
+                .map(|x| match &x.team {
+                    Some(t) => format!("{} team {t} {}", x.reason, pct(x.share)),
+                    None => format!("{} {}", x.reason, pct(x.share)),
+                })
+                .collect();
+            format!(" ({})", by.join(", "))
+        },
+        pct(u.admitted_error_ratio),
         pct(u.goodput_ratio),
         dist(u.latency),
     );
@@ -229,6 +244,8 @@ fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
 pub fn text(v: &Verdict, style: Style) -> String {
     let mut out = String::new();
     let (word, code) = match v.status {
+        Status::Idle => ("IDLE", "1;34"),
+        Status::Protected => ("PROTECTED", "1;32"),
         Status::Healthy => ("HEALTHY", "1;32"),
         Status::BusyButHealthy => ("BUSY BUT HEALTHY", "1;32"),
         Status::Incident => ("INCIDENT", "1;31"),
@@ -343,10 +360,34 @@ pub fn text(v: &Verdict, style: Style) -> String {
         }
     }
     if !v.healthy_evidence.is_empty() {
-        let _ = writeln!(out, "\nbusy, and inside the objectives");
+        let heading = match v.status {
+            Status::Protected => "refused by design, and the admitted inside the objectives",
+            _ => "busy, and inside the objectives",
+        };
+        let _ = writeln!(out, "\n{heading}");
         for e in &v.healthy_evidence {
             let _ = writeln!(out, "  - {}", evidence(e));
         }
+    }
+    let b = &v.evidence_basis;
+    if !(b.instantaneous.is_empty() && b.completions.is_empty() && b.counter.is_empty()) {
+        let list = |items: &[String]| {
+            if items.is_empty() {
+                "none".to_owned()
+            } else {
+                items.join(", ")
+            }
+        };
+        let _ = writeln!(
+            out,
+            "\nevidence        instantaneous (the state now) {}: {}\n                from completions (lags an onset) {}: {}\n                counted over the window {}: {}",
+            b.instantaneous.len(),
+            list(&b.instantaneous),
+            b.completions.len(),
+            list(&b.completions),
+            b.counter.len(),
+            list(&b.counter),
+        );
     }
     if !v.blind_spots.is_empty() {
         let _ = writeln!(out, "\nnot seen, so not judged");

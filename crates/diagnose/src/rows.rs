@@ -21,9 +21,41 @@ pub struct UserImpact {
     pub cancellations_per_s: Option<f64>,
     /// (429 + 5xx) / requests.
     pub error_ratio: Option<f64>,
-    /// Requests inside their class's TTFT and ITL objectives / requests measured.
+    /// Requests inside their class's TTFT and ITL objectives / requests measured: the goodput
+    /// of the admitted requests that completed, not of all requests (refusals are not measured).
     pub goodput_ratio: Option<f64>,
+    /// (429 + 5xx − refused by design) / (requests − refused by design): the errors of the
+    /// requests the gateway let in. Equals `error_ratio` where nothing was refused by design.
+    pub admitted_error_ratio: Option<f64>,
+    /// Refused by design / requests answered (the refusals are among the 429s and 503s).
+    pub refused_by_design_ratio: Option<f64>,
+    /// The refusals by design in the window, by reason and team, largest first.
+    pub refused: Vec<Refused>,
     pub latency: Option<Distribution>,
+}
+
+/// The reasons of `spillway_rejections_total` that are the configured limits doing their job:
+/// the class's queue full or its wait run out, a predicted wait over the objective, a sheddable
+/// request shed, a tenant over its quota. Anything else refused is a failure, not a design.
+pub const DESIGNED_REFUSALS: &[&str] = &[
+    "queue_full",
+    "queue_timeout",
+    "predicted_wait",
+    "shed",
+    "tenant_parallel",
+    "tenant_rpm",
+    "tenant_tpm",
+];
+
+/// Requests refused by design for one reason (and one team, where tenants are configured).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Refused {
+    pub reason: String,
+    pub team: Option<String>,
+    /// Refused in the window.
+    pub requests: f64,
+    /// Of all the requests answered in the window.
+    pub share: Option<f64>,
 }
 
 /// Time to first token, gaps between tokens, and the tokens themselves.
@@ -158,6 +190,11 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
             s.label("reason") == Some("client_disconnect")
         });
         let errors = Some(r429.unwrap_or(0.0) + r5xx.unwrap_or(0.0));
+        let refused = refused(r, all);
+        let secs = r.w.secs();
+        let designed = (secs > 0.0).then(|| refused.iter().map(|x| x.requests).sum::<f64>() / secs);
+        let admitted_errors = errors.zip(designed).map(|(e, d)| (e - d).max(0.0));
+        let admitted = all.zip(designed).map(|(a, d)| (a - d).max(0.0));
         return UserImpact {
             seen_at: Some("gateway"),
             requests_per_s: all,
@@ -167,6 +204,9 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
             timeouts_per_s: Some(r504 + cut),
             cancellations_per_s: gone,
             error_ratio: ratio(errors, all),
+            admitted_error_ratio: ratio(admitted_errors, admitted),
+            refused_by_design_ratio: ratio(designed, all),
+            refused,
             goodput_ratio: ratio(
                 r.increase(Key::GwGoodput, |_| true),
                 r.increase(Key::GwSloRequests, |_| true),
@@ -198,11 +238,56 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
             status_5xx_per_s: errors,
             cancellations_per_s: cancellations,
             error_ratio: ratio(errors, all),
+            admitted_error_ratio: ratio(errors, all),
             latency: r.dist(Key::E2e),
             ..UserImpact::default()
         };
     }
     UserImpact::default()
+}
+
+/// A team worth naming: the gateway labels every request `anonymous` when no tenants are
+/// configured, which says nothing about who was refused.
+fn named_team(t: &str) -> bool {
+    !t.is_empty() && t != "anonymous"
+}
+
+/// The gateway's refusals by design in the window, by reason and team, largest first.
+fn refused(r: &Reader<'_>, all_per_s: Option<f64>) -> Vec<Refused> {
+    let Some(name) = r.name(Key::GwRejections) else {
+        return Vec::new();
+    };
+    let mut keys: Vec<(String, Option<String>)> =
+        r.w.end
+            .series
+            .iter()
+            .filter(|s| s.name == name)
+            .filter_map(|s| {
+                let reason = s.label("reason").filter(|v| DESIGNED_REFUSALS.contains(v))?;
+                let team = s.label("team").filter(|t| named_team(t)).map(str::to_owned);
+                Some((reason.to_owned(), team))
+            })
+            .collect();
+    keys.sort();
+    keys.dedup();
+    let all = all_per_s.map(|v| v * r.w.secs());
+    let mut out: Vec<Refused> = keys
+        .into_iter()
+        .filter_map(|(reason, team)| {
+            let n = r.increase(Key::GwRejections, |s| {
+                s.label("reason") == Some(reason.as_str())
+                    && s.label("team").filter(|t| named_team(t)) == team.as_deref()
+            })?;
+            (n > 0.0).then(|| Refused {
+                share: ratio(Some(n), all),
+                reason,
+                team,
+                requests: n,
+            })
+        })
+        .collect();
+    out.sort_by(|a, b| b.requests.total_cmp(&a.requests));
+    out
 }
 
 fn generation(r: &Reader<'_>) -> Generation {

@@ -1,9 +1,9 @@
 //! The signal-combination table, the saturation rule and "busy but healthy", applied to the rows.
 
-use crate::catalog::{Key, SIGNALS};
+use crate::catalog::{Key, Kind, SIGNALS};
 use crate::kube::Cluster;
 use crate::rows::{Reader, Rows};
-use crate::verdict::{Evidence, Finding, Saturation, Suspect, Thresholds};
+use crate::verdict::{Basis, Evidence, Finding, Saturation, Suspect, Thresholds};
 use crate::window::{Distribution, Level};
 
 pub(crate) struct Outcome {
@@ -16,6 +16,9 @@ pub(crate) struct Outcome {
     pub(crate) user_itl_p95: Option<f64>,
     pub(crate) saturation: Saturation,
     pub(crate) busy: Vec<Evidence>,
+    /// Why refusals by design are the limits doing their job: the refused share and the
+    /// admitted requests inside their objectives. Empty unless nothing else is wrong.
+    pub(crate) protected: Vec<Evidence>,
 }
 
 /// Most specific first: a cause outranks the symptoms it produces (preemptions fill the queue, a
@@ -59,6 +62,11 @@ impl Ctx<'_> {
         op: &'static str,
         threshold: Option<f64>,
     ) -> Evidence {
+        let basis = match SIGNALS.iter().find(|s| s.key == key).map(|s| s.kind) {
+            Some(Kind::Gauge) => Basis::Instantaneous,
+            Some(Kind::Histogram) => Basis::Completions,
+            Some(Kind::Counter) | None => Basis::Counter,
+        };
         Evidence {
             series: self.series(key),
             stat,
@@ -67,6 +75,7 @@ impl Ctx<'_> {
             op,
             threshold,
             window_secs: self.secs,
+            basis,
         }
     }
 }
@@ -111,16 +120,59 @@ pub(crate) fn apply(
     } else {
         Key::RequestSuccess
     };
+    // Onset. TTFT is observed at a first token and queue time when a request finishes, so the
+    // first seconds of a flood leave them empty. A queue at the window's end is held (not one
+    // request caught between its arrival and the scheduler's next step) when it stood at both
+    // ends, or when the engine runs the same number at both ends (vLLM moves a waiting request
+    // into the batch at its next step if it can: a steady maximum is its cap) or the gateway's
+    // slots were all taken at both ends. No first token while a queue is held is the worst case.
+    let stood = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0 && l.start.is_some_and(|s| s >= 1.0));
+    let running_steady = e.running.filter(|l| l.end >= 1.0 && l.start == Some(l.end));
+    let slots_full = e
+        .gateway_in_flight
+        .zip(e.gateway_concurrency_limit)
+        .is_some_and(|(f, limit)| limit > 0.0 && f.end >= limit && f.start.is_some_and(|s| s >= limit));
+    let engine_held =
+        e.waiting.is_some_and(|l| l.end >= 1.0) && (stood(e.waiting) || running_steady.is_some());
+    let gateway_held =
+        e.gateway_queued.is_some_and(|l| l.end >= 1.0) && (stood(e.gateway_queued) || slots_full);
+    let waiting_now = e.waiting.map_or(0.0, |l| l.end) + e.gateway_queued.map_or(0.0, |l| l.end);
+    let instant = |mut ev: Evidence| {
+        ev.basis = Basis::Instantaneous;
+        ev
+    };
+    let ttft_unobserved = (user_ttft.is_none() && (engine_held || gateway_held)).then(|| {
+        let key = if r.name(Key::GwTtft).is_some() {
+            Key::GwTtft
+        } else {
+            Key::Ttft
+        };
+        instant(c.ev(
+            key,
+            "unobserved_while_waiting",
+            waiting_now,
+            "requests",
+            ">=",
+            Some(1.0),
+        ))
+    });
     let ttft_breach = user_ttft
         .filter(|(_, v)| *v > t.ttft_p95)
-        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.ttft_p95)));
+        .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.ttft_p95)))
+        .or(ttft_unobserved);
     let itl_breach = user_itl
         .filter(|(_, v)| *v > t.itl_p95)
         .map(|(k, v)| c.ev(k, "p95", v, "s", ">", Some(t.itl_p95)));
-    let error_breach = u
-        .error_ratio
+    // The errors of the admitted: the gateway's refusals by design are its limits working, judged
+    // apart (protected), not failures.
+    let (error_stat, error_ratio) = if u.refused.is_empty() {
+        ("error_ratio", u.error_ratio)
+    } else {
+        ("admitted_error_ratio", u.admitted_error_ratio)
+    };
+    let error_breach = error_ratio
         .filter(|v| *v > t.error_ratio)
-        .map(|v| c.ev(error_key, "error_ratio", v, "", ">", Some(t.error_ratio)));
+        .map(|v| c.ev(error_key, error_stat, v, "", ">", Some(t.error_ratio)));
     let breaches: Vec<Evidence> = [ttft_breach.clone(), itl_breach.clone(), error_breach.clone()]
         .into_iter()
         .flatten()
@@ -170,6 +222,68 @@ pub(crate) fn apply(
     }
     if let Some(v) = gateway_queue_time.filter(|v| *v > t.queue_time) {
         queue_time_ev.push(c.ev(Key::GwQueueWait, "mean", v, "s", ">", Some(t.queue_time)));
+    }
+    // At onset nothing has left the queue to be timed: a held queue with no queue time observed
+    // is the evidence, unless the engine makes no progress at all (a hang, rule 6's, not a flood).
+    let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
+    if !stuck && engine_held && engine_queue_time.is_none() {
+        let w = e.waiting.map_or(0.0, |l| l.end);
+        queue_time_ev.push(instant(c.ev(
+            Key::QueueTime,
+            "unobserved_while_waiting",
+            w,
+            "requests",
+            ">=",
+            Some(1.0),
+        )));
+    }
+    if !stuck && gateway_held && gateway_queue_time.is_none() {
+        let q = e.gateway_queued.map_or(0.0, |l| l.end);
+        queue_time_ev.push(instant(c.ev(
+            Key::GwQueueWait,
+            "unobserved_while_waiting",
+            q,
+            "requests",
+            ">=",
+            Some(1.0),
+        )));
+    }
+    if !queue_time_ev.is_empty() {
+        if let Some(run) = running_steady.filter(|_| engine_held) {
+            queue_time_ev.push(c.ev(Key::Running, "steady", run.end, "requests", "=", None));
+        }
+        // A full KV cache is why a batch stops taking requests before its sequence cap.
+        if let Some(kv) = e.kv_usage.filter(|l| engine_held && l.end >= t.kv_high) {
+            queue_time_ev.push(c.ev(Key::KvUsage, "end", kv.end, "ratio", ">=", Some(t.kv_high)));
+        }
+        if slots_full && gateway_held {
+            let f = e.gateway_in_flight.map_or(0.0, |l| l.end);
+            queue_time_ev.push(c.ev(
+                Key::GwInFlight,
+                "at_limit",
+                f,
+                "requests",
+                ">=",
+                e.gateway_concurrency_limit,
+            ));
+        }
+    }
+    // A queue that stood through a window without a first token: those waiting at its start
+    // have waited at least the window.
+    if !queue_time_ev.is_empty() && user_ttft.is_none() && (stood(e.waiting) || stood(e.gateway_queued)) {
+        let key = if stood(e.waiting) {
+            Key::Waiting
+        } else {
+            Key::GwQueued
+        };
+        queue_time_ev.push(c.ev(
+            key,
+            "waited_at_least",
+            c.secs,
+            "s",
+            if c.secs > t.ttft_p95 { ">" } else { "<=" },
+            Some(t.ttft_p95),
+        ));
     }
     let queue_time_high = !queue_time_ev.is_empty();
 
@@ -292,7 +406,6 @@ pub(crate) fn apply(
     }
 
     // 6. Queue up with the GPU idle (or the engine making no progress): CPU, network, process.
-    let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
     // Requests running through the whole window and more still taken into the batch while
     // nothing comes out: a queue of the engine's own, which a scheduler with room to spare never
     // moves to `waiting`. (One request that arrived at the window's end and is still in prefill
@@ -334,6 +447,7 @@ pub(crate) fn apply(
                     op: ">",
                     threshold: Some(0.0),
                     window_secs: c.secs,
+                    basis: Basis::Instantaneous,
                 });
             }
         }
@@ -346,6 +460,7 @@ pub(crate) fn apply(
                 op: "=",
                 threshold: None,
                 window_secs: c.secs,
+                basis: Basis::Counter,
             });
         }
         for restart in cluster.restarts_within(r.w.start.at, r.w.end.at) {
@@ -357,6 +472,7 @@ pub(crate) fn apply(
                 op: "=",
                 threshold: None,
                 window_secs: c.secs,
+                basis: Basis::Counter,
             });
         }
         found.push(Finding::new(Suspect::GpuFault, ev));
@@ -402,6 +518,39 @@ pub(crate) fn apply(
         }
     }
 
+    let mut protected = Vec::new();
+    if found.is_empty() && breaches.is_empty() && !saturation.declared && !u.refused.is_empty() {
+        if let Some(v) = u.refused_by_design_ratio {
+            protected.push(c.ev(Key::GwRejections, "refused_by_design_ratio", v, "", "=", None));
+        }
+        for x in &u.refused {
+            let team = x
+                .team
+                .as_ref()
+                .map(|t| format!(",team=\"{t}\""))
+                .unwrap_or_default();
+            protected.push(Evidence {
+                series: format!("{}{{reason=\"{}\"{team}}}", c.series(Key::GwRejections), x.reason),
+                ..c.ev(Key::GwRejections, "increase", x.requests, "requests", "=", None)
+            });
+        }
+        if let Some(v) = u.admitted_error_ratio {
+            protected.push(c.ev(
+                Key::GwRequests,
+                "admitted_error_ratio",
+                v,
+                "",
+                "<=",
+                Some(t.error_ratio),
+            ));
+        }
+        protected.extend(user_ttft.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.ttft_p95))));
+        protected.extend(user_itl.map(|(k, v)| c.ev(k, "p95", v, "s", "<=", Some(t.itl_p95))));
+        if let Some(v) = u.goodput_ratio {
+            protected.push(c.ev(Key::GwGoodput, "admitted_ratio", v, "", "=", None));
+        }
+    }
+
     Outcome {
         findings: found,
         breaches,
@@ -410,6 +559,7 @@ pub(crate) fn apply(
         user_itl_p95: user_itl.map(|(_, v)| v),
         saturation,
         busy,
+        protected,
     }
 }
 

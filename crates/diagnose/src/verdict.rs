@@ -57,6 +57,46 @@ pub struct Evidence {
     pub op: &'static str,
     pub threshold: Option<f64>,
     pub window_secs: f64,
+    /// Whether this is the state now or what completed inside the window.
+    pub basis: Basis,
+}
+
+/// Where a piece of evidence comes from, so a verdict can say how much of it is the present.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Basis {
+    /// A gauge read at the window's ends (or a histogram's silence judged by one): the state now.
+    Instantaneous,
+    /// A histogram observed when requests finish (or reach a first token): it lags the onset.
+    Completions,
+    /// A counter's increase over the window (requests, errors, preemptions, restarts).
+    Counter,
+}
+
+/// How much of the evidence behind a verdict is instantaneous: each item as `series stat`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EvidenceBasis {
+    pub instantaneous: Vec<String>,
+    pub completions: Vec<String>,
+    pub counter: Vec<String>,
+}
+
+impl EvidenceBasis {
+    fn of<'a>(evidence: impl IntoIterator<Item = &'a Evidence>) -> Self {
+        let mut out = Self::default();
+        for e in evidence {
+            let item = format!("{} {}", e.series, e.stat);
+            let list = match e.basis {
+                Basis::Instantaneous => &mut out.instantaneous,
+                Basis::Completions => &mut out.completions,
+                Basis::Counter => &mut out.counter,
+            };
+            if !list.contains(&item) {
+                list.push(item);
+            }
+        }
+        out
+    }
 }
 
 /// The seven rows of the signal-combination table.
@@ -156,11 +196,18 @@ pub struct Saturation {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Status {
+    /// No traffic in the window: nothing finished, nothing running or waiting, nothing in flight
+    /// or refused at the gateway. Nothing was measured, so nothing is judged.
+    Idle,
     /// Objectives met, nothing in the table matched.
     Healthy,
     /// Objectives met, nothing matched, and the GPUs or the concurrency limit are nearly full:
     /// no incident.
     BusyButHealthy,
+    /// The gateway refused part of the traffic for its configured reasons (queue full, queue
+    /// timeout, predicted wait, shed, tenant quota) and the requests it let in met their
+    /// objectives: the limits are doing their job.
+    Protected,
     /// An objective is breached, the service is saturated, or a row of the table matched.
     Incident,
     /// Not enough could be seen to decide.
@@ -168,10 +215,11 @@ pub enum Status {
 }
 
 impl Status {
-    /// 0 healthy (busy or not), 1 an incident, 2 could not diagnose.
+    /// 0 no incident (idle, healthy, busy but healthy, protected), 1 an incident, 2 could not
+    /// diagnose. The status itself tells the four 0s apart.
     pub fn exit_code(self) -> u8 {
         match self {
-            Status::Healthy | Status::BusyButHealthy => 0,
+            Status::Idle | Status::Healthy | Status::BusyButHealthy | Status::Protected => 0,
             Status::Incident => 1,
             Status::Unknown => 2,
         }
@@ -194,8 +242,11 @@ pub struct Verdict {
     pub findings: Vec<Finding>,
     pub saturation: Saturation,
     pub slo_breaches: Vec<Evidence>,
-    /// Why the status is not an incident when the service is busy.
+    /// Why the status is not an incident when the service is busy or refusing by design.
     pub healthy_evidence: Vec<Evidence>,
+    /// How much of the evidence behind the status (breaches, findings, healthy evidence) is
+    /// instantaneous, and how much lags behind completions or counts over the window.
+    pub evidence_basis: EvidenceBasis,
     /// What could not be seen, and so was not judged.
     pub blind_spots: Vec<String>,
     /// The InferenceService's conditions and the pods' restarts, when given.
@@ -231,20 +282,29 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         .not_ready()
         .map(|c| format!("{}={}", c.kind, c.reason.as_deref().unwrap_or("False")))
         .collect();
-    let status = if !outcome.findings.is_empty()
+    let incident = !outcome.findings.is_empty()
         || !outcome.breaches.is_empty()
         || outcome.saturation.declared
-        || !not_ready.is_empty()
-    {
+        || !not_ready.is_empty();
+    let status = if incident {
         Status::Incident
     } else if !decidable {
         Status::Unknown
+    } else if !outcome.protected.is_empty() {
+        Status::Protected
+    } else if !traffic(&rows) {
+        Status::Idle
     } else if !outcome.busy.is_empty() {
         Status::BusyButHealthy
     } else {
         Status::Healthy
     };
     let service = cluster.service.as_deref().unwrap_or("the InferenceService");
+    // "Met" only where something was measured against the objective.
+    let met = match outcome.user_ttft_p95 {
+        Some(_) => "objectives met".to_owned(),
+        None => "no objective breached, none measured: no first token observed in the window".to_owned(),
+    };
     let summary = match status {
         Status::Incident if outcome.findings.is_empty() && !not_ready.is_empty() => {
             format!(
@@ -273,10 +333,32 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
             }
             None => "objectives breached; no row of the table matched: read the rows".into(),
         },
-        Status::BusyButHealthy => "busy but healthy: objectives met, no incident".into(),
-        Status::Healthy => "healthy: objectives met, nothing in the table matched".into(),
+        Status::Protected => protected_summary(&rows, &met),
+        Status::Idle => {
+            "idle: no traffic in the window (nothing finished, running, waiting or refused): nothing to judge"
+                .into()
+        }
+        Status::BusyButHealthy => format!("busy but healthy: {met}, no incident"),
+        Status::Healthy => format!("healthy: {met}, nothing in the table matched"),
         Status::Unknown => "could not diagnose: no engine or gateway metrics were seen".into(),
     };
+    let mut healthy_evidence = outcome.busy;
+    for e in outcome.protected {
+        // Busy and protected both cite the admitted's TTFT and ITL: once is enough.
+        if !healthy_evidence
+            .iter()
+            .any(|h| h.series == e.series && h.stat == e.stat)
+        {
+            healthy_evidence.push(e);
+        }
+    }
+    let evidence_basis = EvidenceBasis::of(
+        outcome
+            .breaches
+            .iter()
+            .chain(outcome.findings.iter().flat_map(|f| &f.evidence))
+            .chain(&healthy_evidence),
+    );
     Verdict {
         status,
         summary,
@@ -288,10 +370,51 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         findings: outcome.findings,
         saturation: outcome.saturation,
         slo_breaches: outcome.breaches,
-        healthy_evidence: outcome.busy,
+        healthy_evidence,
+        evidence_basis,
         blind_spots,
         cluster: cluster.clone(),
     }
+}
+
+/// Any sign of a request in the window: one finished, answered or refused, or one running,
+/// waiting, queued or in flight at either end.
+fn traffic(rows: &Rows) -> bool {
+    let (u, e, g) = (&rows.user_impact, &rows.engine, &rows.generation);
+    let held = |l: Option<crate::window::Level>| l.is_some_and(|l| l.peak() > 0.0);
+    let moved = |v: Option<f64>| v.is_some_and(|v| v > 0.0);
+    moved(u.requests_per_s)
+        || moved(e.finished)
+        || moved(g.generation_tokens_per_s)
+        || moved(g.prompt_tokens_per_s)
+        || !u.refused.is_empty()
+        || moved(e.gateway_overflow)
+        || held(e.running)
+        || held(e.waiting)
+        || held(e.gateway_queued)
+        || held(e.gateway_in_flight)
+}
+
+/// "protected: the gateway refused 45.5% by design (queue_full 30.0%, …); the admitted met …".
+fn protected_summary(rows: &Rows, met: &str) -> String {
+    let u = &rows.user_impact;
+    let pct = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{:.1}%", v * 100.0));
+    let who: Vec<String> = u
+        .refused
+        .iter()
+        .map(|x| match &x.team {
+            Some(t) => format!("{} team {t} {}", x.reason, pct(x.share)),
+            None => format!("{} {}", x.reason, pct(x.share)),
+        })
+        .collect();
+    format!(
+        "protected: the gateway refused {} of requests by design ({}); the admitted: {met}, \
+         errors {}, goodput {} of those measured",
+        pct(u.refused_by_design_ratio),
+        who.join(", "),
+        pct(u.admitted_error_ratio),
+        pct(u.goodput_ratio),
+    )
 }
 
 fn blind_spots(found: &[Found], rows: &Rows) -> Vec<String> {

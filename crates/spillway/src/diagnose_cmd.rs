@@ -1,4 +1,5 @@
-//! `spillway diagnose`: reads the sources, prints the verdict, exits 0 healthy, 1 incident, 2 unknown.
+//! `spillway diagnose`: reads the sources, prints the verdict, exits 0 no incident (idle, healthy,
+//! busy but healthy, protected), 1 incident, 2 unknown.
 
 use anyhow::{Context, Result, bail};
 use clap::Args;

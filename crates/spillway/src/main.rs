@@ -40,8 +40,9 @@ enum Command {
     /// phases; finds the safe concurrency (the SLOs hold and the queue recovers after a burst).
     Bench(Box<bench_cmd::BenchArgs>),
     /// Read the gateway's, the engines' and the GPUs' metrics (scraped, or from Prometheus) and
-    /// name the bottleneck with evidence; exit 0 healthy, 1 an objective breached or saturated,
-    /// 2 could not diagnose.
+    /// name the bottleneck with evidence; exit 0 no incident (idle, healthy, busy but healthy, or
+    /// protected: refusing by design while the admitted meet their objectives), 1 an objective
+    /// breached or saturated, 2 could not diagnose.
     Diagnose(diagnose_cmd::DiagnoseArgs),
     /// Turn one measurement into consistent limits for every control point: C, Q, Wq and nested
     /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM

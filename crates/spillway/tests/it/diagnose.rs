@@ -49,7 +49,7 @@ fn exit_codes_follow_the_verdict_across_three_endpoints() {
     let mut args: Vec<&str> = vec!["--interval", "300ms", "--json", "--scrape"];
     args.extend(targets.iter().map(String::as_str));
 
-    // Idle and healthy: exit 0, every layer but the gateway found.
+    // Idle (no request sent): exit 0, nothing judged, every layer but the gateway found.
     let out = diagnose(&args);
     assert_eq!(
         out.status.code(),
@@ -58,7 +58,8 @@ fn exit_codes_follow_the_verdict_across_three_endpoints() {
         String::from_utf8_lossy(&out.stderr)
     );
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(v["status"], "healthy");
+    assert_eq!(v["status"], "idle", "{}", v["summary"]);
+    assert!(v["summary"].as_str().unwrap().contains("nothing to judge"));
     assert_eq!(v["rows"]["infrastructure"]["targets_up"], 3);
     let found = |name: &str| {
         v["discovery"]
