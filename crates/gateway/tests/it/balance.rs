@@ -36,7 +36,10 @@ async fn prefix_affinity_keeps_a_prefix_on_one_replica() {
         first.contains(&9),
         "one replica took every request with the shared prefix: {first:?}"
     );
-    for i in 0..30 {
+    // Sixty, and at least six on each: by chance alone (a fair hash, a third each) a replica
+    // gets fewer once in about 60,000 runs; with thirty and four each it was once in a hundred,
+    // which two full runs of the suite met on 2026-12-04 ([16, 13, 1]).
+    for i in 0..60 {
         read_stream(
             http()
                 .post(&url)
@@ -49,8 +52,8 @@ async fn prefix_affinity_keeps_a_prefix_on_one_replica() {
     }
     let new: Vec<usize> = served(&stack).iter().zip(&first).map(|(a, b)| a - b).collect();
     assert!(
-        new.iter().all(|c| *c >= 4),
-        "30 other prefixes spread over every replica: {new:?}"
+        new.iter().all(|c| *c >= 6),
+        "60 other prefixes spread over every replica: {new:?}"
     );
 }
 
