@@ -103,15 +103,7 @@ fn rows(out: &mut String, r: &Rows) {
         if u.refused.is_empty() {
             String::new()
         } else {
-            let by: Vec<String> = u
-                .refused
-                .iter()
-                .map(|x| match &x.team {
-                    Some(t) => format!("{} team {t} {}", x.reason, pct(x.share)),
-                    None => format!("{} {}", x.reason, pct(x.share)),
-                })
-                .collect();
-            format!(" ({})", by.join(", "))
+            format!(" ({})", crate::rows::refused_by(&u.refused, pct))
         },
         pct(u.admitted_error_ratio),
         pct(u.goodput_ratio),

@@ -58,6 +58,19 @@ pub struct Refused {
     pub share: Option<f64>,
 }
 
+/// "queue_full 30.0%, rate_limit team a 5.0%": who was refused and their share, `pct` writing a
+/// share as the caller's text does.
+pub(crate) fn refused_by(refused: &[Refused], pct: impl Fn(Option<f64>) -> String) -> String {
+    let by: Vec<String> = refused
+        .iter()
+        .map(|x| match &x.team {
+            Some(t) => format!("{} team {t} {}", x.reason, pct(x.share)),
+            None => format!("{} {}", x.reason, pct(x.share)),
+        })
+        .collect();
+    by.join(", ")
+}
+
 /// Time to first token, gaps between tokens, and the tokens themselves.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Generation {

@@ -226,27 +226,28 @@ pub(crate) fn apply(
     // At onset nothing has left the queue to be timed: a held queue with no queue time observed
     // is the evidence, unless the engine makes no progress at all (a hang, rule 6's, not a flood).
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
-    if !stuck && engine_held && engine_queue_time.is_none() {
-        let w = e.waiting.map_or(0.0, |l| l.end);
-        queue_time_ev.push(instant(c.ev(
-            Key::QueueTime,
-            "unobserved_while_waiting",
-            w,
-            "requests",
-            ">=",
-            Some(1.0),
-        )));
-    }
-    if !stuck && gateway_held && gateway_queue_time.is_none() {
-        let q = e.gateway_queued.map_or(0.0, |l| l.end);
-        queue_time_ev.push(instant(c.ev(
+    let unobserved = [
+        (engine_held, engine_queue_time, Key::QueueTime, e.waiting),
+        (
+            gateway_held,
+            gateway_queue_time,
             Key::GwQueueWait,
-            "unobserved_while_waiting",
-            q,
-            "requests",
-            ">=",
-            Some(1.0),
-        )));
+            e.gateway_queued,
+        ),
+    ];
+    for (held, observed, key, queue) in unobserved {
+        if !stuck && held && observed.is_none() {
+            let waiting = queue.map_or(0.0, |l| l.end);
+            let ev = c.ev(
+                key,
+                "unobserved_while_waiting",
+                waiting,
+                "requests",
+                ">=",
+                Some(1.0),
+            );
+            queue_time_ev.push(instant(ev));
+        }
     }
     if !queue_time_ev.is_empty() {
         if let Some(run) = running_steady.filter(|_| engine_held) {

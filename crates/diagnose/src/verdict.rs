@@ -399,19 +399,12 @@ fn traffic(rows: &Rows) -> bool {
 fn protected_summary(rows: &Rows, met: &str) -> String {
     let u = &rows.user_impact;
     let pct = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{:.1}%", v * 100.0));
-    let who: Vec<String> = u
-        .refused
-        .iter()
-        .map(|x| match &x.team {
-            Some(t) => format!("{} team {t} {}", x.reason, pct(x.share)),
-            None => format!("{} {}", x.reason, pct(x.share)),
-        })
-        .collect();
+    let who = crate::rows::refused_by(&u.refused, pct);
     format!(
         "protected: the gateway refused {} of requests by design ({}); the admitted: {met}, \
          errors {}, goodput {} of those measured",
         pct(u.refused_by_design_ratio),
-        who.join(", "),
+        who,
         pct(u.admitted_error_ratio),
         pct(u.goodput_ratio),
     )
