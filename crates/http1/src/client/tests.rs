@@ -186,7 +186,7 @@ fn a_head_may_have_as_many_headers_as_the_limit_and_no_more() {
 }
 
 /// One POST of `{}` with an `x-request-id`, as the gateway sends them, on `conns`.
-async fn call(conns: &Arc<Conns>) -> Result<Response, Error> {
+async fn call<T: Transport>(conns: &Arc<Conns<T>>) -> Result<Response<T>, Error> {
     let body = Bytes::from_static(b"{}");
     let request = Request {
         path: "/v1/chat/completions",
@@ -499,7 +499,7 @@ fn answers_decode_alike_however_they_are_cut() {
 type Answers = Vec<Vec<Vec<u8>>>;
 
 /// A transport whose connections are scripts over in-memory pipes: for each of its answers, a
-/// connection reads a request, checks it is the one [`call_on`] sends, and writes the answer in
+/// connection reads a request, checks it is the one [`call`] sends, and writes the answer in
 /// the pieces it lists, the client given time to read each; after the last it closes.
 struct Scripted(Mutex<VecDeque<Answers>>);
 
@@ -534,7 +534,7 @@ impl Transport for Scripted {
     }
 }
 
-/// The request [`call_on`] sends, as the replica reads it.
+/// The request [`call`] sends, as the replica reads it.
 const SCRIPTED_HEAD: &[u8] =
     b"POST /v1/chat/completions HTTP/1.1\r\nhost: replica:8000\r\ncontent-type: application/json\r\ncontent-length: 2\r\nx-request-id: abc\r\n\r\n";
 
@@ -565,13 +565,7 @@ async fn call_on(scripts: Vec<Vec<Vec<u8>>>) -> Result<(u16, Vec<u8>, bool), Err
 
 /// One call on `conns`, its answer read whole.
 async fn scripted_call(conns: &Arc<Conns<Scripted>>) -> Result<(u16, Vec<u8>, bool), Error> {
-    let body = Bytes::from_static(b"{}");
-    let request = Request {
-        path: "/v1/chat/completions",
-        headers: &[("x-request-id", b"abc")],
-        body: &body,
-    };
-    let answer = send(conns, &request, Duration::from_secs(1)).await?;
+    let answer = call(conns).await?;
     let status = answer.status().as_u16();
     let body = answer.into_body().collect(1 << 20).await?;
     Ok((status, body.to_vec(), conns.idle_count() == 1))

@@ -40,11 +40,6 @@ impl<IO> ClientIo<IO> {
         }
     }
 
-    /// The connection itself.
-    pub fn get_ref(&self) -> &IO {
-        &self.io
-    }
-
     /// `write` (one write of the connection), with the timer armed while it is pending.
     fn poll_timed(
         &mut self,
