@@ -89,6 +89,58 @@ fn mean(d: Option<Distribution>) -> Option<f64> {
     d.filter(|d| d.count > 0.0).and_then(|d| d.mean)
 }
 
+/// The evidence of a wait the queue-time histogram has not seen yet (see its call); empty when
+/// the TTFT is inside its objective, explained by prefill, or not the unfinished requests'.
+fn drained_wait(
+    c: &Ctx<'_>,
+    g: &crate::rows::Generation,
+    e: &crate::rows::EngineRow,
+    t: &Thresholds,
+    queue_time: Option<f64>,
+) -> Vec<Evidence> {
+    let Some(ttft) = g.engine_ttft.filter(|d| d.count > 0.0) else {
+        return Vec::new();
+    };
+    let Some(ttft_p95) = ttft.p95.filter(|v| *v > t.ttft_p95) else {
+        return Vec::new();
+    };
+    let prefill = p95(e.prefill_time).or(mean(e.prefill_time));
+    let finished = e.queue_time.map_or(0.0, |d| d.count);
+    let unfinished = ttft.count - finished;
+    let slow =
+        c.r.name(Key::Ttft)
+            .and_then(|name| c.r.w.observed_above(name, t.ttft_p95));
+    let (Some(slow), Some(prefill)) = (slow, prefill) else {
+        return Vec::new();
+    };
+    if queue_time.is_some_and(|v| v > t.queue_time)
+        || prefill >= ttft_p95 / 2.0
+        || unfinished < 1.0
+        || slow > unfinished
+    {
+        return Vec::new();
+    }
+    vec![
+        c.ev(
+            Key::Ttft,
+            "over_objective",
+            slow,
+            "requests",
+            "<=",
+            Some(unfinished),
+        ),
+        c.ev(
+            Key::QueueTime,
+            "unobserved_unfinished",
+            unfinished,
+            "requests",
+            ">=",
+            Some(1.0),
+        ),
+        c.ev(Key::PrefillTime, "p95", prefill, "s", "<", Some(ttft_p95 / 2.0)),
+    ]
+}
+
 /// The table applied to the rows. `local` holds the findings of each model's and replica's slice
 /// (empty when judging a slice): they say where the totals' findings match, and raise the local
 /// causes the totals hide, before the ranking and "busy but healthy" are decided.
@@ -286,6 +338,15 @@ pub(crate) fn apply(
             Some(t.ttft_p95),
         ));
     }
+    // vLLM times the queue when a request finishes and TTFT at its first token: requests that
+    // waited, then got a first token and have not finished show in TTFT alone, and the queue
+    // may have drained by the window's end. TTFT over its objective that the finished requests'
+    // prefill does not explain, with no more slow first tokens than unfinished ones, is that
+    // wait. (Slow first tokens of requests that finished with a short queue and prefill point
+    // before the engine: tokenisation or the API server's CPU, rule 2.)
+    let drained = drained_wait(&c, g, e, t, engine_queue_time);
+    let drained_seen = !drained.is_empty();
+    queue_time_ev.extend(drained);
     let queue_time_high = !queue_time_ev.is_empty();
 
     // The GPUs: graphics-engine activity when DCGM profiles, else utilisation.
@@ -298,7 +359,7 @@ pub(crate) fn apply(
     let mut found: Vec<Finding> = Vec::new();
 
     // 1. Arrivals exceed throughput: waiting, queue time and TTFT up together.
-    if queue_present
+    if (queue_present || drained_seen)
         && queue_time_high
         && let Some(ttft) = ttft_breach.clone()
     {

@@ -261,6 +261,30 @@ impl<'a> Window<'a> {
     }
 }
 
+impl Window<'_> {
+    /// Observations of the histogram in the window certainly above `bound`: those above the
+    /// first bucket bound at or over it (a bucket straddling `bound` counts as within).
+    pub fn observed_above(&self, base: &str, bound: f64) -> Option<f64> {
+        let bucket_name = format!("{base}_bucket");
+        let (mut total, mut within) = (None::<f64>, BTreeMap::<OrdF64, f64>::new());
+        for s in self.end.named(&bucket_name) {
+            let Some(le) = s.label("le").and_then(|v| v.parse::<f64>().ok()) else {
+                continue;
+            };
+            let Some((inc, _)) = self.series_increase(s) else {
+                continue;
+            };
+            if le == f64::INFINITY {
+                *total.get_or_insert(0.0) += inc;
+            } else if le >= bound {
+                *within.entry(OrdF64(le)).or_insert(0.0) += inc;
+            }
+        }
+        // With no finite bound at or over `bound`, nothing is certainly above it.
+        total.map(|t| (t - within.into_iter().next().map_or(t, |(_, c)| c)).max(0.0))
+    }
+}
+
 /// A float ordered for use as a map key (bucket bounds are never NaN once parsed).
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct OrdF64(f64);
@@ -399,6 +423,13 @@ mod tests {
         assert_eq!(d.p50, Some(0.1));
         assert_eq!(d.p95, Some(0.1), "ranks in +Inf read as the last finite bound");
         assert_eq!(d.mean, Some(0.0));
+        assert_eq!(Window::new(&a, &b).observed_above("h", 0.05), Some(10.0));
+        assert_eq!(Window::new(&a, &b).observed_above("h", 0.1), Some(10.0));
+        assert_eq!(
+            Window::new(&a, &b).observed_above("h", 0.2),
+            Some(0.0),
+            "no bound over 0.2"
+        );
         let g = Window::new(&a, &b).level("h_count", Agg::Sum).unwrap();
         assert_eq!((g.start, g.end, g.growth()), (Some(0.0), 20.0, 20.0));
     }

@@ -33,18 +33,24 @@ impl Expo {
     }
 
     /// A histogram holding `n` observations of `value`.
-    fn hist(mut self, name: &str, buckets: &[f64], value: f64, n: u32) -> Self {
+    fn hist(self, name: &str, buckets: &[f64], value: f64, n: u32) -> Self {
+        self.hist_of(name, buckets, &[(value, n)])
+    }
+
+    /// A histogram holding `n` observations of each `value` of `obs`.
+    fn hist_of(mut self, name: &str, buckets: &[f64], obs: &[(f64, u32)]) -> Self {
+        let below = |b: f64| -> u32 { obs.iter().filter(|(v, _)| *v <= b).map(|(_, n)| n).sum() };
         for b in buckets {
-            let c = if value <= *b { n } else { 0 };
+            let c = below(*b);
             self.0
                 .push_str(&format!("{name}_bucket{{model_name=\"m\",le=\"{b}\"}} {c}\n"));
         }
+        let n: u32 = obs.iter().map(|(_, n)| n).sum();
+        let sum: f64 = obs.iter().map(|(v, n)| v * f64::from(*n)).sum();
         self.0
             .push_str(&format!("{name}_bucket{{model_name=\"m\",le=\"+Inf\"}} {n}\n"));
-        self.0.push_str(&format!(
-            "{name}_sum{{model_name=\"m\"}} {}\n",
-            value * f64::from(n)
-        ));
+        self.0
+            .push_str(&format!("{name}_sum{{model_name=\"m\"}} {sum}\n"));
         self.0
             .push_str(&format!("{name}_count{{model_name=\"m\"}} {n}\n"));
         self

@@ -239,3 +239,69 @@ fn one_request_caught_waiting_on_a_quiet_engine_is_no_onset() {
     assert_ne!(v.status, Status::Incident, "{v:#?}");
     assert!(v.slo_breaches.is_empty());
 }
+
+/// vLLM's own run (`--max-num-seqs 4`, eight long streams sent at once, TTFT objective 1 s
+/// here): four ran and finished, four waited and got their first token seconds later, still
+/// streaming at the window's end with the queue drained. Their wait is in TTFT only (vLLM
+/// times the queue at a request's finish). Fails before the fix: "long prompts, tokenisation
+/// or CPU".
+fn drained(slow_finished: u32) -> (String, String) {
+    let text = |running: f64, ttft: &[(f64, u32)], finished: u32| {
+        Expo::default()
+            .line("vllm:num_requests_running", "model_name=\"m\"", running)
+            .line("vllm:num_requests_waiting", "model_name=\"m\"", 0.0)
+            .line(KV, "model_name=\"m\"", 0.3)
+            .line(
+                "vllm:generation_tokens_total",
+                "model_name=\"m\"",
+                1900.0 * f64::from(finished),
+            )
+            .line(
+                "vllm:request_success_total",
+                "model_name=\"m\",finished_reason=\"length\"",
+                f64::from(finished),
+            )
+            .hist_of("vllm:time_to_first_token_seconds", TTFT, ttft)
+            .hist("vllm:request_queue_time_seconds", REQ, 0.0, finished)
+            .hist("vllm:request_prefill_time_seconds", REQ, 0.009, finished)
+            .0
+    };
+    let before = text(0.0, &[], 0);
+    // `slow_finished` of the finished four had a slow first token too.
+    let after = text(
+        4.0,
+        &[(0.02, 4 - slow_finished), (7.0, 4 + slow_finished)],
+        4 + slow_finished,
+    );
+    (before, after)
+}
+
+#[test]
+fn a_wait_vllm_has_not_timed_yet_is_arrivals_not_long_prompts() {
+    let (b, a) = drained(0);
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    let ev = &v.findings[0].evidence;
+    let unfinished = ev
+        .iter()
+        .find(|e| e.stat == "unobserved_unfinished")
+        .expect("the first tokens not yet finished");
+    assert_eq!(
+        (unfinished.series.as_str(), unfinished.value),
+        ("vllm:request_queue_time_seconds", 4.0)
+    );
+    assert!(
+        ev.iter()
+            .any(|e| e.stat == "over_objective" && e.value == 4.0 && e.threshold == Some(4.0)),
+        "{ev:#?}"
+    );
+}
+
+/// The same TTFT where finished requests, quick in the queue and in prefill, had the slow first
+/// tokens: the time went before the engine (tokenisation, the API server's CPU), rule 2.
+#[test]
+fn slow_first_tokens_of_finished_requests_stay_before_the_engine() {
+    let (b, a) = drained(4);
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(suspects(&v), [Suspect::LongPrompts], "{v:#?}");
+}
