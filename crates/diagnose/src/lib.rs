@@ -9,6 +9,8 @@
 //! - [`breakdown`]: the same window narrowed to each model and each replica, judged by the same
 //!   table, so a finding says where it comes from and a sick replica is not averaged away;
 //! - `rules`: the signal-combination table, the saturation rule, "busy but healthy";
+//! - [`change`]: where the backlog sits, C against what the engines absorb, and each incident's
+//!   change with its number, worked with `spillway plan`'s formulas;
 //! - [`verdict`]: the answer and its exit code; [`render`] prints it for a terminal;
 //! - [`kube`]: an InferenceService's conditions and its pods' restarts, from kubectl's JSON;
 //! - [`source`]: the only I/O — scraping `/metrics` endpoints, or asking a Prometheus server for
@@ -16,6 +18,7 @@
 
 pub mod breakdown;
 pub mod catalog;
+pub mod change;
 pub mod kube;
 pub mod render;
 pub mod rows;

@@ -6,6 +6,9 @@ use crate::verdict::{Evidence, Status, Verdict};
 use crate::window::{Distribution, Level};
 use std::fmt::Write;
 
+/// The columns the verdict's prose wraps at: an 80-column terminal with room for the indent.
+const WIDTH: usize = 96;
+
 /// ANSI colours, or none (not a terminal, `NO_COLOR`).
 #[derive(Debug, Clone, Copy)]
 pub struct Style {
@@ -37,7 +40,29 @@ fn opt(v: Option<f64>, unit: &str) -> String {
 }
 
 fn pct(v: Option<f64>) -> String {
-    v.map_or("–".into(), |v| format!("{:.1}%", v * 100.0))
+    // `+ 0.0` turns a negative zero (a ratio of nothing subtracted) into "0.0%".
+    v.map_or("–".into(), |v| format!("{:.1}%", v * 100.0 + 0.0))
+}
+
+/// `text` in lines of at most `width` columns (a word longer than that stands alone), each
+/// after the first starting with `indent`.
+fn wrap(text: &str, width: usize, indent: &str) -> String {
+    let mut out = String::new();
+    let mut line = 0;
+    for word in text.split_whitespace() {
+        let len = word.chars().count();
+        if line > 0 && line + 1 + len > width {
+            out.push('\n');
+            out.push_str(indent);
+            line = indent.chars().count();
+        } else if line > 0 {
+            out.push(' ');
+            line += 1;
+        }
+        out.push_str(word);
+        line += len;
+    }
+    out
 }
 
 fn level(l: Option<Level>) -> String {
@@ -349,6 +374,21 @@ pub fn text(v: &Verdict, style: Style) -> String {
             for e in &f.evidence {
                 let _ = writeln!(out, "     - {}", evidence(e));
             }
+        }
+    }
+    if let Some(b) = &v.backlog {
+        let pad = " ".repeat(16);
+        let _ = writeln!(out, "\nbacklog         {}", wrap(&b.reading, WIDTH - 16, &pad));
+    }
+    if !v.changes.is_empty() {
+        let _ = writeln!(out, "\nchange, worked with spillway plan's formulas");
+        for c in &v.changes {
+            let _ = writeln!(
+                out,
+                "  - {}\n    {}",
+                style.paint("1", &wrap(&c.what, WIDTH - 4, "    ")),
+                wrap(&c.arithmetic, WIDTH - 4, "    ")
+            );
         }
     }
     if !v.healthy_evidence.is_empty() {

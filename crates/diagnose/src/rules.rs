@@ -19,6 +19,8 @@ pub(crate) struct Outcome {
     /// Why refusals by design are the limits doing their job: the refused share and the
     /// admitted requests inside their objectives. Empty unless nothing else is wrong.
     pub(crate) protected: Vec<Evidence>,
+    /// Waits seen only in the TTFT of requests that have not finished: the queue drained.
+    pub(crate) drained: bool,
 }
 
 /// Most specific first: a cause outranks the symptoms it produces (preemptions fill the queue, a
@@ -622,6 +624,7 @@ pub(crate) fn apply(
         saturation,
         busy,
         protected,
+        drained: drained_seen,
     }
 }
 

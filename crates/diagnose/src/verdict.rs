@@ -247,6 +247,10 @@ pub struct Verdict {
     /// How much of the evidence behind the status (breaches, findings, healthy evidence) is
     /// instantaneous, and how much lags behind completions or counts over the window.
     pub evidence_basis: EvidenceBasis,
+    /// Where requests wait at the window's end, and what that says about the gateway's C.
+    pub backlog: Option<crate::change::Backlog>,
+    /// For an incident: what to change, with the number and the arithmetic behind it.
+    pub changes: Vec<crate::change::Change>,
     /// What could not be seen, and so was not judged.
     pub blind_spots: Vec<String>,
     /// The InferenceService's conditions and the pods' restarts, when given.
@@ -352,6 +356,18 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
             healthy_evidence.push(e);
         }
     }
+    let fleet = crate::change::Fleet {
+        engines: engine_instances(&reader),
+        window_secs: window.secs(),
+    };
+    let advice = crate::change::advise(
+        &rows,
+        &outcome.findings,
+        outcome.drained,
+        status == Status::Incident,
+        thresholds,
+        &fleet,
+    );
     let evidence_basis = EvidenceBasis::of(
         outcome
             .breaches
@@ -372,9 +388,22 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         slo_breaches: outcome.breaches,
         healthy_evidence,
         evidence_basis,
+        backlog: advice.backlog,
+        changes: advice.changes,
         blind_spots,
         cluster: cluster.clone(),
     }
+}
+
+/// Engine replicas seen: the distinct instances serving the running gauge.
+fn engine_instances(r: &Reader<'_>) -> usize {
+    let Some(name) = r.name(catalog::Key::Running) else {
+        return 0;
+    };
+    let mut seen: Vec<&str> = r.w.end.named(name).filter_map(|s| s.label("instance")).collect();
+    seen.sort_unstable();
+    seen.dedup();
+    seen.len()
 }
 
 /// Any sign of a request in the window: one finished, answered or refused, or one running,

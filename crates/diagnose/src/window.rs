@@ -77,7 +77,7 @@ impl Snapshot {
         self.series.iter().any(|s| s.name == name)
     }
 
-    fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Series> + 'a {
+    pub(crate) fn named<'a>(&'a self, name: &'a str) -> impl Iterator<Item = &'a Series> + 'a {
         self.series.iter().filter(move |s| s.name == name)
     }
 

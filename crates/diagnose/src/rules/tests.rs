@@ -677,5 +677,6 @@ fn a_quiet_replica_given_its_first_request_at_the_end_is_not_a_hang() {
     assert!(v.breakdown.slices.iter().all(|s| s.suspects.is_empty()));
 }
 
+mod change;
 mod kinds;
 mod onset;

@@ -245,7 +245,7 @@ fn one_request_caught_waiting_on_a_quiet_engine_is_no_onset() {
 /// streaming at the window's end with the queue drained. Their wait is in TTFT only (vLLM
 /// times the queue at a request's finish). Fails before the fix: "long prompts, tokenisation
 /// or CPU".
-fn drained(slow_finished: u32) -> (String, String) {
+pub(super) fn drained(slow_finished: u32) -> (String, String) {
     let text = |running: f64, ttft: &[(f64, u32)], finished: u32| {
         Expo::default()
             .line("vllm:num_requests_running", "model_name=\"m\"", running)

@@ -1,0 +1,476 @@
+//! The gateway's decisions joined to the engines' state: where the backlog sits, whether the
+//! gateway's C is above what the engines absorb or below what they could, and for an incident
+//! the concrete change with its number, worked with `spillway plan`'s formulas (C from what the
+//! engines run, Q = ceil(throughput × Wq), budgets = 1.5 × the measured tail).
+
+use crate::rows::Rows;
+use crate::verdict::{Finding, Suspect, Thresholds};
+use serde::Serialize;
+
+/// Where requests wait at the window's end.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Backlog {
+    /// `gateway`, `engine`, `both`, or `drained` (no queue now, but waits shown in the TTFT of
+    /// requests that have not finished).
+    pub sits: &'static str,
+    /// The gateway's admission queue, summed over classes and gateways.
+    pub gateway_queued: Option<f64>,
+    /// The engines' waiting lists, summed over replicas.
+    pub engine_waiting: Option<f64>,
+    /// What the engines run, summed over replicas.
+    pub engine_running: Option<f64>,
+    /// The gateway's C, summed over classes and gateways.
+    pub gateway_concurrency: Option<f64>,
+    /// One line: where, and what it means for C.
+    pub reading: String,
+}
+
+/// One change to make, with its number and the arithmetic that gave it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Change {
+    /// What to change, with the value: "lower the gateway's C from 16 to 8".
+    pub what: String,
+    /// The formula with the numbers in it, as `spillway plan` prints its own.
+    pub arithmetic: String,
+}
+
+/// The backlog and the changes, for the verdict.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Advice {
+    pub backlog: Option<Backlog>,
+    pub changes: Vec<Change>,
+}
+
+/// A number as a person writes it: `24`, `0.8`, `6.25`.
+fn num(v: f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{}", v.round())
+    } else if v.abs() >= 10.0 {
+        format!("{v:.1}")
+    } else {
+        let s = format!("{v:.2}");
+        s.trim_end_matches('0').trim_end_matches('.').to_owned()
+    }
+}
+
+/// Seconds as a person writes them: `2 s`, `450 ms`.
+fn secs(v: f64) -> String {
+    if v >= 1.0 {
+        format!("{} s", num(v))
+    } else {
+        format!("{} ms", num((v * 1000.0).round()))
+    }
+}
+
+// Products of decimal inputs land a hair off the integer: round that away, as plan does.
+fn floor(v: f64) -> f64 {
+    (v + 1e-9).floor().max(0.0)
+}
+
+fn ceil(v: f64) -> f64 {
+    (v - 1e-9).ceil().max(0.0)
+}
+
+/// Budgets are this many times the measured tail, as `spillway plan` makes them.
+const TAIL_MARGIN: f64 = 1.5;
+
+/// What the window says about the fleet, in the quantities the formulas use.
+pub(crate) struct Fleet {
+    /// Engine replicas seen (distinct instances of the running gauge).
+    pub(crate) engines: usize,
+    pub(crate) window_secs: f64,
+}
+
+pub(crate) fn advise(
+    rows: &Rows,
+    findings: &[Finding],
+    drained: bool,
+    incident: bool,
+    t: &Thresholds,
+    fleet: &Fleet,
+) -> Advice {
+    let e = &rows.engine;
+    let backlog = backlog(rows, drained);
+    let mut changes = Vec::new();
+    if !incident {
+        return Advice { backlog, changes };
+    }
+    let running = e.running.map(|l| l.end);
+    let waiting = e.waiting.map_or(0.0, |l| l.end);
+    let queued = e.gateway_queued.map_or(0.0, |l| l.end);
+    let c_gw = e.gateway_concurrency_limit.filter(|c| *c > 0.0);
+    let throughput = throughput(rows, fleet.window_secs);
+    let first = findings.first().map(|f| f.suspect);
+
+    // The engines queue: what they run now is what they take (their sequence cap, or what the KV
+    // cache holds). A C above it parks the rest in the engines' queue, out of reach of the
+    // gateway's Wq, priorities and Retry-After.
+    let engine_cap = running.filter(|r| *r >= 1.0 && (waiting >= 1.0 || drained));
+    match (engine_cap, c_gw) {
+        (Some(cap), Some(c)) if c > cap && waiting >= 1.0 => changes.push(Change {
+            what: format!("lower the gateway's C from {} to {}", num(c), num(cap)),
+            arithmetic: format!(
+                "C = Σ running while the engines queue = {}: the {} above it wait in the engines' \
+                 queue ({} now), where no Wq, priority or Retry-After reaches them",
+                num(cap),
+                num(c - cap),
+                num(waiting)
+            ),
+        }),
+        (Some(cap), None) if first == Some(Suspect::ArrivalsExceedThroughput) => changes.push(Change {
+            what: format!("put Spillway in front with C = {}", num(cap)),
+            arithmetic: format!(
+                "C = Σ running while the engines queue = {}: the overflow then waits in the \
+                     gateway's queue and is refused with a Retry-After when Wq runs out",
+                num(cap)
+            ),
+        }),
+        _ => {}
+    }
+    // The gateway queues while the engines have room: C holds them back.
+    let room = waiting < 1.0
+        && e.kv_usage.is_none_or(|kv| kv.end < t.kv_high)
+        && !findings.iter().any(|f| {
+            matches!(
+                f.suspect,
+                Suspect::DecodeContention | Suspect::KvPressure | Suspect::ProcessHealth | Suspect::GpuFault
+            )
+        });
+    if let Some(c) = c_gw
+        && queued >= 1.0
+        && room
+    {
+        let itl = rows
+            .generation
+            .engine_itl
+            .filter(|d| d.count > 0.0)
+            .and_then(|d| d.p95);
+        let (next, why) = match itl.filter(|v| *v > 0.0) {
+            Some(itl) => {
+                let next = floor(c * (t.itl_p95 / itl).min(2.0)).max(c + 1.0);
+                (
+                    next,
+                    format!(
+                        "C' = floor(C × min(ITL objective / engine ITL p95, 2)) = floor({} × min({} / {}, 2)) \
+                         = {}: decode time grows with the batch, so an estimate to confirm with \
+                         `spillway bench --concurrency {},{}`",
+                        num(c),
+                        secs(t.itl_p95),
+                        secs(itl),
+                        num(next),
+                        num(c),
+                        num(next)
+                    ),
+                )
+            }
+            None => (
+                c * 2.0,
+                format!(
+                    "no engine ITL seen: find the engines' C_safe with `spillway bench --concurrency {},{},…` \
+                     and plan C = floor(C_safe × R × headroom)",
+                    num(c),
+                    num(c * 2.0)
+                ),
+            ),
+        };
+        changes.push(Change {
+            what: format!(
+                "raise the gateway's C from {} towards {}: the engines wait on nothing ({} waiting{})",
+                num(c),
+                num(next),
+                num(waiting),
+                e.kv_usage
+                    .map(|kv| format!(", KV {:.0}%", kv.end * 100.0))
+                    .unwrap_or_default()
+            ),
+            arithmetic: why,
+        });
+    }
+    // A queue deeper than drains within the TTFT objective: waits that breach it anyway.
+    let gw_wait = e
+        .gateway_queue_wait
+        .filter(|d| d.count > 0.0)
+        .and_then(|d| d.mean);
+    if let Some(x) = throughput
+        && (queued >= 1.0 || gw_wait.is_some_and(|w| w > t.queue_time))
+    {
+        let engine_ttft = rows
+            .generation
+            .engine_ttft
+            .filter(|d| d.count > 0.0)
+            .and_then(|d| d.p95);
+        let (wq, wq_text) = match engine_ttft.filter(|v| *v < t.ttft_p95) {
+            Some(own) => (
+                t.ttft_p95 - own,
+                format!(
+                    "Wq = TTFT objective − engine TTFT p95 = {} − {} = {} → {} (down to a tenth of a second)",
+                    secs(t.ttft_p95),
+                    secs(own),
+                    secs(t.ttft_p95 - own),
+                    secs((floor((t.ttft_p95 - own) * 10.0) / 10.0).max(0.1))
+                ),
+            ),
+            None => (
+                t.ttft_p95 / 2.0,
+                format!(
+                    "Wq = TTFT objective / 2 = {}: the other half for the engine's first token",
+                    secs(t.ttft_p95 / 2.0)
+                ),
+            ),
+        };
+        // A budget must fit: down to a tenth of a second, never under one.
+        let wq = (floor(wq * 10.0) / 10.0).max(0.1);
+        let q = ceil(x * wq).max(1.0);
+        changes.push(Change {
+            what: format!("set the queue to Q = {} with queue_wait {}", num(q), secs(wq)),
+            arithmetic: format!(
+                "{wq_text}; Q = ceil(throughput × Wq) = ceil({} req/s × {}) = {}: what drains in time, \
+                 the rest refused at once with a Retry-After",
+                num(x),
+                secs(wq),
+                num(q)
+            ),
+        });
+    }
+    // Arrivals over what the fleet serves: the replicas that would serve them all.
+    if first == Some(Suspect::ArrivalsExceedThroughput)
+        && let (Some(x), Some(arrivals)) = (throughput, arrivals(rows, fleet.window_secs))
+        && arrivals > x
+        && fleet.engines > 0
+    {
+        let r = fleet.engines as f64;
+        let needed = ceil(r * arrivals / x);
+        changes.push(Change {
+            what: format!(
+                "or serve them all: {} replicas where there are {}",
+                num(needed),
+                num(r)
+            ),
+            arithmetic: format!(
+                "R' = ceil(R × arrivals / throughput) = ceil({} × {} / {}) = {}",
+                num(r),
+                num(arrivals),
+                num(x),
+                num(needed)
+            ),
+        });
+    }
+    for f in findings {
+        if let Some(c) = for_suspect(f, rows, t, fleet, c_gw) {
+            changes.push(c);
+        }
+    }
+    Advice { backlog, changes }
+}
+
+/// Requests served per second: the engines' finished, else the gateway's 2xx.
+fn throughput(rows: &Rows, window_secs: f64) -> Option<f64> {
+    let from_engines = rows
+        .engine
+        .finished
+        .filter(|n| *n > 0.0 && window_secs > 0.0)
+        .map(|n| n / window_secs);
+    let u = &rows.user_impact;
+    let from_gateway = u
+        .requests_per_s
+        .zip(u.success_ratio)
+        .map(|(r, s)| r * s)
+        .filter(|v| *v > 0.0);
+    from_engines.or(from_gateway)
+}
+
+/// Requests arriving per second: every answer the gateway gave (refusals too) plus its queue's
+/// growth, else the engines' finished plus the growth of what they hold.
+fn arrivals(rows: &Rows, window_secs: f64) -> Option<f64> {
+    if window_secs <= 0.0 {
+        return None;
+    }
+    let e = &rows.engine;
+    let growth = |l: Option<crate::window::Level>| l.map_or(0.0, |l| l.growth().max(0.0));
+    match rows.user_impact.seen_at {
+        Some("gateway") => rows
+            .user_impact
+            .requests_per_s
+            .map(|r| r + (growth(e.gateway_queued) + growth(e.gateway_in_flight)) / window_secs),
+        _ => e
+            .finished
+            .map(|n| (n + growth(e.waiting) + growth(e.running)) / window_secs),
+    }
+}
+
+fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
+    let e = &rows.engine;
+    let queued = e.gateway_queued.map(|l| l.end);
+    let waiting = e.waiting.map(|l| l.end);
+    let running = e.running.map(|l| l.end);
+    let c = e.gateway_concurrency_limit.filter(|c| *c > 0.0);
+    let (g, w) = (queued.unwrap_or(0.0) >= 1.0, waiting.unwrap_or(0.0) >= 1.0);
+    let sits = match (g, w) {
+        (true, true) => "both",
+        (true, false) => "gateway",
+        (false, true) => "engine",
+        (false, false) if drained => "drained",
+        (false, false) => return None,
+    };
+    let reading = match sits {
+        "gateway" => format!(
+            "the backlog is in the gateway's queue ({} queued, the engines {} waiting): C holds it \
+             where Wq, priorities and Retry-After apply",
+            num(queued.unwrap_or(0.0)),
+            num(waiting.unwrap_or(0.0))
+        ),
+        "engine" => match (c, running) {
+            (Some(c), Some(r)) if c > r => format!(
+                "the backlog is in the engines' queue ({} waiting): the gateway's C {} is above the {} \
+                 they run",
+                num(waiting.unwrap_or(0.0)),
+                num(c),
+                num(r)
+            ),
+            (Some(c), _) => format!(
+                "the backlog is in the engines' queue ({} waiting) with the gateway's C {}: traffic \
+                 that does not pass the gateway, or more than one gateway's C",
+                num(waiting.unwrap_or(0.0)),
+                num(c)
+            ),
+            (None, _) => format!(
+                "the backlog is in the engines' queue ({} waiting): no gateway's C in front of them",
+                num(waiting.unwrap_or(0.0))
+            ),
+        },
+        "both" => format!(
+            "both queues hold requests ({} in the gateway's, {} in the engines'): the gateway's C is \
+             above what the engines run",
+            num(queued.unwrap_or(0.0)),
+            num(waiting.unwrap_or(0.0))
+        ),
+        _ => "no queue now, but first tokens came late to requests still running: they queued, \
+              and the queue drained inside the window"
+            .to_owned(),
+    };
+    Some(Backlog {
+        sits,
+        gateway_queued: queued,
+        engine_waiting: waiting,
+        engine_running: running,
+        gateway_concurrency: c,
+        reading,
+    })
+}
+
+/// The change for a cause other than arrivals, with its number where the window gives one.
+fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Option<f64>) -> Option<Change> {
+    let (e, g) = (&rows.engine, &rows.generation);
+    let per_replica = |v: f64| v / fleet.engines.max(1) as f64;
+    match f.suspect {
+        Suspect::KvPressure => {
+            let kv = e.kv_usage?.peak();
+            let running = e.running?.peak();
+            let seqs = floor(per_replica(running) * t.kv_high / kv).max(1.0);
+            Some(Change {
+                what: format!(
+                    "lower vLLM's --max-num-seqs to {} per replica (or C to {})",
+                    num(seqs),
+                    num(seqs * fleet.engines.max(1) as f64)
+                ),
+                arithmetic: format!(
+                    "max-num-seqs = floor(running per replica × KV line / KV peak) = floor({} × {} / {}) \
+                     = {}: the cache then stays under the line that preempts",
+                    num(per_replica(running)),
+                    num(t.kv_high),
+                    num(kv),
+                    num(seqs)
+                ),
+            })
+        }
+        Suspect::DecodeContention => {
+            let itl = g.engine_itl.or(g.gateway_itl).filter(|d| d.count > 0.0)?.p95?;
+            let running = e.running?.mean();
+            let c = floor(running * t.itl_p95 / itl).max(1.0);
+            Some(Change {
+                what: format!(
+                    "lower concurrency to C = {} (running now {})",
+                    num(c),
+                    num(running)
+                ),
+                arithmetic: format!(
+                    "C = floor(running × ITL objective / ITL p95) = floor({} × {} / {}) = {}: decode \
+                     time grows with the batch",
+                    num(running),
+                    secs(t.itl_p95),
+                    secs(itl),
+                    num(c)
+                ),
+            })
+        }
+        Suspect::LongPrompts => {
+            let ttft = g.engine_ttft.or(g.gateway_ttft).filter(|d| d.count > 0.0)?.p95?;
+            let tokens = g.prompt_tokens_per_request?;
+            let cap = floor(tokens * t.ttft_p95 / ttft).max(1.0);
+            Some(Change {
+                what: format!("cap input tokens at {} per request", num(cap)),
+                arithmetic: format!(
+                    "max input = floor(prompt tokens per request × TTFT objective / TTFT p95) = \
+                     floor({} × {} / {}) = {}: prefill time grows with the prompt",
+                    num(tokens),
+                    secs(t.ttft_p95),
+                    secs(ttft),
+                    num(cap)
+                ),
+            })
+        }
+        Suspect::GatewayTimeouts => {
+            let tail = |d: Option<crate::window::Distribution>| {
+                d.filter(|d| d.count > 0.0).and_then(|d| d.p99.or(d.p95))
+            };
+            let ttft = tail(g.engine_ttft)?;
+            let ft = ceil(ttft * TAIL_MARGIN * 10.0) / 10.0;
+            let total = tail(rows.user_impact.latency).map(|e2e| ceil(e2e * TAIL_MARGIN));
+            Some(Change {
+                what: format!(
+                    "raise the route's first_token to at least {}{}",
+                    secs(ft),
+                    total
+                        .map(|t| format!(" and total to {}", secs(t)))
+                        .unwrap_or_default()
+                ),
+                arithmetic: format!(
+                    "first_token ≥ {} × engine TTFT p99 = {} × {} → {}{}: the engines answer inside \
+                     these; the gateway cuts them short",
+                    num(TAIL_MARGIN),
+                    num(TAIL_MARGIN),
+                    secs(ttft),
+                    secs(ft),
+                    total
+                        .map(|t| format!("; total ≥ {} × e2e p99 → {}", num(TAIL_MARGIN), secs(t)))
+                        .unwrap_or_default()
+                ),
+            })
+        }
+        Suspect::ProcessHealth | Suspect::GpuFault if f.only_in_slices && fleet.engines > 1 => {
+            let r = fleet.engines as f64;
+            let out = f.at.len() as f64;
+            let keep = r - out;
+            let c = c_gw.map(|c| floor(c * keep / r));
+            Some(Change {
+                what: format!(
+                    "take {} out of the route{}",
+                    f.at.join(", "),
+                    c.map(|c| format!(" and lower C to {} until it is back", num(c)))
+                        .unwrap_or_default()
+                ),
+                arithmetic: match (c, c_gw) {
+                    (Some(c), Some(now)) => format!(
+                        "C = floor(C × healthy replicas / R) = floor({} × {} / {}) = {}",
+                        num(now),
+                        num(keep),
+                        num(r),
+                        num(c)
+                    ),
+                    _ => format!("{} of {} replicas serve", num(keep), num(r)),
+                },
+            })
+        }
+        _ => None,
+    }
+}

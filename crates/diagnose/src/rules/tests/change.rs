@@ -1,0 +1,171 @@
+//! Where the backlog sits, C against what the engines absorb, and each incident's change with
+//! its number.
+
+use super::*;
+
+/// The gateway's families for one class with C = `c`: `queued` waiting, `in_flight` holding a
+/// slot, `ok` answered, their TTFT and queue wait.
+fn gw(c: f64, queued: f64, in_flight: f64, ok: u32, wait: f64) -> String {
+    let rc = "route=\"chat\",class=\"interactive\"";
+    Expo::default()
+        .line(
+            "spillway_requests_total",
+            &format!("{rc},status=\"200\""),
+            f64::from(ok),
+        )
+        .line("spillway_queued", rc, queued)
+        .line("spillway_in_flight", rc, in_flight)
+        .line("spillway_concurrency_limit", rc, c)
+        .hist("spillway_time_to_first_token_seconds", TTFT, 1.6, ok)
+        .hist("spillway_queue_wait_seconds", REQ, wait, ok)
+        .0
+}
+
+fn whats(v: &Verdict) -> Vec<&str> {
+    v.changes.iter().map(|c| c.what.as_str()).collect()
+}
+
+/// C 16 in front of engines that run 8: the other 8 wait in vLLM's queue, past the gateway's
+/// Wq and Retry-After. The change: C = 8, and the queue sized to drain inside the objective.
+#[test]
+fn a_c_above_what_the_engines_run_moves_the_backlog_into_the_engine() {
+    let e = Engine {
+        running: 8.0,
+        waiting: 8.0,
+        queue: 1.2,
+        ttft: 1.6,
+        ..Engine::default()
+    };
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(
+        &[("e:1", &b), ("g:1", &gw(16.0, 0.0, 16.0, 0, 0.0))],
+        &[("e:1", &a), ("g:1", &gw(16.0, 0.0, 16.0, 100, 0.001))],
+    );
+    assert_eq!(v.status, Status::Incident);
+    let b = v.backlog.as_ref().expect("a backlog");
+    assert_eq!(b.sits, "engine", "{b:#?}");
+    assert!(
+        b.reading.contains("C 16 is above the 8 they run"),
+        "{}",
+        b.reading
+    );
+    assert_eq!(
+        whats(&v)[0],
+        "lower the gateway's C from 16 to 8",
+        "{:#?}",
+        v.changes
+    );
+    assert!(
+        v.changes[0]
+            .arithmetic
+            .starts_with("C = Σ running while the engines queue = 8"),
+        "{:#?}",
+        v.changes
+    );
+}
+
+/// The gateway holds its queue full while the engines wait on nothing, decode far inside its
+/// objective: C is below what they could take, and the queue is deeper than drains in time.
+#[test]
+fn a_c_below_what_the_engines_could_take_says_raise_it_and_by_how_much() {
+    let e = Engine {
+        running: 8.0,
+        itl: 0.02,
+        ttft: 0.05,
+        ..Engine::default()
+    };
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(
+        &[("e:1", &b), ("g:1", &gw(8.0, 12.0, 8.0, 0, 0.0))],
+        &[("e:1", &a), ("g:1", &gw(8.0, 30.0, 8.0, 100, 1.5))],
+    );
+    assert_eq!(v.status, Status::Incident, "{v:#?}");
+    assert_eq!(v.backlog.as_ref().map(|b| b.sits), Some("gateway"));
+    println!(
+        "{}",
+        crate::render::text(&v, crate::render::Style { colour: false })
+    );
+    let raise = v
+        .changes
+        .iter()
+        .find(|c| c.what.starts_with("raise the gateway's C from 8 towards 16"))
+        .unwrap_or_else(|| panic!("{:#?}", v.changes));
+    // ITL objective 50 ms over the engines' p95: the factor is capped at 2.
+    assert!(
+        raise.arithmetic.contains("floor(8 × min(50 ms /"),
+        "{}",
+        raise.arithmetic
+    );
+    // 100 finished in 10 s: 10 req/s; Wq = 1 s − engine TTFT p95 (~59 ms).
+    let q = v
+        .changes
+        .iter()
+        .find(|c| c.what.starts_with("set the queue to Q = "))
+        .unwrap_or_else(|| panic!("{:#?}", v.changes));
+    assert!(q.arithmetic.contains("ceil(10 req/s × "), "{}", q.arithmetic);
+    assert!(
+        q.arithmetic
+            .starts_with("Wq = TTFT objective − engine TTFT p95 = 1 s − "),
+        "{}",
+        q.arithmetic
+    );
+}
+
+/// vLLM alone, its queue drained inside the window (the real-vLLM misreading): the backlog was
+/// the engine's, and the change is a gateway in front with C at what the engine ran.
+#[test]
+fn a_drained_queue_in_front_of_vllm_alone_asks_for_a_gateway_with_its_c() {
+    let (b, a) = super::onset::drained(0);
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(v.backlog.as_ref().map(|b| b.sits), Some("drained"), "{v:#?}");
+    assert_eq!(
+        whats(&v)[0],
+        "put Spillway in front with C = 4",
+        "{:#?}",
+        v.changes
+    );
+}
+
+/// Preemptions with the cache at 100% and 24 running: 24 × 0.9 / 1.0 = 21 sequences.
+#[test]
+fn kv_pressure_gives_the_sequence_cap_that_keeps_the_cache_under_its_line() {
+    let before = Engine {
+        running: 24.0,
+        kv: 1.0,
+        ..Engine::default()
+    };
+    let after = Engine {
+        preemptions: 12.0,
+        ..before
+    };
+    let v = run(
+        &[("e:1", &before.before().text(KV, ITL_NAME))],
+        &[("e:1", &after.text(KV, ITL_NAME))],
+    );
+    assert_eq!(suspects(&v)[0], Suspect::KvPressure, "{v:#?}");
+    let c = v
+        .changes
+        .iter()
+        .find(|c| {
+            c.what
+                .starts_with("lower vLLM's --max-num-seqs to 21 per replica")
+        })
+        .unwrap_or_else(|| panic!("{:#?}", v.changes));
+    assert!(
+        c.arithmetic.contains("floor(24 × 0.9 / 1) = 21"),
+        "{}",
+        c.arithmetic
+    );
+}
+
+/// Nothing to change when nothing is wrong: a healthy window carries no change.
+#[test]
+fn no_change_without_an_incident() {
+    let v = engine_only(&Engine::default(), 0.5);
+    println!(
+        "{}",
+        crate::render::text(&v, crate::render::Style { colour: false })
+    );
+    assert_eq!(v.status, Status::Healthy, "{v:#?}");
+    assert!(v.changes.is_empty(), "{:#?}", v.changes);
+}
