@@ -493,6 +493,56 @@ pub(crate) fn apply(
         }
     }
 
+    // 6b. A target that claims work in hand (running or waiting) while not one of its samples
+    // moved — counters, histograms, gauges — is a scrape served from a cache or a frozen
+    // process: its figures are not the present, and nothing it runs is progressing.
+    let mut frozen_ev = Vec::new();
+    for instance in r.w.frozen_instances() {
+        let held = |key: Key| {
+            r.name(key).map_or(0.0, |name| {
+                r.w.end
+                    .named(name)
+                    .filter(|s| s.label("instance") == Some(instance.as_str()))
+                    .map(|s| s.value)
+                    .sum::<f64>()
+            })
+        };
+        let (running, waiting) = (held(Key::Running), held(Key::Waiting));
+        if running + waiting >= 1.0 {
+            let samples =
+                r.w.end
+                    .series
+                    .iter()
+                    .filter(|s| s.name != "up" && s.label("instance") == Some(instance.as_str()))
+                    .count();
+            frozen_ev.push(Evidence {
+                series: format!(
+                    "every sample of {instance} ({samples}) unchanged while it reports {} running, {} waiting",
+                    running, waiting
+                ),
+                stat: "frozen",
+                value: c.secs,
+                unit: "s",
+                op: "=",
+                threshold: None,
+                window_secs: c.secs,
+                basis: Basis::Instantaneous,
+            });
+            blind.push(format!(
+                "{instance}: not one sample moved in {} s while it reports work in hand: a stale \
+                 scrape (a metrics cache, a lagging federation) or a frozen process; its figures \
+                 are not the present",
+                c.secs
+            ));
+        }
+    }
+    if !frozen_ev.is_empty() {
+        match found.iter_mut().find(|f| f.suspect == Suspect::ProcessHealth) {
+            Some(f) => f.evidence.extend(frozen_ev),
+            None => found.push(Finding::new(Suspect::ProcessHealth, frozen_ev)),
+        }
+    }
+
     // 7. XID, ECC and restarts together.
     let xid = infra.xid.filter(|v| *v > 0.0);
     let ecc = infra.ecc_dbe.filter(|l| l.end > 0.0);

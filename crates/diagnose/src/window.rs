@@ -228,6 +228,28 @@ impl<'a> Window<'a> {
         out
     }
 
+    /// Instances that answered at both ends with every sample unchanged, counters included: a
+    /// scrape served from a cache or a frozen process, not the present. (An idle target holds
+    /// still too; the caller judges whether it claims work in hand.)
+    pub fn frozen_instances(&self) -> Vec<String> {
+        let mut moved: HashSet<&str> = HashSet::new();
+        let mut seen: BTreeMap<&str, ()> = BTreeMap::new();
+        for s in self.end.series.iter().filter(|s| s.name != "up") {
+            let Some(i) = s.label("instance") else { continue };
+            if !self.up_at_start.contains(i) {
+                continue;
+            }
+            seen.insert(i, ());
+            if self.before.get(&(s.name.as_str(), s.labels.as_slice())) != Some(&s.value) {
+                moved.insert(i);
+            }
+        }
+        seen.into_keys()
+            .filter(|i| !moved.contains(i))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// The histogram's observations in the window, all its series summed by `le`.
     pub fn distribution(&self, base: &str) -> Option<Distribution> {
         let bucket_name = format!("{base}_bucket");

@@ -305,3 +305,40 @@ fn slow_first_tokens_of_finished_requests_stay_before_the_engine() {
     let v = run(&[("e:1", &b)], &[("e:1", &a)]);
     assert_eq!(suspects(&v), [Suspect::LongPrompts], "{v:#?}");
 }
+
+/// A metrics cache serving one busy moment over and over: every sample the same at both ends,
+/// 4 running and 3 waiting. Not the present, and nothing it claims is progressing. Fails before
+/// the stale check ("objectives breached; no row of the table matched").
+#[test]
+fn a_frozen_exposition_claiming_work_is_a_stale_scrape_or_a_frozen_process() {
+    let busy = Engine {
+        running: 4.0,
+        waiting: 3.0,
+        ..Engine::default()
+    }
+    .text(KV, ITL_NAME);
+    let v = run(&[("e:1", &busy)], &[("e:1", &busy)]);
+    assert_eq!(v.status, Status::Incident, "{v:#?}");
+    assert_eq!(suspects(&v), [Suspect::ProcessHealth], "{v:#?}");
+    assert!(
+        v.findings[0]
+            .evidence
+            .iter()
+            .any(|e| e.stat == "frozen" && e.series.starts_with("every sample of e:1")),
+        "{:#?}",
+        v.findings[0].evidence
+    );
+    assert!(
+        v.blind_spots.iter().any(|b| b.contains("stale scrape")),
+        "{:#?}",
+        v.blind_spots
+    );
+    // The same stillness with nothing in hand is an idle engine.
+    let idle = Engine {
+        running: 0.0,
+        ..Engine::default()
+    }
+    .text(KV, ITL_NAME);
+    let v = run(&[("e:1", &idle)], &[("e:1", &idle)]);
+    assert_eq!(v.status, Status::Idle, "{v:#?}");
+}
