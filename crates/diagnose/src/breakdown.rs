@@ -7,7 +7,7 @@ use crate::kube::Cluster;
 use crate::rows::{self, Reader};
 use crate::rules;
 use crate::source::instance_of;
-use crate::verdict::{Finding, Suspect, Thresholds};
+use crate::verdict::{Basis, Evidence, Finding, Suspect, Thresholds};
 use crate::window::{Level, Series, Snapshot, Window};
 use serde::Serialize;
 use std::collections::BTreeSet;
@@ -17,11 +17,87 @@ use std::collections::BTreeSet;
 const MAX_SLICES: usize = 16;
 
 /// Causes that live in one replica: found there, they stand as findings even when the totals
-/// hide them. Only rule 3 can be hidden: GPU faults come from DCGM series, which no slice holds,
-/// and KV pressure is judged on the highest replica's cache, which the totals see too. Symptoms
-/// of load (arrivals, decode contention, long prompts, timeouts) are judged on the totals only,
-/// and shown per slice.
-const LOCAL_CAUSES: [Suspect; 1] = [Suspect::ProcessHealth];
+/// hide them. Rule 6 and the slow replica (found against the replica's peers) can be hidden:
+/// GPU faults come from DCGM series, which no slice holds, and KV pressure is judged on the
+/// highest replica's cache, which the totals see too. Symptoms of load (arrivals, decode
+/// contention, long prompts, timeouts) are judged on the totals only, and shown per slice.
+const LOCAL_CAUSES: [Suspect; 2] = [Suspect::ProcessHealth, Suspect::SlowReplica];
+
+/// A replica this many times slower than its peers' median, over the objective, is slow.
+const SLOWER: f64 = 2.0;
+
+/// Replicas far slower than their peers at no more load: for each such slice, its finding. A
+/// load symptom (decode contention) slows every replica that carries the load; one replica
+/// slow beside peers that run as many requests points at the replica itself.
+fn slow_replicas(slices: &mut [(Slice, Vec<Finding>)], t: &Thresholds, secs: f64) {
+    let stats: [(fn(&Slice) -> Option<f64>, f64, &'static str); 2] = [
+        (|s| s.itl_p95, t.itl_p95, "ITL p95"),
+        (|s| s.ttft_p95, t.ttft_p95, "TTFT p95"),
+    ];
+    let mut slow = Vec::new();
+    for (i, (s, _)) in slices.iter().enumerate() {
+        for (stat, objective, what) in stats {
+            let Some(v) = stat(s).filter(|v| *v > objective) else {
+                continue;
+            };
+            let mut peers: Vec<(f64, f64)> = slices
+                .iter()
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .filter_map(|(_, (p, _))| Some((stat(p)?, p.running.map_or(0.0, |l| l.peak()))))
+                .collect();
+            if peers.is_empty() {
+                continue;
+            }
+            peers.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let median = peers[peers.len() / 2].0;
+            // No more load than a peer: its mean at most the busiest peer's peak (the gauges
+            // move by one as requests end between the two reads).
+            let peers_running = peers.iter().map(|p| p.1).fold(0.0, f64::max);
+            let running = s.running.map_or(0.0, |l| l.mean());
+            if v > SLOWER * median && running <= peers_running {
+                let ev = |series: String, value: f64, op, threshold| Evidence {
+                    series,
+                    stat: "p95",
+                    value,
+                    unit: "s",
+                    op,
+                    threshold,
+                    window_secs: secs,
+                    basis: Basis::Completions,
+                };
+                slow.push((
+                    i,
+                    vec![
+                        ev(format!("{what} of this replica"), v, ">", Some(SLOWER * median)),
+                        ev(
+                            format!("{what} median of its {} peers", peers.len()),
+                            median,
+                            "=",
+                            None,
+                        ),
+                        Evidence {
+                            series: "running on this replica, and at most on a peer".into(),
+                            stat: "mean",
+                            value: running,
+                            unit: "requests",
+                            op: "<=",
+                            threshold: Some(peers_running),
+                            window_secs: secs,
+                            basis: Basis::Instantaneous,
+                        },
+                    ],
+                ));
+                break;
+            }
+        }
+    }
+    for (i, evidence) in slow {
+        let (s, f) = &mut slices[i];
+        s.suspects.push(Suspect::SlowReplica);
+        f.push(Finding::new(Suspect::SlowReplica, evidence));
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -99,6 +175,9 @@ pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakd
             .into_iter()
             .map(|name| slice(start, end, t, dimension, name, &engines))
             .collect();
+        if dimension == Dimension::Replica {
+            slow_replicas(&mut slices, t, end.at - start.at);
+        }
         // Shown first, so never the ones left out: a local cause, then any finding, then the
         // busiest. (Every slice's findings count, shown or not.)
         let order = |s: &Slice| {

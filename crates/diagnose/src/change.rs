@@ -133,7 +133,11 @@ pub(crate) fn advise(
         && !findings.iter().any(|f| {
             matches!(
                 f.suspect,
-                Suspect::DecodeContention | Suspect::KvPressure | Suspect::ProcessHealth | Suspect::GpuFault
+                Suspect::DecodeContention
+                    | Suspect::KvPressure
+                    | Suspect::ProcessHealth
+                    | Suspect::GpuFault
+                    | Suspect::SlowReplica
             )
         });
     if let Some(c) = c_gw
@@ -447,7 +451,9 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
                 ),
             })
         }
-        Suspect::ProcessHealth | Suspect::GpuFault if f.only_in_slices && fleet.engines > 1 => {
+        Suspect::ProcessHealth | Suspect::GpuFault | Suspect::SlowReplica
+            if f.only_in_slices && fleet.engines > 1 =>
+        {
             let r = fleet.engines as f64;
             let out = f.at.len() as f64;
             let keep = r - out;

@@ -25,10 +25,11 @@ pub(crate) struct Outcome {
 
 /// Most specific first: a cause outranks the symptoms it produces (preemptions fill the queue, a
 /// hung process fills it too), and arrivals-exceed-throughput is what is left.
-const RANK: [Suspect; 7] = [
+const RANK: [Suspect; 8] = [
     Suspect::GpuFault,
     Suspect::KvPressure,
     Suspect::ProcessHealth,
+    Suspect::SlowReplica,
     Suspect::GatewayTimeouts,
     Suspect::DecodeContention,
     Suspect::LongPrompts,
@@ -351,12 +352,20 @@ pub(crate) fn apply(
     queue_time_ev.extend(drained);
     let queue_time_high = !queue_time_ev.is_empty();
 
-    // The GPUs: graphics-engine activity when DCGM profiles, else utilisation.
-    let gpu = infra
+    // The GPUs: graphics-engine activity when DCGM profiles, else utilisation. DCGM averages
+    // each sample over its own period, so the ends are read as they are, not averaged together:
+    // busy at either end counts for decode contention (a window that opens as the load arrives
+    // starts idle), idle means idle now.
+    let gpu_level = infra
         .gpu_engine_active
-        .map(|l| (Key::GrEngineActive, l.mean()))
-        .or_else(|| infra.gpu_util.map(|l| (Key::GpuUtil, l.mean())));
-    let gpu_ev = |op: &'static str, th: f64| gpu.map(|(k, v)| c.ev(k, "mean", v, "ratio", op, Some(th)));
+        .map(|l| (Key::GrEngineActive, l))
+        .or_else(|| infra.gpu_util.map(|l| (Key::GpuUtil, l)));
+    let gpu_peak = gpu_level.map(|(k, l)| (k, l.peak()));
+    let gpu = gpu_level.map(|(k, l)| (k, l.end));
+    let gpu_ev = |stat: &'static str, op: &'static str, th: f64| {
+        let (k, v) = if stat == "peak" { gpu_peak? } else { gpu? };
+        Some(c.ev(k, stat, v, "ratio", op, Some(th)))
+    };
 
     let mut found: Vec<Finding> = Vec::new();
 
@@ -391,7 +400,7 @@ pub(crate) fn apply(
 
     // 3. ITL and decode up with the GPU busy: too much decode concurrency.
     if let Some(itl) = itl_breach.clone() {
-        let gpu_ok = match gpu {
+        let gpu_ok = match gpu_peak {
             Some((_, v)) => v >= t.gpu_busy,
             None => {
                 blind.push("GPU activity unseen: decode contention judged on ITL alone".into());
@@ -403,7 +412,7 @@ pub(crate) fn apply(
             if let Some(v) = mean(e.decode_time) {
                 ev.push(c.ev(Key::DecodeTime, "mean", v, "s", "=", None));
             }
-            ev.extend(gpu_ev(">=", t.gpu_busy));
+            ev.extend(gpu_ev("peak", ">=", t.gpu_busy));
             if let Some(run) = e.running {
                 ev.push(c.ev(Key::Running, "mean", run.mean(), "requests", "=", None));
             }
@@ -482,7 +491,7 @@ pub(crate) fn apply(
         if idle || (gpu.is_none() && stuck) {
             let mut ev = queue_ev.clone();
             ev.extend(queue_time_ev.clone());
-            ev.extend(gpu_ev("<", t.gpu_idle));
+            ev.extend(gpu_ev("end", "<", t.gpu_idle));
             if let Some(run) = e.running.filter(|_| piling) {
                 ev.push(c.ev(Key::Running, "growth", run.growth(), "requests", ">", Some(0.0)));
             }
@@ -611,7 +620,7 @@ pub(crate) fn apply(
     let mut busy = Vec::new();
     if found.is_empty() && breaches.is_empty() && !saturation.declared {
         if let Some((k, v)) = gpu.filter(|(_, v)| *v >= t.gpu_busy) {
-            busy.push(c.ev(k, "mean", v, "ratio", ">=", Some(t.gpu_busy)));
+            busy.push(c.ev(k, "end", v, "ratio", ">=", Some(t.gpu_busy)));
         }
         if let (Some(f), Some(limit)) = (e.gateway_in_flight, e.gateway_concurrency_limit)
             && limit > 0.0

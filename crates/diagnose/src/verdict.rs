@@ -99,7 +99,7 @@ impl EvidenceBasis {
     }
 }
 
-/// The seven rows of the signal-combination table.
+/// The seven rows of the signal-combination table, and the slow replica the breakdown finds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Suspect {
@@ -110,6 +110,8 @@ pub enum Suspect {
     GatewayTimeouts,
     ProcessHealth,
     GpuFault,
+    /// One replica far slower than its peers at the same load (found in its slice only).
+    SlowReplica,
 }
 
 impl Suspect {
@@ -150,6 +152,11 @@ impl Suspect {
                 "XID, ECC and restarts together",
                 "GPU, driver or runtime fault",
                 "take the replica out of the route, then triage the hardware",
+            ),
+            Suspect::SlowReplica => (
+                "one replica's ITL or TTFT far above its peers' at the same load",
+                "a slow replica: its GPU (clocks, thermals), host or neighbours",
+                "take it out of the route; check its GPU clocks, its host and what shares them",
             ),
         }
     }
@@ -429,9 +436,18 @@ fn protected_summary(rows: &Rows, met: &str) -> String {
     let u = &rows.user_impact;
     let pct = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{:.1}%", v * 100.0));
     let who = crate::rows::refused_by(&u.refused, pct);
+    // Three refusals or more for each request served: the refused come straight back.
+    let storm = match (u.refused_by_design_ratio, u.success_ratio) {
+        (Some(r), Some(s)) if s > 0.0 && r / s >= 3.0 => format!(
+            "; {:.0} refused for each served: clients sending again at once, a retry storm \
+             (do they wait the Retry-After?)",
+            r / s
+        ),
+        _ => String::new(),
+    };
     format!(
         "protected: the gateway refused {} of requests by design ({}); the admitted: {met}, \
-         errors {}, goodput {} of those measured",
+         errors {}, goodput {} of those measured{storm}",
         pct(u.refused_by_design_ratio),
         who,
         pct(u.admitted_error_ratio),

@@ -232,6 +232,9 @@ impl<'a> Window<'a> {
     /// scrape served from a cache or a frozen process, not the present. (An idle target holds
     /// still too; the caller judges whether it claims work in hand.)
     pub fn frozen_instances(&self) -> Vec<String> {
+        if self.secs() <= 0.0 {
+            return Vec::new();
+        }
         let mut moved: HashSet<&str> = HashSet::new();
         let mut seen: BTreeMap<&str, ()> = BTreeMap::new();
         for s in self.end.series.iter().filter(|s| s.name != "up") {

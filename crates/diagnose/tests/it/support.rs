@@ -118,6 +118,17 @@ pub(crate) async fn gateway(engines: &[&RunningEngine], timeouts: &str, class: &
 /// Requests in flight until dropped.
 pub(crate) struct Load(#[allow(dead_code)] JoinSet<()>);
 
+impl Load {
+    /// Two loads as one.
+    pub(crate) fn both(a: Load, b: Load) -> Load {
+        let mut set = a.0;
+        let mut b = b.0;
+        // Moving tasks between sets is not possible: keep `b`'s set alive inside one of `a`'s.
+        set.spawn(async move { while b.join_next().await.is_some() {} });
+        Load(set)
+    }
+}
+
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .timeout(Duration::from_secs(30))
