@@ -30,7 +30,8 @@ const SLOWER: f64 = 2.0;
 /// load symptom (decode contention) slows every replica that carries the load; one replica
 /// slow beside peers that run as many requests points at the replica itself.
 fn slow_replicas(slices: &mut [(Slice, Vec<Finding>)], t: &Thresholds, secs: f64) {
-    let stats: [(fn(&Slice) -> Option<f64>, f64, &'static str); 2] = [
+    type Stat = fn(&Slice) -> Option<f64>;
+    let stats: [(Stat, f64, &'static str); 2] = [
         (|s| s.itl_p95, t.itl_p95, "ITL p95"),
         (|s| s.ttft_p95, t.ttft_p95, "TTFT p95"),
     ];
