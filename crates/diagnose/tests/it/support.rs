@@ -1,7 +1,7 @@
 //! A stack for one scenario: engines, their DCGM listener, a gateway, load, and the diagnosis.
 
 use engine::{EngineConfig, Preset, RunningEngine};
-use spillway_diagnose::{Cluster, Snapshot, Thresholds, Verdict, diagnose, source};
+use spillway_diagnose::{Cluster, Snapshot, Thresholds, Verdict, diagnose};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
@@ -210,16 +210,6 @@ pub(crate) fn open(url: &str, per_s: f64, prompt_tokens: usize, max_tokens: u32)
 /// does not still see the idle moment before the load started.
 pub(crate) const WARM_UP: Duration = Duration::from_millis(1200);
 pub(crate) const WINDOW: Duration = Duration::from_millis(1500);
-
-/// Lets the load settle, then scrapes `targets` twice a window apart and diagnoses.
-pub(crate) async fn diagnose_scraped(targets: &[&str]) -> Verdict {
-    tokio::time::sleep(WARM_UP).await;
-    let targets: Vec<String> = targets.iter().map(|t| (*t).to_owned()).collect();
-    let c = source::client(Duration::from_secs(5)).unwrap();
-    let (start, end, errors) = source::scrape_window(&c, &targets, WINDOW).await;
-    assert!(errors.is_empty(), "{errors:?}");
-    verdict(&start, &end)
-}
 
 pub(crate) fn verdict(start: &Snapshot, end: &Snapshot) -> Verdict {
     let v = diagnose(start, end, &thresholds(), &Cluster::default());
