@@ -125,6 +125,40 @@ pub(crate) fn advise(
                 num(cap)
             ),
         }),
+        (None, None) if first == Some(Suspect::ArrivalsExceedThroughput) => {
+            // The window never saw the engines' batch full (the queue drained): C comes from a
+            // bench; the wait budget from the objective and the engines' own first token.
+            let own = rows
+                .generation
+                .engine_ttft
+                .and(e.prefill_time)
+                .filter(|d| d.count > 0.0)
+                .and_then(|d| d.p95);
+            let wq = own
+                .filter(|p| *p < t.ttft_p95)
+                .map_or(t.ttft_p95 / 2.0, |p| t.ttft_p95 - p);
+            let wq_round = (floor(wq * 10.0) / 10.0).max(0.1);
+            changes.push(Change {
+                what: format!(
+                    "put Spillway in front with queue_wait {} and C from a bench",
+                    secs(wq_round)
+                ),
+                arithmetic: format!(
+                    "{}; C = floor(C_safe × R × headroom) once `spillway bench` has measured C_safe: \
+                     this window never saw the engines' batch full",
+                    match own.filter(|p| *p < t.ttft_p95) {
+                        Some(p) => format!(
+                            "Wq = TTFT objective − engine prefill p95 = {} − {} = {} → {}",
+                            secs(t.ttft_p95),
+                            secs(p),
+                            secs(wq),
+                            secs(wq_round)
+                        ),
+                        None => format!("Wq = TTFT objective / 2 = {}", secs(wq_round)),
+                    }
+                ),
+            });
+        }
         _ => {}
     }
     // The gateway queues while the engines have room: C holds them back.
@@ -348,8 +382,8 @@ fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
             num(queued.unwrap_or(0.0)),
             num(waiting.unwrap_or(0.0))
         ),
-        _ => "no queue now, but first tokens came late to requests still running: they queued, \
-              and the queue drained inside the window"
+        _ => "no queue now, but requests waited in the window (their queue time, or first tokens \
+              late to requests still running): the queue drained before its end"
             .to_owned(),
     };
     Some(Backlog {

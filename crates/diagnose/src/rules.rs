@@ -19,7 +19,8 @@ pub(crate) struct Outcome {
     /// Why refusals by design are the limits doing their job: the refused share and the
     /// admitted requests inside their objectives. Empty unless nothing else is wrong.
     pub(crate) protected: Vec<Evidence>,
-    /// Waits seen only in the TTFT of requests that have not finished: the queue drained.
+    /// Waits seen (in queue time, or in the TTFT of requests that have not finished) with no
+    /// queue at the window's end: the queue drained.
     pub(crate) drained: bool,
 }
 
@@ -113,16 +114,36 @@ fn drained_wait(
     let slow =
         c.r.name(Key::Ttft)
             .and_then(|name| c.r.w.observed_above(name, t.ttft_p95));
-    let (Some(slow), Some(prefill)) = (slow, prefill) else {
+    let Some(slow) = slow else {
         return Vec::new();
     };
+    // Prefill explains a slow first token when it took half of it; with nothing finished to
+    // time it, when the window's work was mostly prompt tokens.
+    let prefill_explains = match prefill {
+        Some(p) => p >= ttft_p95 / 2.0,
+        None => g
+            .prompt_tokens_per_s
+            .zip(g.generation_tokens_per_s)
+            .is_none_or(|(prompt, generated)| prompt >= generated),
+    };
     if queue_time.is_some_and(|v| v > t.queue_time)
-        || prefill >= ttft_p95 / 2.0
+        || prefill_explains
         || unfinished < 1.0
         || slow > unfinished
     {
         return Vec::new();
     }
+    let prefill_ev = match prefill {
+        Some(p) => c.ev(Key::PrefillTime, "p95", p, "s", "<", Some(ttft_p95 / 2.0)),
+        None => c.ev(
+            Key::PromptTokens,
+            "per_s",
+            g.prompt_tokens_per_s.unwrap_or(0.0),
+            "tokens/s",
+            "<",
+            g.generation_tokens_per_s,
+        ),
+    };
     vec![
         c.ev(
             Key::Ttft,
@@ -140,7 +161,7 @@ fn drained_wait(
             ">=",
             Some(1.0),
         ),
-        c.ev(Key::PrefillTime, "p95", prefill, "s", "<", Some(ttft_p95 / 2.0)),
+        prefill_ev,
     ]
 }
 
@@ -369,11 +390,10 @@ pub(crate) fn apply(
 
     let mut found: Vec<Finding> = Vec::new();
 
-    // 1. Arrivals exceed throughput: waiting, queue time and TTFT up together.
-    if (queue_present || drained_seen)
-        && queue_time_high
-        && let Some(ttft) = ttft_breach.clone()
-    {
+    // 1. Arrivals exceed throughput: waiting, queue time and TTFT up together. Queue time over
+    // its line is the wait itself: a burst whose queue drained before the window's end still
+    // matches (its backlog reads "drained").
+    if queue_time_high && let Some(ttft) = ttft_breach.clone() {
         let mut ev = queue_ev.clone();
         ev.extend(queue_time_ev.clone());
         ev.push(ttft);
@@ -683,7 +703,7 @@ pub(crate) fn apply(
         saturation,
         busy,
         protected,
-        drained: drained_seen,
+        drained: drained_seen || (queue_time_high && !queue_present),
     }
 }
 

@@ -342,3 +342,55 @@ fn a_frozen_exposition_claiming_work_is_a_stale_scrape_or_a_frozen_process() {
     let v = run(&[("e:1", &idle)], &[("e:1", &idle)]);
     assert_eq!(v.status, Status::Idle, "{v:#?}");
 }
+
+/// A burst that queued and drained inside the window: queue time and TTFT over their lines, no
+/// queue left at the end. The wait is measured, so it is arrivals over throughput, its backlog
+/// drained. Fails before ("objectives breached; no row of the table matched").
+#[test]
+fn a_burst_that_queued_and_drained_is_arrivals_with_the_backlog_drained() {
+    let v = engine_only(
+        &Engine {
+            queue: 1.2,
+            ttft: 1.6,
+            ..Engine::default()
+        },
+        0.9,
+    );
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    assert_eq!(v.backlog.as_ref().map(|b| b.sits), Some("drained"), "{v:#?}");
+}
+
+/// vLLM when even the running four have not finished (they were aborted, which vLLM times not at
+/// all): eight first tokens, four of them late, nothing finished, so neither queue time nor
+/// prefill is observed. Short prompts (23 tokens each) beside 1,200 generated tokens a second:
+/// prefill is not where the time went. Fails before (long prompts, on TTFT alone).
+#[test]
+fn late_first_tokens_with_nothing_finished_and_short_prompts_are_a_wait() {
+    let text = |running: f64, ttft: &[(f64, u32)], prompt: f64, generated: f64| {
+        Expo::default()
+            .line("vllm:num_requests_running", "model_name=\"m\"", running)
+            .line("vllm:num_requests_waiting", "model_name=\"m\"", 0.0)
+            .line(KV, "model_name=\"m\"", 0.01)
+            .line("vllm:prompt_tokens_total", "model_name=\"m\"", prompt)
+            .line("vllm:generation_tokens_total", "model_name=\"m\"", generated)
+            .line(
+                "vllm:request_success_total",
+                "model_name=\"m\",finished_reason=\"length\"",
+                0.0,
+            )
+            .hist_of("vllm:time_to_first_token_seconds", TTFT, ttft)
+            .hist("vllm:request_queue_time_seconds", REQ, 0.0, 0)
+            .hist("vllm:request_prefill_time_seconds", REQ, 0.0, 0)
+            .0
+    };
+    let (b, a) = (
+        text(0.0, &[], 0.0, 0.0),
+        text(4.0, &[(0.06, 4), (2.35, 4)], 184.0, 9_400.0),
+    );
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    // The same first tokens after 3,000-token prompts: the work was prefill, the time too.
+    let a = text(4.0, &[(0.06, 4), (2.35, 4)], 24_000.0, 9_400.0);
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(suspects(&v), [Suspect::LongPrompts], "{v:#?}");
+}

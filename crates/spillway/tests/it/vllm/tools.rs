@@ -218,6 +218,59 @@ fn diagnose_calls_an_overloaded_vllm_saturated() {
     assert_eq!(code, Some(1));
 }
 
+/// A burst that queued and drained inside the window: four run, four wait behind them, the
+/// running four end (the test hangs up on them) and the four that waited get their first token
+/// late. vLLM times the queue only when a request finishes, so while they stream their wait is
+/// in TTFT alone; once they end, in queue time. Either way diagnose names arrivals over
+/// throughput with the backlog drained — the last stop's run said "long prompts, tokenisation or
+/// CPU".
+#[test]
+#[ignore = "real vLLM: scripts/test.sh runs it (scripts/vllm.sh installs it)"]
+fn diagnose_names_a_drained_vllm_queue_arrivals_not_long_prompts() {
+    let Some(s) = servers() else { return };
+    let v = s.plain;
+    let target = format!("{}/metrics", url(v));
+    let args = [
+        "diagnose",
+        "--scrape",
+        &target,
+        "--interval",
+        "8s",
+        "--slo-ttft",
+        "500ms",
+        "--json",
+    ];
+    let (code, out, err) = std::thread::scope(|scope| {
+        let run = scope.spawn(|| spillway(&args));
+        std::thread::sleep(Duration::from_secs(1));
+        let running: Vec<_> = (0..4).map(|_| open_stream(v.port, &chat(1900, true))).collect();
+        let streams: Vec<_> = (0..4).map(|_| send_stream(v.port, &chat(1900, true))).collect();
+        assert!(
+            wait_until(250, || v.metric("vllm:num_requests_waiting") == 4.0),
+            "four requests never waited behind four running"
+        );
+        std::thread::sleep(Duration::from_millis(1500));
+        drop(running);
+        let verdict = run.join().unwrap();
+        drop(streams);
+        verdict
+    });
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}{err}"));
+    assert_eq!(v["status"], "incident", "{}", v["summary"]);
+    assert_eq!(
+        v["findings"][0]["suspect"], "arrivals_exceed_throughput",
+        "{}\n{}\n{}\n{}",
+        v["summary"], v["findings"], v["rows"]["engine"], v["rows"]["generation"]
+    );
+    assert_eq!(v["backlog"]["sits"], "drained", "{}", v["backlog"]);
+    assert!(
+        v["changes"].as_array().is_some_and(|c| !c.is_empty()),
+        "{}",
+        v["rows"]["engine"]
+    );
+    assert_eq!(code, Some(1));
+}
+
 /// The `vllm:` families of an exposition, from its `# TYPE` lines.
 fn families(exposition: &str) -> std::collections::BTreeSet<String> {
     exposition
