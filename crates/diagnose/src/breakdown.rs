@@ -10,7 +10,7 @@ use crate::source::instance_of;
 use crate::verdict::{Basis, Evidence, Finding, Suspect, Thresholds};
 use crate::window::{Level, Series, Snapshot, Window};
 use serde::Serialize;
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
 /// Slices shown per dimension, the busiest first; the rest are only counted, so that a fleet of
 /// hundreds of replicas does not bury the verdict.
@@ -144,6 +144,8 @@ pub struct Slice {
     pub suspects: Vec<Suspect>,
     /// Objectives this slice breaches on its own: `ttft`, `itl`, `errors`.
     pub breached: Vec<&'static str>,
+    /// For a route, the names its engines serve it under when they differ from the route's.
+    pub served_as: Vec<String>,
 }
 
 impl Slice {
@@ -167,14 +169,15 @@ pub(crate) fn build(start: &Snapshot, end: &Snapshot, t: &Thresholds) -> (Breakd
     let mut out = Breakdown::default();
     let mut findings = Vec::new();
     let engines = engine_instances(end);
+    let join = join(end);
     for dimension in [Dimension::Model, Dimension::Replica] {
-        let names = values(end, dimension, &engines);
+        let names = values(end, dimension, &engines, &join);
         if names.len() < 2 {
             continue;
         }
         let mut slices: Vec<(Slice, Vec<Finding>)> = names
             .into_iter()
-            .map(|name| slice(start, end, t, dimension, name, &engines))
+            .map(|name| slice(start, end, t, dimension, name, &engines, &join))
             .collect();
         if dimension == Dimension::Replica {
             slow_replicas(&mut slices, t, end.at - start.at);
@@ -233,7 +236,31 @@ pub(crate) fn place(findings: &mut Vec<Finding>, local: Vec<(String, Finding)>) 
     }
 }
 
-fn model_of(s: &Series) -> Option<&str> {
+/// Which route each engine target serves, from the gateway's per-replica series: a route and
+/// the model name its engines serve it under are one model, named by the route. A target two
+/// routes send to keeps its own name.
+type Join = HashMap<String, String>;
+
+fn join(end: &Snapshot) -> Join {
+    let mut routes: HashMap<String, BTreeSet<&str>> = HashMap::new();
+    for s in end.series.iter().filter(|s| s.name.starts_with("spillway_")) {
+        if let (Some(route), Some(replica)) = (s.label("route"), s.label("replica")) {
+            routes.entry(instance_of(replica)).or_default().insert(route);
+        }
+    }
+    routes
+        .into_iter()
+        .filter(|(_, r)| r.len() == 1)
+        .filter_map(|(i, r)| r.first().map(|r| (i, (*r).to_owned())))
+        .collect()
+}
+
+fn model_of<'a>(s: &'a Series, join: &'a Join) -> Option<&'a str> {
+    if s.label("model_name").is_some()
+        && let Some(route) = s.label("instance").and_then(|i| join.get(i))
+    {
+        return Some(route);
+    }
     s.label("model_name").or_else(|| {
         s.name
             .starts_with("spillway_")
@@ -253,12 +280,12 @@ fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
 
 /// A dimension's values: models by name; replicas as the engines' targets and the gateway's
 /// replicas, by `host:port`.
-fn values(end: &Snapshot, dimension: Dimension, engines: &BTreeSet<String>) -> BTreeSet<String> {
+fn values(end: &Snapshot, dimension: Dimension, engines: &BTreeSet<String>, join: &Join) -> BTreeSet<String> {
     match dimension {
         Dimension::Model => end
             .series
             .iter()
-            .filter_map(|s| model_of(s).map(str::to_owned))
+            .filter_map(|s| model_of(s, join).map(str::to_owned))
             .collect(),
         Dimension::Replica => {
             let mut all = engines.clone();
@@ -280,11 +307,12 @@ fn slice(
     dimension: Dimension,
     name: String,
     engines: &BTreeSet<String>,
+    join: &Join,
 ) -> (Slice, Vec<Finding>) {
     let keep = |s: &Series| {
         s.name == "up"
             || match dimension {
-                Dimension::Model => model_of(s) == Some(name.as_str()),
+                Dimension::Model => model_of(s, join) == Some(name.as_str()),
                 Dimension::Replica => {
                     (s.label("instance") == Some(name.as_str()) && engines.contains(&name))
                         || s.label("replica").is_some_and(|r| instance_of(r) == name)
@@ -315,7 +343,15 @@ fn slice(
     };
     let calls = upstream(|_| true);
     let failed = upstream(|s| matches!(s.label("result"), Some("error" | "timeout")));
+    let served_as: BTreeSet<String> = b
+        .series
+        .iter()
+        .filter_map(|s| s.label("model_name"))
+        .filter(|m| dimension == Dimension::Model && *m != name)
+        .map(str::to_owned)
+        .collect();
     let slice = Slice {
+        served_as: served_as.into_iter().collect(),
         dimension,
         name,
         requests_per_s: u.requests_per_s,

@@ -198,9 +198,16 @@ fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
         if slices.is_empty() {
             continue;
         }
+        let shown = |s: &crate::breakdown::Slice| {
+            if s.served_as.is_empty() {
+                s.name.clone()
+            } else {
+                format!("{} (as {})", s.name, s.served_as.join(", "))
+            }
+        };
         let width = slices
             .iter()
-            .map(|s| s.name.chars().count())
+            .map(|s| shown(s).chars().count())
             .max()
             .unwrap_or(0)
             .max(4);
@@ -233,7 +240,7 @@ fn breakdown(out: &mut String, b: &Breakdown, style: Style) {
                 out,
                 "   {:<12} {:<width$}  {:>7} {:>6} {:>8} {:>8} {:>7} {:>7} {:>6} {:>7} {:>8} {:>8} {:>6}  {notes}",
                 "",
-                s.name,
+                shown(s),
                 opt(s.requests_per_s, ""),
                 pct(s.error_ratio),
                 opt(s.ttft_p95, " s"),

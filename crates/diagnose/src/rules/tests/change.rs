@@ -169,3 +169,55 @@ fn no_change_without_an_incident() {
     assert_eq!(v.status, Status::Healthy, "{v:#?}");
     assert!(v.changes.is_empty(), "{:#?}", v.changes);
 }
+
+/// Two routes, each to engines that serve it under another name (`chat` as `m1`, `code` as
+/// `m2`): two models, named by their routes, not four. Fails before (the breakdown showed `chat`,
+/// `code`, `m1` and `m2`, and judged the engines' half apart from the gateway's).
+#[test]
+fn a_route_and_the_name_its_engines_serve_it_under_are_one_model() {
+    let e = Engine::default();
+    let engine = |model: &str| {
+        (
+            super::as_model(&e.before().text(KV, ITL_NAME), model),
+            super::as_model(&e.text(KV, ITL_NAME), model),
+        )
+    };
+    let gw = |ok: f64| {
+        let mut x = Expo::default();
+        for (route, replica) in [("chat", "http://e:1"), ("code", "http://e:2")] {
+            x = x
+                .line(
+                    "spillway_requests_total",
+                    &format!("route=\"{route}\",class=\"c\",status=\"200\""),
+                    ok,
+                )
+                .line(
+                    "spillway_replica_healthy",
+                    &format!("route=\"{route}\",replica=\"{replica}\""),
+                    1.0,
+                );
+        }
+        x.0
+    };
+    let (m1, m2) = (engine("m1"), engine("m2"));
+    let (gb, ga) = (gw(0.0), gw(100.0));
+    let v = run(
+        &[("e:1", &m1.0), ("e:2", &m2.0), ("g:1", &gb)],
+        &[("e:1", &m1.1), ("e:2", &m2.1), ("g:1", &ga)],
+    );
+    let models: Vec<(&str, &[String])> = v
+        .breakdown
+        .slices
+        .iter()
+        .filter(|s| s.dimension == Dimension::Model)
+        .map(|s| (s.name.as_str(), s.served_as.as_slice()))
+        .collect();
+    assert_eq!(
+        models,
+        [("chat", &["m1".to_owned()][..]), ("code", &["m2".to_owned()][..])],
+        "{:#?}",
+        v.breakdown
+    );
+    let shown = crate::render::text(&v, crate::render::Style { colour: false });
+    assert!(shown.contains("chat (as m1)"), "{shown}");
+}
