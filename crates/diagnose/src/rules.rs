@@ -558,9 +558,9 @@ pub(crate) fn apply(
                 basis: Basis::Instantaneous,
             });
             blind.push(format!(
-                "{instance}: not one sample moved in {} s while it reports work in hand: a stale \
-                 scrape (a metrics cache, a lagging federation) or a frozen process; its figures \
-                 are not the present",
+                "{instance}: not one sample moved in {:.1} s while it reports work in hand: a \
+                 stale scrape (a metrics cache, a lagging federation) or a frozen process; its \
+                 figures are not the present",
                 c.secs
             ));
         }
