@@ -71,6 +71,39 @@ fn ceil(v: f64) -> f64 {
     (v - 1e-9).ceil().max(0.0)
 }
 
+/// Wq as `spillway plan` defaults it: min(TTFT objective − the engines' own first token, TTFT
+/// objective / 2), down to a tenth of a second (a budget must fit), never under one; with the
+/// arithmetic.
+fn wait_budget(objective: f64, own: Option<f64>, own_name: &str) -> (f64, String) {
+    let half = objective / 2.0;
+    let (raw, text) = match own {
+        Some(own) => {
+            let raw = (objective - own).min(half);
+            (
+                raw,
+                format!(
+                    "Wq = min(TTFT objective − {own_name}, TTFT objective / 2) = min({} − {}, {}) = {}",
+                    secs(objective),
+                    secs(own),
+                    secs(half),
+                    secs(raw.max(0.0))
+                ),
+            )
+        }
+        None => (half, format!("Wq = TTFT objective / 2 = {}", secs(half))),
+    };
+    let wq = (floor(raw * 10.0) / 10.0).max(0.1);
+    let text = if (wq - raw).abs() > 1e-9 {
+        format!(
+            "{text} → {} (down to a tenth of a second, at least one)",
+            secs(wq)
+        )
+    } else {
+        text
+    };
+    (wq, text)
+}
+
 /// Budgets are this many times the measured tail, as `spillway plan` makes them.
 const TAIL_MARGIN: f64 = 1.5;
 
@@ -128,34 +161,16 @@ pub(crate) fn advise(
         (None, None) if first == Some(Suspect::ArrivalsExceedThroughput) => {
             // The window never saw the engines' batch full (the queue drained): C comes from a
             // bench; the wait budget from the objective and the engines' own first token.
-            let own = rows
-                .generation
-                .engine_ttft
-                .and(e.prefill_time)
-                .filter(|d| d.count > 0.0)
-                .and_then(|d| d.p95);
-            let wq = own
-                .filter(|p| *p < t.ttft_p95)
-                .map_or(t.ttft_p95 / 2.0, |p| t.ttft_p95 - p);
-            let wq_round = (floor(wq * 10.0) / 10.0).max(0.1);
+            let own = e.prefill_time.filter(|d| d.count > 0.0).and_then(|d| d.p99);
+            let (wq_round, wq_text) = wait_budget(t.ttft_p95, own, "engine prefill p99");
             changes.push(Change {
                 what: format!(
                     "put Spillway in front with queue_wait {} and C from a bench",
                     secs(wq_round)
                 ),
                 arithmetic: format!(
-                    "{}; C = floor(C_safe × R × headroom) once `spillway bench` has measured C_safe: \
-                     this window never saw the engines' batch full",
-                    match own.filter(|p| *p < t.ttft_p95) {
-                        Some(p) => format!(
-                            "Wq = TTFT objective − engine prefill p95 = {} − {} = {} → {}",
-                            secs(t.ttft_p95),
-                            secs(p),
-                            secs(wq),
-                            secs(wq_round)
-                        ),
-                        None => format!("Wq = TTFT objective / 2 = {}", secs(wq_round)),
-                    }
+                    "{wq_text}; C = floor(C_safe × R × headroom) once `spillway bench` has \
+                     measured C_safe: this window never saw the engines' batch full"
                 ),
             });
         }
@@ -232,32 +247,12 @@ pub(crate) fn advise(
     if let Some(x) = throughput
         && (queued >= 1.0 || gw_wait.is_some_and(|w| w > t.queue_time))
     {
-        let engine_ttft = rows
+        let own = rows
             .generation
             .engine_ttft
             .filter(|d| d.count > 0.0)
-            .and_then(|d| d.p95);
-        let (wq, wq_text) = match engine_ttft.filter(|v| *v < t.ttft_p95) {
-            Some(own) => (
-                t.ttft_p95 - own,
-                format!(
-                    "Wq = TTFT objective − engine TTFT p95 = {} − {} = {} → {} (down to a tenth of a second)",
-                    secs(t.ttft_p95),
-                    secs(own),
-                    secs(t.ttft_p95 - own),
-                    secs((floor((t.ttft_p95 - own) * 10.0) / 10.0).max(0.1))
-                ),
-            ),
-            None => (
-                t.ttft_p95 / 2.0,
-                format!(
-                    "Wq = TTFT objective / 2 = {}: the other half for the engine's first token",
-                    secs(t.ttft_p95 / 2.0)
-                ),
-            ),
-        };
-        // A budget must fit: down to a tenth of a second, never under one.
-        let wq = (floor(wq * 10.0) / 10.0).max(0.1);
+            .and_then(|d| d.p99);
+        let (wq, wq_text) = wait_budget(t.ttft_p95, own, "engine TTFT p99");
         let q = ceil(x * wq).max(1.0);
         changes.push(Change {
             what: format!("set the queue to Q = {} with queue_wait {}", num(q), secs(wq)),

@@ -96,7 +96,7 @@ fn a_c_below_what_the_engines_could_take_says_raise_it_and_by_how_much() {
         "{}",
         raise.arithmetic
     );
-    // 100 finished in 10 s: 10 req/s; Wq = 1 s − engine TTFT p95 (~59 ms).
+    // 100 finished in 10 s: 10 req/s; Wq = min(1 s − engine TTFT p99 (60 ms), 500 ms).
     let q = v
         .changes
         .iter()
@@ -104,11 +104,13 @@ fn a_c_below_what_the_engines_could_take_says_raise_it_and_by_how_much() {
         .unwrap_or_else(|| panic!("{:#?}", v.changes));
     assert!(q.arithmetic.contains("ceil(10 req/s × "), "{}", q.arithmetic);
     assert!(
-        q.arithmetic
-            .starts_with("Wq = TTFT objective − engine TTFT p95 = 1 s − "),
+        q.arithmetic.starts_with(
+            "Wq = min(TTFT objective − engine TTFT p99, TTFT objective / 2) = min(1 s − 60 ms, 500 ms) = 500 ms;"
+        ),
         "{}",
         q.arithmetic
     );
+    assert_eq!(q.what, "set the queue to Q = 5 with queue_wait 500 ms");
 }
 
 /// vLLM alone, its queue drained inside the window (the real-vLLM misreading): the backlog was
