@@ -34,6 +34,7 @@ pub enum Key {
     PrefixQueries,
     PrefixHits,
     RequestSuccess,
+    EngineRejections,
     Ttft,
     Itl,
     E2e,
@@ -121,6 +122,12 @@ pub const SIGNALS: &[Signal] = &[
     s(
         Key::RequestSuccess,
         &["vllm:request_success_total"],
+        Counter,
+        Engine,
+    ),
+    s(
+        Key::EngineRejections,
+        &["vllm:admission_rejections_total"],
         Counter,
         Engine,
     ),

@@ -105,6 +105,9 @@ pub struct EngineRow {
     pub gateway_concurrency_limit: Option<f64>,
     /// Requests the gateway refused because its queue was full or their wait ran out.
     pub gateway_overflow: Option<f64>,
+    /// Requests the engines refused at their own queue limit (vLLM's `--max-num-queued-reqs`
+    /// or `--max-num-queued-tokens`).
+    pub engine_overflow: Option<f64>,
 }
 
 /// Targets, replicas, restarts and the GPUs.
@@ -231,9 +234,16 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
         let reason = |want: &'static [&'static str]| {
             move |s: &Series| s.label("finished_reason").is_some_and(|v| want.contains(&v))
         };
-        let all = r.rate(Key::RequestSuccess, |_| true);
+        let finished = r.rate(Key::RequestSuccess, |_| true);
         let ok = r.rate(Key::RequestSuccess, reason(&["stop", "length", "repetition"]));
-        let errors = r.rate(Key::RequestSuccess, reason(&["error"]));
+        let failed = r.rate(Key::RequestSuccess, reason(&["error"]));
+        // vLLM's refusals at its own queue limits (a 503) are requests too, refused by design:
+        // `--max-num-queued-reqs` is a limit the operator set.
+        let refused = engine_refused(r, finished);
+        let secs = r.w.secs();
+        let designed = (secs > 0.0).then(|| refused.iter().map(|x| x.requests).sum::<f64>() / secs);
+        let all = finished.map(|f| f + designed.unwrap_or(0.0));
+        let errors = failed.map(|f| f + designed.unwrap_or(0.0));
         // A gateway's own count where it is scraped; else the engines' aborts only where they
         // counted some (releases before 0.32 did): vLLM 0.32 leaves `abort` at 0 whatever happens.
         let cancellations = r
@@ -251,7 +261,9 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
             status_5xx_per_s: errors,
             cancellations_per_s: cancellations,
             error_ratio: ratio(errors, all),
-            admitted_error_ratio: ratio(errors, all),
+            admitted_error_ratio: ratio(failed, finished),
+            refused_by_design_ratio: ratio(designed, all),
+            refused,
             latency: r.dist(Key::E2e),
             ..UserImpact::default()
         };
@@ -263,6 +275,37 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
 /// configured, which says nothing about who was refused.
 fn named_team(t: &str) -> bool {
     !t.is_empty() && t != "anonymous"
+}
+
+/// The engines' refusals at their queue limits in the window, by reason (`vllm:` before it, so
+/// the reason says whose limit), largest first.
+fn engine_refused(r: &Reader<'_>, finished_per_s: Option<f64>) -> Vec<Refused> {
+    let Some(name) = r.name(Key::EngineRejections) else {
+        return Vec::new();
+    };
+    let mut reasons: Vec<&str> = r.w.end.named(name).filter_map(|s| s.label("reason")).collect();
+    reasons.sort_unstable();
+    reasons.dedup();
+    let secs = r.w.secs();
+    let counted: Vec<(&str, f64)> = reasons
+        .into_iter()
+        .filter_map(|reason| {
+            let n = r.increase(Key::EngineRejections, |s| s.label("reason") == Some(reason))?;
+            (n > 0.0).then_some((reason, n))
+        })
+        .collect();
+    let all = finished_per_s.map(|f| f * secs + counted.iter().map(|(_, n)| n).sum::<f64>());
+    let mut out: Vec<Refused> = counted
+        .into_iter()
+        .map(|(reason, n)| Refused {
+            reason: format!("vllm:{reason}"),
+            team: None,
+            requests: n,
+            share: ratio(Some(n), all),
+        })
+        .collect();
+    out.sort_by(|a, b| b.requests.total_cmp(&a.requests));
+    out
 }
 
 /// The gateway's refusals by design in the window, by reason and team, largest first.
@@ -335,6 +378,7 @@ fn engine(r: &Reader<'_>) -> EngineRow {
         gateway_queue_wait: r.dist(Key::GwQueueWait),
         gateway_in_flight: r.level(Key::GwInFlight, Agg::Sum),
         gateway_concurrency_limit: r.level(Key::GwConcurrencyLimit, Agg::Sum).map(|l| l.end),
+        engine_overflow: r.increase(Key::EngineRejections, |_| true),
         gateway_overflow: r.increase(Key::GwRejections, |s| {
             matches!(s.label("reason"), Some("queue_full" | "queue_timeout"))
         }),

@@ -265,7 +265,8 @@ pub(crate) fn apply(
     // Queues: the engines' waiting list and the gateway's admission queue.
     let present = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0);
     let growing = |l: Option<Level>| l.is_some_and(|l| l.end >= 1.0 && l.growth() > 0.0);
-    let queue_present = present(e.waiting) || present(e.gateway_queued) || e.gateway_overflow > Some(0.0);
+    let overflow = e.gateway_overflow > Some(0.0) || e.engine_overflow > Some(0.0);
+    let queue_present = present(e.waiting) || present(e.gateway_queued) || overflow;
     let mut queue_ev = Vec::new();
     if let Some(w) = e.waiting.filter(|l| l.end >= 1.0) {
         queue_ev.push(c.ev(Key::Waiting, "end", w.end, "requests", ">=", Some(1.0)));
@@ -289,7 +290,10 @@ pub(crate) fn apply(
             Some(0.0),
         ));
     }
-    let queue_growth = growing(e.waiting) || growing(e.gateway_queued) || e.gateway_overflow > Some(0.0);
+    if let Some(o) = e.engine_overflow.filter(|v| *v > 0.0) {
+        queue_ev.push(c.ev(Key::EngineRejections, "increase", o, "requests", ">", Some(0.0)));
+    }
+    let queue_growth = growing(e.waiting) || growing(e.gateway_queued) || overflow;
     let engine_queue_time = mean(e.queue_time);
     let gateway_queue_time = mean(e.gateway_queue_wait);
     let mut queue_time_ev = Vec::new();

@@ -425,6 +425,7 @@ fn traffic(rows: &Rows) -> bool {
         || moved(g.prompt_tokens_per_s)
         || !u.refused.is_empty()
         || moved(e.gateway_overflow)
+        || moved(e.engine_overflow)
         || held(e.running)
         || held(e.waiting)
         || held(e.gateway_queued)
@@ -435,7 +436,7 @@ fn traffic(rows: &Rows) -> bool {
 fn protected_summary(rows: &Rows, met: &str) -> String {
     let u = &rows.user_impact;
     let pct = |v: Option<f64>| v.map_or("?".to_owned(), |v| format!("{:.1}%", v * 100.0));
-    let who = crate::rows::refused_by(&u.refused, pct);
+    let by = crate::rows::refused_by(&u.refused, pct);
     // Three refusals or more for each request served: the refused come straight back.
     let storm = match (u.refused_by_design_ratio, u.success_ratio) {
         (Some(r), Some(s)) if s > 0.0 && r / s >= 3.0 => format!(
@@ -445,11 +446,18 @@ fn protected_summary(rows: &Rows, met: &str) -> String {
         ),
         _ => String::new(),
     };
+    let by_engine = u.refused.iter().any(|x| x.reason.starts_with("vllm:"));
+    let by_gateway = u.refused.iter().any(|x| !x.reason.starts_with("vllm:"));
+    let who = match (by_gateway, by_engine) {
+        (true, true) => "the gateway and the engines",
+        (false, true) => "the engines",
+        _ => "the gateway",
+    };
     format!(
-        "protected: the gateway refused {} of requests by design ({}); the admitted: {met}, \
+        "protected: {who} refused {} of requests by design ({}); the admitted: {met}, \
          errors {}, goodput {} of those measured{storm}",
         pct(u.refused_by_design_ratio),
-        who,
+        by,
         pct(u.admitted_error_ratio),
         pct(u.goodput_ratio),
     )

@@ -384,6 +384,7 @@ impl Engine {
         if let Some(limit) = cfg.max_num_queued_reqs
             && core.sched.num_waiting() + core.sched.num_running() + params.n as usize > limit
         {
+            self.inner.metrics.queued_reqs_rejections.inc();
             return Err(queue_full());
         }
         if core.sched.num_waiting() + params.n as usize > cfg.max_waiting {

@@ -41,6 +41,9 @@ pub(crate) struct Metrics {
     pub(crate) prefix_queries: IntCounter,
     pub(crate) prefix_hits: IntCounter,
     success: [IntCounter; 4],
+    /// `vllm:admission_rejections_total{reason="max_num_queued_reqs"}`: requests refused by the
+    /// `--max-num-queued-reqs` limit (vLLM's other reason, `max_num_queued_tokens`, stays 0).
+    pub(crate) queued_reqs_rejections: IntCounter,
     pub(crate) ttft: Histogram,
     pub(crate) itl: Histogram,
     pub(crate) e2e: Histogram,
@@ -109,6 +112,21 @@ impl Metrics {
         let success = FinishReason::ALL.map(|r| success_vec.with_label_values(&[r.as_str()]));
         // vLLM 0.32 has this reason too (a repetition detector the simulator does not model).
         success_vec.with_label_values(&["repetition"]);
+        // vLLM 0.32 labels its refusals by model and reason only, with no `engine`.
+        let rejections = IntCounterVec::new(
+            Opts::new(
+                "vllm:admission_rejections_total",
+                "Number of admission attempts rejected by a queue limit, by reason.",
+            )
+            .const_label("model_name", model),
+            &["reason"],
+        )
+        .expect("valid counter options");
+        registry
+            .register(Box::new(rejections.clone()))
+            .expect("unique metric name");
+        rejections.with_label_values(&["max_num_queued_tokens"]);
+        let queued_reqs_rejections = rejections.with_label_values(&["max_num_queued_reqs"]);
 
         let dcgm = dcgm.then(|| {
             let uuid = gpu_uuid(gpu_index);
@@ -198,6 +216,7 @@ impl Metrics {
                 "Prefix cache hits, in terms of number of cached tokens.",
             ),
             success,
+            queued_reqs_rejections,
             ttft: hist(
                 "vllm:time_to_first_token_seconds",
                 "Histogram of time to first token in seconds.",

@@ -321,6 +321,34 @@ async fn designed_shedding_is_protected() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_refusing_at_its_own_queue_limit_is_protected() {
+    let mut cfg = tiny();
+    // vLLM's own backstop: four run, four more may wait, the rest are refused with a 503.
+    cfg.max_num_seqs = 4;
+    cfg.max_num_queued_reqs = Some(8);
+    let e = engine_with(cfg).await;
+    let d = dcgm(&[&e]).await;
+    let url = e.url();
+    let j = judge(
+        "vLLM's --max-num-queued-reqs",
+        &[e.url(), d.url.clone()],
+        || Some(open(&url, 400.0, 16, 32)),
+        is(&[Status::Protected]),
+        is(&[Status::Protected]),
+    )
+    .await;
+    assert!(
+        j.settled.summary.starts_with("protected: the engines refused "),
+        "{}",
+        j.settled.summary
+    );
+    assert_eq!(
+        j.onset.rows.user_impact.refused[0].reason,
+        "vllm:max_num_queued_reqs"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_storm_against_the_limits_is_protected_and_said() {
     let e = engine_with(tiny()).await;
     let d = dcgm(&[&e]).await;

@@ -148,6 +148,17 @@ async fn a_full_queue_refuses_a_stream_inside_a_200_stream() {
     assert_eq!(r.status(), 503);
     let v: Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], 503);
+    // Both refusals counted as vLLM 0.32 counts them: by model and reason, no `engine` label.
+    let text = String::from_utf8(e.engine.metrics_text()).unwrap();
+    assert!(
+        text.contains("vllm:admission_rejections_total{model_name=\"sim\",reason=\"max_num_queued_reqs\"} 2"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "vllm:admission_rejections_total{model_name=\"sim\",reason=\"max_num_queued_tokens\"} 0"
+        )
+    );
     for h in held {
         h.abort();
     }

@@ -241,3 +241,37 @@ fn healthy_and_incident_say_what_their_evidence_rests_on() {
     );
     assert!(b.instantaneous.is_empty(), "{b:#?}");
 }
+
+/// vLLM refusing at its own `--max-num-queued-reqs` (a 503 the engines' success counter never
+/// sees) while the requests it took meet their objectives: the engines' limits doing their job,
+/// said with the refused share. Fails before (healthy: the refusals were invisible).
+#[test]
+fn vllm_refusing_at_its_queue_limit_is_protected_and_counted() {
+    let e = Engine::default();
+    let refusals = |n: f64| {
+        format!(
+            "vllm:admission_rejections_total{{model_name=\"m\",reason=\"max_num_queued_reqs\"}} {n}\n\
+             vllm:admission_rejections_total{{model_name=\"m\",reason=\"max_num_queued_tokens\"}} 0\n"
+        )
+    };
+    let (b, a) = (
+        e.before().text(KV, ITL_NAME) + &refusals(0.0),
+        e.text(KV, ITL_NAME) + &refusals(40.0),
+    );
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(v.status, Status::Protected, "{v:#?}");
+    let u = &v.rows.user_impact;
+    assert_eq!(
+        u.requests_per_s,
+        Some(14.0),
+        "100 finished and 40 refused in 10 s"
+    );
+    assert_eq!(u.refused[0].reason, "vllm:max_num_queued_reqs");
+    assert!(
+        v.summary.starts_with(
+            "protected: the engines refused 28.6% of requests by design (vllm:max_num_queued_reqs 28.6%)"
+        ),
+        "{}",
+        v.summary
+    );
+}
