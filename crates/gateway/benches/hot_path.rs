@@ -1,10 +1,9 @@
 //! Micro-benchmarks of the gateway's per-request and per-chunk work: the admission decision and
 //! the SSE relay's splitting and classification.
 
+use admission::{Admission, Limits, Priority};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use protocol::sse::EventSplitter;
-use spillway_gateway::admission::{Admission, Limits};
-use spillway_gateway::config::Priority;
 use spillway_gateway::relay::classify;
 use std::hint::black_box;
 use std::time::Duration;

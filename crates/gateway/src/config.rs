@@ -686,31 +686,8 @@ pub struct TenantConfig {
     pub tpm: Option<std::num::NonZeroU64>,
 }
 
-/// Queue priority: `critical` before `standard`; `sheddable` never waits.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Priority {
-    Critical,
-    #[default]
-    Standard,
-    Sheddable,
-}
-
-impl Priority {
-    pub const ALL: [Priority; 3] = [Priority::Critical, Priority::Standard, Priority::Sheddable];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Priority::Critical => "critical",
-            Priority::Standard => "standard",
-            Priority::Sheddable => "sheddable",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Priority> {
-        Priority::ALL.into_iter().find(|p| p.as_str() == s)
-    }
-}
+/// Queue priority lives with the admission gate that orders by it.
+pub use admission::Priority;
 
 /// A configuration that cannot be used, with the path of the offending field.
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -1,7 +1,7 @@
 //! Every way a request can fail, where it came from, whether a retry could help, and the one place
 //! each maps to a status code and an OpenAI-shaped body.
 
-use crate::admission::{Limits, Rejection};
+use admission::{Limits, QuotaExceeded, Rejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::ErrorBody;
@@ -71,13 +71,8 @@ pub enum GatewayError {
         rejection: Rejection,
     },
     /// A team over one of its quotas.
-    #[error("{}", GatewayError::quota_message(team, *kind, *limit, *retry_after))]
-    QuotaExceeded {
-        team: String,
-        kind: crate::quota::QuotaKind,
-        limit: u64,
-        retry_after: Duration,
-    },
+    #[error(transparent)]
+    QuotaExceeded(#[from] QuotaExceeded),
     #[error("model '{0}' has no healthy replica to try")]
     NoHealthyReplica(String),
     /// Every replica tried answered 429/503: backpressure, retryable elsewhere.
@@ -102,14 +97,9 @@ pub enum GatewayError {
 
 fn overloaded_message(route: &str, class: &str, limits: &Limits, rejection: &Rejection) -> String {
     let what = match rejection {
-        Rejection::QueueFull { .. } => format!("the queue is full ({} waiting)", limits.queue),
-        Rejection::QueueTimeout { waited, .. } => {
-            format!("no slot within {waited:?} (queue_wait {:?})", limits.queue_wait)
-        }
-        Rejection::PredictedWait { predicted, .. } => {
-            format!("the predicted wait ({predicted:.1?}) exceeds what the request may wait")
-        }
-        Rejection::Shed { .. } => "all slots are busy and sheddable requests do not wait".to_owned(),
+        Rejection::QueueFull { .. } => format!("{rejection} ({} waiting)", limits.queue),
+        Rejection::QueueTimeout { .. } => format!("{rejection} (queue_wait {:?})", limits.queue_wait),
+        Rejection::PredictedWait { .. } | Rejection::Shed { .. } => rejection.to_string(),
     };
     format!(
         "model '{route}' class '{class}' is at capacity ({} in flight): {what}; retry after {}s",
@@ -157,7 +147,7 @@ impl GatewayError {
             Draining
             | TooManyConnections(_)
             | Overloaded { .. }
-            | QuotaExceeded { .. }
+            | QuotaExceeded(_)
             | NoHealthyReplica(_)
             | UpstreamBusy { .. }
             | FirstTokenTimeout(_)
@@ -179,7 +169,7 @@ impl GatewayError {
             BodyTooLarge { .. } => 413,
             HeadersTooLarge { .. } => 431,
             Overloaded { status, .. } => *status,
-            QuotaExceeded { .. } => 429,
+            QuotaExceeded(_) => 429,
             Draining | TooManyConnections(_) | NoHealthyReplica(_) | UpstreamBusy { .. } => 503,
             FirstTokenTimeout(_) | DeadlineExceeded(_) => 504,
             UpstreamConnect { .. } | Upstream { .. } => 502,
@@ -204,7 +194,7 @@ impl GatewayError {
             Draining => "draining",
             TooManyConnections(_) => "too_many_connections",
             Overloaded { rejection, .. } => rejection.reason(),
-            QuotaExceeded { .. } => "rate_limit_exceeded",
+            QuotaExceeded(_) => "rate_limit_exceeded",
             NoHealthyReplica(_) => "no_healthy_replica",
             UpstreamBusy { .. } => "upstream_busy",
             FirstTokenTimeout(_) => "first_token_timeout",
@@ -216,7 +206,7 @@ impl GatewayError {
     /// The metric's `reason` (and the log's `outcome`): the code, or for a quota which one.
     pub fn reason(&self) -> &'static str {
         match self {
-            GatewayError::QuotaExceeded { kind, .. } => kind.reason(),
+            GatewayError::QuotaExceeded(q) => q.kind.reason(),
             _ => self.code(),
         }
     }
@@ -248,7 +238,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             Overloaded { rejection, .. } => Some(rejection.retry_after()),
-            UpstreamBusy { retry_after, .. } | QuotaExceeded { retry_after, .. } => Some(*retry_after),
+            UpstreamBusy { retry_after, .. } => Some(*retry_after),
+            QuotaExceeded(q) => Some(q.retry_after),
             Draining | TooManyConnections(_) | NoHealthyReplica(_) => Some(Duration::from_secs(1)),
             _ => None,
         }

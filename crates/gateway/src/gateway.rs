@@ -227,7 +227,7 @@ impl Gateway {
     }
 
     /// The admission gate of a route's class, for tests and the admin view.
-    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
+    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<admission::Admission>> {
         let table = self.table();
         let route = table.route(model)?;
         route

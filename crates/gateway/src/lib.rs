@@ -6,14 +6,14 @@
 //! 2. who is asking — `tenant` (401), before any model is named;
 //! 3. which route serves the model — `table` (404/403, routing rules);
 //! 4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
-//! 5. the team's quota — `quota` (429 with `Retry-After` and OpenAI's `x-ratelimit-*`), counted
-//!    in a sliding `window`;
-//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`); with `redis:` in the
+//! 5. the team's quota — [`admission::quota`] (429 with `Retry-After` and OpenAI's
+//!    `x-ratelimit-*`), counted in a sliding [`admission::window`];
+//! 6. a slot in the class — [`admission::gate`] (503/429 with `Retry-After`); with `redis:` in the
 //!    config, stages 5 and 6 are one call to the limits every gateway shares — `shared` — and
 //!    this gateway's share of them while Redis is unreachable;
 //! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
 //!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
-//!    and `adaptive` parts) and `retry` keeping retries within a budget;
+//!    and `adaptive` parts) and [`admission::retry`] keeping retries within a budget;
 //! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
 //! 9. the end — `outcome`: one `Ending` per request, written into `metrics` and the
 //!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
@@ -26,7 +26,6 @@
 
 pub mod access_log;
 pub mod admin;
-pub mod admission;
 pub mod audit;
 pub mod config;
 pub mod error;
@@ -36,9 +35,7 @@ mod listener;
 mod metrics;
 mod outcome;
 pub(crate) mod prepare;
-mod quota;
 pub mod relay;
-mod retry;
 mod route;
 mod server;
 mod shared;
@@ -46,13 +43,12 @@ mod table;
 mod tenant;
 mod traces;
 mod upstream;
-mod window;
 
+pub use admission::QuotaKind;
 pub use config::Config;
 pub use error::GatewayError;
 pub use gateway::Gateway;
 pub use listener::{bind, run};
-pub use quota::QuotaKind;
 pub use server::router;
 pub use tenant::{key_sha256, new_key};
 

@@ -2,11 +2,11 @@
 //! set once, written when the record is dropped into the metrics and the access log.
 
 use crate::access_log::{AccessLog, AccessRecord};
-use crate::admission::Permit;
 use crate::config::Slo;
 use crate::error::GatewayError;
 use crate::metrics::{ClassSeries, Metrics, NO_CLASS, UNKNOWN_ROUTE};
 use crate::route::ReplicaGuard;
+use admission::Permit;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -87,9 +87,9 @@ pub(crate) struct Exchange {
     pub(crate) usage: Option<(u32, u32)>,
     /// The team's quota slot, settled with the real usage when this is dropped.
     /// Boxed, as only a team with a quota has one (see `lease`).
-    quota: Option<Box<crate::quota::QuotaPermit>>,
+    quota: Option<Box<admission::quota::QuotaPermit>>,
     /// The team's windows for the `x-ratelimit-*` headers.
-    pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
+    pub(crate) rate_headers: Option<admission::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
     /// every request's record (moved several times on its way) twice as large.
@@ -137,7 +137,7 @@ impl Exchange {
     }
 
     /// The team's quota let the request through (`None`: the team has no quota).
-    pub(crate) fn quota_admitted(&mut self, permit: Option<crate::quota::QuotaPermit>) {
+    pub(crate) fn quota_admitted(&mut self, permit: Option<admission::quota::QuotaPermit>) {
         self.rate_headers = permit.as_ref().map(|p| p.headers);
         self.quota = permit.map(Box::new);
     }

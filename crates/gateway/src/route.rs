@@ -11,10 +11,10 @@ mod scrape;
 
 pub(crate) use replica::{Observation, Replica, ReplicaGuard};
 
-use crate::admission::{AdaptiveLimits, Admission, Limits};
 use crate::config::ConfigError;
 use crate::config::{ClassConfig, Concurrency, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
+use admission::{AdaptiveLimits, Admission, Limits};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -55,7 +55,7 @@ pub(crate) struct Route {
     pub(crate) client: UpstreamClient,
     /// Set when the route renames the model upstream.
     pub(crate) rename: Option<Arc<crate::relay::Rename>>,
-    pub(crate) budget: crate::retry::RetryBudget,
+    pub(crate) budget: admission::retry::RetryBudget,
     pub(crate) retries: IntCounter,
     pub(crate) retry_budget_exhausted: IntCounter,
 }
@@ -123,7 +123,7 @@ impl Route {
             .filter(|u| *u != config.model)
             .map(|u| Arc::new(crate::relay::Rename::new(u, &config.model)));
         Ok(Route {
-            budget: crate::retry::RetryBudget::new(
+            budget: admission::retry::RetryBudget::new(
                 config.retry.budget.ratio,
                 config.retry.budget.min_per_second,
             ),

@@ -543,7 +543,7 @@ async fn admit_shared(
         }
         Ok(Err(e)) => {
             if let GatewayError::Overloaded {
-                rejection: crate::admission::Rejection::QueueTimeout { waited, .. },
+                rejection: admission::Rejection::QueueTimeout { waited, .. },
                 ..
             } = &e
             {
@@ -565,7 +565,7 @@ fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Exchange) -> Resu
         }
         Err(e) => {
             ex.rate_headers = tenant.quota.headers();
-            Err(e)
+            Err(e.into())
         }
     }
 }
@@ -588,7 +588,7 @@ async fn take_slot(
             Ok(())
         }
         Err(rejection) => {
-            if let crate::admission::Rejection::QueueTimeout { waited, .. } = rejection {
+            if let admission::Rejection::QueueTimeout { waited, .. } = rejection {
                 ex.waited(waited);
             }
             Err(GatewayError::Overloaded {

@@ -19,10 +19,10 @@
 //! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
 //! checked in one atomic script, which Redis Cluster allows only within one slot.
 
-use crate::admission::{Admission, Limits, Permit, Rejection};
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
-use crate::quota::{QuotaKind, QuotaLimits, RateHeaders};
+use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
+use admission::{Admission, Limits, Permit, Rejection};
 use futures::StreamExt;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -448,12 +448,12 @@ impl Shared {
             lease.armed = false;
         }
         let over = |kind: QuotaKind, limit: u64, retry_after: Duration| {
-            Ok(Err(GatewayError::QuotaExceeded {
+            Ok(Err(GatewayError::from(QuotaExceeded {
                 team: ask.team.to_owned(),
                 kind,
                 limit,
                 retry_after: retry_after.max(Duration::from_secs(1)),
-            }))
+            })))
         };
         let rejection = match outcome {
             1 | 2 => None,

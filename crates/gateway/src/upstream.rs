@@ -118,7 +118,7 @@ pub(crate) async fn call(
             return Err(error);
         }
         let b = route.config.retry.backoff;
-        let wait = crate::retry::backoff(b.base, b.max, tried.len() as u32);
+        let wait = admission::retry::backoff(b.base, b.max, tried.len() as u32);
         if Instant::now() + wait >= head_deadline {
             return Err(error);
         }
