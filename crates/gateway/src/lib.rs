@@ -14,7 +14,8 @@
 //! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
 //!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
 //!    and `adaptive` parts) and [`admission::retry`] keeping retries within a budget;
-//! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
+//! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk,
+//!    each SSE event read by [`event`] (its kind, its usage, an error, the model's name);
 //! 9. the end — `outcome`: one `Ending` per request, written into `metrics` and the
 //!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
 //!    until the body ends.
@@ -29,6 +30,7 @@ pub mod admin;
 pub mod audit;
 pub mod config;
 pub mod error;
+pub mod event;
 mod front;
 mod gateway;
 mod listener;

@@ -54,7 +54,7 @@ pub(crate) struct Route {
     pub(crate) tokenizer: Tokenizer,
     pub(crate) client: UpstreamClient,
     /// Set when the route renames the model upstream.
-    pub(crate) rename: Option<Arc<crate::relay::Rename>>,
+    pub(crate) rename: Option<Arc<crate::event::Rename>>,
     pub(crate) budget: admission::retry::RetryBudget,
     pub(crate) retries: IntCounter,
     pub(crate) retry_budget_exhausted: IntCounter,
@@ -121,7 +121,7 @@ impl Route {
             .upstream_model
             .as_deref()
             .filter(|u| *u != config.model)
-            .map(|u| Arc::new(crate::relay::Rename::new(u, &config.model)));
+            .map(|u| Arc::new(crate::event::Rename::new(u, &config.model)));
         Ok(Route {
             budget: admission::retry::RetryBudget::new(
                 config.retry.budget.ratio,

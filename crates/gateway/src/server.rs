@@ -688,7 +688,7 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
     let mut response = match ended {
         Ended::Whole(status, body) => {
             ex.trace.finish_reasons(&body);
-            ex.whole_answer(Instant::now(), relay::parse_usage(&body));
+            ex.whole_answer(Instant::now(), crate::event::parse_usage(&body));
             ex.end(Ending::Finished, status.as_u16());
             relayed(status, body)
         }
