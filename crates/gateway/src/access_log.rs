@@ -278,7 +278,7 @@ fn string(line: &mut Vec<u8>, s: &str) {
 /// has a shortest form of at most three decimals, written here from its integer count; any
 /// other value is left to `serde_json`.
 ///
-/// [`ms`]: crate::outcome
+/// [`ms`]: crate::path::outcome
 fn millis(line: &mut Vec<u8>, v: f64) {
     let micros = (v * 1e3).round();
     if !(0.0..1e15).contains(&micros) || micros / 1e3 != v {

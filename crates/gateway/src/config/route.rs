@@ -262,7 +262,7 @@ pub struct ClassConfig {
     pub replicas: Option<Vec<String>>,
 }
 
-/// A fixed C, or one that follows the measured time to first token (see [`crate::admission`]).
+/// A fixed C, or one that follows the measured time to first token (see [`admission::Admission::adapt`]).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
 #[serde(try_from = "RawConcurrency")]
 pub enum Concurrency {

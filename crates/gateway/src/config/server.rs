@@ -227,6 +227,14 @@ pub struct ServerConfig {
     pub max_response_bytes: usize,
 }
 
+impl ServerConfig {
+    /// The most a request head may take before the HTTP server answers 431 itself: heads a little
+    /// over `max_header_bytes` get the gateway's own 431, in the OpenAI shape, from the request path.
+    pub(crate) fn max_head_buffer(&self) -> usize {
+        (self.max_header_bytes * 4).max(16 * 1024)
+    }
+}
+
 impl Default for ServerConfig {
     fn default() -> Self {
         Self {

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ConfigError, MetricsExposure};
 use crate::error::GatewayError;
-use crate::gateway::Gateway;
+use crate::state::Gateway;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -20,7 +20,7 @@ pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
     let mut router = Router::new();
     if gateway.config.server.metrics == MetricsExposure::Admin {
         // Unauthenticated, as Prometheus scrapes it; the listener itself is the boundary.
-        router = router.route("/metrics", get(crate::server::metrics));
+        router = router.route("/metrics", get(crate::serve::router::metrics));
     }
     router
         .route("/admin/state", get(state))

@@ -14,10 +14,10 @@ pub(crate) use detached::detached;
 
 use crate::error::GatewayError;
 use crate::event::{EarlyError, EventKind, Rename, classify, is_error_event, parse_usage};
-use crate::outcome::{Cut, Ending, Exchange};
-use crate::upstream::h1::{self, Body, Pieces, Read};
+use crate::path::outcome::{Cut, Ending, Exchange};
 use alarms::Alarms;
 use bytes::{Bytes, BytesMut};
+use http1::client::{self as h1, Body, Pieces, Read};
 use protocol::sse::EventSplitter;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -401,7 +401,7 @@ impl Relay {
         }
     }
 
-    /// The request's record: what the stream's head says of it (`server::stream_fields`).
+    /// The request's record: what the stream's head says of it (`respond::stream_fields`).
     pub(crate) fn exchange(&self) -> &Exchange {
         &self.exchange
     }

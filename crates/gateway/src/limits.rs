@@ -252,10 +252,10 @@ impl Shared {
             wakers: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             scripts: Scripts {
-                acquire: Script::new(include_str!("shared/acquire.lua")),
-                promote: Script::new(include_str!("shared/promote.lua")),
-                release: Script::new(include_str!("shared/release.lua")),
-                renew: Script::new(include_str!("shared/renew.lua")),
+                acquire: Script::new(include_str!("limits/acquire.lua")),
+                promote: Script::new(include_str!("limits/promote.lua")),
+                release: Script::new(include_str!("limits/release.lua")),
+                renew: Script::new(include_str!("limits/renew.lua")),
             },
             mode,
             calls,
@@ -266,8 +266,8 @@ impl Shared {
     }
 
     /// Opens the connection and starts the background work: renewals, the probe that finds Redis
-    /// again, and the subscriber that wakes waiters. They end when the returned handles drop.
-    pub(crate) fn start(self: &Arc<Self>) -> Vec<crate::gateway::AbortOnDrop> {
+    /// again, and the subscriber that wakes waiters; the caller ends them.
+    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 2] {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.config.timeout))
             .set_response_timeout(Some(self.config.timeout))
@@ -279,9 +279,9 @@ impl Shared {
             }
             Err(e) => tracing::warn!(error = ?e.kind(), "cannot set up the Redis connection"),
         }
-        vec![
-            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().keep_leases())),
-            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().listen())),
+        [
+            tokio::spawn(self.clone().keep_leases()),
+            tokio::spawn(self.clone().listen()),
         ]
     }
 

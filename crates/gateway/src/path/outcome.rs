@@ -93,7 +93,7 @@ pub(crate) struct Exchange {
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
     /// every request's record (moved several times on its way) twice as large.
-    pub(crate) lease: Option<Box<crate::shared::Lease>>,
+    pub(crate) lease: Option<Box<crate::limits::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
     pub(crate) trace: crate::traces::Trace,
 }

@@ -4,10 +4,11 @@
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
 
-use crate::gateway::Gateway;
-use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
-use crate::relay::Relay;
-use crate::server::{Front, Reply};
+use crate::path::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
+use crate::path::relay::Relay;
+use crate::path::respond::Reply;
+use crate::serve::router::Front;
+use crate::state::Gateway;
 use crate::table::Table;
 use crate::traces::TRACE_HEADERS;
 use axum::http::{HeaderMap, Method, Uri, Version};
@@ -53,7 +54,7 @@ impl http1::server::Handler<TcpStream> for Serving {
             header_timeout: server.header_timeout,
             body_timeout: server.body_timeout,
             // hyper's own limit on a head; past it, hyper answers 431 itself.
-            max_head: crate::listener::max_head_buffer(server),
+            max_head: server.max_head_buffer(),
         }
     }
 
@@ -95,7 +96,7 @@ impl http1::server::Handler<TcpStream> for Serving {
         };
         drop(read_for);
         let api = request.api;
-        crate::server::completion(self.gateway.clone(), Some(table), api, request.with_body(body))
+        crate::path::completion(self.gateway.clone(), Some(table), api, request.with_body(body))
     }
 
     async fn closed(&mut self) {
@@ -134,14 +135,14 @@ impl Chunks for Box<Relay> {
     }
 
     fn head_fields(&self, each: &mut dyn FnMut(&[u8], &[u8])) {
-        crate::server::stream_fields(self.exchange(), &mut |name, value| {
+        crate::path::respond::stream_fields(self.exchange(), &mut |name, value| {
             each(name.as_str().as_bytes(), value);
         });
     }
 }
 
 /// The request headers the request path reads, besides those the routes' rules name: the API key
-/// (`server::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
+/// (`path::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
 /// context (`traces`). A header read anywhere else on the request path belongs here: this module
 /// passes on no other.
 const READ_HEADERS: [&str; 6] = [
@@ -166,7 +167,7 @@ pub(crate) struct Request {
 
 impl Request {
     /// `None` for a head hyper answers instead ([`RequestHead::parse`] says which), one that is
-    /// not a completion POST, and one over `max_header_bytes` (431, as `server` counts a head).
+    /// not a completion POST, and one over `max_header_bytes` (431, as `path::identified` counts a head).
     /// Of the headers, only those the request path reads are kept ([`READ_HEADERS`] and
     /// `rule_headers`).
     pub(crate) fn from_head(

@@ -3,9 +3,9 @@
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
-use crate::outcome::Exchange;
-use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
-use crate::relay::{self, Events, Opened};
+use crate::path::outcome::Exchange;
+use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
+use crate::path::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
