@@ -273,7 +273,7 @@ pub(crate) fn is_error_event(event: &[u8]) -> bool {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EarlyError {
     /// The status its `code` names (an integer, or digits in a string); `None` if it names none.
-    pub(crate) status: Option<u16>,
+    pub(crate) status: Option<axum::http::StatusCode>,
     /// The event's JSON (`{"error": …}`), to relay as a body.
     pub(crate) body: Bytes,
 }
@@ -297,7 +297,8 @@ impl EarlyError {
         EarlyError {
             status: status
                 .and_then(|s| u16::try_from(s).ok())
-                .filter(|s| (400..600).contains(s)),
+                .filter(|s| (400..600).contains(s))
+                .and_then(|s| axum::http::StatusCode::from_u16(s).ok()),
             body: Bytes::copy_from_slice(body),
         }
     }

@@ -95,7 +95,7 @@ impl std::fmt::Debug for Shared {
 /// What one request asks of the shared limits.
 pub(crate) struct Ask<'a> {
     /// The status of an overload refusal (the route's `overflow_status`).
-    pub(crate) status: u16,
+    pub(crate) status: axum::http::StatusCode,
     pub(crate) route: &'a str,
     pub(crate) class: &'a str,
     pub(crate) limits: Limits,

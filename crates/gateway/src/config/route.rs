@@ -45,6 +45,17 @@ pub struct RouteConfig {
     pub classes: Vec<ClassConfig>,
 }
 
+impl RouteConfig {
+    /// The status of an overload refusal: `overflow_status`, which validation holds to 429 or 503.
+    pub fn overflow(&self) -> axum::http::StatusCode {
+        if self.overflow_status == 429 {
+            axum::http::StatusCode::TOO_MANY_REQUESTS
+        } else {
+            axum::http::StatusCode::SERVICE_UNAVAILABLE
+        }
+    }
+}
+
 fn default_overflow_status() -> u16 {
     503
 }

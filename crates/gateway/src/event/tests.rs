@@ -3,8 +3,14 @@ use super::*;
 #[test]
 fn an_error_events_status_is_its_code() {
     let status = |json: &str| EarlyError::parse(format!("data: {json}\n\n").as_bytes()).status;
-    assert_eq!(status(r#"{"error":{"message":"x","code":429}}"#), Some(429));
-    assert_eq!(status(r#"{"error":{"message":"x","code":"503"}}"#), Some(503));
+    assert_eq!(
+        status(r#"{"error":{"message":"x","code":429}}"#),
+        Some(axum::http::StatusCode::from_u16(429).unwrap())
+    );
+    assert_eq!(
+        status(r#"{"error":{"message":"x","code":"503"}}"#),
+        Some(axum::http::StatusCode::from_u16(503).unwrap())
+    );
     assert_eq!(
         status(r#"{"error":{"message":"x","code":"upstream_busy"}}"#),
         None

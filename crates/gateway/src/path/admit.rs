@@ -107,7 +107,7 @@ async fn admit_shared(
     };
     let tokens = reserved_tokens(prepared);
     let ask = crate::limits::Ask {
-        status: route.config.overflow_status,
+        status: route.config.overflow(),
         route: &route.config.model,
         class: &class.config.name,
         limits: class.limits,
@@ -179,7 +179,7 @@ async fn take_slot(
                 ex.waited(waited);
             }
             Err(GatewayError::Overloaded {
-                status: route.config.overflow_status,
+                status: route.config.overflow(),
                 route: route.config.model.clone(),
                 class: class.config.name.clone(),
                 limits: class.admission.limits(),

@@ -12,10 +12,12 @@ mod tests;
 
 pub(crate) use detached::detached;
 
+use crate::error::Cut;
 use crate::error::GatewayError;
 use crate::event::{EarlyError, EventKind, Rename, classify, is_error_event, parse_usage};
-use crate::path::outcome::{Cut, Ending, Exchange};
+use crate::path::outcome::{Ending, Exchange};
 use alarms::Alarms;
+use axum::http::StatusCode;
 use bytes::{Bytes, BytesMut};
 use http1::client::{self as h1, Body, Pieces, Read};
 use protocol::sse::EventSplitter;
@@ -223,7 +225,7 @@ fn pass_on(
                 return kind;
             }
         }
-        EventKind::Done => ex.end(Ending::Finished, 200),
+        EventKind::Done => ex.end(Ending::Finished, StatusCode::OK),
         EventKind::Other => {}
     }
     if matches!(ex.trace, crate::traces::Trace::Record(_)) {
@@ -325,9 +327,8 @@ impl Relay {
         }
         loop {
             if self.alarms.stopping(cx) {
-                self.fail(
-                    Cut::DrainTimeout,
-                    "gateway_shutdown",
+                self.cut(
+                    Cut::Drain,
                     "the gateway is shutting down and its drain time ran out",
                 );
                 return Poll::Ready(());
@@ -347,7 +348,7 @@ impl Relay {
                     }
                     if self.events.event_too_large() {
                         // What came before it goes out, then the error event.
-                        self.fail(Cut::Upstream, "upstream_stream_error", &too_large_message());
+                        self.cut(Cut::Upstream, &too_large_message());
                         return Poll::Ready(());
                     }
                     if !self.events.out.is_empty() {
@@ -360,7 +361,7 @@ impl Relay {
                 }
                 Poll::Ready(Err(e)) => {
                     let msg = format!("the replica's stream failed: {e}");
-                    self.fail(Cut::Upstream, "upstream_stream_error", &msg);
+                    self.cut(Cut::Upstream, &msg);
                     return Poll::Ready(());
                 }
                 Poll::Pending => {
@@ -378,11 +379,7 @@ impl Relay {
                         return Poll::Ready(());
                     }
                     if now >= self.deadline {
-                        self.fail(
-                            Cut::Deadline,
-                            "deadline_exceeded",
-                            "the request's total time budget ran out",
-                        );
+                        self.cut(Cut::Deadline, "the request's total time budget ran out");
                         return Poll::Ready(());
                     }
                     let due = (self.last_read + self.idle)
@@ -390,7 +387,7 @@ impl Relay {
                         .min(self.done_by.unwrap_or(self.deadline));
                     if now >= due {
                         let msg = format!("no chunk from the replica for {:?} (stream_idle)", self.idle);
-                        self.fail(Cut::StreamIdle, "stream_idle_timeout", &msg);
+                        self.cut(Cut::Idle, &msg);
                         return Poll::Ready(());
                     }
                     // Data came since the timer was set: it moves to the new deadline, and the
@@ -454,22 +451,18 @@ impl Relay {
             if !rest.is_empty() && !rest.ends_with(b"\n\n") {
                 out.extend_from_slice(b"\n\n");
             }
-            self.fail(
-                Cut::Upstream,
-                "upstream_stream_error",
-                "the replica ended the stream early",
-            );
+            self.cut(Cut::Upstream, "the replica ended the stream early");
         }
     }
 
     /// Ends the stream: the exchange records the cut, the client gets one SSE error event after
     /// what [`Relay::out`] holds.
-    fn fail(&mut self, cut: Cut, code: &'static str, message: &str) {
+    fn cut(&mut self, cut: Cut, message: &str) {
         self.done = true;
-        self.exchange.end(Ending::Cut(cut), 200);
+        self.exchange.end(Ending::Cut(cut), StatusCode::OK);
         self.events
             .out
-            .extend_from_slice(&GatewayError::upstream(code, message).sse_event());
+            .extend_from_slice(&GatewayError::stream_cut(cut, message));
     }
 }
 

@@ -89,10 +89,7 @@ pub(super) async fn answer(
 ) -> Result<Answer, GatewayError> {
     let upstream = match answered {
         Answered::Response(upstream) => upstream,
-        Answered::Rejected(status, body) => {
-            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_REQUEST);
-            return Ok(Answer::Relayed(status, body));
-        }
+        Answered::Rejected(status, body) => return Ok(Answer::Relayed(status, body)),
         Answered::Stream(events) => {
             let config = RelayConfig {
                 idle: route.config.timeouts.stream_idle,
@@ -132,7 +129,7 @@ pub(super) fn respond(
         Ok(Answer::Relayed(status, body)) => return answered(Ended::Relayed(status, body), ex),
         Err(e) => return answered(Ended::Failed(e), ex),
     };
-    ex.answering(200);
+    ex.answering(StatusCode::OK);
     let relay = Relay::new(opened, config, ex);
     // The head fields go with the relay ([`stream_fields`]): the front writes them, and
     // `into_hyper` makes them headers.
@@ -165,11 +162,11 @@ fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
         Ended::Whole(status, body) => {
             ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), crate::event::parse_usage(&body));
-            ex.end(Ending::Finished, status.as_u16());
+            ex.end(Ending::Finished, status);
             relayed(status, body)
         }
         Ended::Relayed(status, body) => {
-            ex.end(Ending::UpstreamRejected, status.as_u16());
+            ex.end(Ending::UpstreamRejected, status);
             relayed(status, body)
         }
         Ended::Failed(e) => {

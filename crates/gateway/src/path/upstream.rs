@@ -9,6 +9,7 @@ use crate::path::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
+use axum::http::StatusCode;
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -56,7 +57,7 @@ pub(crate) enum Answered {
     Response(h1::Response),
     /// The replica's own 4xx, sent as an error event in place of a stream's first token: its
     /// status and the event's JSON.
-    Rejected(u16, Bytes),
+    Rejected(StatusCode, Bytes),
 }
 
 /// Calls replicas until one gives an answer to relay (a 2xx, or the client's own 4xx) or the
@@ -99,8 +100,8 @@ pub(crate) async fn call(
         ex.trace.attempt_done(match &result {
             Ok(Answered::Response(r)) => Ok(r.status().as_u16()),
             Ok(Answered::Stream(_)) => Ok(200),
-            Ok(Answered::Rejected(status, _)) => Ok(*status),
-            Err(e) => Err((e.reason(), e.status())),
+            Ok(Answered::Rejected(status, _)) => Ok(status.as_u16()),
+            Err(e) => Err((e.reason(), e.status().as_u16())),
         });
         let error = match result {
             Ok(answered) => return Ok(answered),
@@ -169,7 +170,7 @@ async fn open(
         }
     };
     match early.status {
-        Some(status @ (429 | 503)) => {
+        Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
             // The event carries no Retry-After: the default of a busy answer without one.
             let retry_after = Duration::from_secs(1);
             route.observe(replica, Observation::Busy { retry_after });
@@ -180,7 +181,7 @@ async fn open(
                 retry_after,
             })
         }
-        Some(status @ 400..=499) => {
+        Some(status) if status.is_client_error() => {
             route.observe(replica, Observation::ClientError);
             Ok(Answered::Rejected(status, early.body))
         }
@@ -264,16 +265,16 @@ async fn attempt(
             });
         }
     };
-    let status = response.status().as_u16();
+    let status = response.status();
     match status {
-        200..=299 => {
+        _ if status.is_success() => {
             // A stream has served only once its first chunk arrives (the relay says so).
             if !prepared.stream {
                 route.observe(replica, Observation::Served);
             }
             Ok(response)
         }
-        429 | 503 => {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
             let retry_after = response
                 .retry_after()
                 .map_or(Duration::from_secs(1), Duration::from_secs);
@@ -285,7 +286,7 @@ async fn attempt(
                 retry_after,
             })
         }
-        400..=499 => {
+        _ if status.is_client_error() => {
             route.observe(replica, Observation::ClientError);
             Ok(response)
         }
@@ -297,7 +298,7 @@ async fn attempt(
                 .await
                 .unwrap_or_default();
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
-            tracing::warn!(route = %name, replica = %replica.url, status, body = %detail, "upstream answered an error");
+            tracing::warn!(route = %name, replica = %replica.url, status = status.as_u16(), body = %detail, "upstream answered an error");
             Err(GatewayError::upstream(
                 "upstream_error",
                 format!("route '{name}' replica {index} answered {status}"),

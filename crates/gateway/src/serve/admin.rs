@@ -166,7 +166,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
         return GatewayError::Admin {
-            status: 404,
+            status: StatusCode::NOT_FOUND,
             code: "route_not_found",
             message: format!("no route '{}'", target.route),
         }
@@ -175,7 +175,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let url = target.replica.trim_end_matches('/');
     let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| &*r.url == url) else {
         return GatewayError::Admin {
-            status: 404,
+            status: StatusCode::NOT_FOUND,
             code: "replica_not_found",
             message: format!("route '{}' has no replica {url}", target.route),
         }
@@ -201,7 +201,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     let Some(path) = g.config_path() else {
         return GatewayError::Admin {
-            status: 409,
+            status: StatusCode::CONFLICT,
             code: "no_config_file",
             message: "this gateway was not started from a file".into(),
         }

@@ -107,7 +107,7 @@ async fn an_error_event_before_the_first_token_is_not_a_stream() {
     let Ok(Opened::Error(early)) = opened else {
         panic!("an error, not a stream")
     };
-    assert_eq!(early.status, Some(503));
+    assert_eq!(early.status, Some(axum::http::StatusCode::from_u16(503).unwrap()));
     assert_eq!(
         &early.body[..],
         busy.trim_start_matches("data: ").trim_end().as_bytes()
@@ -120,7 +120,7 @@ async fn an_error_event_before_the_first_token_is_not_a_stream() {
     let Ok(Opened::Error(early)) = opened else {
         panic!("an error, not a stream")
     };
-    assert_eq!(early.status, Some(400));
+    assert_eq!(early.status, Some(axum::http::StatusCode::from_u16(400).unwrap()));
     assert!(!ex.ended());
     // After a token, an error event is the stream's own: relayed as it is.
     let token = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
