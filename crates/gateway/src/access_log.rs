@@ -30,7 +30,7 @@ pub struct AccessRecord {
     pub tokens_in: Option<u32>,
     pub tokens_out: Option<u32>,
     pub retries: u32,
-    /// Something about the exchange the outcome does not say, from a fixed vocabulary (e.g.
+    /// Something about the request the outcome does not say, from a fixed vocabulary (e.g.
     /// `upstream_body_not_ended`: the replica sent `[DONE]` but never ended its body).
     pub note: Option<&'static str>,
 }
@@ -278,7 +278,7 @@ fn string(line: &mut Vec<u8>, s: &str) {
 /// has a shortest form of at most three decimals, written here from its integer count; any
 /// other value is left to `serde_json`.
 ///
-/// [`ms`]: crate::path::outcome
+/// [`ms`]: crate::path::ledger
 fn millis(line: &mut Vec<u8>, v: f64) {
     let micros = (v * 1e3).round();
     if !(0.0..1e15).contains(&micros) || micros / 1e3 != v {
@@ -431,8 +431,8 @@ mod tests {
     #[test]
     fn a_flush_writes_every_line_logged_before_it() {
         #[derive(Clone, Default)]
-        struct Shared(Arc<Mutex<Vec<u8>>>);
-        impl Write for Shared {
+        struct SharedLimits(Arc<Mutex<Vec<u8>>>);
+        impl Write for SharedLimits {
             fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
                 self.0.lock().unwrap().extend_from_slice(b);
                 Ok(b.len())
@@ -441,7 +441,7 @@ mod tests {
                 Ok(())
             }
         }
-        let out = Shared::default();
+        let out = SharedLimits::default();
         let log = AccessLog::writer(out.clone());
         for i in 0..500 {
             log.write(AccessRecord {

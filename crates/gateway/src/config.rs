@@ -162,7 +162,7 @@ impl Config {
         Ok(())
     }
 
-    /// Shared limits: a lease must outlive a renewal round and a call's timeout.
+    /// SharedLimits limits: a lease must outlive a renewal round and a call's timeout.
     fn validate_redis(&self) -> Result<(), ConfigError> {
         let Some(r) = &self.redis else { return Ok(()) };
         if r.url_env.is_empty() {

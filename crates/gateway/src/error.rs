@@ -153,7 +153,7 @@ pub enum GatewayError {
     Upstream { code: &'static str, message: String },
     /// A stream cut after its head went out: the client gets it as one SSE error event.
     #[error("{message}")]
-    StreamCut { cut: Cut, message: String },
+    MidStream { cut: Cut, message: String },
 }
 
 fn overloaded_message(route: &str, class: &str, limits: &Limits, rejection: &Rejection) -> String {
@@ -214,7 +214,7 @@ impl GatewayError {
             | FirstTokenTimeout(_)
             | DeadlineExceeded(_) => Source::Capacity,
             UpstreamConnect { .. } | Upstream { .. } => Source::Upstream,
-            StreamCut { cut, .. } => cut.origin(),
+            MidStream { cut, .. } => cut.origin(),
         }
     }
 
@@ -237,7 +237,7 @@ impl GatewayError {
             }
             FirstTokenTimeout(_) | DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
             UpstreamConnect { .. } | Upstream { .. } => StatusCode::BAD_GATEWAY,
-            StreamCut { cut, .. } => cut.status(),
+            MidStream { cut, .. } => cut.status(),
         }
     }
 
@@ -246,7 +246,7 @@ impl GatewayError {
         match self {
             GatewayError::FirstTokenTimeout(_) => Some(Cut::FirstToken),
             GatewayError::DeadlineExceeded(_) => Some(Cut::Deadline),
-            GatewayError::StreamCut { cut, .. } => Some(*cut),
+            GatewayError::MidStream { cut, .. } => Some(*cut),
             _ => None,
         }
     }
@@ -274,7 +274,7 @@ impl GatewayError {
             UpstreamBusy { .. } => "upstream_busy",
             FirstTokenTimeout(_) => Cut::FirstToken.code(),
             DeadlineExceeded(_) => Cut::Deadline.code(),
-            StreamCut { cut, .. } => cut.code(),
+            MidStream { cut, .. } => cut.code(),
             UpstreamConnect { .. } => "upstream_connect",
         }
     }
@@ -344,7 +344,7 @@ impl GatewayError {
 
     /// A stream cut after its head went out, as the one SSE error event the client gets.
     pub(crate) fn stream_cut(cut: Cut, message: impl Into<String>) -> bytes::Bytes {
-        let e = GatewayError::StreamCut {
+        let e = GatewayError::MidStream {
             cut,
             message: message.into(),
         };

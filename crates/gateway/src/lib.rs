@@ -21,7 +21,7 @@
 //!      keeping retries within a budget;
 //!   8. the answer — `relay`: a whole body, or a stream whose head waits for the first token,
 //!      each SSE event read by [`event`] (its kind, its usage, an error, the model's name);
-//!   9. the response — `respond`; the end — `outcome`: one ending per request, written into
+//!   9. the response — `respond`; the end — `ledger`: one ending per request, written into
 //!      `metrics` and the [`access_log`] when the record is dropped; it owns the admission slot,
 //!      so the slot is held until the body ends.
 //! - `limits/` — the limits every gateway of a deployment shares through Redis, and its scripts.
@@ -150,7 +150,7 @@ pub mod fuzzing {
             match scanned {
                 http1::server::Scan::Complete(end) => {
                     let head = buf.split_to(end).freeze();
-                    let r = crate::serve::front::Request::from_head(&head, &[], usize::MAX)?;
+                    let r = crate::serve::front::FrontRequest::from_head(&head, &[], usize::MAX)?;
                     // As `front::serve` does: a body over the limit goes to hyper's path.
                     if r.content_length > crate::config::ServerConfig::default().max_body_bytes {
                         return None;

@@ -56,7 +56,7 @@ struct Scripts {
 }
 
 /// The connection to Redis and what this gateway holds there.
-pub(crate) struct Shared {
+pub(crate) struct SharedLimits {
     client: redis::Client,
     conn: OnceLock<ConnectionManager>,
     config: RedisConfig,
@@ -83,9 +83,9 @@ pub(crate) struct Shared {
     seconds: HistogramVec,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for SharedLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("SharedLimits")
             .field("prefix", &self.prefix)
             .field("shared", &self.is_shared())
             .finish_non_exhaustive()
@@ -119,7 +119,7 @@ pub(crate) struct Admitted {
 /// A request's place in Redis: a slot or queue place, a team slot and a token reservation, all
 /// given back (and the tokens settled) when it is dropped.
 pub(crate) struct Lease {
-    shared: Arc<Shared>,
+    shared: Arc<SharedLimits>,
     member: String,
     keys: Keys,
     second: i64,
@@ -192,13 +192,13 @@ impl Drop for Lease {
     }
 }
 
-impl Shared {
-    /// Reads the URL and registers the metrics; the connection opens in [`Shared::start`].
+impl SharedLimits {
+    /// Reads the URL and registers the metrics; the connection opens in [`SharedLimits::start`].
     pub(crate) fn new(
         config: &RedisConfig,
         url: &str,
         registry: &Registry,
-    ) -> Result<Arc<Shared>, crate::config::ConfigError> {
+    ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
         let client = redis::Client::open(url).map_err(|e| {
             // The error names the part that is wrong, never the URL (it may hold a password).
             crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
@@ -238,7 +238,7 @@ impl Shared {
             let _ = registry.register(m);
         }
         let prefix = format!("spillway:{{{}}}", config.namespace);
-        let shared = Shared {
+        let shared = SharedLimits {
             client,
             conn: OnceLock::new(),
             config: config.clone(),

@@ -1,11 +1,11 @@
 //! The request path. [`serve`] is the list of stages, one call per stage into the module that owns
 //! it, each returning `Result<_, GatewayError>`: `prepare` (parse, caps, class — stages 1–4),
 //! `admit` (the team's quota and a slot — 5–6), `upstream` (a replica, retries — 7–9), `relay`
-//! (the answer — 10), then `respond` makes the response and `outcome` records how it ended.
+//! (the answer — 10), then `respond` makes the response and the `ledger` records how it ended.
 //! Every request gets its ID here first ([`identified`]), whichever server read it.
 
 pub(crate) mod admit;
-pub(crate) mod outcome;
+pub(crate) mod ledger;
 pub(crate) mod prepare;
 pub(crate) mod relay;
 pub(crate) mod respond;
@@ -13,7 +13,7 @@ pub(crate) mod upstream;
 
 use crate::config::ServerConfig;
 use crate::error::GatewayError;
-use crate::path::outcome::Exchange;
+use crate::path::ledger::Ledger;
 use crate::state::Gateway;
 use crate::table::Table;
 use admit::admit;
@@ -23,7 +23,7 @@ use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 use prepare::{Api, Parsed};
-use respond::{Answer, Reply, answer, respond};
+use respond::{ClientAnswer, ResponseBody, answer, respond};
 use std::future::Future;
 use std::sync::Arc;
 use upstream::Budgets;
@@ -95,7 +95,7 @@ pub(crate) async fn completion<B>(
     table: Option<Arc<Table>>,
     api: Api,
     req: axum::http::Request<B>,
-) -> Response<Reply>
+) -> Response<ResponseBody>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
@@ -110,13 +110,13 @@ pub(crate) async fn handle<B>(
     api: Api,
     id: String,
     req: axum::http::Request<B>,
-) -> Response<Reply>
+) -> Response<ResponseBody>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
 {
     let (parts, body) = req.into_parts();
-    let mut ex = Exchange::new(g.metrics.clone(), g.access.clone(), id);
+    let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
     let answer = serve(&g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
@@ -131,8 +131,8 @@ async fn serve<B>(
     api: Api,
     headers: &HeaderMap,
     body: B,
-    ex: &mut Exchange,
-) -> Result<Answer, GatewayError>
+    ex: &mut Ledger,
+) -> Result<ClientAnswer, GatewayError>
 where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,

@@ -43,7 +43,7 @@ pub struct Gateway {
     /// Where the admin API listens, once it does.
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Limits shared with the other gateways through Redis, when configured.
-    pub(crate) shared: Option<Arc<crate::limits::Shared>>,
+    pub(crate) shared: Option<Arc<crate::limits::SharedLimits>>,
     /// OpenTelemetry traces, when configured.
     pub(crate) tracer: Option<Arc<crate::traces::Tracer>>,
     /// The configuration in force: the one it started with, or the last reload that applied.
@@ -82,7 +82,11 @@ impl Gateway {
         let _ = metrics.registry.register(Box::new(access.dropped()));
         let table = Table::build(&config, &metrics, None)?;
         let shared = match &config.redis {
-            Some(r) => Some(crate::limits::Shared::new(r, &r.url(env)?, &metrics.registry)?),
+            Some(r) => Some(crate::limits::SharedLimits::new(
+                r,
+                &r.url(env)?,
+                &metrics.registry,
+            )?),
             None => None,
         };
         let tracer = match &config.tracing {

@@ -83,7 +83,7 @@ struct Attempt {
     error: Option<&'static str>,
 }
 
-/// How the request ended, as the exchange knows it when it is dropped.
+/// How the request ended, as the ledger knows it when it is dropped.
 pub(crate) struct Summary {
     pub(crate) id: String,
     pub(crate) route: Arc<str>,

@@ -3,7 +3,7 @@
 //! gateway's own [`admission`] gates.
 
 use crate::error::GatewayError;
-use crate::path::outcome::Exchange;
+use crate::path::ledger::Ledger;
 use crate::path::prepare::Prepared;
 use crate::path::upstream::Budgets;
 use crate::route::{Class, Route};
@@ -27,7 +27,7 @@ pub(super) async fn admit(
     tenant: &Tenant,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
+    ex: &mut Ledger,
 ) -> Result<(), GatewayError> {
     let Some(shared) = &g.shared else {
         charge_quota(tenant, prepared, ex)?;
@@ -46,13 +46,13 @@ pub(super) async fn admit(
 #[allow(clippy::too_many_arguments)]
 async fn admit_with_redis(
     g: &Gateway,
-    shared: &Arc<crate::limits::Shared>,
+    shared: &Arc<crate::limits::SharedLimits>,
     route: &Route,
     class: &Class,
     tenant: &Tenant,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
+    ex: &mut Ledger,
 ) -> Result<(), GatewayError> {
     if admit_shared(g, route, class, tenant, prepared, budgets, ex).await? {
         return Ok(());
@@ -100,7 +100,7 @@ async fn admit_shared(
     tenant: &Tenant,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
+    ex: &mut Ledger,
 ) -> Result<bool, GatewayError> {
     let Some(shared) = g.shared.as_ref().filter(|s| s.is_shared()) else {
         return Ok(false);
@@ -143,7 +143,7 @@ async fn admit_shared(
 
 /// Stage 5: the team's quota, before the class queue, so a team over it never takes a queue
 /// place. The request is charged what it may cost at most (see [`reserved_tokens`]).
-fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Exchange) -> Result<(), GatewayError> {
+fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Ledger) -> Result<(), GatewayError> {
     let tokens = reserved_tokens(prepared);
     match tenant.quota.admit(tokens) {
         Ok(permit) => {
@@ -163,7 +163,7 @@ async fn take_slot(
     class: &Class,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
+    ex: &mut Ledger,
 ) -> Result<(), GatewayError> {
     match class
         .admission

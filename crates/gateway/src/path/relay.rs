@@ -15,7 +15,7 @@ pub(crate) use detached::detached;
 use crate::error::Cut;
 use crate::error::GatewayError;
 use crate::event::{EarlyError, EventKind, Rename, classify, is_error_event, parse_usage};
-use crate::path::outcome::{Ending, Exchange};
+use crate::path::ledger::{Ending, Ledger};
 use alarms::Alarms;
 use axum::http::StatusCode;
 use bytes::{Bytes, BytesMut};
@@ -45,7 +45,7 @@ const DONE_GRACE: Duration = Duration::from_secs(1);
 pub(crate) struct Events {
     upstream: Body,
     splitter: EventSplitter,
-    /// Shared with the route: a `Rename` (a searcher and two names) is ten times the pointer.
+    /// SharedLimits with the route: a `Rename` (a searcher and two names) is ten times the pointer.
     rename: Option<Arc<Rename>>,
     strip_usage: bool,
     /// Bytes for the client, until written: the front writes them from here and clears them,
@@ -71,7 +71,7 @@ impl Events {
     fn poll_read(
         &mut self,
         cx: &mut Context<'_>,
-        ex: &mut Exchange,
+        ex: &mut Ledger,
         until_token: bool,
     ) -> Poll<Result<Got, h1::Error>> {
         let Events {
@@ -144,7 +144,7 @@ pub(crate) async fn open(
     upstream: Body,
     rename: Option<Arc<Rename>>,
     strip_usage: bool,
-    ex: &mut Exchange,
+    ex: &mut Ledger,
     deadline: Instant,
     budget: Duration,
 ) -> Result<Opened, GatewayError> {
@@ -209,7 +209,7 @@ pub(crate) async fn open(
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
 /// gets of it to `out`. Returns what kind of event it was.
 fn pass_on(
-    ex: &mut Exchange,
+    ex: &mut Ledger,
     event: &[u8],
     now: Instant,
     rename: Option<&Rename>,
@@ -292,7 +292,7 @@ pub(crate) struct RelayConfig {
 /// request.
 pub(crate) struct Relay {
     events: Events,
-    exchange: Exchange,
+    ledger: Ledger,
     idle: Duration,
     deadline: Instant,
     /// When the last data came: `stream_idle` counts from here.
@@ -304,11 +304,11 @@ pub(crate) struct Relay {
 }
 
 impl Relay {
-    pub(crate) fn new(events: Events, config: RelayConfig, exchange: Exchange) -> Relay {
+    pub(crate) fn new(events: Events, config: RelayConfig, ledger: Ledger) -> Relay {
         let now = Instant::now();
         Relay {
             events,
-            exchange,
+            ledger,
             idle: config.idle,
             deadline: config.deadline,
             last_read: now,
@@ -333,14 +333,14 @@ impl Relay {
                 );
                 return Poll::Ready(());
             }
-            match self.events.poll_read(cx, &mut self.exchange, false) {
+            match self.events.poll_read(cx, &mut self.ledger, false) {
                 Poll::Ready(Ok(Got {
                     read: Read::Data, at, ..
                 })) => {
                     if let Some(at) = at {
                         self.last_read = at;
                     }
-                    if self.exchange.ended() && self.done_by.is_none() {
+                    if self.ledger.ended() && self.done_by.is_none() {
                         // `[DONE]` has come: the body's end should follow at once.
                         let by = (self.last_read + DONE_GRACE).min(self.deadline);
                         self.done_by = Some(by);
@@ -375,7 +375,7 @@ impl Relay {
                         // The client has its whole stream: it ends as if the body had, and the
                         // replica's connection, its body unfinished, is closed.
                         self.done = true;
-                        self.exchange.record.note = Some("upstream_body_not_ended");
+                        self.ledger.record.note = Some("upstream_body_not_ended");
                         return Poll::Ready(());
                     }
                     if now >= self.deadline {
@@ -399,8 +399,8 @@ impl Relay {
     }
 
     /// The request's record: what the stream's head says of it (`respond::stream_fields`).
-    pub(crate) fn exchange(&self) -> &Exchange {
-        &self.exchange
+    pub(crate) fn ledger(&self) -> &Ledger {
+        &self.ledger
     }
 
     /// The bytes [`Relay::poll_out`] made ready, until [`Relay::written`].
@@ -446,7 +446,7 @@ impl Relay {
         let rest = self.events.splitter.rest();
         let out = &mut self.events.out;
         out.extend_from_slice(&rest);
-        if !self.exchange.ended() {
+        if !self.ledger.ended() {
             // The upstream closed without `[DONE]`: tell the client rather than end quietly.
             if !rest.is_empty() && !rest.ends_with(b"\n\n") {
                 out.extend_from_slice(b"\n\n");
@@ -455,11 +455,11 @@ impl Relay {
         }
     }
 
-    /// Ends the stream: the exchange records the cut, the client gets one SSE error event after
+    /// Ends the stream: the ledger records the cut, the client gets one SSE error event after
     /// what [`Relay::out`] holds.
     fn cut(&mut self, cut: Cut, message: &str) {
         self.done = true;
-        self.exchange.end(Ending::Cut(cut), StatusCode::OK);
+        self.ledger.end(Ending::Cut(cut), StatusCode::OK);
         self.events
             .out
             .extend_from_slice(&GatewayError::stream_cut(cut, message));

@@ -3,9 +3,9 @@
 
 use super::{SERVER_TIMING, X_REQUEST_ID};
 use crate::error::GatewayError;
-use crate::path::outcome::{Ending, Exchange};
+use crate::path::ledger::{Ending, Ledger};
 use crate::path::relay::{self, Events, Relay, RelayConfig};
-use crate::path::upstream::{self, Answered, Budgets};
+use crate::path::upstream::{self, Budgets, UpstreamAnswer};
 use crate::route::Route;
 use crate::state::Gateway;
 use axum::body::Body;
@@ -15,10 +15,10 @@ use bytes::Bytes;
 use std::fmt::Write as _;
 use tokio::time::Instant;
 
-/// What the stages produced, before the exchange becomes part of the response.
+/// What the stages produced, before the ledger becomes part of the response.
 // Lives for one `match` on the stack; boxing the stream would cost an allocation per request.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Answer {
+pub(super) enum ClientAnswer {
     /// A non-streamed answer (a 2xx), read whole.
     Whole(StatusCode, Bytes),
     /// A stream whose first token has arrived.
@@ -33,15 +33,15 @@ pub(super) enum Answer {
 /// ([`into_hyper`]).
 /// The stream's relay is boxed as hyper's body would be: a connection's task holds this while
 /// the answer goes out.
-pub(crate) type Reply = http1::server::Reply<Box<Relay>, Body>;
+pub(crate) type ResponseBody = http1::server::Reply<Box<Relay>, Body>;
 
 /// The answer as hyper's paths take it: the body as a `Body`, a stream's head fields as headers.
-pub(crate) fn into_hyper(response: Response<Reply>) -> Response {
+pub(crate) fn into_hyper(response: Response<ResponseBody>) -> Response {
     let (mut parts, reply) = response.into_parts();
     let body = match reply {
-        Reply::Body(body) => body,
-        Reply::Stream(relay) => {
-            stream_fields(relay.exchange(), &mut inserting(&mut parts.headers));
+        ResponseBody::Body(body) => body,
+        ResponseBody::Stream(relay) => {
+            stream_fields(relay.ledger(), &mut inserting(&mut parts.headers));
             Body::new(*relay)
         }
     };
@@ -52,7 +52,7 @@ pub(crate) fn into_hyper(response: Response<Reply>) -> Response {
 /// `each` as a name and value: one list for the front, which writes them straight into its
 /// buffer (a `HeaderMap` costs a stream two allocations and a hash per field on its way to the
 /// first token), and for hyper's paths, which take them as headers.
-pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u8])) {
+pub(crate) fn stream_fields(ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&header::CONTENT_TYPE, b"text/event-stream; charset=utf-8");
     each(&header::CACHE_CONTROL, b"no-cache");
     request_fields(&server_timing(ex), ex, each);
@@ -60,7 +60,7 @@ pub(crate) fn stream_fields(ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u
 
 /// What every answer of the request path says of its request: `Server-Timing` (`timing`), the
 /// team's rate limits, the request's ID.
-fn request_fields(timing: &str, ex: &Exchange, each: &mut dyn FnMut(&HeaderName, &[u8])) {
+fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&SERVER_TIMING, timing.as_bytes());
     for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
         each(&HeaderName::from_static(name), value.as_bytes());
@@ -83,27 +83,27 @@ fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8]) + '_ {
 pub(super) async fn answer(
     g: &Gateway,
     route: &Route,
-    answered: Answered,
+    answered: UpstreamAnswer,
     stream: bool,
     budgets: &Budgets,
-) -> Result<Answer, GatewayError> {
+) -> Result<ClientAnswer, GatewayError> {
     let upstream = match answered {
-        Answered::Response(upstream) => upstream,
-        Answered::Rejected(status, body) => return Ok(Answer::Relayed(status, body)),
-        Answered::Stream(events) => {
+        UpstreamAnswer::Response(upstream) => upstream,
+        UpstreamAnswer::Rejected(status, body) => return Ok(ClientAnswer::Relayed(status, body)),
+        UpstreamAnswer::Stream(events) => {
             let config = RelayConfig {
                 idle: route.config.timeouts.stream_idle,
                 deadline: budgets.deadline,
                 stop: g.stop.subscribe(),
             };
-            return Ok(Answer::Stream(events, config));
+            return Ok(ClientAnswer::Stream(events, config));
         }
     };
     let status = upstream.status();
     let limit = g.config.server.max_response_bytes;
     if !status.is_success() {
         let body = upstream::error_body(upstream, budgets, stream, limit).await?;
-        return Ok(Answer::Relayed(status, body));
+        return Ok(ClientAnswer::Relayed(status, body));
     }
     let body = relay::whole(
         upstream.into_body(),
@@ -113,33 +113,33 @@ pub(super) async fn answer(
         route.rename.as_deref(),
     )
     .await?;
-    Ok(Answer::Whole(status, body))
+    Ok(ClientAnswer::Whole(status, body))
 }
 
-/// The response for what the stages produced; the exchange ends in [`answered`], or lives on in
+/// The response for what the stages produced; the ledger ends in [`answered`], or lives on in
 /// the stream, which runs on a task of its own, under `detach`'s send timeout, where given.
 pub(super) fn respond(
-    answer: Result<Answer, GatewayError>,
-    mut ex: Exchange,
+    answer: Result<ClientAnswer, GatewayError>,
+    mut ex: Ledger,
     detach: Option<&Gateway>,
-) -> Response<Reply> {
+) -> Response<ResponseBody> {
     let (opened, config) = match answer {
-        Ok(Answer::Stream(opened, config)) => (opened, config),
-        Ok(Answer::Whole(status, body)) => return answered(Ended::Whole(status, body), ex),
-        Ok(Answer::Relayed(status, body)) => return answered(Ended::Relayed(status, body), ex),
-        Err(e) => return answered(Ended::Failed(e), ex),
+        Ok(ClientAnswer::Stream(opened, config)) => (opened, config),
+        Ok(ClientAnswer::Whole(status, body)) => return answered(Unstreamed::Whole(status, body), ex),
+        Ok(ClientAnswer::Relayed(status, body)) => return answered(Unstreamed::Relayed(status, body), ex),
+        Err(e) => return answered(Unstreamed::Failed(e), ex),
     };
     ex.answering(StatusCode::OK);
     let relay = Relay::new(opened, config, ex);
     // The head fields go with the relay ([`stream_fields`]): the front writes them, and
     // `into_hyper` makes them headers.
     let Some(g) = detach else {
-        return Response::new(Reply::Stream(Box::new(relay)));
+        return Response::new(ResponseBody::Stream(Box::new(relay)));
     };
     let mut response = Response::new(());
-    stream_fields(relay.exchange(), &mut inserting(response.headers_mut()));
+    stream_fields(relay.ledger(), &mut inserting(response.headers_mut()));
     response.map(|()| {
-        Reply::Body(Body::new(relay::detached(
+        ResponseBody::Body(Body::new(relay::detached(
             relay,
             g.config.server.send_timeout,
             g.metrics.send_timeouts.clone(),
@@ -148,34 +148,34 @@ pub(super) fn respond(
 }
 
 /// How a request ends that is not a stream.
-enum Ended {
+enum Unstreamed {
     Whole(StatusCode, Bytes),
     Relayed(StatusCode, Bytes),
     Failed(GatewayError),
 }
 
-/// The response for a request that ends here, with its exchange.
-fn answered(ended: Ended, mut ex: Exchange) -> Response<Reply> {
-    // Timed before the exchange ends, as the stages left it.
+/// The response for a request that ends here, with its ledger.
+fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
+    // Timed before the ledger ends, as the stages left it.
     let timing = server_timing(&ex);
     let mut response = match ended {
-        Ended::Whole(status, body) => {
+        Unstreamed::Whole(status, body) => {
             ex.trace.finish_reasons(&body);
             ex.whole_answer(Instant::now(), crate::event::parse_usage(&body));
             ex.end(Ending::Finished, status);
             relayed(status, body)
         }
-        Ended::Relayed(status, body) => {
+        Unstreamed::Relayed(status, body) => {
             ex.end(Ending::UpstreamRejected, status);
             relayed(status, body)
         }
-        Ended::Failed(e) => {
+        Unstreamed::Failed(e) => {
             ex.fail(&e);
             e.into_response()
         }
     };
     request_fields(&timing, &ex, &mut inserting(response.headers_mut()));
-    response.map(Reply::Body)
+    response.map(ResponseBody::Body)
 }
 
 /// A replica's answer as it was: its status, and its body typed JSON (the replicas' headers are
@@ -189,7 +189,7 @@ fn relayed(status: StatusCode, body: Bytes) -> Response {
 
 /// `Server-Timing`: milliseconds in Spillway's queue, the upstream's time to its first byte
 /// (retries included), and how many retries it took.
-fn server_timing(ex: &Exchange) -> String {
+fn server_timing(ex: &Ledger) -> String {
     let mut out = String::with_capacity(64);
     out.push_str("queue;dur=");
     millis(&mut out, ex.queue_wait().unwrap_or_default());

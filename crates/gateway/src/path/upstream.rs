@@ -3,7 +3,7 @@
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
-use crate::path::outcome::Exchange;
+use crate::path::ledger::Ledger;
 use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::path::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
@@ -50,7 +50,7 @@ impl Budgets {
 }
 
 /// What a replica answered that goes to the client.
-pub(crate) enum Answered {
+pub(crate) enum UpstreamAnswer {
     /// A stream whose first token has arrived.
     Stream(Events),
     /// A whole answer (2xx), or the replica's own 4xx, still to be read.
@@ -69,8 +69,8 @@ pub(crate) async fn call(
     api: Api,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
-) -> Result<Answered, GatewayError> {
+    ex: &mut Ledger,
+) -> Result<UpstreamAnswer, GatewayError> {
     let pool = &route.classes[prepared.class].pool;
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
@@ -93,14 +93,14 @@ pub(crate) async fn call(
             }
             Ok(r) => {
                 ex.upstream_first_byte = Some(Instant::now());
-                Ok(Answered::Response(r))
+                Ok(UpstreamAnswer::Response(r))
             }
             Err(e) => Err(e),
         };
         ex.trace.attempt_done(match &result {
-            Ok(Answered::Response(r)) => Ok(r.status().as_u16()),
-            Ok(Answered::Stream(_)) => Ok(200),
-            Ok(Answered::Rejected(status, _)) => Ok(status.as_u16()),
+            Ok(UpstreamAnswer::Response(r)) => Ok(r.status().as_u16()),
+            Ok(UpstreamAnswer::Stream(_)) => Ok(200),
+            Ok(UpstreamAnswer::Rejected(status, _)) => Ok(status.as_u16()),
             Err(e) => Err((e.reason(), e.status().as_u16())),
         });
         let error = match result {
@@ -140,8 +140,8 @@ async fn open(
     budgets: &Budgets,
     index: usize,
     response: h1::Response,
-    ex: &mut Exchange,
-) -> Result<Answered, GatewayError> {
+    ex: &mut Ledger,
+) -> Result<UpstreamAnswer, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let opened = relay::open(
@@ -157,7 +157,7 @@ async fn open(
     let early = match opened {
         Ok(Opened::Stream(events)) => {
             route.observe(replica, Observation::Served);
-            return Ok(Answered::Stream(events));
+            return Ok(UpstreamAnswer::Stream(events));
         }
         Ok(Opened::Error(early)) => early,
         Err(e) => {
@@ -183,7 +183,7 @@ async fn open(
         }
         Some(status) if status.is_client_error() => {
             route.observe(replica, Observation::ClientError);
-            Ok(Answered::Rejected(status, early.body))
+            Ok(UpstreamAnswer::Rejected(status, early.body))
         }
         status => {
             route.observe(replica, Observation::Failed);

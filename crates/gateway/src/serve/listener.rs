@@ -5,7 +5,7 @@
 
 use crate::config::MetricsExposure;
 use crate::error::GatewayError;
-use crate::serve::router::Front;
+use crate::serve::router::HyperService;
 use crate::state::{AbortOnDrop, Gateway, StopProbes};
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -80,11 +80,11 @@ pub async fn run(
         }
         None => None,
     };
-    let app = Front::new(
+    let app = HyperService::new(
         Some(gateway.clone()),
         crate::serve::router::router(gateway.clone()),
     );
-    let overloaded = Front::new(None, overloaded_router(gateway.clone(), max));
+    let overloaded = HyperService::new(None, overloaded_router(gateway.clone(), max));
     let builder = Arc::new(connection_builder(&server, server.header_timeout));
     let over_limit_builder = Arc::new(connection_builder(
         &server,

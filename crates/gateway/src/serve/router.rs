@@ -124,22 +124,22 @@ fn settled_id(req: &Request) -> String {
 /// calls per request, which the hot path does without. Every other request, and any other
 /// method on those paths, goes through the [`router`], which answers them as before.
 #[derive(Clone)]
-pub(crate) struct Front {
+pub(crate) struct HyperService {
     /// `None` on connections over the limit: the router answers everything there.
     gateway: Option<Arc<Gateway>>,
     router: TowerToHyperService<Router>,
 }
 
-impl Front {
-    pub(crate) fn new(gateway: Option<Arc<Gateway>>, router: Router) -> Front {
-        Front {
+impl HyperService {
+    pub(crate) fn new(gateway: Option<Arc<Gateway>>, router: Router) -> HyperService {
+        HyperService {
             gateway,
             router: TowerToHyperService::new(router),
         }
     }
 }
 
-impl hyper::service::Service<axum::http::Request<Incoming>> for Front {
+impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
     type Response = Response;
     type Error = std::convert::Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;

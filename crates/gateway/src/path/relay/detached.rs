@@ -57,24 +57,24 @@ pub(crate) struct Detached {
 /// A detached stream cut before its end: hyper resets the HTTP/2 stream rather than end it as
 /// whole.
 #[derive(Debug)]
-pub(crate) struct StreamCut;
+pub(crate) struct ClientStalled;
 
-impl std::fmt::Display for StreamCut {
+impl std::fmt::Display for ClientStalled {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("the stream was cut: its client took nothing for send_timeout")
     }
 }
 
-impl std::error::Error for StreamCut {}
+impl std::error::Error for ClientStalled {}
 
 impl hyper::body::Body for Detached {
     type Data = Bytes;
-    type Error = StreamCut;
+    type Error = ClientStalled;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, StreamCut>>> {
+    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, ClientStalled>>> {
         if self.ended {
             return Poll::Ready(None);
         }
@@ -86,7 +86,7 @@ impl hyper::body::Body for Detached {
             }
             None => {
                 self.ended = true;
-                Poll::Ready(Some(Err(StreamCut)))
+                Poll::Ready(Some(Err(ClientStalled)))
             }
         }
     }

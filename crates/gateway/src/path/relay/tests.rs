@@ -32,7 +32,7 @@ async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
     let (url, _replica) = testkit::serve_script(vec![wire], false).await;
     let conns = Arc::new(h1::Conns::new(&url));
     let answer = call(&conns).await.unwrap();
-    let mut ex = Exchange::new(
+    let mut ex = Ledger::new(
         Arc::new(crate::metrics::Metrics::new()),
         crate::access_log::AccessLog::discard(),
         "id".into(),
@@ -70,7 +70,7 @@ async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
 
 /// `events`, each a chunk of one 200 stream written at once, opened as the gateway opens
 /// a stream.
-async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Exchange) {
+async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Ledger) {
     let mut wire = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
     for e in events {
         wire.extend_from_slice(format!("{:x}\r\n{e}\r\n", e.len()).as_bytes());
@@ -79,7 +79,7 @@ async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Exchange
     let (url, _replica) = testkit::serve_script(vec![wire], false).await;
     let conns = Arc::new(h1::Conns::new(&url));
     let answer = call(&conns).await.unwrap();
-    let mut ex = Exchange::new(
+    let mut ex = Ledger::new(
         Arc::new(crate::metrics::Metrics::new()),
         crate::access_log::AccessLog::discard(),
         "id".into(),
@@ -99,7 +99,7 @@ async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Exchange
 
 /// vLLM 0.32 refuses a request its full queue cannot take with a 200 stream of one error
 /// event (`code` an integer) and `[DONE]`: the stream does not open, and the error says
-/// which status it names; nothing of it is timed or ends the exchange.
+/// which status it names; nothing of it is timed or ends the ledger.
 #[tokio::test]
 async fn an_error_event_before_the_first_token_is_not_a_stream() {
     let busy = "data: {\"error\": {\"message\": \"The server is overloaded\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}\n\n";
@@ -112,7 +112,7 @@ async fn an_error_event_before_the_first_token_is_not_a_stream() {
         &early.body[..],
         busy.trim_start_matches("data: ").trim_end().as_bytes()
     );
-    assert!(!ex.ended(), "[DONE] after it does not finish the exchange");
+    assert!(!ex.ended(), "[DONE] after it does not finish the ledger");
     // The same in one write, after a role chunk.
     let role = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
     let bad = "data: {\"error\":{\"message\":\"max_tokens is too large\",\"type\":\"BadRequestError\",\"param\":null,\"code\":400}}\n\ndata: [DONE]\n\n";

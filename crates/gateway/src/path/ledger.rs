@@ -1,5 +1,6 @@
-//! The record of one request as it passes through the gateway, and how it ended: one [`Ending`],
-//! set once, written when the record is dropped into the metrics and the access log.
+//! The ledger of one request as it passes through the gateway — what it holds (its slot, its
+//! quota, its leases), what it cost, and how it ended: one [`Ending`], set once — settled when it
+//! is dropped, into the metrics and the access log.
 
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::config::Slo;
@@ -43,7 +44,7 @@ impl Ending {
 }
 
 /// Everything known about one request; its `Drop` writes the metrics and the access-log line.
-pub(crate) struct Exchange {
+pub(crate) struct Ledger {
     metrics: Arc<Metrics>,
     access: AccessLog,
     pub(crate) arrival: Instant,
@@ -79,9 +80,9 @@ pub(crate) struct Exchange {
     pub(crate) trace: crate::traces::Trace,
 }
 
-impl Exchange {
-    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog, id: String) -> Exchange {
-        Exchange {
+impl Ledger {
+    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog, id: String) -> Ledger {
+        Ledger {
             metrics,
             access,
             arrival: Instant::now(),
@@ -234,7 +235,7 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
+impl Drop for Ledger {
     fn drop(&mut self) {
         let now = Instant::now();
         // Nothing said how it ended: the client went away (while queued, waiting on the replica,
