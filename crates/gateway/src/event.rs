@@ -97,7 +97,7 @@ pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// The usage of a body whose last member is `"usage":{…}`, as vLLM and OpenAI write it, read
-/// without parsing the rest (three quarters of the work for a usage chunk): what comes before the
+/// without parsing the rest (most of the work for a usage chunk): what comes before the
 /// key is not checked. A usage elsewhere, nested deeper included (its object is not followed by
 /// the body's end), is left to the whole parse.
 fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
@@ -117,9 +117,10 @@ fn usage_last(body: &[u8]) -> Option<(u32, u32)> {
     (body[from + len..].trim_ascii() == b"}").then_some(usage)
 }
 
-/// A usage object read without serde (2,021 → 1,602 instructions for a stream's usage chunk,
-/// under callgrind), and how many bytes it took, where it is as plain as vLLM and OpenAI write
-/// it: members whose values are whole numbers, `null`, or objects of those
+/// A usage object read without serde (fewer instructions per usage chunk:
+/// bench/runs/2026-12-03-rust-2core-hand-written-readers.md), and how many bytes it took, where
+/// it is as plain as vLLM and OpenAI write it: members whose values are whole numbers, `null`, or
+/// objects of those
 /// (`prompt_tokens_details`). Anything else, however valid, is `None`, and serde reads it
 /// instead: this never accepts what serde would refuse (a test holds the two equal).
 fn flat_usage(json: &[u8]) -> Option<((u32, u32), usize)> {
