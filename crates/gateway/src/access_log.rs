@@ -202,8 +202,9 @@ fn write_batch(out: &mut impl Write, batch: &mut Vec<u8>) {
 }
 
 /// Appends `r` as one JSON line, byte for byte what `serde_json` writes for it (a test holds
-/// them equal) for far fewer instructions (bench/runs/2026-12-03-rust-2core-hand-written-readers.md):
-/// a string with nothing to escape is copied whole, and milliseconds, which hold whole microseconds, are written from integers.
+/// them equal) for far fewer instructions
+/// (bench/runs/2026-12-03-rust-2core-hand-written-readers.md): a string with nothing to escape is
+/// copied whole, and milliseconds, which hold whole microseconds, are written from integers.
 fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     line.extend_from_slice(b"{\"id\":");
     string(line, &r.id);
