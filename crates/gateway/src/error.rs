@@ -150,7 +150,9 @@ pub enum GatewayError {
     UpstreamConnect { route: String, replica: usize },
     /// A replica failed after the request reached it; the details are logged, not sent.
     #[error("{message}")]
-    Upstream { code: &'static str, message: String },
+    Upstream { message: String },
+    #[error("the replica's answer is over {limit} bytes (server.max_response_bytes)")]
+    UpstreamTooLarge { limit: usize },
     /// A stream cut after its head went out: the client gets it as one SSE error event.
     #[error("{message}")]
     MidStream { cut: Cut, message: String },
@@ -183,9 +185,8 @@ impl GatewayError {
         }
     }
 
-    pub(crate) fn upstream(code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn upstream(message: impl Into<String>) -> Self {
         GatewayError::Upstream {
-            code,
             message: message.into(),
         }
     }
@@ -213,7 +214,7 @@ impl GatewayError {
             | UpstreamBusy { .. }
             | FirstTokenTimeout(_)
             | DeadlineExceeded(_) => Source::Capacity,
-            UpstreamConnect { .. } | Upstream { .. } => Source::Upstream,
+            UpstreamConnect { .. } | Upstream { .. } | UpstreamTooLarge { .. } => Source::Upstream,
             MidStream { cut, .. } => cut.origin(),
         }
     }
@@ -236,7 +237,7 @@ impl GatewayError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
             FirstTokenTimeout(_) | DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
-            UpstreamConnect { .. } | Upstream { .. } => StatusCode::BAD_GATEWAY,
+            UpstreamConnect { .. } | Upstream { .. } | UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
             MidStream { cut, .. } => cut.status(),
         }
     }
@@ -255,7 +256,9 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            BadRequest { code, .. } | Upstream { code, .. } | Admin { code, .. } => code,
+            BadRequest { code, .. } | Admin { code, .. } => code,
+            Upstream { .. } => "upstream_error",
+            UpstreamTooLarge { .. } => "upstream_response_too_large",
             BodyTooLarge { .. } => "body_too_large",
             BodyTimeout(_) => "body_timeout",
             HeadersTooLarge { .. } => "headers_too_large",
@@ -425,7 +428,7 @@ mod tests {
             (StatusCode::BAD_GATEWAY, StatusCode::SERVICE_UNAVAILABLE)
         );
         for e in [
-            GatewayError::upstream("upstream_error", "lost"),
+            GatewayError::upstream("lost"),
             GatewayError::FirstTokenTimeout(Duration::from_secs(1)),
             GatewayError::bad_request("invalid_request", "x", None),
         ] {
@@ -492,9 +495,6 @@ mod tests {
             kind(GatewayError::FirstTokenTimeout(Duration::from_secs(1))),
             "timeout_error"
         );
-        assert_eq!(
-            kind(GatewayError::upstream("upstream_error", "x")),
-            "upstream_error"
-        );
+        assert_eq!(kind(GatewayError::upstream("x")), "upstream_error");
     }
 }

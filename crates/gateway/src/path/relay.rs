@@ -167,7 +167,7 @@ pub(crate) async fn open(
                 return Ok(Opened::Error(EarlyError::parse(&event)));
             }
             Ok(Ok(_)) if events.event_too_large() => {
-                return Err(GatewayError::upstream("upstream_error", too_large_message()));
+                return Err(GatewayError::upstream(too_large_message()));
             }
             // What comes ahead of the first token is held with the head: as much as one event.
             Ok(Ok(Got {
@@ -175,13 +175,10 @@ pub(crate) async fn open(
                 token: false,
                 ..
             })) if events.out.len() > MAX_EVENT => {
-                return Err(GatewayError::upstream(
-                    "upstream_error",
-                    format!(
-                        "the replica sent over {} KiB before its first token",
-                        MAX_EVENT / 1024
-                    ),
-                ));
+                return Err(GatewayError::upstream(format!(
+                    "the replica sent over {} KiB before its first token",
+                    MAX_EVENT / 1024
+                )));
             }
             Ok(Ok(Got {
                 read: Read::Data,
@@ -191,15 +188,13 @@ pub(crate) async fn open(
             Ok(Ok(Got { read: Read::Data, .. })) => return Ok(Opened::Stream(events)),
             Ok(Ok(Got { read: Read::End, .. })) => {
                 return Err(GatewayError::upstream(
-                    "upstream_error",
                     "the replica closed the stream before the first token",
                 ));
             }
             Ok(Err(e)) => {
-                return Err(GatewayError::upstream(
-                    "upstream_error",
-                    format!("the replica's stream failed before the first token: {e}"),
-                ));
+                return Err(GatewayError::upstream(format!(
+                    "the replica's stream failed before the first token: {e}"
+                )));
             }
             Err(_) => return Err(GatewayError::FirstTokenTimeout(budget)),
         }
@@ -267,14 +262,10 @@ pub(crate) async fn collect(
 ) -> Result<Bytes, GatewayError> {
     match tokio::time::timeout_at(deadline, upstream.collect(limit)).await {
         Ok(Ok(body)) => Ok(body),
-        Ok(Err(h1::Error::TooLarge(limit))) => Err(GatewayError::upstream(
-            "upstream_response_too_large",
-            format!("the replica's answer is over {limit} bytes (server.max_response_bytes)"),
-        )),
-        Ok(Err(e)) => Err(GatewayError::upstream(
-            "upstream_error",
-            format!("the replica's answer failed: {e}"),
-        )),
+        Ok(Err(h1::Error::TooLarge(limit))) => Err(GatewayError::UpstreamTooLarge { limit }),
+        Ok(Err(e)) => Err(GatewayError::upstream(format!(
+            "the replica's answer failed: {e}"
+        ))),
         Err(_) => Err(late),
     }
 }

@@ -190,12 +190,9 @@ async fn open(
             let detail = String::from_utf8_lossy(&early.body[..early.body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, ?status, body = %detail, "upstream sent an error event before the first token");
             let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
-            Err(GatewayError::upstream(
-                "upstream_error",
-                format!(
-                    "route '{name}' replica {index} answered {named} in its stream before the first token"
-                ),
-            ))
+            Err(GatewayError::upstream(format!(
+                "route '{name}' replica {index} answered {named} in its stream before the first token"
+            )))
         }
     }
 }
@@ -250,10 +247,7 @@ async fn attempt(
                 }
             } else {
                 route.observe(replica, Observation::Failed);
-                GatewayError::upstream(
-                    "upstream_error",
-                    format!("lost the connection to route '{name}' replica {index}"),
-                )
+                GatewayError::upstream(format!("lost the connection to route '{name}' replica {index}"))
             });
         }
         Err(_) => {
@@ -299,10 +293,9 @@ async fn attempt(
                 .unwrap_or_default();
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, status = status.as_u16(), body = %detail, "upstream answered an error");
-            Err(GatewayError::upstream(
-                "upstream_error",
-                format!("route '{name}' replica {index} answered {status}"),
-            ))
+            Err(GatewayError::upstream(format!(
+                "route '{name}' replica {index} answered {status}"
+            )))
         }
     }
 }
