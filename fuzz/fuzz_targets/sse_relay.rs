@@ -4,7 +4,7 @@
 
 use bytes::Bytes;
 use libfuzzer_sys::fuzz_target;
-use spillway_gateway::relay::{Rename, classify, parse_usage};
+use spillway_gateway::event::{Rename, classify, parse_usage};
 use spillway_protocol::sse::{EventSplitter, data as event_data};
 
 fuzz_target!(|data: &[u8]| {

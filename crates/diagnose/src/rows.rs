@@ -199,7 +199,11 @@ fn user_impact(r: &Reader<'_>) -> UserImpact {
             .unwrap_or(0.0);
         let cut = r
             .rate(Key::GwCancellations, |s| {
-                matches!(s.label("reason"), Some("deadline" | "stream_idle_timeout"))
+                // The gateway's words since issue 36, and `deadline` from gateways before it.
+                matches!(
+                    s.label("reason"),
+                    Some("deadline" | "first_token_timeout" | "deadline_exceeded" | "stream_idle_timeout")
+                )
             })
             .unwrap_or(0.0);
         let gone = r.rate(Key::GwCancellations, |s| {

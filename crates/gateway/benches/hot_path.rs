@@ -1,11 +1,10 @@
 //! Micro-benchmarks of the gateway's per-request and per-chunk work: the admission decision and
 //! the SSE relay's splitting and classification.
 
+use admission::{Admission, Limits, Priority};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use protocol::sse::EventSplitter;
-use spillway_gateway::admission::{Admission, Limits};
-use spillway_gateway::config::Priority;
-use spillway_gateway::relay::classify;
+use spillway_gateway::event::classify;
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -59,7 +58,7 @@ fn relay(c: &mut Criterion) {
                 let mut s = EventSplitter::default();
                 let mut tokens = 0;
                 s.feed(black_box(&stream), |e| {
-                    if classify(&e) == spillway_gateway::relay::EventKind::Tokens {
+                    if classify(&e) == spillway_gateway::event::EventKind::Tokens {
                         tokens += 1;
                     }
                 });

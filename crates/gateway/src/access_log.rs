@@ -30,7 +30,7 @@ pub struct AccessRecord {
     pub tokens_in: Option<u32>,
     pub tokens_out: Option<u32>,
     pub retries: u32,
-    /// Something about the exchange the outcome does not say, from a fixed vocabulary (e.g.
+    /// Something about the request the outcome does not say, from a fixed vocabulary (e.g.
     /// `upstream_body_not_ended`: the replica sent `[DONE]` but never ended its body).
     pub note: Option<&'static str>,
 }
@@ -202,8 +202,9 @@ fn write_batch(out: &mut impl Write, batch: &mut Vec<u8>) {
 }
 
 /// Appends `r` as one JSON line, byte for byte what `serde_json` writes for it (a test holds
-/// them equal) for a quarter of the instructions: a string with nothing to escape is copied whole,
-/// and milliseconds, which hold whole microseconds, are written from integers.
+/// them equal) for far fewer instructions
+/// (bench/runs/2026-12-03-rust-2core-hand-written-readers.md): a string with nothing to escape is
+/// copied whole, and milliseconds, which hold whole microseconds, are written from integers.
 fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     line.extend_from_slice(b"{\"id\":");
     string(line, &r.id);
@@ -278,7 +279,7 @@ fn string(line: &mut Vec<u8>, s: &str) {
 /// has a shortest form of at most three decimals, written here from its integer count; any
 /// other value is left to `serde_json`.
 ///
-/// [`ms`]: crate::outcome
+/// [`ms`]: crate::path::ledger
 fn millis(line: &mut Vec<u8>, v: f64) {
     let micros = (v * 1e3).round();
     if !(0.0..1e15).contains(&micros) || micros / 1e3 != v {
@@ -431,8 +432,8 @@ mod tests {
     #[test]
     fn a_flush_writes_every_line_logged_before_it() {
         #[derive(Clone, Default)]
-        struct Shared(Arc<Mutex<Vec<u8>>>);
-        impl Write for Shared {
+        struct SharedLimits(Arc<Mutex<Vec<u8>>>);
+        impl Write for SharedLimits {
             fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
                 self.0.lock().unwrap().extend_from_slice(b);
                 Ok(b.len())
@@ -441,7 +442,7 @@ mod tests {
                 Ok(())
             }
         }
-        let out = Shared::default();
+        let out = SharedLimits::default();
         let log = AccessLog::writer(out.clone());
         for i in 0..500 {
             log.write(AccessRecord {

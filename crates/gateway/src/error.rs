@@ -1,7 +1,7 @@
 //! Every way a request can fail, where it came from, whether a retry could help, and the one place
 //! each maps to a status code and an OpenAI-shaped body.
 
-use crate::admission::{Limits, Rejection};
+use admission::{Limits, QuotaExceeded, Rejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::ErrorBody;
@@ -17,6 +17,64 @@ pub(crate) enum Source {
     Capacity,
     /// A replica failed or misbehaved (502).
     Upstream,
+}
+
+/// nginx's 499: the client closed the connection before its answer began. Never sent; logged.
+pub const CLIENT_CLOSED_REQUEST: StatusCode = match StatusCode::from_u16(499) {
+    Ok(status) => status,
+    Err(_) => panic!("499 is a valid status"),
+};
+
+/// Why a request that had started (admitted, or already answering) stopped before its end. Its
+/// [`Cut::code`] is the one word for it everywhere: the `code` of the error the client gets (an
+/// SSE error event mid-stream, or the 504's body before any byte), the access log's `outcome`,
+/// and the `reason` of `spillway_cancellations_total` and `spillway_wasted_tokens_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cut {
+    /// The client went away (or, on HTTP/2, took nothing for `send_timeout`): nobody to tell.
+    Client,
+    /// No chunk from the replica for `stream_idle`.
+    Idle,
+    /// No first token within the `first_token` budget (always before any byte went out).
+    FirstToken,
+    /// The request's total budget ran out.
+    Deadline,
+    /// The gateway's drain after SIGTERM ran out while the stream was still going.
+    Drain,
+    /// The replica's stream failed, ended without `[DONE]`, or sent an event over the bound.
+    Upstream,
+}
+
+impl Cut {
+    /// The one code of this cut (see the type's docs).
+    pub fn code(self) -> &'static str {
+        match self {
+            Cut::Client => "client_disconnect",
+            Cut::Idle => "stream_idle_timeout",
+            Cut::FirstToken => "first_token_timeout",
+            Cut::Deadline => "deadline_exceeded",
+            Cut::Drain => "gateway_shutdown",
+            Cut::Upstream => "upstream_stream_error",
+        }
+    }
+
+    /// The status it would have had as a whole answer: it picks the OpenAI `type` of its event.
+    fn status(self) -> StatusCode {
+        match self {
+            Cut::Client => CLIENT_CLOSED_REQUEST,
+            Cut::Idle | Cut::FirstToken | Cut::Deadline => StatusCode::GATEWAY_TIMEOUT,
+            Cut::Drain => StatusCode::SERVICE_UNAVAILABLE,
+            Cut::Upstream => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    fn origin(self) -> Source {
+        match self {
+            Cut::Client => Source::Client,
+            Cut::Idle | Cut::FirstToken | Cut::Deadline | Cut::Drain => Source::Capacity,
+            Cut::Upstream => Source::Upstream,
+        }
+    }
 }
 
 /// A request that ends without a stream (or a stream that ends early): each variant decides its
@@ -51,7 +109,7 @@ pub enum GatewayError {
     /// An admin request that cannot be carried out (unknown route or replica, no file to reload).
     #[error("{message}")]
     Admin {
-        status: u16,
+        status: StatusCode,
         code: &'static str,
         message: String,
     },
@@ -64,20 +122,15 @@ pub enum GatewayError {
     /// Admission refused the request (queue full, wait too long, sheddable).
     #[error("{}", overloaded_message(route, class, limits, rejection))]
     Overloaded {
-        status: u16,
+        status: StatusCode,
         route: String,
         class: String,
         limits: Limits,
         rejection: Rejection,
     },
     /// A team over one of its quotas.
-    #[error("{}", GatewayError::quota_message(team, *kind, *limit, *retry_after))]
-    QuotaExceeded {
-        team: String,
-        kind: crate::quota::QuotaKind,
-        limit: u64,
-        retry_after: Duration,
-    },
+    #[error(transparent)]
+    QuotaExceeded(#[from] QuotaExceeded),
     #[error("model '{0}' has no healthy replica to try")]
     NoHealthyReplica(String),
     /// Every replica tried answered 429/503: backpressure, retryable elsewhere.
@@ -85,7 +138,7 @@ pub enum GatewayError {
     UpstreamBusy {
         route: String,
         replica: usize,
-        status: u16,
+        status: StatusCode,
         retry_after: Duration,
     },
     #[error("no first token within the first_token budget ({0:?})")]
@@ -97,19 +150,19 @@ pub enum GatewayError {
     UpstreamConnect { route: String, replica: usize },
     /// A replica failed after the request reached it; the details are logged, not sent.
     #[error("{message}")]
-    Upstream { code: &'static str, message: String },
+    Upstream { message: String },
+    #[error("the replica's answer is over {limit} bytes (server.max_response_bytes)")]
+    UpstreamTooLarge { limit: usize },
+    /// A stream cut after its head went out: the client gets it as one SSE error event.
+    #[error("{message}")]
+    MidStream { cut: Cut, message: String },
 }
 
 fn overloaded_message(route: &str, class: &str, limits: &Limits, rejection: &Rejection) -> String {
     let what = match rejection {
-        Rejection::QueueFull { .. } => format!("the queue is full ({} waiting)", limits.queue),
-        Rejection::QueueTimeout { waited, .. } => {
-            format!("no slot within {waited:?} (queue_wait {:?})", limits.queue_wait)
-        }
-        Rejection::PredictedWait { predicted, .. } => {
-            format!("the predicted wait ({predicted:.1?}) exceeds what the request may wait")
-        }
-        Rejection::Shed { .. } => "all slots are busy and sheddable requests do not wait".to_owned(),
+        Rejection::QueueFull { .. } => format!("{rejection} ({} waiting)", limits.queue),
+        Rejection::QueueTimeout { .. } => format!("{rejection} (queue_wait {:?})", limits.queue_wait),
+        Rejection::PredictedWait { .. } | Rejection::Shed { .. } => rejection.to_string(),
     };
     format!(
         "model '{route}' class '{class}' is at capacity ({} in flight): {what}; retry after {}s",
@@ -132,9 +185,8 @@ impl GatewayError {
         }
     }
 
-    pub(crate) fn upstream(code: &'static str, message: impl Into<String>) -> Self {
+    pub(crate) fn upstream(message: impl Into<String>) -> Self {
         GatewayError::Upstream {
-            code,
             message: message.into(),
         }
     }
@@ -157,32 +209,46 @@ impl GatewayError {
             Draining
             | TooManyConnections(_)
             | Overloaded { .. }
-            | QuotaExceeded { .. }
+            | QuotaExceeded(_)
             | NoHealthyReplica(_)
             | UpstreamBusy { .. }
             | FirstTokenTimeout(_)
             | DeadlineExceeded(_) => Source::Capacity,
-            UpstreamConnect { .. } | Upstream { .. } => Source::Upstream,
+            UpstreamConnect { .. } | Upstream { .. } | UpstreamTooLarge { .. } => Source::Upstream,
+            MidStream { cut, .. } => cut.origin(),
         }
     }
 
-    pub fn status(&self) -> u16 {
+    /// The status of the answer; for a stream already answering, the one its cut would have had.
+    pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            BadRequest { .. } => 400,
-            Admin { status, .. } => *status,
-            MissingKey | InvalidKey | AdminToken => 401,
-            ModelNotAllowed { .. } => 403,
-            ModelNotFound(_) | NotFound(_) => 404,
-            MethodNotAllowed(_) => 405,
-            BodyTimeout(_) => 408,
-            BodyTooLarge { .. } => 413,
-            HeadersTooLarge { .. } => 431,
-            Overloaded { status, .. } => *status,
-            QuotaExceeded { .. } => 429,
-            Draining | TooManyConnections(_) | NoHealthyReplica(_) | UpstreamBusy { .. } => 503,
-            FirstTokenTimeout(_) | DeadlineExceeded(_) => 504,
-            UpstreamConnect { .. } | Upstream { .. } => 502,
+            BadRequest { .. } => StatusCode::BAD_REQUEST,
+            Admin { status, .. } | Overloaded { status, .. } => *status,
+            MissingKey | InvalidKey | AdminToken => StatusCode::UNAUTHORIZED,
+            ModelNotAllowed { .. } => StatusCode::FORBIDDEN,
+            ModelNotFound(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
+            BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
+            BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            HeadersTooLarge { .. } => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            QuotaExceeded(_) => StatusCode::TOO_MANY_REQUESTS,
+            Draining | TooManyConnections(_) | NoHealthyReplica(_) | UpstreamBusy { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            FirstTokenTimeout(_) | DeadlineExceeded(_) => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamConnect { .. } | Upstream { .. } | UpstreamTooLarge { .. } => StatusCode::BAD_GATEWAY,
+            MidStream { cut, .. } => cut.status(),
+        }
+    }
+
+    /// The cut this error is, for a request that had started: the deadlines, and a stream's end.
+    pub(crate) fn cut(&self) -> Option<Cut> {
+        match self {
+            GatewayError::FirstTokenTimeout(_) => Some(Cut::FirstToken),
+            GatewayError::DeadlineExceeded(_) => Some(Cut::Deadline),
+            GatewayError::MidStream { cut, .. } => Some(*cut),
+            _ => None,
         }
     }
 
@@ -190,7 +256,9 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            BadRequest { code, .. } | Upstream { code, .. } | Admin { code, .. } => code,
+            BadRequest { code, .. } | Admin { code, .. } => code,
+            Upstream { .. } => "upstream_error",
+            UpstreamTooLarge { .. } => "upstream_response_too_large",
             BodyTooLarge { .. } => "body_too_large",
             BodyTimeout(_) => "body_timeout",
             HeadersTooLarge { .. } => "headers_too_large",
@@ -204,11 +272,12 @@ impl GatewayError {
             Draining => "draining",
             TooManyConnections(_) => "too_many_connections",
             Overloaded { rejection, .. } => rejection.reason(),
-            QuotaExceeded { .. } => "rate_limit_exceeded",
+            QuotaExceeded(_) => "rate_limit_exceeded",
             NoHealthyReplica(_) => "no_healthy_replica",
             UpstreamBusy { .. } => "upstream_busy",
-            FirstTokenTimeout(_) => "first_token_timeout",
-            DeadlineExceeded(_) => "deadline_exceeded",
+            FirstTokenTimeout(_) => Cut::FirstToken.code(),
+            DeadlineExceeded(_) => Cut::Deadline.code(),
+            MidStream { cut, .. } => cut.code(),
             UpstreamConnect { .. } => "upstream_connect",
         }
     }
@@ -216,7 +285,7 @@ impl GatewayError {
     /// The metric's `reason` (and the log's `outcome`): the code, or for a quota which one.
     pub fn reason(&self) -> &'static str {
         match self {
-            GatewayError::QuotaExceeded { kind, .. } => kind.reason(),
+            GatewayError::QuotaExceeded(q) => q.kind.reason(),
             _ => self.code(),
         }
     }
@@ -224,13 +293,13 @@ impl GatewayError {
     /// OpenAI's error `type`.
     fn kind(&self) -> &'static str {
         match (self.origin(), self.status()) {
-            (_, 401) => "authentication_error",
-            (_, 403) => "permission_error",
-            (_, 404) => "not_found_error",
-            (_, 413) => "request_too_large",
+            (_, StatusCode::UNAUTHORIZED) => "authentication_error",
+            (_, StatusCode::FORBIDDEN) => "permission_error",
+            (_, StatusCode::NOT_FOUND) => "not_found_error",
+            (_, StatusCode::PAYLOAD_TOO_LARGE) => "request_too_large",
             (Source::Client, _) => "invalid_request_error",
-            (_, 429) => "rate_limit_error",
-            (_, 504) => "timeout_error",
+            (_, StatusCode::TOO_MANY_REQUESTS) => "rate_limit_error",
+            (_, StatusCode::GATEWAY_TIMEOUT) => "timeout_error",
             (Source::Capacity, _) => "service_unavailable_error",
             (Source::Upstream, _) => "upstream_error",
         }
@@ -248,7 +317,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             Overloaded { rejection, .. } => Some(rejection.retry_after()),
-            UpstreamBusy { retry_after, .. } | QuotaExceeded { retry_after, .. } => Some(*retry_after),
+            UpstreamBusy { retry_after, .. } => Some(*retry_after),
+            QuotaExceeded(q) => Some(q.retry_after),
             Draining | TooManyConnections(_) | NoHealthyReplica(_) => Some(Duration::from_secs(1)),
             _ => None,
         }
@@ -275,15 +345,19 @@ impl GatewayError {
         }
     }
 
-    /// The same error as one SSE event, for a stream that already started.
-    pub(crate) fn sse_event(&self) -> bytes::Bytes {
-        protocol::sse::event(&self.body())
+    /// A stream cut after its head went out, as the one SSE error event the client gets.
+    pub(crate) fn stream_cut(cut: Cut, message: impl Into<String>) -> bytes::Bytes {
+        let e = GatewayError::MidStream {
+            cut,
+            message: message.into(),
+        };
+        protocol::sse::event(&e.body())
     }
 }
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let status = StatusCode::from_u16(self.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let status = self.status();
         let body = serde_json::to_vec(&self.body()).unwrap_or_default();
         let mut response = (
             status,
@@ -307,7 +381,7 @@ mod tests {
     #[tokio::test]
     async fn renders_openai_shape_and_retry_after() {
         let e = GatewayError::Overloaded {
-            status: 503,
+            status: StatusCode::SERVICE_UNAVAILABLE,
             route: "m".into(),
             class: "c".into(),
             limits: Limits {
@@ -345,18 +419,63 @@ mod tests {
         let busy = GatewayError::UpstreamBusy {
             route: "m".into(),
             replica: 1,
-            status: 503,
+            status: StatusCode::SERVICE_UNAVAILABLE,
             retry_after: Duration::from_secs(1),
         };
         assert!(connect.retryable() && busy.retryable());
-        assert_eq!((connect.status(), busy.status()), (502, 503));
+        assert_eq!(
+            (connect.status(), busy.status()),
+            (StatusCode::BAD_GATEWAY, StatusCode::SERVICE_UNAVAILABLE)
+        );
         for e in [
-            GatewayError::upstream("upstream_error", "lost"),
+            GatewayError::upstream("lost"),
             GatewayError::FirstTokenTimeout(Duration::from_secs(1)),
             GatewayError::bad_request("invalid_request", "x", None),
         ] {
             assert!(!e.retryable(), "{e:?}");
         }
+    }
+
+    /// Each cut has one code, the same in the client's event, the log and the metrics; its
+    /// OpenAI `type` says what kind of failure it was, not that every cut is the upstream's.
+    #[test]
+    fn a_cut_is_rendered_with_its_own_code_and_type() {
+        let rendered = |cut: Cut| {
+            let event = GatewayError::stream_cut(cut, "m");
+            let json = std::str::from_utf8(&event)
+                .unwrap()
+                .trim()
+                .strip_prefix("data: ")
+                .unwrap();
+            let v: serde_json::Value = serde_json::from_str(json).unwrap();
+            (
+                v["error"]["code"].as_str().unwrap().to_owned(),
+                v["error"]["type"].as_str().unwrap().to_owned(),
+            )
+        };
+        let expected = [
+            (Cut::Idle, "stream_idle_timeout", "timeout_error"),
+            (Cut::FirstToken, "first_token_timeout", "timeout_error"),
+            (Cut::Deadline, "deadline_exceeded", "timeout_error"),
+            (Cut::Drain, "gateway_shutdown", "service_unavailable_error"),
+            (Cut::Upstream, "upstream_stream_error", "upstream_error"),
+        ];
+        for (cut, code, kind) in expected {
+            assert_eq!(cut.code(), code);
+            assert_eq!(rendered(cut), (code.to_owned(), kind.to_owned()), "{cut:?}");
+        }
+        assert_eq!(Cut::Client.code(), "client_disconnect");
+        // The deadlines before the first byte are the same cuts, with the same codes.
+        let first = GatewayError::FirstTokenTimeout(Duration::from_secs(1));
+        let total = GatewayError::DeadlineExceeded(Duration::from_secs(1));
+        assert_eq!(
+            (first.cut(), first.code()),
+            (Some(Cut::FirstToken), "first_token_timeout")
+        );
+        assert_eq!(
+            (total.cut(), total.code()),
+            (Some(Cut::Deadline), "deadline_exceeded")
+        );
     }
 
     #[test]
@@ -376,9 +495,6 @@ mod tests {
             kind(GatewayError::FirstTokenTimeout(Duration::from_secs(1))),
             "timeout_error"
         );
-        assert_eq!(
-            kind(GatewayError::upstream("upstream_error", "x")),
-            "upstream_error"
-        );
+        assert_eq!(kind(GatewayError::upstream("x")), "upstream_error");
     }
 }

@@ -1,59 +1,59 @@
 //! `spillway serve`: the admission-controlled, OpenAI-compatible streaming gateway.
 //!
 //! # Layout
-//! [`server`]'s `serve()` is the request path, one call per stage, in this order:
-//! 1. read the body (413/408) and parse it — `prepare` (400);
-//! 2. who is asking — `tenant` (401), before any model is named;
-//! 3. which route serves the model — `table` (404/403, routing rules);
-//! 4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
-//! 5. the team's quota — `quota` (429 with `Retry-After` and OpenAI's `x-ratelimit-*`), counted
-//!    in a sliding `window`;
-//! 6. a slot in the class — [`admission`] (503/429 with `Retry-After`); with `redis:` in the
-//!    config, stages 5 and 6 are one call to the limits every gateway shares — `shared` — and
-//!    this gateway's share of them while Redis is unreachable;
-//! 7. pick a replica, call it under the budgets, retry where allowed — `upstream` (502/503/504),
-//!    with `route` choosing among healthy replicas (its `balance`, `replica`, `health`, `scrape`
-//!    and `adaptive` parts) and `retry` keeping retries within a budget;
-//! 8. the answer — [`relay`]: a whole body, or a stream whose head waits for the first chunk;
-//! 9. the end — `outcome`: one `Ending` per request, written into `metrics` and the
-//!    [`access_log`] when the record is dropped; it owns the admission slot, so the slot is held
-//!    until the body ends.
+//! Three folders and the request path between them, each depending only on those listed after it:
+//! - `serve/` — the connections: `listener` (accept, connection limits, header and idle
+//!   timeouts, the drain), `front` (the public port's own HTTP/1.1 for the hot path), `router`
+//!   (everything else, and hyper's service), [`admin`] (the operator's API, whose changes
+//!   [`audit`] logs). Each hands a completion request to `path`.
+//! - `path/` — the request path; `path::serve()` is one call per stage, in this order:
+//!   1. read the body (413/408) and parse it — `prepare` (400);
+//!   2. who is asking — `tenant` (401), before any model is named;
+//!   3. which route serves the model — `prepare::route_for` over the `table` (404/403, rules);
+//!   4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
+//!   5. the team's quota — `admit`, by [`admission::quota`] (429 with `Retry-After` and OpenAI's
+//!      `x-ratelimit-*`), counted in a sliding [`admission::window`];
+//!   6. a slot in the class — `admit`, by [`admission::gate`] (503/429 with `Retry-After`); with
+//!      `redis:` in the config, stages 5 and 6 are one call to the limits every gateway shares
+//!      (`limits`), and this gateway's share of them while Redis is unreachable;
+//!   7. pick a replica, call it under the budgets, retry where allowed — `upstream`
+//!      (502/503/504), with `route` choosing among healthy replicas and [`admission::retry`]
+//!      keeping retries within a budget;
+//!   8. the answer — `relay`: a whole body, or a stream whose head waits for the first token,
+//!      each SSE event read by [`event`] (its kind, its usage, an error, the model's name);
+//!   9. the response — `respond`; the end — `ledger`: one ending per request, written into
+//!      `metrics` and the [`access_log`] when the record is dropped; it owns the admission slot,
+//!      so the slot is held until the body ends.
+//! - `limits/` — the limits every gateway of a deployment shares through Redis, and its scripts.
 //!
-//! Around it: [`config`] (the YAML), `gateway` (the shared state, reloads, the drain),
-//! `traces` (OpenTelemetry spans of each request, exported off the request path),
-//! `listener` (connections: limits, header and idle timeouts, the drain's end), [`admin`] (the
-//! operator's API, whose changes [`audit`] logs) and [`error`] (the one place failures become status codes and OpenAI bodies).
+//! Under them: `state` (the [`Gateway`]: the table in force, reloads, the drain), `table` (routes
+//! and tenants, swapped whole on a reload), `route` (a route's classes, replicas, balancing,
+//! health, scraping, adaptive C), `tenant`, [`config`] (the YAML), `traces` (OpenTelemetry spans,
+//! exported off the request path), `metrics`, [`access_log`], [`event`], and [`error`] (the one
+//! place failures, and the cuts of a stream, become status codes, codes and OpenAI bodies).
 
 pub mod access_log;
-pub mod admin;
-pub mod admission;
 pub mod audit;
 pub mod config;
 pub mod error;
-mod front;
-mod gateway;
-mod listener;
+pub mod event;
+mod limits;
 mod metrics;
-mod outcome;
-pub(crate) mod prepare;
-mod quota;
-pub mod relay;
-mod retry;
+mod path;
 mod route;
-mod server;
-mod shared;
+mod serve;
+mod state;
 mod table;
 mod tenant;
 mod traces;
-mod upstream;
-mod window;
 
+pub use admission::QuotaKind;
 pub use config::Config;
 pub use error::GatewayError;
-pub use gateway::Gateway;
-pub use listener::{bind, run};
-pub use quota::QuotaKind;
-pub use server::router;
+pub use serve::admin;
+pub use serve::listener::{bind, run};
+pub use serve::router::router;
+pub use state::Gateway;
 pub use tenant::{key_sha256, new_key};
 
 /// Entry points for the fuzz targets in `fuzz/`: the request path's pure stages, outside a server.
@@ -91,13 +91,13 @@ pub mod fuzzing {
             body: &[u8],
         ) -> Result<Prepared, GatewayError> {
             let api = if chat {
-                crate::prepare::Api::Chat
+                crate::path::prepare::Api::Chat
             } else {
-                crate::prepare::Api::Completions
+                crate::path::prepare::Api::Completions
             };
-            let parsed = crate::prepare::Parsed::parse(api, body)?;
+            let parsed = crate::path::prepare::Parsed::parse(api, body)?;
             let tenant = self.1.identify(None)?;
-            let p = crate::prepare::prepare(
+            let p = crate::path::prepare::prepare(
                 parsed,
                 &bytes::Bytes::copy_from_slice(body),
                 &self.0,
@@ -114,12 +114,12 @@ pub mod fuzzing {
 
     /// The caller's deadline header, parsed.
     pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
-        crate::prepare::caller_deadline(headers)
+        crate::path::prepare::caller_deadline(headers)
     }
 
     /// The request ID the gateway would use.
     pub fn request_id(headers: &HeaderMap) -> String {
-        crate::prepare::request_id(headers)
+        crate::path::prepare::request_id(headers)
     }
 
     /// A request head the public port's own HTTP/1.1 (`front`) serves itself.
@@ -150,13 +150,13 @@ pub mod fuzzing {
             match scanned {
                 http1::server::Scan::Complete(end) => {
                     let head = buf.split_to(end).freeze();
-                    let r = crate::front::Request::from_head(&head, &[], usize::MAX)?;
+                    let r = crate::serve::front::FrontRequest::from_head(&head, &[], usize::MAX)?;
                     // As `front::serve` does: a body over the limit goes to hyper's path.
                     if r.content_length > crate::config::ServerConfig::default().max_body_bytes {
                         return None;
                     }
                     return Some(FrontHead {
-                        chat: r.api == crate::prepare::Api::Chat,
+                        chat: r.api == crate::path::prepare::Api::Chat,
                         target: r.uri.to_string(),
                         content_length: r.content_length,
                         close: r.close,

@@ -11,10 +11,10 @@ mod scrape;
 
 pub(crate) use replica::{Observation, Replica, ReplicaGuard};
 
-use crate::admission::{AdaptiveLimits, Admission, Limits};
 use crate::config::ConfigError;
 use crate::config::{ClassConfig, Concurrency, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
+use admission::{AdaptiveLimits, Admission, Limits};
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -54,8 +54,8 @@ pub(crate) struct Route {
     pub(crate) tokenizer: Tokenizer,
     pub(crate) client: UpstreamClient,
     /// Set when the route renames the model upstream.
-    pub(crate) rename: Option<Arc<crate::relay::Rename>>,
-    pub(crate) budget: crate::retry::RetryBudget,
+    pub(crate) rename: Option<Arc<crate::event::Rename>>,
+    pub(crate) budget: admission::retry::RetryBudget,
     pub(crate) retries: IntCounter,
     pub(crate) retry_budget_exhausted: IntCounter,
 }
@@ -121,9 +121,9 @@ impl Route {
             .upstream_model
             .as_deref()
             .filter(|u| *u != config.model)
-            .map(|u| Arc::new(crate::relay::Rename::new(u, &config.model)));
+            .map(|u| Arc::new(crate::event::Rename::new(u, &config.model)));
         Ok(Route {
-            budget: crate::retry::RetryBudget::new(
+            budget: admission::retry::RetryBudget::new(
                 config.retry.budget.ratio,
                 config.retry.budget.min_per_second,
             ),

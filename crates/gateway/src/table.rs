@@ -2,12 +2,9 @@
 //! reload, so that every request sees one consistent table from start to end.
 
 use crate::config::{Config, ConfigError};
-use crate::error::GatewayError;
 use crate::metrics::Metrics;
-use crate::prepare::Parsed;
 use crate::route::Route;
-use crate::tenant::{Tenant, Tenants};
-use axum::http::HeaderMap;
+use crate::tenant::Tenants;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -67,33 +64,5 @@ impl Table {
 
     pub(crate) fn route(&self, model: &str) -> Option<&Arc<Route>> {
         self.by_model.get(model).map(|&i| &self.routes[i])
-    }
-
-    /// The route serving the request: its model's (404 if none, 403 if the tenant may not use
-    /// it), or where one of that route's rules sends it (one hop).
-    pub(crate) fn route_for(
-        &self,
-        parsed: &Parsed,
-        tenant: &Tenant,
-        headers: &HeaderMap,
-    ) -> Result<Arc<Route>, GatewayError> {
-        let Some(route) = self.route(parsed.model()) else {
-            return Err(GatewayError::ModelNotFound(
-                parsed.model().chars().take(100).collect(),
-            ));
-        };
-        if !tenant.may_use(&route.config.model) {
-            return Err(GatewayError::ModelNotAllowed {
-                team: tenant.team.to_string(),
-                model: route.config.model.clone(),
-            });
-        }
-        if route.config.redirect.is_empty() {
-            return Ok(route.clone());
-        }
-        let target = route
-            .redirect(parsed.max_tokens(), parsed.input_tokens(route), headers)
-            .and_then(|to| self.route(to));
-        Ok(target.unwrap_or(route).clone())
     }
 }

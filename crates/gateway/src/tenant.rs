@@ -3,7 +3,7 @@
 
 use crate::config::{Priority, TenantConfig};
 use crate::error::GatewayError;
-use crate::quota::{Quota, QuotaLimits};
+use admission::quota::{Quota, QuotaLimits};
 use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
@@ -65,8 +65,13 @@ impl Tenants {
             anonymous: previous.map_or_else(|| Arc::new(Tenant::anonymous()), |p| p.anonymous.clone()),
         };
         for (i, c) in config.iter().enumerate() {
-            let limits = QuotaLimits::of(c);
-            let local = limits.share(redis);
+            let limits = QuotaLimits {
+                max_parallel: c.max_parallel,
+                rpm: c.rpm,
+                tpm: c.tpm,
+            };
+            // While Redis is unreachable, this gateway enforces its share of the team's limits.
+            let local = redis.map_or(limits, |r| limits.share(r.gateways));
             let quota = match previous.and_then(|p| p.tenants.iter().find(|k| *k.team == *c.team)) {
                 Some(kept) => {
                     kept.quota.set_limits(local);

@@ -83,13 +83,15 @@ struct Attempt {
     error: Option<&'static str>,
 }
 
-/// How the request ended, as the exchange knows it when it is dropped.
+/// How the request ended, as the ledger knows it when it is dropped.
 pub(crate) struct Summary {
     pub(crate) id: String,
     pub(crate) route: Arc<str>,
     pub(crate) class: Arc<str>,
     pub(crate) team: Arc<str>,
     pub(crate) status: u16,
+    /// How it was cut short, if it was.
+    pub(crate) cut: Option<crate::error::Cut>,
     pub(crate) outcome: &'static str,
     /// The gateway's refusal or failure code, when it refused or failed the request.
     pub(crate) error: Option<&'static str>,
@@ -477,10 +479,7 @@ impl Recording {
         }
         // A server span is an error for a 5xx or a stream cut short on the server's side (a
         // client that left is not the server's failure).
-        let cut = matches!(
-            s.outcome,
-            "deadline" | "stream_idle_timeout" | "upstream_error" | "drain_timeout"
-        );
+        let cut = s.cut.is_some_and(|c| c != crate::error::Cut::Client);
         if s.status >= 500 || cut {
             root.status = Some(Status {
                 code: status::StatusCode::Error as i32,

@@ -118,7 +118,7 @@ impl Transport for Tcp {
 }
 
 /// One open connection and its read buffer, which travel together through the pool.
-struct Conn<S> {
+struct Pooled<S> {
     stream: S,
     buf: BytesMut,
 }
@@ -130,7 +130,7 @@ pub struct Conns<T: Transport = Tcp> {
     authority: String,
     prefix: String,
     /// Oldest first; reuse takes from the back.
-    idle: Mutex<VecDeque<(Conn<T::Stream>, Instant)>>,
+    idle: Mutex<VecDeque<(Pooled<T::Stream>, Instant)>>,
 }
 
 impl Conns<Tcp> {
@@ -162,12 +162,12 @@ impl<T: Transport> Conns<T> {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Conn<T::Stream>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<(Pooled<T::Stream>, Instant)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The most recently used idle connection that still looks open.
-    fn reuse(&self) -> Option<Conn<T::Stream>> {
+    fn reuse(&self) -> Option<Pooled<T::Stream>> {
         let now = Instant::now();
         loop {
             let (conn, since) = {
@@ -181,7 +181,7 @@ impl<T: Transport> Conns<T> {
         }
     }
 
-    async fn connect(&self, timeout: Duration) -> Result<Conn<T::Stream>, Error> {
+    async fn connect(&self, timeout: Duration) -> Result<Pooled<T::Stream>, Error> {
         let stream = match tokio::time::timeout(timeout, self.transport.connect()).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return Err(Error::Connect(e)),
@@ -192,7 +192,7 @@ impl<T: Transport> Conns<T> {
                 )));
             }
         };
-        Ok(Conn {
+        Ok(Pooled {
             stream,
             buf: BytesMut::with_capacity(READ_BUF),
         })
@@ -200,7 +200,7 @@ impl<T: Transport> Conns<T> {
 
     /// Keeps a connection whose answer was read whole; the oldest go first when there are too
     /// many, and those idle too long are closed here rather than left half-closed.
-    fn put_back(&self, mut conn: Conn<T::Stream>) {
+    fn put_back(&self, mut conn: Pooled<T::Stream>) {
         if conn.buf.capacity() > MAX_POOLED_BUF {
             conn.buf = BytesMut::with_capacity(READ_BUF);
         }
@@ -222,7 +222,7 @@ impl<T: Transport> Conns<T> {
 
 /// Closes the idle connections that have waited longer than [`IDLE_TIMEOUT`] (the oldest are at
 /// the front).
-fn expire<S>(idle: &mut VecDeque<(Conn<S>, Instant)>, now: Instant) {
+fn expire<S>(idle: &mut VecDeque<(Pooled<S>, Instant)>, now: Instant) {
     while idle
         .front()
         .is_some_and(|(_, since)| now.saturating_duration_since(*since) >= IDLE_TIMEOUT)
@@ -327,15 +327,15 @@ impl<T: Transport> Response<T> {
 /// The parts of an answer's head the gateway uses, and how its body is framed. No header map:
 /// the relay forwards none of the replica's headers.
 #[derive(Debug)]
-struct Head {
+struct ResponseHead {
     status: StatusCode,
     retry_after: Option<u64>,
     framing: Framing,
     reusable: bool,
 }
 
-impl Head {
-    fn into_response<T: Transport>(self, conn: Conn<T::Stream>, conns: &Arc<Conns<T>>) -> Response<T> {
+impl ResponseHead {
+    fn into_response<T: Transport>(self, conn: Pooled<T::Stream>, conns: &Arc<Conns<T>>) -> Response<T> {
         Response {
             status: self.status,
             retry_after: self.retry_after,
@@ -351,10 +351,10 @@ impl Head {
 
 /// Writes the request and reads the answer's head.
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
-    conn: &mut Conn<S>,
+    conn: &mut Pooled<S>,
     head: &[u8],
     body: &[u8],
-) -> Result<Head, Failure> {
+) -> Result<ResponseHead, Failure> {
     if let Err(e) = write_all(&mut conn.stream, head, body).await {
         return Err(Failure {
             error: Error::Io(e),
@@ -405,7 +405,7 @@ async fn write_all<S: AsyncWrite + Unpin>(stream: &mut S, mut a: &[u8], mut b: &
 
 /// Parses a complete head at the start of `buf`: its length, and the head (`None` for a 1xx).
 /// `Ok(None)` when more bytes are needed.
-fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
+fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<ResponseHead>)>, Error> {
     // Left uninitialised: httparse writes the slots it fills, and zeroing them all would cost more
     // than parsing a replica's usual handful.
     let mut slots = [const { std::mem::MaybeUninit::uninit() }; MAX_HEADERS];
@@ -490,7 +490,7 @@ fn parse_head(buf: &[u8]) -> Result<Option<(usize, Option<Head>)>, Error> {
     };
     Ok(Some((
         n,
-        Some(Head {
+        Some(ResponseHead {
             status,
             retry_after,
             framing,
@@ -625,7 +625,7 @@ pub enum Read {
 /// An answer's body, read on the caller's task.
 pub struct Body<T: Transport = Tcp> {
     /// `None` once the body is whole (the connection went back to the pool, or was closed).
-    conn: Option<Conn<T::Stream>>,
+    conn: Option<Pooled<T::Stream>>,
     framing: Framing,
     reusable: bool,
     conns: Arc<Conns<T>>,

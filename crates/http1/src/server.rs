@@ -149,7 +149,7 @@ where
     IO: AsyncRead + AsyncWrite + Unpin + Send,
     H: Handler<IO>,
 {
-    let mut conn = Conn {
+    let mut conn = Connection {
         io,
         buf: BytesMut::new(),
         out: BytesMut::new(),
@@ -201,7 +201,7 @@ where
 }
 
 /// A client connection while the server half serves it.
-struct Conn<IO> {
+struct Connection<IO> {
     /// Read through `io.io` directly; written through `io` and its send timer.
     io: ClientIo<IO>,
     /// Bytes read and not yet taken: a head, a body, what a client sent ahead.
@@ -220,7 +220,7 @@ enum Head {
     Complete(Bytes),
 }
 
-impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
+impl<IO: AsyncRead + AsyncWrite + Unpin> Connection<IO> {
     /// Reads until `buf` starts with a whole head, which is split off.
     async fn read_head(&mut self, max_head: usize) -> Head {
         // Where the search for a head's end resumes: a head sent a byte at a time is not parsed
@@ -263,7 +263,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
         self.watching(false, |cx, _| fut.as_mut().poll(cx)).await
     }
 
-    /// [`Conn::or_gone`] for a poll function, which may write to `out`. With `polled`, its first
+    /// [`Connection::or_gone`] for a poll function, which may write to `out`. With `polled`, its first
     /// call is skipped: it has just answered `Pending` in this same poll of the task, so its
     /// wake-up is arranged.
     async fn watching<T>(
@@ -304,7 +304,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     }
 
     /// Writes the answer; false when the connection cannot carry another one. `alone`: no
-    /// other request is being served (see [`Conn::write_stream`]).
+    /// other request is being served (see [`Connection::write_stream`]).
     async fn respond<S, B>(&mut self, response: http::Response<Reply<S, B>>, close: bool, alone: bool) -> bool
     where
         S: Chunks,
@@ -387,7 +387,7 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Conn<IO> {
     /// last chunk with the end), up to [`MAX_ROOM`] a write: for a source faster than its
     /// client, each turn would otherwise gather as many reads as tokio's budget allows. The
     /// client is watched while the next chunk is awaited. The source is dropped once it has
-    /// ended, before its last bytes go out, as [`Conn::write_whole`] drops a body.
+    /// ended, before its last bytes go out, as [`Connection::write_whole`] drops a body.
     ///
     /// A stream alone in the server (`first_alone`: no other request served) sends its first
     /// chunk (and the head) at once, whatever else is ready: that is the client's time to first

@@ -110,7 +110,7 @@ pub(crate) async fn run(args: DemoArgs) -> Result<()> {
     match result {
         Err(e) if e.is::<Interrupted>() => {
             eprintln!("spillway demo: interrupted; the gateway and the engines are stopped");
-            std::process::exit(130);
+            Err(crate::Exit(130).into())
         }
         r => r,
     }

@@ -153,7 +153,7 @@ pub(crate) async fn run(args: DiagnoseArgs) -> Result<()> {
     };
     if code != 0 {
         // The verdict is the answer: exit with its code rather than as an error of the command.
-        std::process::exit(i32::from(code));
+        return Err(crate::Exit(code).into());
     }
     Ok(())
 }

@@ -59,6 +59,19 @@ enum Command {
     Key(key_cmd::KeyArgs),
 }
 
+/// A command that has said what it had to and ends with its own exit code (the diagnosis's
+/// verdict, an interrupted demo): `main` exits with it, the one place the process's code is set.
+#[derive(Debug)]
+pub(crate) struct Exit(pub(crate) u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo tells its own story on stdout; its servers' routine logs would interleave with it.
@@ -123,9 +136,16 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("spillway: {e:#}");
-            ExitCode::from(2)
-        }
+        Err(e) => match e.downcast_ref::<Exit>() {
+            Some(&Exit(code)) => {
+                // As the command's own exit did: nothing it left running is waited for.
+                runtime.shutdown_background();
+                ExitCode::from(code)
+            }
+            None => {
+                eprintln!("spillway: {e:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }

@@ -7,7 +7,9 @@
 //! - [`eventually`]: polls a condition on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
 //! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
-//! - [`serve_script`]: a replica that answers each request with scripted bytes.
+//! - [`serve_script`]: a replica that answers each request with scripted bytes;
+//! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
+//!   reading every crate's integration tests use.
 
 pub mod crd;
 
@@ -15,6 +17,37 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The engine's tiny preset serving `model`: fast steps, a small KV cache, for tests.
+pub fn tiny_engine(model: &str) -> engine::EngineConfig {
+    let mut c = engine::EngineConfig::preset(engine::Preset::Tiny);
+    c.model = model.into();
+    c
+}
+
+/// An HTTP client for tests: a bound on every request, so a hung server fails the test instead.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("an HTTP client")
+}
+
+/// The data of each event of an SSE body, in order, read as a client would (`protocol::sse`):
+/// events without data (comments, keep-alives) are left out.
+pub fn sse_data(body: &str) -> Vec<String> {
+    let mut splitter = protocol::sse::EventSplitter::default();
+    let mut events = Vec::new();
+    splitter.feed_slices(body.as_bytes(), |e| events.push(e.to_vec()));
+    let rest = splitter.rest();
+    if !rest.is_empty() {
+        events.push(rest.to_vec());
+    }
+    events
+        .iter()
+        .filter_map(|e| protocol::sse::data(e).map(|d| d.into_owned()))
+        .collect()
+}
 
 /// The path of `name` on `PATH`; panics with how to install it when it is missing.
 pub fn tool(name: &str) -> String {
@@ -188,4 +221,13 @@ pub async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
         }
     });
     (url, task)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn sse_data_reads_events_as_a_client_does() {
+        let body = ": ping\n\ndata: {\"a\":1}\r\n\r\ndata: x\ndata: y\n\ndata: [DONE]";
+        assert_eq!(super::sse_data(body), ["{\"a\":1}", "x\ny", "[DONE]"]);
+    }
 }

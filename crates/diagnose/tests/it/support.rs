@@ -1,6 +1,6 @@
 //! A stack for one scenario: engines, their DCGM listener, a gateway, load, and the diagnosis.
 
-use engine::{EngineConfig, Preset, RunningEngine};
+use engine::{EngineConfig, RunningEngine};
 use spillway_diagnose::{Cluster, Snapshot, Thresholds, Verdict, diagnose};
 use std::time::Duration;
 use tokio::net::TcpListener;
@@ -22,8 +22,7 @@ pub(crate) fn thresholds() -> Thresholds {
 /// The tiny preset with its step loop on a thread of its own, as `spillway engine` runs it, so that
 /// the load's HTTP work on the test's runtime does not make steps late (and the GPU look idle).
 pub(crate) fn tiny() -> EngineConfig {
-    let mut c = EngineConfig::preset(Preset::Tiny);
-    c.model = MODEL.into();
+    let mut c = testkit::tiny_engine(MODEL);
     c.core_thread = true;
     c
 }

@@ -1,15 +1,12 @@
 //! Shared helpers: configs, engines in-process, HTTP and SSE reading.
 
 use spillway_engine::engine::Generation;
-use spillway_engine::{Engine, EngineConfig, GenerateParams, Preset, RunningEngine};
-use std::time::Duration;
+use spillway_engine::{Engine, EngineConfig, GenerateParams, RunningEngine};
 
 pub(crate) const MODEL: &str = "sim";
 
 pub(crate) fn tiny() -> EngineConfig {
-    let mut c = EngineConfig::preset(Preset::Tiny);
-    c.model = MODEL.into();
-    c
+    testkit::tiny_engine(MODEL)
 }
 
 pub(crate) async fn start(config: EngineConfig) -> RunningEngine {
@@ -36,24 +33,7 @@ pub(crate) async fn finish(g: &mut Generation) -> u32 {
         .unwrap_or(0)
 }
 
-pub(crate) fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .expect("client")
-}
-
-/// The `data:` payloads of an SSE body, in order.
-pub(crate) fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter(|e| !e.is_empty())
-        .map(|e| {
-            e.strip_prefix("data: ")
-                .expect("every event is a data line")
-                .to_owned()
-        })
-        .collect()
-}
+pub(crate) use testkit::{http, sse_data};
 
 pub(crate) use testkit::eventually;
 

@@ -1,5 +1,5 @@
 //! The task that runs the adaptive-concurrency controller of a route's adaptive classes (the
-//! controller itself is [`crate::admission::Admission::adapt`]).
+//! controller itself is [`admission::Admission::adapt`]).
 
 use super::Route;
 use crate::config::Concurrency;

@@ -47,7 +47,7 @@ pub(crate) struct Replica {
     /// An `Arc`, so that each request's access record shares it instead of copying it.
     pub(crate) url: Arc<str>,
     /// Its idle connections, for the request path (health checks and scrapes use their own).
-    pub(crate) conns: Arc<crate::upstream::h1::Conns>,
+    pub(crate) conns: Arc<http1::client::Conns>,
     /// The last attempt to reach it failed to connect (cleared by any answer).
     unreachable: AtomicBool,
     /// Set by the active health checks; only healthy replicas are picked.
@@ -99,7 +99,7 @@ impl Replica {
         healthy.set(1);
         Replica {
             url: url.into(),
-            conns: Arc::new(crate::upstream::h1::Conns::new(url)),
+            conns: Arc::new(http1::client::Conns::new(url)),
             unreachable: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),

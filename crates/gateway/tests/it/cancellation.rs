@@ -79,6 +79,7 @@ async fn a_stall_mid_stream_ends_with_an_sse_error_event() {
     let events = sse_data(&body);
     let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "stream_idle_timeout", "{body}");
+    assert_eq!(last["error"]["type"], "timeout_error", "{body}");
     assert!(!body.contains("[DONE]"));
     let tokens = events
         .iter()
@@ -119,6 +120,7 @@ async fn stream_idle_counts_from_the_last_chunk_and_total_cuts_a_flowing_stream(
     let events = sse_data(&body);
     let last: serde_json::Value = serde_json::from_str(events.last().unwrap()).unwrap();
     assert_eq!(last["error"]["code"], "deadline_exceeded", "{body}");
+    assert_eq!(last["error"]["type"], "timeout_error", "{body}");
     assert!(
         events.len() > 100,
         "tokens flowed until the cut: {}",
@@ -129,7 +131,7 @@ async fn stream_idle_counts_from_the_last_chunk_and_total_cuts_a_flowing_stream(
         "{took:?}"
     );
     assert!(eventually(Duration::from_secs(1), || stack.records().len() == 1).await);
-    assert_eq!(stack.records()[0].outcome, "deadline");
+    assert_eq!(stack.records()[0].outcome, "deadline_exceeded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -172,8 +172,13 @@ async fn a_busy_replica_is_retried_elsewhere_and_a_crash_mid_stream_is_not_retri
         .engine
         .apply_faults(&serde_json::from_str(r#"{"clear": true}"#).unwrap())
         .unwrap();
-    // A replica that answered 503 gets no first attempts for its Retry-After (1 s without one).
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    // A replica that answered 503 gets no first attempts for its Retry-After (1 s without one):
+    // wait until it is no longer busy.
+    let busy = |stack: &Stack| stack.gateway.replica_states("chat")[0]["busy"] == true;
+    assert!(
+        eventually(Duration::from_secs(3), || !busy(&stack)).await,
+        "replica 0 stays busy past its Retry-After"
+    );
     // Two long streams, one per replica; crash replica 0 mid-stream.
     let start = |url: String| async move {
         http()

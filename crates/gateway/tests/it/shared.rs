@@ -361,7 +361,12 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
             }
         })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Shared limits under load: every client has had an answer.
+    let answered = || statuses.lock().unwrap().len() >= 24;
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), answered).await,
+        "the load runs"
+    );
     phase.store(1, Ordering::Relaxed);
     redis.kill().await;
     let killed = Instant::now();
@@ -624,7 +629,11 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
     let load = closed_loop(&gws, &stop, &statuses);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    let answered = || statuses.lock().unwrap().len() >= 24;
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), answered).await,
+        "the load runs"
+    );
     // Frozen for less than a lease ttl (3 s): every lease and gateway entry is still there when
     // it wakes up, so nothing tells the gateways that Redis lost anything.
     redis.signal("-STOP");

@@ -1,6 +1,6 @@
 //! Engines and a gateway in-process on ephemeral loopback ports, and HTTP helpers.
 
-use engine::{EngineConfig, Preset, RunningEngine};
+use engine::{EngineConfig, RunningEngine};
 use spillway_gateway::access_log::{AccessLog, AccessRecord};
 use spillway_gateway::{Config, Gateway};
 use std::sync::{Arc, Mutex};
@@ -28,10 +28,9 @@ tenants:
     max_parallel: 1
 "#;
 
+/// The tiny engine under the replicas' own model name.
 pub(crate) fn tiny() -> EngineConfig {
-    let mut c = EngineConfig::preset(Preset::Tiny);
-    c.model = UPSTREAM_MODEL.into();
-    c
+    testkit::tiny_engine(UPSTREAM_MODEL)
 }
 
 /// The tiny engine whose requests stop after `tokens` tokens and hold their slot (0: hung).
@@ -136,12 +135,7 @@ impl Drop for Stack {
     }
 }
 
-pub(crate) fn http() -> reqwest::Client {
-    reqwest::Client::builder()
-        .timeout(Duration::from_secs(60))
-        .build()
-        .unwrap()
-}
+pub(crate) use testkit::{http, sse_data};
 
 /// POSTs a chat completion for the route `chat` to the gateway at `url` with an API key.
 pub(crate) async fn keyed(url: &str, key: &str, max_tokens: u32, stream: bool) -> reqwest::Response {
@@ -169,14 +163,6 @@ pub(crate) fn chat(model: &str, max_tokens: u32, stream: bool) -> serde_json::Va
         "max_tokens": max_tokens,
         "stream": stream,
     })
-}
-
-/// The `data:` payloads of an SSE body.
-pub(crate) fn sse_data(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter(|e| !e.trim().is_empty())
-        .map(|e| e.strip_prefix("data: ").unwrap_or(e).to_owned())
-        .collect()
 }
 
 pub(crate) use testkit::eventually;

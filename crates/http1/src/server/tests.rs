@@ -225,8 +225,8 @@ async fn a_lone_streams_first_chunk_is_written_before_the_rest_is_taken() {
     }
 }
 
-fn test_conn(io: ClientIo<TcpStream>) -> Conn<TcpStream> {
-    Conn {
+fn test_conn(io: ClientIo<TcpStream>) -> Connection<TcpStream> {
+    Connection {
         io,
         buf: BytesMut::new(),
         out: BytesMut::new(),

@@ -128,7 +128,7 @@ fn the_total_deadline_cuts_a_stream_and_vllm_stops() {
         wait_until(100, || v.metric("vllm:num_requests_running") == 0.0),
         "vLLM still runs the request the deadline cut"
     );
-    assert_eq!(gw.access_lines(1)[0]["outcome"], "deadline");
+    assert_eq!(gw.access_lines(1)[0]["outcome"], "deadline_exceeded");
 }
 
 #[test]

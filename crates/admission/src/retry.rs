@@ -10,14 +10,14 @@ type TenSeconds = SlidingWindow<10>;
 
 /// The retry budget of one route: requests and retries over the last ten seconds.
 #[derive(Debug)]
-pub(crate) struct RetryBudget {
+pub struct RetryBudget {
     ratio: f64,
     min_per_second: u32,
     windows: Mutex<(TenSeconds, TenSeconds)>,
 }
 
 impl RetryBudget {
-    pub(crate) fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
+    pub fn new(ratio: f64, min_per_second: u32) -> RetryBudget {
         let now = Instant::now();
         let window = || TenSeconds::new(Duration::from_secs(1), now);
         RetryBudget {
@@ -32,12 +32,12 @@ impl RetryBudget {
     }
 
     /// Counts a request's first attempt, made at `now`.
-    pub(crate) fn request(&self, now: Instant) {
+    pub fn request(&self, now: Instant) {
         self.lock().0.add(now, 1);
     }
 
     /// Takes one retry from the budget; false (and nothing taken) when it is spent.
-    pub(crate) fn try_retry(&self) -> bool {
+    pub fn try_retry(&self) -> bool {
         let now = Instant::now();
         let mut w = self.lock();
         let (requests, retries) = (w.0.sum(now), w.1.sum(now));
@@ -52,7 +52,7 @@ impl RetryBudget {
 }
 
 /// The wait before retry number `retry` (1-based): uniformly random up to `min(max, base × 2^(retry-1))`.
-pub(crate) fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
+pub fn backoff(base: Duration, max: Duration, retry: u32) -> Duration {
     let ceiling = base
         .saturating_mul(1u32.checked_shl(retry.saturating_sub(1)).unwrap_or(u32::MAX))
         .min(max);

@@ -4,13 +4,14 @@
 use crate::config::{OverCap, Priority};
 use crate::error::GatewayError;
 use crate::route::Route;
+use crate::table::Table;
 use crate::tenant::Tenant;
 use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use memchr::memmem;
 use protocol::error::parse_json;
 use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamOptions};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// The request header a caller sets its own deadline with (`"5s"`, `"1500ms"`, or milliseconds).
@@ -472,6 +473,34 @@ fn new_request_id() -> String {
         n >>= 4;
     }
     String::from_utf8(id.to_vec()).unwrap_or_default()
+}
+
+/// Stage 3: the route serving the request: its model's (404 if none, 403 if the tenant may not use
+/// it), or where one of that route's rules sends it (one hop).
+pub(crate) fn route_for(
+    table: &Table,
+    parsed: &Parsed,
+    tenant: &Tenant,
+    headers: &HeaderMap,
+) -> Result<Arc<Route>, GatewayError> {
+    let Some(route) = table.route(parsed.model()) else {
+        return Err(GatewayError::ModelNotFound(
+            parsed.model().chars().take(100).collect(),
+        ));
+    };
+    if !tenant.may_use(&route.config.model) {
+        return Err(GatewayError::ModelNotAllowed {
+            team: tenant.team.to_string(),
+            model: route.config.model.clone(),
+        });
+    }
+    if route.config.redirect.is_empty() {
+        return Ok(route.clone());
+    }
+    let target = route
+        .redirect(parsed.max_tokens(), parsed.input_tokens(route), headers)
+        .and_then(|to| table.route(to));
+    Ok(target.unwrap_or(route).clone())
 }
 
 #[cfg(test)]

@@ -3,12 +3,13 @@
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
-use crate::outcome::Exchange;
-use crate::prepare::{Api, DEADLINE_HEADER, Prepared};
-use crate::relay::{self, Events, Opened};
+use crate::path::ledger::Ledger;
+use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
+use crate::path::relay::{self, Events, Opened};
 use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
+use axum::http::StatusCode;
 use bytes::Bytes;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -49,14 +50,14 @@ impl Budgets {
 }
 
 /// What a replica answered that goes to the client.
-pub(crate) enum Answered {
+pub(crate) enum UpstreamAnswer {
     /// A stream whose first token has arrived.
     Stream(Events),
     /// A whole answer (2xx), or the replica's own 4xx, still to be read.
     Response(h1::Response),
     /// The replica's own 4xx, sent as an error event in place of a stream's first token: its
     /// status and the event's JSON.
-    Rejected(u16, Bytes),
+    Rejected(StatusCode, Bytes),
 }
 
 /// Calls replicas until one gives an answer to relay (a 2xx, or the client's own 4xx) or the
@@ -68,8 +69,8 @@ pub(crate) async fn call(
     api: Api,
     prepared: &Prepared,
     budgets: &Budgets,
-    ex: &mut Exchange,
-) -> Result<Answered, GatewayError> {
+    ex: &mut Ledger,
+) -> Result<UpstreamAnswer, GatewayError> {
     let pool = &route.classes[prepared.class].pool;
     let (head_deadline, _) = budgets.head(prepared.stream);
     let attempts = route.config.retry.attempts.get() as usize;
@@ -92,15 +93,15 @@ pub(crate) async fn call(
             }
             Ok(r) => {
                 ex.upstream_first_byte = Some(Instant::now());
-                Ok(Answered::Response(r))
+                Ok(UpstreamAnswer::Response(r))
             }
             Err(e) => Err(e),
         };
         ex.trace.attempt_done(match &result {
-            Ok(Answered::Response(r)) => Ok(r.status().as_u16()),
-            Ok(Answered::Stream(_)) => Ok(200),
-            Ok(Answered::Rejected(status, _)) => Ok(*status),
-            Err(e) => Err((e.reason(), e.status())),
+            Ok(UpstreamAnswer::Response(r)) => Ok(r.status().as_u16()),
+            Ok(UpstreamAnswer::Stream(_)) => Ok(200),
+            Ok(UpstreamAnswer::Rejected(status, _)) => Ok(status.as_u16()),
+            Err(e) => Err((e.reason(), e.status().as_u16())),
         });
         let error = match result {
             Ok(answered) => return Ok(answered),
@@ -118,7 +119,7 @@ pub(crate) async fn call(
             return Err(error);
         }
         let b = route.config.retry.backoff;
-        let wait = crate::retry::backoff(b.base, b.max, tried.len() as u32);
+        let wait = admission::retry::backoff(b.base, b.max, tried.len() as u32);
         if Instant::now() + wait >= head_deadline {
             return Err(error);
         }
@@ -139,8 +140,8 @@ async fn open(
     budgets: &Budgets,
     index: usize,
     response: h1::Response,
-    ex: &mut Exchange,
-) -> Result<Answered, GatewayError> {
+    ex: &mut Ledger,
+) -> Result<UpstreamAnswer, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let opened = relay::open(
@@ -156,7 +157,7 @@ async fn open(
     let early = match opened {
         Ok(Opened::Stream(events)) => {
             route.observe(replica, Observation::Served);
-            return Ok(Answered::Stream(events));
+            return Ok(UpstreamAnswer::Stream(events));
         }
         Ok(Opened::Error(early)) => early,
         Err(e) => {
@@ -169,7 +170,7 @@ async fn open(
         }
     };
     match early.status {
-        Some(status @ (429 | 503)) => {
+        Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
             // The event carries no Retry-After: the default of a busy answer without one.
             let retry_after = Duration::from_secs(1);
             route.observe(replica, Observation::Busy { retry_after });
@@ -180,21 +181,18 @@ async fn open(
                 retry_after,
             })
         }
-        Some(status @ 400..=499) => {
+        Some(status) if status.is_client_error() => {
             route.observe(replica, Observation::ClientError);
-            Ok(Answered::Rejected(status, early.body))
+            Ok(UpstreamAnswer::Rejected(status, early.body))
         }
         status => {
             route.observe(replica, Observation::Failed);
             let detail = String::from_utf8_lossy(&early.body[..early.body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, ?status, body = %detail, "upstream sent an error event before the first token");
             let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
-            Err(GatewayError::upstream(
-                "upstream_error",
-                format!(
-                    "route '{name}' replica {index} answered {named} in its stream before the first token"
-                ),
-            ))
+            Err(GatewayError::upstream(format!(
+                "route '{name}' replica {index} answered {named} in its stream before the first token"
+            )))
         }
     }
 }
@@ -249,10 +247,7 @@ async fn attempt(
                 }
             } else {
                 route.observe(replica, Observation::Failed);
-                GatewayError::upstream(
-                    "upstream_error",
-                    format!("lost the connection to route '{name}' replica {index}"),
-                )
+                GatewayError::upstream(format!("lost the connection to route '{name}' replica {index}"))
             });
         }
         Err(_) => {
@@ -264,16 +259,16 @@ async fn attempt(
             });
         }
     };
-    let status = response.status().as_u16();
+    let status = response.status();
     match status {
-        200..=299 => {
+        _ if status.is_success() => {
             // A stream has served only once its first chunk arrives (the relay says so).
             if !prepared.stream {
                 route.observe(replica, Observation::Served);
             }
             Ok(response)
         }
-        429 | 503 => {
+        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
             let retry_after = response
                 .retry_after()
                 .map_or(Duration::from_secs(1), Duration::from_secs);
@@ -285,7 +280,7 @@ async fn attempt(
                 retry_after,
             })
         }
-        400..=499 => {
+        _ if status.is_client_error() => {
             route.observe(replica, Observation::ClientError);
             Ok(response)
         }
@@ -297,11 +292,10 @@ async fn attempt(
                 .await
                 .unwrap_or_default();
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
-            tracing::warn!(route = %name, replica = %replica.url, status, body = %detail, "upstream answered an error");
-            Err(GatewayError::upstream(
-                "upstream_error",
-                format!("route '{name}' replica {index} answered {status}"),
-            ))
+            tracing::warn!(route = %name, replica = %replica.url, status = status.as_u16(), body = %detail, "upstream answered an error");
+            Err(GatewayError::upstream(format!(
+                "route '{name}' replica {index} answered {status}"
+            )))
         }
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::config::{Config, ConfigError, MetricsExposure};
 use crate::error::GatewayError;
-use crate::gateway::Gateway;
+use crate::state::Gateway;
 use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -20,7 +20,7 @@ pub(crate) fn router(gateway: Arc<Gateway>) -> Router {
     let mut router = Router::new();
     if gateway.config.server.metrics == MetricsExposure::Admin {
         // Unauthenticated, as Prometheus scrapes it; the listener itself is the boundary.
-        router = router.route("/metrics", get(crate::server::metrics));
+        router = router.route("/metrics", get(crate::serve::router::metrics));
     }
     router
         .route("/admin/state", get(state))
@@ -166,7 +166,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
         return GatewayError::Admin {
-            status: 404,
+            status: StatusCode::NOT_FOUND,
             code: "route_not_found",
             message: format!("no route '{}'", target.route),
         }
@@ -175,7 +175,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let url = target.replica.trim_end_matches('/');
     let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| &*r.url == url) else {
         return GatewayError::Admin {
-            status: 404,
+            status: StatusCode::NOT_FOUND,
             code: "replica_not_found",
             message: format!("route '{}' has no replica {url}", target.route),
         }
@@ -201,7 +201,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     let Some(path) = g.config_path() else {
         return GatewayError::Admin {
-            status: 409,
+            status: StatusCode::CONFLICT,
             code: "no_config_file",
             message: "this gateway was not started from a file".into(),
         }

@@ -4,8 +4,6 @@
 //! its prompt plus its `max_tokens` (after the caps: the most it can cost) and settled with the
 //! real usage when it ends, so a stream cut short pays only for what was generated.
 
-use crate::config::TenantConfig;
-use crate::error::GatewayError;
 use crate::window::SlidingWindow;
 use std::num::{NonZeroU32, NonZeroU64};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,34 +43,28 @@ impl QuotaKind {
 
 /// The configured limits of one team.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct QuotaLimits {
-    pub(crate) max_parallel: Option<NonZeroU32>,
-    pub(crate) rpm: Option<NonZeroU32>,
-    pub(crate) tpm: Option<NonZeroU64>,
+pub struct QuotaLimits {
+    pub max_parallel: Option<NonZeroU32>,
+    pub rpm: Option<NonZeroU32>,
+    pub tpm: Option<NonZeroU64>,
 }
 
 impl QuotaLimits {
-    pub(crate) fn of(c: &TenantConfig) -> QuotaLimits {
+    /// One gateway's share while limits shared by `gateways` gateways cannot be: each ÷
+    /// `gateways`, at least 1.
+    pub fn share(&self, gateways: NonZeroU32) -> QuotaLimits {
+        let n = gateways.get();
+        let share = |m: NonZeroU32| NonZeroU32::new((m.get() / n).max(1));
         QuotaLimits {
-            max_parallel: c.max_parallel,
-            rpm: c.rpm,
-            tpm: c.tpm,
+            max_parallel: self.max_parallel.and_then(share),
+            rpm: self.rpm.and_then(share),
+            tpm: self
+                .tpm
+                .and_then(|t| NonZeroU64::new((t.get() / u64::from(n)).max(1))),
         }
     }
 
-    /// One gateway's share while limits shared through Redis cannot be: each ÷ `gateways`, at
-    /// least 1.
-    pub(crate) fn share(&self, redis: Option<&crate::config::RedisConfig>) -> QuotaLimits {
-        let Some(r) = redis else { return *self };
-        let n = u64::from(r.gateways.get());
-        QuotaLimits {
-            max_parallel: self.max_parallel.and_then(|m| NonZeroU32::new(r.share(m.get()))),
-            rpm: self.rpm.and_then(|m| NonZeroU32::new(r.share(m.get()))),
-            tpm: self.tpm.and_then(|t| NonZeroU64::new((t.get() / n).max(1))),
-        }
-    }
-
-    pub(crate) fn is_unlimited(&self) -> bool {
+    pub fn is_unlimited(&self) -> bool {
         *self == QuotaLimits::default()
     }
 }
@@ -105,7 +97,7 @@ impl State {
 }
 
 /// One team's live quota state; kept across reloads while the team stays.
-pub(crate) struct Quota {
+pub struct Quota {
     team: String,
     /// No limit set: the common case skips the lock every request would otherwise share.
     unlimited: AtomicBool,
@@ -114,7 +106,7 @@ pub(crate) struct Quota {
 
 /// What an answer tells the client about its team's windows (OpenAI's `x-ratelimit-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct RateHeaders {
+pub struct RateHeaders {
     requests: Option<(u32, u64, Duration)>,
     tokens: Option<(u64, u64, Duration)>,
 }
@@ -122,7 +114,7 @@ pub(crate) struct RateHeaders {
 impl RateHeaders {
     /// Headers from windows counted elsewhere (in Redis, for limits shared by several gateways):
     /// (limit, used, time to reset) of each window the team has.
-    pub(crate) fn from_counts(
+    pub fn from_counts(
         requests: Option<(u32, u64, Duration)>,
         tokens: Option<(u64, u64, Duration)>,
     ) -> RateHeaders {
@@ -134,7 +126,7 @@ impl RateHeaders {
     }
 
     /// The header pairs to add to a response.
-    pub(crate) fn pairs(&self) -> Vec<(&'static str, String)> {
+    pub fn pairs(&self) -> Vec<(&'static str, String)> {
         let mut out = Vec::with_capacity(6);
         if let Some((limit, remaining, reset)) = self.requests {
             out.push(("x-ratelimit-limit-requests", limit.to_string()));
@@ -165,17 +157,17 @@ fn reset_text(d: Duration) -> String {
 
 /// A request admitted by its team's quota: holds its parallel slot and settles its tokens when
 /// dropped.
-pub(crate) struct QuotaPermit {
+pub struct QuotaPermit {
     quota: Arc<Quota>,
     at: Instant,
     charged: u64,
     used: Option<u64>,
-    pub(crate) headers: RateHeaders,
+    pub headers: RateHeaders,
 }
 
 impl QuotaPermit {
     /// The tokens the request really cost (prompt + completion), known when it ends.
-    pub(crate) fn settle(&mut self, tokens: u64) {
+    pub fn settle(&mut self, tokens: u64) {
         self.used = Some(tokens);
     }
 }
@@ -199,7 +191,7 @@ impl Drop for QuotaPermit {
 }
 
 impl Quota {
-    pub(crate) fn new(team: &str, limits: QuotaLimits) -> Arc<Quota> {
+    pub fn new(team: &str, limits: QuotaLimits) -> Arc<Quota> {
         let now = Instant::now();
         Arc::new(Quota {
             team: team.to_owned(),
@@ -217,14 +209,14 @@ impl Quota {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    pub(crate) fn set_limits(&self, limits: QuotaLimits) {
+    pub fn set_limits(&self, limits: QuotaLimits) {
         let mut s = self.lock();
         s.limits = limits;
         self.unlimited.store(limits.is_unlimited(), Ordering::Relaxed);
     }
 
     /// The windows as they stand, for the headers of a refused request.
-    pub(crate) fn headers(&self) -> Option<RateHeaders> {
+    pub fn headers(&self) -> Option<RateHeaders> {
         let now = Instant::now();
         let mut s = self.lock();
         if s.limits.rpm.is_none() && s.limits.tpm.is_none() {
@@ -235,7 +227,7 @@ impl Quota {
 
     /// A request admitted by the quota shared through Redis, counted here too so that the local
     /// share, should Redis fail, starts from what this gateway's team already used.
-    pub(crate) fn admit_counted(self: &Arc<Self>, tokens: u64, headers: RateHeaders) -> Option<QuotaPermit> {
+    pub fn admit_counted(self: &Arc<Self>, tokens: u64, headers: RateHeaders) -> Option<QuotaPermit> {
         if self.unlimited.load(Ordering::Relaxed) {
             return None;
         }
@@ -254,7 +246,7 @@ impl Quota {
     }
 
     /// Admits a request that may cost `tokens`, or says which quota it is over and when to retry.
-    pub(crate) fn admit(self: &Arc<Self>, tokens: u64) -> Result<Option<QuotaPermit>, GatewayError> {
+    pub fn admit(self: &Arc<Self>, tokens: u64) -> Result<Option<QuotaPermit>, QuotaExceeded> {
         if self.unlimited.load(Ordering::Relaxed) {
             return Ok(None);
         }
@@ -264,7 +256,7 @@ impl Quota {
             return Ok(None);
         }
         let limits = s.limits;
-        let over = |kind: QuotaKind, limit: u64, retry_after: Duration| GatewayError::QuotaExceeded {
+        let over = |kind: QuotaKind, limit: u64, retry_after: Duration| QuotaExceeded {
             team: self.team.clone(),
             kind,
             limit,
@@ -310,18 +302,29 @@ impl Quota {
     }
 }
 
-impl GatewayError {
-    /// A quota's refusal message.
-    pub(crate) fn quota_message(team: &str, kind: QuotaKind, limit: u64, retry_after: Duration) -> String {
-        let what = match kind {
+/// A team over one of its quotas, and when a retry could pass.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", self.message())]
+pub struct QuotaExceeded {
+    pub team: String,
+    pub kind: QuotaKind,
+    pub limit: u64,
+    pub retry_after: Duration,
+}
+
+impl QuotaExceeded {
+    fn message(&self) -> String {
+        let limit = self.limit;
+        let what = match self.kind {
             QuotaKind::Parallel => format!("{limit} requests in flight"),
             QuotaKind::Requests => format!("{limit} requests per minute"),
             QuotaKind::Tokens => format!("{limit} tokens per minute (prompt + max_tokens are reserved)"),
         };
         format!(
-            "team '{team}' is over its quota of {what} ({}); retry after {}s",
-            kind.name(),
-            retry_after.as_secs_f64().ceil().max(1.0)
+            "team '{}' is over its quota of {what} ({}); retry after {}s",
+            self.team,
+            self.kind.name(),
+            self.retry_after.as_secs_f64().ceil().max(1.0)
         )
     }
 }
@@ -348,7 +351,7 @@ mod tests {
             tokio::time::advance(Duration::from_secs(10)).await;
         }
         match q.admit(0) {
-            Err(GatewayError::QuotaExceeded {
+            Err(QuotaExceeded {
                 kind: QuotaKind::Requests,
                 retry_after,
                 ..
@@ -369,7 +372,7 @@ mod tests {
         let _b = q.admit(0).unwrap();
         assert!(matches!(
             q.admit(0),
-            Err(GatewayError::QuotaExceeded {
+            Err(QuotaExceeded {
                 kind: QuotaKind::Parallel,
                 ..
             })

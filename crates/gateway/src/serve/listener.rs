@@ -5,8 +5,8 @@
 
 use crate::config::MetricsExposure;
 use crate::error::GatewayError;
-use crate::gateway::{AbortOnDrop, Gateway, StopProbes};
-use crate::server::Front;
+use crate::serve::router::HyperService;
+use crate::state::{AbortOnDrop, Gateway, StopProbes};
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
@@ -73,15 +73,18 @@ pub async fn run(
         Some(a) => {
             let admin = bind(a.listen)?;
             let _ = gateway.admin_addr.set(admin.local_addr()?);
-            let app = crate::admin::router(gateway.clone());
+            let app = crate::serve::admin::router(gateway.clone());
             Some(AbortOnDrop(tokio::spawn(async move {
                 let _ = axum::serve(admin, app).await;
             })))
         }
         None => None,
     };
-    let app = Front::new(Some(gateway.clone()), crate::server::router(gateway.clone()));
-    let overloaded = Front::new(None, overloaded_router(gateway.clone(), max));
+    let app = HyperService::new(
+        Some(gateway.clone()),
+        crate::serve::router::router(gateway.clone()),
+    );
+    let overloaded = HyperService::new(None, overloaded_router(gateway.clone(), max));
     let builder = Arc::new(connection_builder(&server, server.header_timeout));
     let over_limit_builder = Arc::new(connection_builder(
         &server,
@@ -142,7 +145,7 @@ pub async fn run(
                 format!("{count} open, limit {max}"),
             );
             let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
-            let io = TokioIo::new(crate::front::client_io(tcp, &gateway));
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 let serving = builder.serve_connection(io, service);
@@ -150,7 +153,7 @@ pub async fn run(
             });
         } else if server.http1 == crate::config::Http1::Hyper {
             let (service, builder) = (app.clone(), builder.clone());
-            let io = TokioIo::new(crate::front::client_io(tcp, &gateway));
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 // Boxed, as `front` boxes it once a connection is hyper's.
@@ -158,7 +161,7 @@ pub async fn run(
                 let _ = Box::pin(watcher.watch(serving)).await;
             });
         } else {
-            let serving = crate::front::Serving {
+            let serving = crate::serve::front::Serving {
                 gateway: gateway.clone(),
                 front: app.clone(),
                 hyper: builder.clone(),
@@ -167,7 +170,7 @@ pub async fn run(
             };
             tokio::spawn(async move {
                 let _conn = conn;
-                crate::front::serve(tcp, serving).await;
+                crate::serve::front::serve(tcp, serving).await;
             });
         }
     }
@@ -212,19 +215,13 @@ fn connection_builder(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(header_timeout)
-        .max_buf_size(max_head_buffer(server));
+        .max_buf_size(server.max_head_buffer());
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)));
     builder
-}
-
-/// The most a request head may take before hyper answers 431 itself: heads a little over
-/// `server.max_header_bytes` get the gateway's own 431, in the OpenAI shape, from the request path.
-pub(crate) fn max_head_buffer(server: &crate::config::ServerConfig) -> usize {
-    (server.max_header_bytes * 4).max(16 * 1024)
 }
 
 async fn sleep_until(at: Option<Instant>) {
@@ -254,13 +251,13 @@ fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(|| async { StatusCode::SERVICE_UNAVAILABLE }));
     if gateway.config.server.metrics == MetricsExposure::Public {
-        router = router.route("/metrics", get(crate::server::metrics));
+        router = router.route("/metrics", get(crate::serve::router::metrics));
     }
     router
         .fallback(move || async move { GatewayError::TooManyConnections(max) })
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
-            crate::server::request_id,
+            crate::serve::router::request_id,
         ))
         .layer(axum::middleware::map_response(
             |mut r: axum::response::Response| async move {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::admission::AdaptiveLimits;
+use crate::AdaptiveLimits;
 use std::time::Duration;
 
 fn gate(c: u32, q: u32, wq_ms: u64) -> Arc<Admission> {

@@ -6,7 +6,7 @@ use tokio::time::Instant;
 
 /// Amounts over the last `N` buckets of `width` each.
 #[derive(Debug, Clone)]
-pub(crate) struct SlidingWindow<const N: usize> {
+pub struct SlidingWindow<const N: usize> {
     buckets: [u64; N],
     width: Duration,
     /// Start of the newest bucket.
@@ -15,7 +15,7 @@ pub(crate) struct SlidingWindow<const N: usize> {
 }
 
 impl<const N: usize> SlidingWindow<N> {
-    pub(crate) fn new(width: Duration, now: Instant) -> Self {
+    pub fn new(width: Duration, now: Instant) -> Self {
         Self {
             buckets: [0; N],
             width,
@@ -25,7 +25,7 @@ impl<const N: usize> SlidingWindow<N> {
     }
 
     /// The span the window covers.
-    pub(crate) fn span(&self) -> Duration {
+    pub fn span(&self) -> Duration {
         self.width * N as u32
     }
 
@@ -43,14 +43,14 @@ impl<const N: usize> SlidingWindow<N> {
         }
     }
 
-    pub(crate) fn add(&mut self, now: Instant, amount: u64) {
+    pub fn add(&mut self, now: Instant, amount: u64) {
         self.advance(now);
         self.buckets[self.index] = self.buckets[self.index].saturating_add(amount);
     }
 
     /// Takes `amount` back from what was added at `at` (if that is still in the window): a charge
     /// settled for less than was reserved.
-    pub(crate) fn remove(&mut self, now: Instant, at: Instant, amount: u64) {
+    pub fn remove(&mut self, now: Instant, at: Instant, amount: u64) {
         self.advance(now);
         if let Some(i) = self.bucket_of(at) {
             self.buckets[i] = self.buckets[i].saturating_sub(amount);
@@ -67,13 +67,13 @@ impl<const N: usize> SlidingWindow<N> {
         (back < N as u128).then(|| (self.index + N - back as usize) % N)
     }
 
-    pub(crate) fn sum(&mut self, now: Instant) -> u64 {
+    pub fn sum(&mut self, now: Instant) -> u64 {
         self.advance(now);
         self.buckets.iter().sum()
     }
 
     /// How long until the window's total falls to `target` or below as old buckets leave it.
-    pub(crate) fn time_until_at_most(&mut self, now: Instant, target: u64) -> Duration {
+    pub fn time_until_at_most(&mut self, now: Instant, target: u64) -> Duration {
         let mut total = self.sum(now);
         if total <= target {
             return Duration::ZERO;

@@ -1,12 +1,14 @@
-//! The record of one request as it passes through the gateway, and how it ended: one [`Ending`],
-//! set once, written when the record is dropped into the metrics and the access log.
+//! The ledger of one request as it passes through the gateway — what it holds (its slot, its
+//! quota, its leases), what it cost, and how it ended: one [`Ending`], set once — settled when it
+//! is dropped, into the metrics and the access log.
 
 use crate::access_log::{AccessLog, AccessRecord};
-use crate::admission::Permit;
 use crate::config::Slo;
-use crate::error::GatewayError;
+use crate::error::{CLIENT_CLOSED_REQUEST, Cut, GatewayError};
 use crate::metrics::{ClassSeries, Metrics, NO_CLASS, UNKNOWN_ROUTE};
 use crate::route::ReplicaGuard;
+use admission::Permit;
+use axum::http::StatusCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -15,29 +17,6 @@ use tokio::time::Instant;
 /// and classified then costs no allocation for them.
 static UNKNOWN_ROUTE_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| UNKNOWN_ROUTE.into());
 static NO_CLASS_NAME: std::sync::LazyLock<Arc<str>> = std::sync::LazyLock::new(|| NO_CLASS.into());
-
-/// Why a request that had started (admitted, or already answering) stopped before its end.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Cut {
-    ClientDisconnect,
-    StreamIdle,
-    Deadline,
-    Upstream,
-    /// The gateway's drain after SIGTERM ran out while the stream was still going.
-    DrainTimeout,
-}
-
-impl Cut {
-    pub(crate) fn reason(self) -> &'static str {
-        match self {
-            Cut::ClientDisconnect => "client_disconnect",
-            Cut::StreamIdle => "stream_idle_timeout",
-            Cut::Deadline => "deadline",
-            Cut::Upstream => "upstream_error",
-            Cut::DrainTimeout => "drain_timeout",
-        }
-    }
-}
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,13 +38,13 @@ impl Ending {
             Ending::Finished => "ok",
             Ending::Refused(code) | Ending::Failed(code) => code,
             Ending::UpstreamRejected => "upstream_rejected",
-            Ending::Cut(cut) => cut.reason(),
+            Ending::Cut(cut) => cut.code(),
         }
     }
 }
 
 /// Everything known about one request; its `Drop` writes the metrics and the access-log line.
-pub(crate) struct Exchange {
+pub(crate) struct Ledger {
     metrics: Arc<Metrics>,
     access: AccessLog,
     pub(crate) arrival: Instant,
@@ -81,26 +60,29 @@ pub(crate) struct Exchange {
     pub(crate) upstream_start: Option<Instant>,
     pub(crate) upstream_first_byte: Option<Instant>,
     ending: Option<Ending>,
+    /// The status the client got: set when the head goes out or the request ends, whichever
+    /// comes first; none means the client left before any answer (logged as 499).
+    status: Option<StatusCode>,
     first_chunk: Option<Instant>,
     last_chunk: Option<Instant>,
     chunks: u32,
     pub(crate) usage: Option<(u32, u32)>,
     /// The team's quota slot, settled with the real usage when this is dropped.
     /// Boxed, as only a team with a quota has one (see `lease`).
-    quota: Option<Box<crate::quota::QuotaPermit>>,
+    quota: Option<Box<admission::quota::QuotaPermit>>,
     /// The team's windows for the `x-ratelimit-*` headers.
-    pub(crate) rate_headers: Option<crate::quota::RateHeaders>,
+    pub(crate) rate_headers: Option<admission::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
     /// every request's record (moved several times on its way) twice as large.
-    pub(crate) lease: Option<Box<crate::shared::Lease>>,
+    pub(crate) lease: Option<Box<crate::limits::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
     pub(crate) trace: crate::traces::Trace,
 }
 
-impl Exchange {
-    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog, id: String) -> Exchange {
-        Exchange {
+impl Ledger {
+    pub(crate) fn new(metrics: Arc<Metrics>, access: AccessLog, id: String) -> Ledger {
+        Ledger {
             metrics,
             access,
             arrival: Instant::now(),
@@ -118,6 +100,7 @@ impl Exchange {
             upstream_start: None,
             upstream_first_byte: None,
             ending: None,
+            status: None,
             first_chunk: None,
             last_chunk: None,
             chunks: 0,
@@ -137,7 +120,7 @@ impl Exchange {
     }
 
     /// The team's quota let the request through (`None`: the team has no quota).
-    pub(crate) fn quota_admitted(&mut self, permit: Option<crate::quota::QuotaPermit>) {
+    pub(crate) fn quota_admitted(&mut self, permit: Option<admission::quota::QuotaPermit>) {
         self.rate_headers = permit.as_ref().map(|p| p.headers);
         self.quota = permit.map(Box::new);
     }
@@ -171,12 +154,10 @@ impl Exchange {
     }
 
     /// Sets how the request ended, with the status the client got; the first ending stands.
-    pub(crate) fn end(&mut self, ending: Ending, status: u16) {
+    pub(crate) fn end(&mut self, ending: Ending, status: StatusCode) {
         if self.ending.is_none() {
             self.ending = Some(ending);
-            if self.record.status == 0 {
-                self.record.status = status;
-            }
+            self.status.get_or_insert(status);
         }
     }
 
@@ -186,19 +167,17 @@ impl Exchange {
 
     /// The request fails with `e` before any byte of an answer went out.
     pub(crate) fn fail(&mut self, e: &GatewayError) {
-        let ending = match e {
-            GatewayError::FirstTokenTimeout(_) | GatewayError::DeadlineExceeded(_) => {
-                Ending::Cut(Cut::Deadline)
-            }
-            _ if self.replica.is_none() => Ending::Refused(e.reason()),
-            _ => Ending::Failed(e.reason()),
+        let ending = match e.cut() {
+            Some(cut) => Ending::Cut(cut),
+            None if self.replica.is_none() => Ending::Refused(e.reason()),
+            None => Ending::Failed(e.reason()),
         };
         self.end(ending, e.status());
     }
 
     /// The response head went out with `status`; the body follows.
-    pub(crate) fn answering(&mut self, status: u16) {
-        self.record.status = status;
+    pub(crate) fn answering(&mut self, status: StatusCode) {
+        self.status = Some(status);
     }
 
     /// A relayed chunk carrying tokens, at `now`: the first sets TTFT, the rest are ITL gaps.
@@ -256,15 +235,14 @@ impl Exchange {
     }
 }
 
-impl Drop for Exchange {
+impl Drop for Ledger {
     fn drop(&mut self) {
         let now = Instant::now();
         // Nothing said how it ended: the client went away (while queued, waiting on the replica,
         // or mid-stream); nginx's 499 where no answer had started.
-        let ending = self.ending.unwrap_or(Ending::Cut(Cut::ClientDisconnect));
-        if self.record.status == 0 {
-            self.record.status = 499;
-        }
+        let ending = self.ending.unwrap_or(Ending::Cut(Cut::Client));
+        let status = self.status.unwrap_or(CLIENT_CLOSED_REQUEST);
+        self.record.status = status.as_u16();
         let m = &self.metrics;
         let labels = [&*self.record.route, &*self.record.class];
         let (tokens_in, tokens_out) = match self.usage {
@@ -282,7 +260,7 @@ impl Drop for Exchange {
         let team = &*self.record.team;
         match ending {
             Ending::Cut(cut) => {
-                let l = [labels[0], labels[1], cut.reason()];
+                let l = [labels[0], labels[1], cut.code()];
                 m.cancellations.with_label_values(&l).inc();
                 let wasted = u64::from(tokens_out.unwrap_or(0));
                 if wasted > 0 {
@@ -301,7 +279,7 @@ impl Drop for Exchange {
             .usage
             .filter(|_| ending == Ending::Finished && self.series.is_some());
         match &self.series {
-            Some(s) if self.record.status == 200 => s.team(m, &self.record.team, |t| {
+            Some(s) if status == StatusCode::OK => s.team(m, &self.record.team, |t| {
                 t.ok.inc();
                 if let Some((p, c)) = usage {
                     t.prompt_tokens.inc_by(u64::from(p));
@@ -310,7 +288,7 @@ impl Drop for Exchange {
             }),
             _ => {
                 m.requests
-                    .with_label_values(&[labels[0], labels[1], team, status_label(self.record.status)])
+                    .with_label_values(&[labels[0], labels[1], team, status_label(status)])
                     .inc();
                 if let Some((p, c)) = usage {
                     m.prompt_tokens
@@ -350,7 +328,11 @@ impl Drop for Exchange {
             route: self.record.route.clone(),
             class: self.record.class.clone(),
             team: self.record.team.clone(),
-            status: self.record.status,
+            status: status.as_u16(),
+            cut: match ending {
+                Ending::Cut(cut) => Some(cut),
+                _ => None,
+            },
             outcome: ending.outcome(),
             error,
             retries: self.record.retries,
@@ -367,8 +349,8 @@ impl Drop for Exchange {
 }
 
 /// Status codes as bounded label values.
-fn status_label(status: u16) -> &'static str {
-    match status {
+fn status_label(status: StatusCode) -> &'static str {
+    match status.as_u16() {
         200 => "200",
         400 => "400",
         401 => "401",

@@ -43,7 +43,7 @@ pub struct Gateway {
     /// Where the admin API listens, once it does.
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
     /// Limits shared with the other gateways through Redis, when configured.
-    pub(crate) shared: Option<Arc<crate::shared::Shared>>,
+    pub(crate) shared: Option<Arc<crate::limits::SharedLimits>>,
     /// OpenTelemetry traces, when configured.
     pub(crate) tracer: Option<Arc<crate::traces::Tracer>>,
     /// The configuration in force: the one it started with, or the last reload that applied.
@@ -82,7 +82,11 @@ impl Gateway {
         let _ = metrics.registry.register(Box::new(access.dropped()));
         let table = Table::build(&config, &metrics, None)?;
         let shared = match &config.redis {
-            Some(r) => Some(crate::shared::Shared::new(r, &r.url(env)?, &metrics.registry)?),
+            Some(r) => Some(crate::limits::SharedLimits::new(
+                r,
+                &r.url(env)?,
+                &metrics.registry,
+            )?),
             None => None,
         };
         let tracer = match &config.tracing {
@@ -156,7 +160,8 @@ impl Gateway {
 
     /// Connects to Redis for shared limits, if configured; the work stops when the handles drop.
     pub(crate) fn start_shared(&self) -> Vec<AbortOnDrop> {
-        self.shared.as_ref().map_or_else(Vec::new, |s| s.start())
+        let tasks = self.shared.as_ref().map(|s| s.start());
+        tasks.into_iter().flatten().map(AbortOnDrop).collect()
     }
 
     /// Whether limits are shared through Redis right now (`None`: no Redis configured).
@@ -227,7 +232,7 @@ impl Gateway {
     }
 
     /// The admission gate of a route's class, for tests and the admin view.
-    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<crate::admission::Admission>> {
+    pub fn admission(&self, model: &str, class: &str) -> Option<Arc<admission::Admission>> {
         let table = self.table();
         let route = table.route(model)?;
         route

@@ -13,7 +13,7 @@
 //! A [`Permit`] is the slot; it is released when dropped, which the server arranges to happen when
 //! the response body ends or is dropped, not when headers are sent.
 
-use crate::config::Priority;
+use crate::Priority;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,18 +29,22 @@ pub struct Limits {
 }
 
 /// Why a request was not admitted; each maps to a metric reason and carries its `Retry-After`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
     /// Q requests are already waiting.
+    #[error("the queue is full")]
     QueueFull { retry_after: Duration },
     /// Waited Wq (or to the request's own deadline) without a slot.
+    #[error("no slot within {waited:?}")]
     QueueTimeout { waited: Duration, retry_after: Duration },
     /// The wait predicted from the drain rate already exceeds what the request may wait.
+    #[error("the predicted wait ({predicted:.1?}) exceeds what the request may wait")]
     PredictedWait {
         predicted: Duration,
         retry_after: Duration,
     },
     /// A `sheddable` request found every slot taken: it never waits.
+    #[error("all slots are busy and sheddable requests do not wait")]
     Shed { retry_after: Duration },
 }
 
@@ -208,7 +212,7 @@ pub struct Admission {
 }
 
 /// Counts a request waiting in the shared queue while it lives.
-pub(crate) struct SharedWaiter<'a>(&'a Admission);
+pub struct SharedWaiter<'a>(&'a Admission);
 
 impl Drop for SharedWaiter<'_> {
     fn drop(&mut self) {
@@ -414,7 +418,7 @@ impl Admission {
 
     /// A slot granted elsewhere (by limits shared through Redis), counted here so that the local
     /// share, should Redis fail, starts from what this gateway already has in flight.
-    pub(crate) fn admit_counted(self: &Arc<Self>, queue_wait: Duration) -> Permit {
+    pub fn admit_counted(self: &Arc<Self>, queue_wait: Duration) -> Permit {
         self.lock().in_flight += 1;
         Permit::new(self.clone(), queue_wait, Instant::now())
     }
@@ -422,14 +426,14 @@ impl Admission {
     /// For limits shared through Redis: how many waiters may be ahead of a request before its
     /// predicted wait at `concurrency` slots exceeds `budget` (`None`: no estimate yet; -1: even
     /// the first waiter would wait too long), from this gateway's own hold times.
-    pub(crate) fn most_ahead(&self, concurrency: u32, budget: Duration) -> Option<i64> {
+    pub fn most_ahead(&self, concurrency: u32, budget: Duration) -> Option<i64> {
         let rate = self.lock().drain.rate(Instant::now(), concurrency)?;
         let fits = (rate * budget.as_secs_f64()).floor().min(1e12);
         Some(fits as i64 - 1)
     }
 
     /// `Retry-After` for a request with `ahead` waiters before it under shared `limits`.
-    pub(crate) fn retry_after_shared(&self, ahead: u32, limits: Limits) -> Duration {
+    pub fn retry_after_shared(&self, ahead: u32, limits: Limits) -> Duration {
         self.lock()
             .retry_after_at(ahead, Instant::now(), limits.concurrency, limits.queue_wait)
     }
@@ -444,7 +448,7 @@ impl Admission {
     }
 
     /// Counts a request waiting in the shared queue until the returned guard drops.
-    pub(crate) fn shared_waiter(&self) -> SharedWaiter<'_> {
+    pub fn shared_waiter(&self) -> SharedWaiter<'_> {
         self.waiting_shared
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         SharedWaiter(self)

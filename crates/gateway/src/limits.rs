@@ -19,10 +19,10 @@
 //! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
 //! checked in one atomic script, which Redis Cluster allows only within one slot.
 
-use crate::admission::{Admission, Limits, Permit, Rejection};
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
-use crate::quota::{QuotaKind, QuotaLimits, RateHeaders};
+use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
+use admission::{Admission, Limits, Permit, Rejection};
 use futures::StreamExt;
 use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
@@ -56,7 +56,7 @@ struct Scripts {
 }
 
 /// The connection to Redis and what this gateway holds there.
-pub(crate) struct Shared {
+pub(crate) struct SharedLimits {
     client: redis::Client,
     conn: OnceLock<ConnectionManager>,
     config: RedisConfig,
@@ -83,9 +83,9 @@ pub(crate) struct Shared {
     seconds: HistogramVec,
 }
 
-impl std::fmt::Debug for Shared {
+impl std::fmt::Debug for SharedLimits {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("SharedLimits")
             .field("prefix", &self.prefix)
             .field("shared", &self.is_shared())
             .finish_non_exhaustive()
@@ -95,7 +95,7 @@ impl std::fmt::Debug for Shared {
 /// What one request asks of the shared limits.
 pub(crate) struct Ask<'a> {
     /// The status of an overload refusal (the route's `overflow_status`).
-    pub(crate) status: u16,
+    pub(crate) status: axum::http::StatusCode,
     pub(crate) route: &'a str,
     pub(crate) class: &'a str,
     pub(crate) limits: Limits,
@@ -119,7 +119,7 @@ pub(crate) struct Admitted {
 /// A request's place in Redis: a slot or queue place, a team slot and a token reservation, all
 /// given back (and the tokens settled) when it is dropped.
 pub(crate) struct Lease {
-    shared: Arc<Shared>,
+    shared: Arc<SharedLimits>,
     member: String,
     keys: Keys,
     second: i64,
@@ -192,13 +192,13 @@ impl Drop for Lease {
     }
 }
 
-impl Shared {
-    /// Reads the URL and registers the metrics; the connection opens in [`Shared::start`].
+impl SharedLimits {
+    /// Reads the URL and registers the metrics; the connection opens in [`SharedLimits::start`].
     pub(crate) fn new(
         config: &RedisConfig,
         url: &str,
         registry: &Registry,
-    ) -> Result<Arc<Shared>, crate::config::ConfigError> {
+    ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
         let client = redis::Client::open(url).map_err(|e| {
             // The error names the part that is wrong, never the URL (it may hold a password).
             crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
@@ -238,7 +238,7 @@ impl Shared {
             let _ = registry.register(m);
         }
         let prefix = format!("spillway:{{{}}}", config.namespace);
-        let shared = Shared {
+        let shared = SharedLimits {
             client,
             conn: OnceLock::new(),
             config: config.clone(),
@@ -252,10 +252,10 @@ impl Shared {
             wakers: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             scripts: Scripts {
-                acquire: Script::new(include_str!("shared/acquire.lua")),
-                promote: Script::new(include_str!("shared/promote.lua")),
-                release: Script::new(include_str!("shared/release.lua")),
-                renew: Script::new(include_str!("shared/renew.lua")),
+                acquire: Script::new(include_str!("limits/acquire.lua")),
+                promote: Script::new(include_str!("limits/promote.lua")),
+                release: Script::new(include_str!("limits/release.lua")),
+                renew: Script::new(include_str!("limits/renew.lua")),
             },
             mode,
             calls,
@@ -266,8 +266,8 @@ impl Shared {
     }
 
     /// Opens the connection and starts the background work: renewals, the probe that finds Redis
-    /// again, and the subscriber that wakes waiters. They end when the returned handles drop.
-    pub(crate) fn start(self: &Arc<Self>) -> Vec<crate::gateway::AbortOnDrop> {
+    /// again, and the subscriber that wakes waiters; the caller ends them.
+    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 2] {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.config.timeout))
             .set_response_timeout(Some(self.config.timeout))
@@ -279,9 +279,9 @@ impl Shared {
             }
             Err(e) => tracing::warn!(error = ?e.kind(), "cannot set up the Redis connection"),
         }
-        vec![
-            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().keep_leases())),
-            crate::gateway::AbortOnDrop(tokio::spawn(self.clone().listen())),
+        [
+            tokio::spawn(self.clone().keep_leases()),
+            tokio::spawn(self.clone().listen()),
         ]
     }
 
@@ -448,12 +448,12 @@ impl Shared {
             lease.armed = false;
         }
         let over = |kind: QuotaKind, limit: u64, retry_after: Duration| {
-            Ok(Err(GatewayError::QuotaExceeded {
+            Ok(Err(GatewayError::from(QuotaExceeded {
                 team: ask.team.to_owned(),
                 kind,
                 limit,
                 retry_after: retry_after.max(Duration::from_secs(1)),
-            }))
+            })))
         };
         let rejection = match outcome {
             1 | 2 => None,

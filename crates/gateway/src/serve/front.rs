@@ -4,10 +4,11 @@
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
 
-use crate::gateway::Gateway;
-use crate::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
-use crate::relay::Relay;
-use crate::server::{Front, Reply};
+use crate::path::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
+use crate::path::relay::Relay;
+use crate::path::respond::ResponseBody;
+use crate::serve::router::HyperService;
+use crate::state::Gateway;
 use crate::table::Table;
 use crate::traces::TRACE_HEADERS;
 use axum::http::{HeaderMap, Method, Uri, Version};
@@ -27,7 +28,7 @@ use tokio::sync::watch;
 /// What a connection's task needs besides its socket: the gateway's side of `http1::server`.
 pub(crate) struct Serving {
     pub(crate) gateway: Arc<Gateway>,
-    pub(crate) front: Front,
+    pub(crate) front: HyperService,
     pub(crate) hyper: Arc<auto::Builder<TokioExecutor>>,
     /// For the connection once it is hyper's.
     pub(crate) watcher: Watcher,
@@ -43,7 +44,7 @@ pub(crate) async fn serve(tcp: TcpStream, s: Serving) {
 
 impl http1::server::Handler<TcpStream> for Serving {
     /// The request, and the table its head was read for.
-    type Request = (Request, Arc<Table>);
+    type Request = (FrontRequest, Arc<Table>);
     type Stream = Box<Relay>;
     type Body = axum::body::Body;
 
@@ -53,7 +54,7 @@ impl http1::server::Handler<TcpStream> for Serving {
             header_timeout: server.header_timeout,
             body_timeout: server.body_timeout,
             // hyper's own limit on a head; past it, hyper answers 431 itself.
-            max_head: crate::listener::max_head_buffer(server),
+            max_head: server.max_head_buffer(),
         }
     }
 
@@ -65,7 +66,7 @@ impl http1::server::Handler<TcpStream> for Serving {
         let server = &self.gateway.config.server;
         // The table in force says which headers its routes' rules read.
         let table = self.gateway.table();
-        let request = Request::from_head(head, &table.rule_headers, server.max_header_bytes)?;
+        let request = FrontRequest::from_head(head, &table.rule_headers, server.max_header_bytes)?;
         if request.content_length > server.max_body_bytes {
             // hyper's path answers 413 before any `100 Continue`, reading no more than the limit.
             return None;
@@ -82,7 +83,7 @@ impl http1::server::Handler<TcpStream> for Serving {
         head: &Bytes,
         (request, read_for): Self::Request,
         body: Upload,
-    ) -> impl Future<Output = Response<Reply>> + Send {
+    ) -> impl Future<Output = Response<ResponseBody>> + Send {
         // The request is served by the table in force once its body is in, as on hyper's path (a
         // key a reload removed meanwhile is refused). A reload that changed the rules' headers
         // meanwhile has the head read again for them.
@@ -91,11 +92,11 @@ impl http1::server::Handler<TcpStream> for Serving {
             request
         } else {
             let limit = self.gateway.config.server.max_header_bytes;
-            Request::from_head(head, &table.rule_headers, limit).unwrap_or(request)
+            FrontRequest::from_head(head, &table.rule_headers, limit).unwrap_or(request)
         };
         drop(read_for);
         let api = request.api;
-        crate::server::completion(self.gateway.clone(), Some(table), api, request.with_body(body))
+        crate::path::completion(self.gateway.clone(), Some(table), api, request.with_body(body))
     }
 
     async fn closed(&mut self) {
@@ -134,14 +135,14 @@ impl Chunks for Box<Relay> {
     }
 
     fn head_fields(&self, each: &mut dyn FnMut(&[u8], &[u8])) {
-        crate::server::stream_fields(self.exchange(), &mut |name, value| {
+        crate::path::respond::stream_fields(self.ledger(), &mut |name, value| {
             each(name.as_str().as_bytes(), value);
         });
     }
 }
 
 /// The request headers the request path reads, besides those the routes' rules name: the API key
-/// (`server::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
+/// (`path::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
 /// context (`traces`). A header read anywhere else on the request path belongs here: this module
 /// passes on no other.
 const READ_HEADERS: [&str; 6] = [
@@ -155,7 +156,7 @@ const READ_HEADERS: [&str; 6] = [
 
 /// A completion request's head, parsed once: what the front acts on, and the headers the
 /// request path reads, their values sharing the head's bytes.
-pub(crate) struct Request {
+pub(crate) struct FrontRequest {
     pub(crate) api: Api,
     pub(crate) uri: Uri,
     headers: HeaderMap,
@@ -164,16 +165,16 @@ pub(crate) struct Request {
     pub(crate) close: bool,
 }
 
-impl Request {
+impl FrontRequest {
     /// `None` for a head hyper answers instead ([`RequestHead::parse`] says which), one that is
-    /// not a completion POST, and one over `max_header_bytes` (431, as `server` counts a head).
+    /// not a completion POST, and one over `max_header_bytes` (431, as `path::identified` counts a head).
     /// Of the headers, only those the request path reads are kept ([`READ_HEADERS`] and
     /// `rule_headers`).
     pub(crate) fn from_head(
         head: &Bytes,
         rule_headers: &[String],
         max_header_bytes: usize,
-    ) -> Option<Request> {
+    ) -> Option<FrontRequest> {
         let parsed = RequestHead::parse(head, |name| {
             let read = |n: &&str| name.eq_ignore_ascii_case(n);
             READ_HEADERS.iter().any(read) || rule_headers.iter().any(|n| read(&n.as_str()))
@@ -186,7 +187,7 @@ impl Request {
             "/v1/completions" => Api::Completions,
             _ => return None,
         };
-        Some(Request {
+        Some(FrontRequest {
             api,
             uri: parsed.uri,
             headers: parsed.headers,
@@ -218,8 +219,8 @@ mod tests {
     use http1::server::MAX_HEADERS;
     use hyper::body::Body as _;
 
-    fn head(lines: &str) -> Option<Request> {
-        Request::from_head(&Bytes::from(format!("{lines}\r\n\r\n")), &[], usize::MAX)
+    fn head(lines: &str) -> Option<FrontRequest> {
+        FrontRequest::from_head(&Bytes::from(format!("{lines}\r\n\r\n")), &[], usize::MAX)
     }
 
     #[test]
@@ -447,7 +448,7 @@ Host: x
         let raw = Bytes::from_static(
             b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: gw\r\nX-Request-Id: abc\r\nX-Tag: 1\r\nX-Tag: 2\r\nAuthorization: Bearer k\r\nX-Spillway-Priority: low\r\nContent-Length: 2\r\n\r\n",
         );
-        let r = Request::from_head(&raw, &[], usize::MAX).unwrap();
+        let r = FrontRequest::from_head(&raw, &[], usize::MAX).unwrap();
         let req = r.with_body(Upload::Whole(Some(Bytes::from_static(b"{}"))));
         assert_eq!(req.uri().path(), "/v1/chat/completions");
         assert_eq!(req.uri().query(), Some("x=1"));
@@ -457,7 +458,7 @@ Host: x
         assert_eq!(req.headers().len(), 3, "{:?}", req.headers());
         assert_eq!(req.body().size_hint().exact(), Some(2));
         // A header a routing or class rule names is kept, every line of it.
-        let r = Request::from_head(&raw, &["x-tag".to_string()], usize::MAX).unwrap();
+        let r = FrontRequest::from_head(&raw, &["x-tag".to_string()], usize::MAX).unwrap();
         assert_eq!(r.headers.get_all("x-tag").iter().count(), 2);
         assert!(!r.headers.contains_key("host"));
     }
@@ -469,7 +470,7 @@ Host: x
         );
         // The path and query, then each header's name and value and 4: 24 + 10 + 10 + 19, every
         // header counted, kept or not.
-        assert!(Request::from_head(&raw, &[], 63).is_some());
-        assert!(Request::from_head(&raw, &[], 62).is_none());
+        assert!(FrontRequest::from_head(&raw, &[], 63).is_some());
+        assert!(FrontRequest::from_head(&raw, &[], 62).is_none());
     }
 }

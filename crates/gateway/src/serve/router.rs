@@ -1,0 +1,187 @@
+//! The public port's router and the endpoints around the request path (`/v1/models`, `/health`,
+//! `/ready`, `/metrics`), and the hyper service that sends the two completion endpoints straight to
+//! [`crate::path`] and everything else through the router.
+
+use crate::config::MetricsExposure;
+use crate::error::GatewayError;
+use crate::path::prepare::{self, Api};
+use crate::path::respond::into_hyper;
+use crate::path::{auth, completion, handle, identified, stamp};
+use crate::state::Gateway;
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use hyper::body::Incoming;
+use hyper_util::service::TowerToHyperService;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// The gateway's public router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    let mut router = Router::new()
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(|| async { StatusCode::OK }))
+        .route("/ready", get(ready));
+    if gateway.config.server.metrics == MetricsExposure::Public {
+        router = router.route("/metrics", get(metrics));
+    }
+    router
+        .fallback(|| async {
+            GatewayError::NotFound(
+                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions and /v1/models"
+                    .into(),
+            )
+        })
+        .method_not_allowed_fallback(|| async {
+            GatewayError::MethodNotAllowed("this endpoint does not take that method")
+        })
+        .layer(axum::middleware::from_fn_with_state(gateway.clone(), request_id))
+        .with_state(gateway)
+}
+
+/// The request's ID, as the middleware settled it.
+#[derive(Clone)]
+struct RequestId(String);
+
+/// The router's side of [`identified`]: the ID goes into the request for the handlers.
+pub(crate) async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
+    let limit = g.config.server.max_header_bytes;
+    identified(limit, req, |id, mut req| async move {
+        req.extensions_mut().insert(RequestId(id.clone()));
+        let mut response = next.run(req).await;
+        stamp(&mut response, &id);
+        response
+    })
+    .await
+}
+
+/// Ready unless draining or some route has no replica that answered its last connection attempt.
+async fn ready(State(g): State<Arc<Gateway>>) -> StatusCode {
+    if g.is_draining() || !g.table().routes.iter().all(|r| r.has_reachable_replica()) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    }
+}
+
+pub(crate) async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
+    g.refresh_gauges();
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+        g.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    let table = g.table();
+    let tenant = match table.tenants.identify(auth(&headers)) {
+        Ok(t) => t,
+        Err(e) => return e.into_response(),
+    };
+    let data: Vec<_> = table
+        .routes
+        .iter()
+        .filter(|r| tenant.may_use(&r.config.model))
+        .map(|r| {
+            let mut card = serde_json::json!({"id": r.config.model, "object": "model", "created": 0, "owned_by": "spillway"});
+            // The smallest the replicas stated: a request that fits it fits wherever it goes.
+            if let Some(len) = r.replicas.iter().filter_map(|x| x.max_model_len()).min() {
+                card["max_model_len"] = len.into();
+            }
+            card
+        })
+        .collect();
+    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+}
+
+async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
+    let id = settled_id(&req);
+    into_hyper(handle(g, None, Api::Chat, id, req).await)
+}
+
+async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
+    let id = settled_id(&req);
+    into_hyper(handle(g, None, Api::Completions, id, req).await)
+}
+
+/// The request ID the middleware settled (or a new one, for a router without it).
+fn settled_id(req: &Request) -> String {
+    match req.extensions().get::<RequestId>() {
+        Some(RequestId(id)) => id.clone(),
+        None => prepare::request_id(req.headers()),
+    }
+}
+
+/// The public listener's service. The two completion endpoints go straight to the request path:
+/// axum's routing, middleware and body boxing cost allocations and dynamic calls per request
+/// (bench/runs/2026-12-03-rust-2core-hand-written-readers.md), which the hot path does without. Every other request, and any other
+/// method on those paths, goes through the [`router`], which answers them as before.
+#[derive(Clone)]
+pub(crate) struct HyperService {
+    /// `None` on connections over the limit: the router answers everything there.
+    gateway: Option<Arc<Gateway>>,
+    router: TowerToHyperService<Router>,
+}
+
+impl HyperService {
+    pub(crate) fn new(gateway: Option<Arc<Gateway>>, router: Router) -> HyperService {
+        HyperService {
+            gateway,
+            router: TowerToHyperService::new(router),
+        }
+    }
+}
+
+impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Self::Error>> + Send>>;
+
+    fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
+        if let Err(e) = host_checked(&req) {
+            let mut response = e.into_response();
+            stamp(&mut response, &prepare::request_id(req.headers()));
+            return Box::pin(std::future::ready(Ok(response)));
+        }
+        let api = match (req.method(), req.uri().path()) {
+            (&Method::POST, "/v1/chat/completions") => Some(Api::Chat),
+            (&Method::POST, "/v1/completions") => Some(Api::Completions),
+            _ => None,
+        };
+        match (api, &self.gateway) {
+            (Some(api), Some(g)) => {
+                let g = g.clone();
+                Box::pin(async move { Ok(into_hyper(completion(g, None, api, req).await)) })
+            }
+            _ => Box::pin(self.router.call(req)),
+        }
+    }
+}
+
+/// RFC 9112 §3.2: an HTTP/1.1 request has one `Host` header, and an HTTP/1 request's `Host`, if
+/// any, is valid; HTTP/2 names its authority otherwise. `front` hands such heads over to be
+/// answered here.
+fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
+    let version = req.version();
+    if version > axum::http::Version::HTTP_11 {
+        return Ok(());
+    }
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let message = match (hosts.next(), hosts.next()) {
+        (None, _) if version == axum::http::Version::HTTP_11 => "an HTTP/1.1 request must have a Host header",
+        (None, _) => return Ok(()),
+        (Some(_), Some(_)) => "a request must have one Host header, not several",
+        (Some(h), None) if !http1::server::valid_host(h.as_bytes()) => {
+            "the Host header is not a valid host[:port]"
+        }
+        (Some(_), None) => return Ok(()),
+    };
+    Err(GatewayError::bad_request("invalid_host", message, None))
+}
