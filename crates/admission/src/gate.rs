@@ -49,6 +49,9 @@ pub enum Rejection {
 }
 
 impl Rejection {
+    /// Every `reason` a rejection can carry, so a metric can declare its label sets up front.
+    pub const REASONS: [&'static str; 4] = ["queue_full", "queue_timeout", "predicted_wait", "shed"];
+
     /// The metric `reason` label.
     pub fn reason(&self) -> &'static str {
         match self {

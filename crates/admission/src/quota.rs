@@ -23,6 +23,9 @@ pub enum QuotaKind {
 }
 
 impl QuotaKind {
+    /// Every kind, so a metric can declare its label sets up front.
+    pub const ALL: [QuotaKind; 3] = [QuotaKind::Parallel, QuotaKind::Requests, QuotaKind::Tokens];
+
     /// The metric `reason` label.
     pub fn reason(self) -> &'static str {
         match self {

@@ -46,6 +46,16 @@ pub enum Cut {
 }
 
 impl Cut {
+    /// Every kind of cut, so a metric can declare its label sets up front.
+    pub const ALL: [Cut; 6] = [
+        Cut::Client,
+        Cut::Idle,
+        Cut::FirstToken,
+        Cut::Deadline,
+        Cut::Drain,
+        Cut::Upstream,
+    ];
+
     /// The one code of this cut (see the type's docs).
     pub fn code(self) -> &'static str {
         match self {

@@ -282,6 +282,29 @@ impl Metrics {
         }
     }
 
+    /// Every refusal and cut the configuration makes possible for one route and class, at 0:
+    /// Prometheus advises exporting the label sets you know, so that a series exists before its
+    /// first event (a rate over it is 0, not absent, and an alert on it is armed). `teams`: each
+    /// team, and whether it has a quota that can refuse.
+    pub(crate) fn declare(&self, route: &str, class: &str, teams: &[(&str, bool)]) {
+        for cut in crate::error::Cut::ALL {
+            let l = [route, class, cut.code()];
+            self.cancellations.with_label_values(&l);
+            self.wasted_tokens.with_label_values(&l);
+        }
+        for (team, quota) in teams {
+            for reason in admission::Rejection::REASONS {
+                self.rejections.with_label_values(&[route, class, team, reason]);
+            }
+            if *quota {
+                for kind in admission::quota::QuotaKind::ALL {
+                    self.rejections
+                        .with_label_values(&[route, class, team, kind.reason()]);
+                }
+            }
+        }
+    }
+
     /// The classic text format (0.0.4), which promtool and every Prometheus read.
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut buf = Vec::with_capacity(32 * 1024);

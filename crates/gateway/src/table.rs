@@ -33,6 +33,23 @@ impl Table {
                 Route::new(r.clone(), metrics, old, config.redis.as_ref()).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
+        let teams: Vec<(&str, bool)> = if config.tenants.is_empty() {
+            vec![("anonymous", false)]
+        } else {
+            config
+                .tenants
+                .iter()
+                .map(|t| {
+                    let quota = t.max_parallel.is_some() || t.rpm.is_some() || t.tpm.is_some();
+                    (t.team.as_str(), quota)
+                })
+                .collect()
+        };
+        for r in &config.routes {
+            for c in &r.classes {
+                metrics.declare(&r.model, &c.name, &teams);
+            }
+        }
         let by_model = routes
             .iter()
             .enumerate()

@@ -189,3 +189,37 @@ routes:
     assert!(json["levels"][0]["stats"]["gateway_queue"]["p95"].is_number());
     println!("{table}");
 }
+
+/// Every refusal and cut the configuration makes possible is a series at 0 before its first
+/// event, as Prometheus advises: a rate over it reads 0, not absent, and diagnose does not call
+/// it missing. Fails before (neither family had a series until something was refused or cut).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn known_label_sets_are_exported_at_zero_before_any_request() {
+    let stack = Stack::start(vec![engine(tiny()).await], ROUTE).await;
+    let text = stack.metrics().await;
+    for reason in ["queue_full", "queue_timeout", "predicted_wait", "shed"] {
+        let line = format!(
+            "spillway_rejections_total{{class=\"interactive\",reason=\"{reason}\",route=\"chat\",team=\"anonymous\"}} 0"
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    for reason in [
+        "client_disconnect",
+        "stream_idle_timeout",
+        "first_token_timeout",
+        "deadline_exceeded",
+        "gateway_shutdown",
+        "upstream_stream_error",
+    ] {
+        let line = format!(
+            "spillway_cancellations_total{{class=\"interactive\",reason=\"{reason}\",route=\"chat\"}} 0"
+        );
+        assert!(text.contains(&line), "{line}\n{text}");
+    }
+    assert!(
+        !text.contains("reason=\"tenant_rpm\""),
+        "no tenant quota configured, so none declared"
+    );
+    let report = testkit::promtool_check(&text).await;
+    assert!(report.trim().is_empty(), "promtool: {report}");
+}
