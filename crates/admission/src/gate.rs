@@ -125,6 +125,8 @@ impl DrainRate {
 struct Waiter {
     id: u64,
     tx: oneshot::Sender<()>,
+    /// When it joined the queue: the age of what waits, which no completion histogram shows.
+    since: Instant,
 }
 
 /// The state of an adaptive C.
@@ -450,6 +452,19 @@ impl Admission {
         self.lock().queued() + self.waiting_shared.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How long the oldest request waiting here has waited (each lane is first in, first out,
+    /// so it is one of the two fronts); `None` with nobody waiting. Waiters of the queue shared
+    /// through Redis are not timed here.
+    pub fn oldest_wait(&self) -> Option<Duration> {
+        let s = self.lock();
+        let oldest = s
+            .waiters
+            .iter()
+            .filter_map(|lane| lane.front().map(|w| w.since))
+            .min()?;
+        Some(Instant::now().saturating_duration_since(oldest))
+    }
+
     /// Counts a request waiting in the shared queue until the returned guard drops.
     pub fn shared_waiter(&self) -> SharedWaiter<'_> {
         self.waiting_shared
@@ -510,7 +525,7 @@ impl Admission {
             let (tx, rx) = oneshot::channel();
             let id = s.next_id;
             s.next_id += 1;
-            s.waiters[lane].push_back(Waiter { id, tx });
+            s.waiters[lane].push_back(Waiter { id, tx, since: start });
             (
                 WaitGuard {
                     admission: self.clone(),

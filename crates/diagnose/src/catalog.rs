@@ -50,6 +50,7 @@ pub enum Key {
     GwItl,
     GwDuration,
     GwQueued,
+    GwOldestWait,
     GwInFlight,
     GwConcurrencyLimit,
     GwGoodput,
@@ -209,6 +210,12 @@ pub const SIGNALS: &[Signal] = &[
         Gateway,
     ),
     s(Key::GwQueued, &["spillway_queued"], Gauge, Gateway),
+    s(
+        Key::GwOldestWait,
+        &["spillway_queue_oldest_wait_seconds"],
+        Gauge,
+        Gateway,
+    ),
     s(Key::GwInFlight, &["spillway_in_flight"], Gauge, Gateway),
     s(
         Key::GwConcurrencyLimit,

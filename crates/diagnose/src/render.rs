@@ -150,7 +150,7 @@ fn rows(out: &mut String, r: &Rows) {
     let e = &r.engine;
     let _ = writeln!(
         out,
-        "engine          running {}, waiting {}, queue time mean {}, prefill mean {}, decode mean {}\n                KV cache peak {}, preemptions {}, prefix hits {}, finished {}, refused {}\n                gateway queue {} (wait mean {}), in flight {} of {}, overflowed {}",
+        "engine          running {}, waiting {}, queue time mean {}, prefill mean {}, decode mean {}\n                KV cache peak {}, preemptions {}, prefix hits {}, finished {}, refused {}\n                gateway queue {} (wait mean {}, oldest waiting {}), in flight {} of {}, overflowed {}",
         level(e.running),
         level(e.waiting),
         mean(e.queue_time),
@@ -163,6 +163,7 @@ fn rows(out: &mut String, r: &Rows) {
         opt(e.engine_overflow, ""),
         level(e.gateway_queued),
         mean(e.gateway_queue_wait),
+        opt(e.gateway_oldest_wait.map(|l| l.end), " s"),
         level(e.gateway_in_flight),
         opt(e.gateway_concurrency_limit, ""),
         opt(e.gateway_overflow, ""),

@@ -101,6 +101,9 @@ pub struct EngineRow {
     /// The gateway's own admission queue, in front of the engines.
     pub gateway_queued: Option<Level>,
     pub gateway_queue_wait: Option<Distribution>,
+    /// How long the oldest request waiting in the gateway's queue has waited (the longest of any
+    /// class): the age of what waits, now.
+    pub gateway_oldest_wait: Option<Level>,
     pub gateway_in_flight: Option<Level>,
     pub gateway_concurrency_limit: Option<f64>,
     /// Requests the gateway refused because its queue was full or their wait ran out.
@@ -379,6 +382,7 @@ fn engine(r: &Reader<'_>) -> EngineRow {
         ),
         finished: r.increase(Key::RequestSuccess, |_| true),
         gateway_queued: r.level(Key::GwQueued, Agg::Sum),
+        gateway_oldest_wait: r.level(Key::GwOldestWait, Agg::Max),
         gateway_queue_wait: r.dist(Key::GwQueueWait),
         gateway_in_flight: r.level(Key::GwInFlight, Agg::Sum),
         gateway_concurrency_limit: r.level(Key::GwConcurrencyLimit, Agg::Sum).map(|l| l.end),

@@ -303,6 +303,11 @@ pub(crate) fn apply(
     if let Some(v) = gateway_queue_time.filter(|v| *v > t.queue_time) {
         queue_time_ev.push(c.ev(Key::GwQueueWait, "mean", v, "s", ">", Some(t.queue_time)));
     }
+    // The gateway times what still waits: a request that has waited past the line now is a long
+    // wait whatever the finished ones say.
+    if let Some(old) = e.gateway_oldest_wait.filter(|l| l.end > t.queue_time) {
+        queue_time_ev.push(c.ev(Key::GwOldestWait, "end", old.end, "s", ">", Some(t.queue_time)));
+    }
     // At onset nothing has left the queue to be timed: a held queue with no queue time observed
     // is the evidence, unless the engine makes no progress at all (a hang, rule 6's, not a flood).
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);

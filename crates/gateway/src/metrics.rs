@@ -39,6 +39,7 @@ pub(crate) struct Metrics {
     pub upstream: IntCounterVec,
     pub in_flight: IntGaugeVec,
     pub queued: IntGaugeVec,
+    pub oldest_wait: prometheus::GaugeVec,
     pub concurrency_limit: IntGaugeVec,
     pub queue_limit: IntGaugeVec,
     pub replica_outstanding: IntGaugeVec,
@@ -213,6 +214,17 @@ impl Metrics {
             ),
             in_flight: gauge("spillway_in_flight", "Requests holding an admission slot.", rc),
             queued: gauge("spillway_queued", "Requests waiting for an admission slot.", rc),
+            oldest_wait: {
+                let g = must(prometheus::GaugeVec::new(
+                    Opts::new(
+                        "spillway_queue_oldest_wait_seconds",
+                        "How long the oldest request waiting for a slot has waited (0: none waits).",
+                    ),
+                    rc,
+                ));
+                must(registry.register(Box::new(g.clone())));
+                g
+            },
             concurrency_limit: gauge(
                 "spillway_concurrency_limit",
                 "C: the class's in-flight limit.",

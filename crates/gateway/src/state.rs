@@ -263,6 +263,10 @@ impl Gateway {
                     .queued
                     .with_label_values(&labels)
                     .set(i64::from(c.admission.queued()));
+                self.metrics
+                    .oldest_wait
+                    .with_label_values(&labels)
+                    .set(c.admission.oldest_wait().map_or(0.0, |d| d.as_secs_f64()));
             }
         }
     }

@@ -346,3 +346,28 @@ async fn the_drain_rate_ignores_idle_time_between_holds() {
         w.abort();
     }
 }
+
+/// The age of what waits, read while it waits: the oldest of either lane, and none once the
+/// queue is empty.
+#[tokio::test(start_paused = true)]
+async fn the_oldest_waiter_is_timed_while_it_waits() {
+    let a = gate(1, 4, 10_000);
+    assert_eq!(a.oldest_wait(), None);
+    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let a1 = a.clone();
+    let standard = tokio::spawn(async move { a1.acquire(Priority::Standard, far()).await });
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(700)).await;
+    let a2 = a.clone();
+    let critical = tokio::spawn(async move { a2.acquire(Priority::Critical, far()).await });
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(300)).await;
+    // The critical one goes first, but the standard one has waited longest.
+    assert_eq!(a.oldest_wait(), Some(Duration::from_millis(1000)));
+    drop(p);
+    let p = critical.await.unwrap().unwrap();
+    assert_eq!(a.oldest_wait(), Some(Duration::from_millis(1000)));
+    drop(p);
+    let _p = standard.await.unwrap().unwrap();
+    assert_eq!(a.oldest_wait(), None);
+}

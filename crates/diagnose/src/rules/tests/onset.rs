@@ -394,3 +394,42 @@ fn late_first_tokens_with_nothing_finished_and_short_prompts_are_a_wait() {
     let v = run(&[("e:1", &b)], &[("e:1", &a)]);
     assert_eq!(suspects(&v), [Suspect::LongPrompts], "{v:#?}");
 }
+
+/// The gateway times what still waits: its oldest queued request has waited 3 s while the
+/// requests that got through waited 1 ms. The age is evidence now, before any completion shows
+/// it.
+#[test]
+fn the_oldest_wait_in_the_gateway_queue_is_evidence_now() {
+    let rc = "route=\"chat\",class=\"interactive\"";
+    let gw = |queued: f64, oldest: f64, n: u32| {
+        Expo::default()
+            .line(
+                "spillway_requests_total",
+                &format!("{rc},status=\"200\""),
+                f64::from(n),
+            )
+            .line("spillway_queued", rc, queued)
+            .line("spillway_queue_oldest_wait_seconds", rc, oldest)
+            .line("spillway_in_flight", rc, 8.0)
+            .line("spillway_concurrency_limit", rc, 8.0)
+            .hist("spillway_time_to_first_token_seconds", TTFT, 1.6, n)
+            .hist("spillway_queue_wait_seconds", REQ, 0.001, n)
+            .0
+    };
+    let e = Engine {
+        running: 8.0,
+        ..Engine::default()
+    };
+    let (eb, ea) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(
+        &[("e:1", &eb), ("g:1", &gw(0.0, 0.0, 0))],
+        &[("e:1", &ea), ("g:1", &gw(6.0, 3.0, 40))],
+    );
+    assert_eq!(suspects(&v), [Suspect::ArrivalsExceedThroughput], "{v:#?}");
+    let old = v.findings[0]
+        .evidence
+        .iter()
+        .find(|e| e.series == "spillway_queue_oldest_wait_seconds")
+        .unwrap_or_else(|| panic!("{:#?}", v.findings[0].evidence));
+    assert_eq!((old.value, old.basis), (3.0, Basis::Instantaneous));
+}
