@@ -254,8 +254,7 @@ fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Step
     steps.step("planning the limits (spillway plan)");
     let bench_json = serde_json::to_string(report).context("cannot serialize the bench result")?;
     let measured = plan::Measurement::from_bench_json(&bench_json, "the staircase", s.replicas as u32)?;
-    let wait_budget = s.ttft_slo / 2;
-    let p = plan::plan(&measured, &deployment(s, stack, wait_budget))?;
+    let p = plan::plan(&measured, &deployment(s, stack))?;
     steps.say("\n== 3. the plan (spillway plan, from the staircase's result)");
     for line in p
         .lines
@@ -265,9 +264,8 @@ fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Step
         steps.say(&format!("   {}\n      from: {}", line.text, line.from));
     }
     steps.say(&format!(
-        "   Wq = {}: half the TTFT objective, so a request that waits its whole Wq can still meet it\n   \
-         budgets: first_token {}, stream_idle {}, total {}; binding layer: {}",
-        plan::arith::dur(wait_budget),
+        "   budgets: Wq {}, first_token {}, stream_idle {}, total {}; binding layer: {}",
+        plan::arith::dur(p.budgets.queue_wait),
         plan::arith::dur(p.budgets.first_token),
         plan::arith::dur(p.budgets.stream_idle),
         plan::arith::dur(p.budgets.total),
@@ -507,11 +505,12 @@ fn bench_options(s: &Settings, target: &Target, workload: &Workload, slo: Slo, s
     }
 }
 
-fn deployment(s: &Settings, stack: &Stack, wait_budget: Duration) -> plan::Deployment {
+fn deployment(s: &Settings, stack: &Stack) -> plan::Deployment {
     plan::Deployment {
         replicas: s.replicas as u32,
         gateway_replicas: 1,
-        wait_budget,
+        // From the staircase's TTFT objective: a request that waits all of it can still meet it.
+        wait_budget: None,
         headroom: 0.8,
         caller_deadline: Duration::from_secs(60),
         pinned: plan::arith::Pinned::default(),
@@ -528,6 +527,7 @@ fn deployment(s: &Settings, stack: &Stack, wait_budget: Duration) -> plan::Deplo
             class: CLASS.into(),
             max_model_len: None,
             max_num_batched_tokens: None,
+            unmeasured: Vec::new(),
         },
     }
 }
