@@ -57,6 +57,11 @@ pub(crate) struct BenchArgs {
     /// Prompts from a file: ShareGPT JSON, or JSONL of {"prompt": .., "output_len": N} or strings.
     #[arg(long)]
     dataset: Option<PathBuf>,
+    /// A shared-prefix workload, N,L: N prefixes of L tokens, each prompt one of them (drawn at
+    /// random) followed by a unique suffix of --input-len tokens, as a system prompt or a few-shot
+    /// template makes; a prefix cache serves the shared part.
+    #[arg(long, value_name = "N,L", value_parser = shared_prefix, conflicts_with = "dataset")]
+    shared_prefix: Option<(u32, u32)>,
     /// The objectives every level is judged by: METRIC_pNN=DURATION (ttft, itl, tpot, e2e) and
     /// error_rate=N%.
     #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%")]
@@ -131,6 +136,19 @@ fn length_dist(s: &str) -> Result<LengthDist, String> {
     Ok(d)
 }
 
+/// `N,L`: N prefixes (at least 1) of L tokens (at least 1).
+fn shared_prefix(s: &str) -> Result<(u32, u32), String> {
+    let parsed = s
+        .split_once(',')
+        .and_then(|(n, l)| Some((n.trim().parse::<u32>().ok()?, l.trim().parse::<u32>().ok()?)));
+    match parsed {
+        Some((n, l)) if n > 0 && l > 0 => Ok((n, l)),
+        _ => Err(format!(
+            "{s:?}: expected N,L — how many prefixes and their length in tokens, both at least 1 (e.g. 4,1024)"
+        )),
+    }
+}
+
 fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
     let api_key = match &a.api_key_env {
         Some(var) => Some(
@@ -160,9 +178,12 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
     };
     loads.sort_by(|x, y| x.value().total_cmp(&y.value()));
     loads.dedup();
-    let source = match &a.dataset {
-        Some(path) => load_dataset(path, a.output_len)?,
-        None => Source::Synthetic {
+    let source = match (&a.dataset, a.shared_prefix) {
+        (Some(path), _) => load_dataset(path, a.output_len)?,
+        (None, Some((count, tokens))) => {
+            Source::shared_prefix(count, tokens, a.input_len, a.output_len, a.seed)
+        }
+        (None, None) => Source::Synthetic {
             input: a.input_len,
             output: a.output_len,
         },
