@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::workload::{Source, Workload, load_dataset};
-use bench::{Endpoint, Options, Target};
+use bench::{Endpoint, Extras, Options, Target};
 use clap::{Args, ValueEnum};
 
 #[derive(Args, Debug)]
@@ -101,6 +101,11 @@ pub(crate) struct BenchArgs {
     /// Abandon a request after this long (counted as a timeout).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Closed loop: after a refusal with Retry-After (a 429 or 503), a client waits that long before
+    /// its next request, as a well-behaved client does, instead of sending at once; the waits are
+    /// reported apart from the latencies.
+    #[arg(long)]
+    honor_retry_after: bool,
     /// Send vLLM's ignore_eos so every output runs to its length (false for servers that reject it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     ignore_eos: bool,
@@ -149,7 +154,9 @@ fn shared_prefix(s: &str) -> Result<(u32, u32), String> {
     }
 }
 
-fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
+type Outputs = (Options, Extras, Option<PathBuf>, Option<PathBuf>);
+
+fn options(a: BenchArgs) -> Result<Outputs> {
     let api_key = match &a.api_key_env {
         Some(var) => Some(
             std::env::var(var).with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
@@ -229,13 +236,20 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
         keep_records: a.records,
         quiet: a.quiet,
     };
-    Ok((opts, a.json, a.html))
+    let extras = Extras {
+        honor_retry_after: a.honor_retry_after,
+        on_level: None,
+    };
+    Ok((opts, extras, a.json, a.html))
 }
 
 pub(crate) async fn run(args: BenchArgs) -> Result<()> {
-    let (opts, json, html) = options(args)?;
-    let report = bench::run(opts).await?;
-    print!("{}", bench::report::table(&report));
+    let (opts, extras, json, html) = options(args)?;
+    let report = bench::run_with(opts, extras).await?;
+    print!(
+        "{}",
+        bench::report::table_for(&report, bench::report::Width::of_stdout())
+    );
     if let Some(path) = json {
         let file =
             std::fs::File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;

@@ -113,6 +113,7 @@ impl Ctx {
                 "the waiting queue not back to its pre-burst level within {window}"
             ));
         }
+        self.level_done(&level);
         let report = BurstReport {
             load,
             factor: burst.factor,
