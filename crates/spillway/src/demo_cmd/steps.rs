@@ -39,7 +39,13 @@ impl Steps {
 
     /// Prints lines of the story above the spinner.
     pub(crate) fn say(&self, text: &str) {
-        match &self.bar {
+        self.printer()(text);
+    }
+
+    /// [`Steps::say`] for another task: what a finished bench level prints while the bench runs.
+    pub(crate) fn printer(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let bar = self.bar.clone();
+        move |text: &str| match &bar {
             Some(bar) => {
                 for line in text.trim_end_matches('\n').lines() {
                     bar.println(line);
