@@ -515,8 +515,8 @@ fn head(r: &Report, page: &Page<'_>) -> String {
          <title>{}: {}</title>\n<style>\n\
          body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222;line-height:1.4}}\n\
          pre{{white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f7;padding:.6em;font-size:13px}}\n\
-         table{{border-collapse:collapse;font-size:13px;max-width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;overflow-wrap:anywhere}}\n\
-         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.v{{text-align:left;min-width:16em}}\n\
+         table{{border-collapse:collapse;font-size:13px;max-width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;white-space:nowrap}}\n\
+         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.w{{white-space:normal;overflow-wrap:anywhere}}td.v{{text-align:left;min-width:16em;white-space:normal}}\n\
          dl.intro{{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}}dl.intro dt{{font-weight:bold}}dl.intro dd{{margin:0}}\n\
          .fail{{color:#b00;font-weight:bold}}.pass{{color:#070;font-weight:bold}}\n\
          .warn{{background:#fff3cd;padding:.5em}}.flag{{background:#fff3cd;margin-top:3px;padding:1px 4px}}\n\
@@ -705,7 +705,7 @@ fn parameters(r: &Report, h: &mut String) {
         if let Some(v) = value {
             let _ = writeln!(
                 h,
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
+                "<tr><td class=\"l\">{}</td><td class=\"l w\">{}</td></tr>",
                 esc(name),
                 esc(&v)
             );

@@ -105,7 +105,7 @@ async fn json_and_html_reports_hold_every_phase() {
     }
     assert!(
         html.contains(
-            "<td class=\"l\">burst</td><td class=\"l\">2× the load for 300 ms, recovery within 1.5 s</td>"
+            "<td class=\"l\">burst</td><td class=\"l w\">2× the load for 300 ms, recovery within 1.5 s</td>"
         ),
         "parameters listed as a person reads them"
     );
