@@ -35,6 +35,35 @@ fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), secs)
 }
 
+/// [`one_line`] at `width`: in a narrow terminal, the same facts in fewer words, wrapped.
+pub fn one_line_for(l: &LevelReport, width: Width) -> String {
+    let Width::Narrow(_) = width else {
+        return one_line(l);
+    };
+    let s = &l.stats;
+    let mut text = format!(
+        "{} {}: {} req, ttft p95 {}, itl p95 {}, {:.1} req/s, errors {:.1}% — {}",
+        l.phase.name(),
+        l.load,
+        s.requests,
+        opt(s.ttft.map(|p| p.p95)),
+        opt(s.itl.map(|p| p.p95)),
+        s.throughput_rps,
+        s.error_rate * 100.0,
+        verdict(l),
+    );
+    if !l.reasons.is_empty() {
+        let _ = write!(text, " ({})", l.reasons.join("; "));
+    }
+    if let Some(d) = &l.distorted {
+        let _ = write!(text, " [DISTORTED: {d}]");
+    }
+    if let Some(t) = &l.too_short {
+        let _ = write!(text, " [TOO SHORT: {t}]");
+    }
+    fit(&text, width)
+}
+
 /// `staircase C=16: 412 req, ttft p95 12.1ms, itl p95 5.0ms, 31.2 req/s — pass`
 pub fn one_line(l: &LevelReport) -> String {
     let s = &l.stats;
@@ -218,11 +247,20 @@ impl Width {
     /// For standard output: the terminal's width (`COLUMNS` when set, as a shell or a user may
     /// say, else the terminal's own); the full table when it is not a terminal, for files and pipes.
     pub fn of_stdout() -> Width {
-        if !std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+        Self::terminal(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+    }
+
+    /// For standard error, where the live lines go.
+    pub fn of_stderr() -> Width {
+        Self::terminal(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    }
+
+    fn terminal(is_terminal: bool) -> Width {
+        if !is_terminal {
             return Width::Full;
         }
         let env = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok());
-        let tty = || terminal_size::terminal_size_of(std::io::stdout()).map(|(w, _)| usize::from(w.0));
+        let tty = || terminal_size::terminal_size().map(|(w, _)| usize::from(w.0));
         env.or_else(tty).map_or(Width::Full, Width::columns)
     }
 }
@@ -299,14 +337,22 @@ fn under(out: &mut String, text: &str, width: Width) {
 
 /// A line of its own, wrapped in the narrow table.
 fn line(out: &mut String, text: &str, width: Width) {
+    out.push_str(&fit(text, width));
+    out.push('\n');
+}
+
+/// `text` as one line in the full table, or wrapped to the narrow one's width, the first line at
+/// the margin and the rest two spaces in; without a final newline.
+pub fn fit(text: &str, width: Width) -> String {
     match width {
-        Width::Full => {
-            let _ = writeln!(out, "{text}");
-        }
+        Width::Full => text.to_owned(),
         Width::Narrow(columns) => {
             let wrapped = wrap(text, columns, 2);
-            // The first line starts at the margin, the rest under it.
-            out.push_str(wrapped.strip_prefix("  ").unwrap_or(&wrapped));
+            wrapped
+                .strip_prefix("  ")
+                .unwrap_or(&wrapped)
+                .trim_end()
+                .to_owned()
         }
     }
 }

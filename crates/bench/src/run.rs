@@ -428,7 +428,10 @@ impl Ctx {
             .await;
         drop(ticker);
         let report = self.judge(phase, load, run, phase == Phase::LongMix);
-        self.progress.println(crate::report::one_line(&report));
+        self.progress.println(crate::report::one_line_for(
+            &report,
+            crate::report::Width::of_stderr(),
+        ));
         self.level_done(&report);
         self.levels.push(report.clone());
         report

@@ -126,7 +126,10 @@ impl Ctx {
             recovered,
             level,
         };
-        self.progress.println(crate::report::burst_line(&report));
+        self.progress.println(crate::report::fit(
+            &crate::report::burst_line(&report),
+            crate::report::Width::of_stderr(),
+        ));
         report
     }
 }

@@ -120,6 +120,10 @@ async fn json_and_html_reports_hold_every_phase() {
         );
     }
     assert!(narrow.contains(" ttft99 "), "{narrow}");
+    for l in &report.levels {
+        let live = bench::report::one_line_for(l, bench::report::Width::Narrow(80));
+        assert!(live.lines().all(|line| line.chars().count() <= 80), "{live}");
+    }
     assert_eq!(
         bench::report::table(&report),
         bench::report::table_for(&report, bench::report::Width::Full)
