@@ -79,8 +79,7 @@ fn main() -> ExitCode {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Command::Completions(args) = &cli.command {
-        completions_cmd::print(args, &mut Cli::command());
-        return ExitCode::SUCCESS;
+        return completions_cmd::print(args, &mut Cli::command());
     }
     if let Command::Check(args) = &cli.command {
         return serve_cmd::check(args);

@@ -337,4 +337,18 @@ fn completions_cover_every_command_and_a_flag() {
     assert!(String::from_utf8_lossy(&zsh.stdout).starts_with("#compdef spillway"));
     let bad = Command::new(BIN).args(["completions", "tcsh"]).output().unwrap();
     assert_eq!(bad.status.code(), Some(2));
+    // A reader that has gone (`| head`) ends the script quietly, not with a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let gone = Command::new(BIN)
+        .args(["completions", "bash"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&gone.stderr);
+    assert!(
+        gone.status.success() && stderr.is_empty(),
+        "{:?}: {stderr}",
+        gone.status
+    );
 }
