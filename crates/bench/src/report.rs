@@ -233,8 +233,9 @@ pub enum Width {
 }
 
 impl Width {
-    /// From this many columns the full table fits; below, its rows would wrap onto several lines.
-    pub const FULL_FROM: usize = 120;
+    /// From this many columns the full table's rows and most lines under them fit; below, they
+    /// would wrap onto two or more lines each.
+    pub const FULL_FROM: usize = 160;
 
     pub fn columns(columns: usize) -> Width {
         if columns >= Self::FULL_FROM {
@@ -462,4 +463,30 @@ pub fn table_for(r: &Report, width: Width) -> String {
     }
     out.push_str(&table_tail(r, width));
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminals_narrower_than_the_full_table_get_the_narrow_one() {
+        assert_eq!(Width::columns(80), Width::Narrow(80));
+        assert_eq!(Width::columns(120), Width::Narrow(120));
+        assert_eq!(Width::columns(Width::FULL_FROM), Width::Full);
+        assert_eq!(
+            Width::columns(10),
+            Width::Narrow(40),
+            "too narrow to be useful: 40"
+        );
+        let text = "one two three four five six seven eight nine ten";
+        assert_eq!(
+            wrap(text, 24, 2),
+            "  one two three four\n  five six seven eight\n  nine ten\n"
+        );
+        assert_eq!(
+            fit(text, Width::Narrow(24)),
+            "one two three four\n  five six seven eight\n  nine ten"
+        );
+    }
 }
