@@ -115,6 +115,13 @@ pub struct Record {
     /// …and how long the upstream took to its first byte, retries included.
     #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
     pub upstream_first_byte: Option<Duration>,
+    /// A refusal's `Retry-After`, in seconds as the header said.
+    #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
+    pub retry_after: Option<Duration>,
+    /// How long the client then waited before its next request (only when it honours Retry-After):
+    /// time in no request's latency.
+    #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
+    pub retry_wait: Option<Duration>,
     #[serde(skip)]
     pub error: Option<String>,
 }
@@ -157,6 +164,8 @@ impl Record {
             long,
             gateway_queue: None,
             upstream_first_byte: None,
+            retry_after: None,
+            retry_wait: None,
             error: None,
         }
     }
@@ -221,6 +230,7 @@ pub struct Client {
     http: HyperClient<Connector, Full<Bytes>>,
     target: std::sync::Arc<Target>,
     uri: hyper::Uri,
+    honor_retry_after: bool,
 }
 
 impl Client {
@@ -251,7 +261,19 @@ impl Client {
             http,
             target: std::sync::Arc::new(target),
             uri,
+            honor_retry_after: false,
         })
+    }
+
+    /// A client that, in a closed loop, waits what a refusal's `Retry-After` says before sending
+    /// again (see [`crate::load`]).
+    pub fn honoring_retry_after(mut self, honor: bool) -> Client {
+        self.honor_retry_after = honor;
+        self
+    }
+
+    pub fn honors_retry_after(&self) -> bool {
+        self.honor_retry_after
     }
 
     pub fn target(&self) -> &Target {
@@ -366,6 +388,11 @@ impl Client {
                 rec.outcome = Outcome::Status {
                     code: status.as_u16(),
                 };
+                rec.retry_after = resp
+                    .headers()
+                    .get(hyper::header::RETRY_AFTER)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(retry_after);
                 let body = Limited::new(resp.into_body(), 64 << 10).collect().await;
                 rec.error = Some(match body {
                     Ok(b) => error_message(&b.to_bytes()),
@@ -387,6 +414,12 @@ impl Client {
         }
         rec
     }
+}
+
+/// `Retry-After` in delta-seconds, the form servers answering overload send (an HTTP date, which
+/// would need the two clocks to agree, is not read).
+pub fn retry_after(value: &str) -> Option<Duration> {
+    value.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
 /// `{"error":{"message":..}}` (OpenAI), `{"detail":..}` / `{"message":..}` (others), else the text.

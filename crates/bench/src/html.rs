@@ -466,40 +466,93 @@ fn verdict_cell(l: &LevelReport) -> String {
     cell
 }
 
-/// The whole report as one HTML document.
-pub fn render(r: &Report) -> Result<String, crate::BenchError> {
-    page(r).map_err(crate::BenchError::Chart)
+/// What a caller adds around the bench's own sections, to tell a longer story in the same page
+/// (the demo's); the default is the bench's page alone.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Page<'a> {
+    /// The page's title and heading; empty: `spillway bench`.
+    pub title: &'a str,
+    /// HTML after the introduction, before the bench's results.
+    pub before: &'a str,
+    /// A heading over the bench's results; empty: none.
+    pub results_heading: &'a str,
+    /// HTML after the bench's results (table, charts, bursts), before its parameters.
+    pub after: &'a str,
 }
 
-fn page(r: &Report) -> Result<String, String> {
+/// The whole report as one HTML document.
+pub fn render(r: &Report) -> Result<String, crate::BenchError> {
+    render_page(r, &Page::default())
+}
+
+/// The report with the caller's sections around it: introduction, `before`, the results,
+/// `after`, then every parameter of the run.
+pub fn render_page(r: &Report, page: &Page<'_>) -> Result<String, crate::BenchError> {
+    let mut h = head(r, page);
+    h.push_str(page.before);
+    if !page.results_heading.is_empty() {
+        let _ = writeln!(h, "<h2>{}</h2>", esc(page.results_heading));
+    }
+    results(r, &mut h).map_err(crate::BenchError::Chart)?;
+    h.push_str(page.after);
+    parameters(r, &mut h);
+    h.push_str("</body>\n</html>\n");
+    Ok(h)
+}
+
+/// The document's head, styles and introduction: what ran, when and on what machine.
+fn head(r: &Report, page: &Page<'_>) -> String {
+    let title = if page.title.is_empty() {
+        "spillway bench"
+    } else {
+        page.title
+    };
     let mut h = String::new();
     let _ = write!(
         h,
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n\
          <meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n\
-         <title>spillway bench: {}</title>\n<style>\n\
-         body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222}}\n\
-         table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top}}\n\
-         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.v{{text-align:left;min-width:16em}}\n\
+         <title>{}: {}</title>\n<style>\n\
+         body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222;line-height:1.4}}\n\
+         pre{{white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f7;padding:.6em;font-size:13px}}\n\
+         table{{border-collapse:collapse;font-size:13px;max-width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;white-space:nowrap}}\n\
+         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.w{{white-space:normal;overflow-wrap:anywhere}}td.v{{text-align:left;min-width:16em;white-space:normal}}\n\
+         dl.intro{{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}}dl.intro dt{{font-weight:bold}}dl.intro dd{{margin:0}}\n\
          .fail{{color:#b00;font-weight:bold}}.pass{{color:#070;font-weight:bold}}\n\
          .warn{{background:#fff3cd;padding:.5em}}.flag{{background:#fff3cd;margin-top:3px;padding:1px 4px}}\n\
          figure{{margin:1.5em 0}}figure svg{{display:block;width:100%;height:auto}}\n\
          figcaption{{font-size:13px;margin-top:.3em}}.key{{display:inline-block;margin-right:1.5em;white-space:nowrap}}\n\
          .sw{{display:inline-block;width:22px;margin-right:.4em;vertical-align:middle}}\n</style>\n</head>\n<body>\n",
+        esc(title),
         esc(&r.parameters.model)
     );
+    let p = &r.parameters;
+    let loop_kind = match p.loads.first() {
+        Some(crate::spec::Load::Rate(_)) => "open loop (requests per second)",
+        _ => "closed loop (concurrent clients)",
+    };
     let _ = write!(
         h,
-        "<h1>spillway bench</h1>\n<p>{} → <code>{}</code>, model <code>{}</code>, SLO <code>{}</code>; \
-         {} to {}.</p>\n<p><strong>{}</strong></p>\n",
+        "<h1>{}</h1>\n<dl class=\"intro\">\n\
+         <dt>What</dt><dd>spillway bench {} against <code>{}</code>, model <code>{}</code>, {loop_kind}, judged by the SLO <code>{}</code></dd>\n\
+         <dt>When</dt><dd>{} to {} (UTC)</dd>\n\
+         <dt>Where</dt><dd>{}</dd>\n\
+         <dt>Result</dt><dd><strong>{}</strong></dd>\n</dl>\n",
+        esc(title),
         esc(r.tool.version),
-        esc(&r.parameters.url),
-        esc(&r.parameters.model),
-        esc(&r.parameters.slo),
-        esc(&r.started_at),
-        esc(&r.finished_at),
+        esc(&p.url),
+        esc(&p.model),
+        esc(&p.slo),
+        esc(&r.started_at.replace('T', " ").replace('Z', "")),
+        esc(&r.finished_at.replace('T', " ").replace('Z', "")),
+        esc(&r.machine.describe()),
         esc(&r.summary)
     );
+    h
+}
+
+/// The levels' table, the notes, the charts and each burst.
+fn results(r: &Report, h: &mut String) -> Result<(), String> {
     if let Some(p) = &r.prompt_tokens {
         let _ = writeln!(h, "<p>{}</p>", esc(&crate::report::prompt_line(p)));
     }
@@ -552,24 +605,121 @@ fn page(r: &Report) -> Result<String, String> {
         h.push_str(&burst_chart(r, b)?);
         h.push('\n');
     }
-    // Every parameter of the run, as the JSON has them, so the page stands on its own.
+    Ok(())
+}
+
+/// Every parameter of the run as a person reads it, so the page stands on its own; what was not
+/// set is left out.
+fn parameters(r: &Report, h: &mut String) {
+    use crate::report::duration;
+    let p = &r.parameters;
+    let list = |items: Vec<String>| items.join(", ");
+    let yes = |b: bool| if b { "yes" } else { "no" }.to_owned();
+    let rows: Vec<(&str, Option<String>)> = vec![
+        ("URL", Some(p.url.clone())),
+        ("model", Some(p.model.clone())),
+        (
+            "context (max_model_len)",
+            p.max_model_len.map(|n| format!("{n} tokens")),
+        ),
+        ("endpoint", Some(format!("{:?}", p.endpoint).to_lowercase())),
+        ("API key from", p.api_key_env.as_ref().map(|v| format!("${v}"))),
+        ("CA certificate", p.ca_cert.clone()),
+        (
+            "levels",
+            Some(list(p.loads.iter().map(ToString::to_string).collect())),
+        ),
+        (
+            "arrivals (open loop)",
+            p.loads
+                .iter()
+                .any(|l| matches!(l, crate::spec::Load::Rate(_)))
+                .then(|| arrivals(&p.arrivals)),
+        ),
+        (
+            "each level",
+            p.duration_per_level
+                .map(duration)
+                .or_else(|| p.requests_per_level.map(|n| format!("{n} requests"))),
+        ),
+        (
+            "warm-up left out",
+            (!p.warmup.is_zero()).then(|| duration(p.warmup)),
+        ),
+        ("prompt length", Some(format!("{} tokens", p.input_len))),
+        (
+            "answer length (max_tokens)",
+            Some(format!("{} tokens", p.output_len)),
+        ),
+        ("ignore_eos", Some(yes(p.ignore_eos))),
+        ("dataset", p.dataset.clone()),
+        (
+            "prompts",
+            Some(match (p.workload.prefixes, p.workload.prefix_tokens) {
+                (Some(n), Some(t)) => format!(
+                    "{}: {n} prefixes of {t} tokens, then a unique suffix",
+                    p.workload.source
+                ),
+                _ => p.workload.source.clone(),
+            }),
+        ),
+        ("SLO", Some(p.slo.clone())),
+        ("server metrics", p.metrics_url.clone()),
+        (
+            "phases",
+            Some(list(p.phases.iter().map(|ph| ph.name().to_owned()).collect())),
+        ),
+        (
+            "long mix",
+            p.phases.contains(&Phase::LongMix).then(|| {
+                format!(
+                    "{:.0}% long requests of {} prompt and {} answer tokens",
+                    p.long_share * 100.0,
+                    p.long_input_len,
+                    p.long_output_len
+                )
+            }),
+        ),
+        (
+            "burst",
+            p.phases.contains(&Phase::Burst).then(|| {
+                format!(
+                    "{}× the load for {}, recovery within {}",
+                    crate::report::number(p.burst_factor),
+                    duration(p.burst_length),
+                    duration(p.recovery_timeout)
+                )
+            }),
+        ),
+        ("request timeout", Some(duration(p.request_timeout))),
+        (
+            "top of the default staircase",
+            Some(format!("C={}", p.max_concurrency)),
+        ),
+        ("most in flight (open loop)", Some(p.max_in_flight.to_string())),
+        ("honour Retry-After", Some(yes(p.honor_retry_after))),
+        ("seed", Some(p.seed.to_string())),
+    ];
     h.push_str("<h2>Parameters</h2>\n<table>\n");
-    if let Ok(serde_json::Value::Object(params)) = serde_json::to_value(&r.parameters) {
-        for (k, v) in params {
-            let v = match v {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
+    for (name, value) in rows {
+        if let Some(v) = value {
             let _ = writeln!(
                 h,
-                "<tr><td class=\"l\">{}</td><td class=\"l\">{}</td></tr>",
-                esc(&k),
+                "<tr><td class=\"l\">{}</td><td class=\"l w\">{}</td></tr>",
+                esc(name),
                 esc(&v)
             );
         }
     }
-    h.push_str("</table>\n</body>\n</html>\n");
-    Ok(h)
+    h.push_str("</table>\n");
+}
+
+fn arrivals(a: &crate::spec::Arrivals) -> String {
+    match a {
+        crate::spec::Arrivals::Poisson => "poisson".into(),
+        crate::spec::Arrivals::Constant => "constant".into(),
+        crate::spec::Arrivals::Gamma { burstiness } => format!("gamma, burstiness {burstiness}"),
+    }
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! - [`load`]: closed- and open-loop drivers for one level, with an optional burst.
 //! - [`watch`]: the server's queue through `/metrics`, and the client's own timer lateness.
 //! - [`stats`]: exact percentiles, throughput, goodput, SLO verdicts.
+//! - [`machine`]: the host, cores and processor the run ran on, for the reports.
 //! - [`run`]: the phases (baseline, staircase + bisection, long mix, burst) and the safe load.
 //! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`run::Report`];
 //!   `progress` is the live line on stderr.
@@ -15,6 +16,7 @@
 pub mod client;
 pub mod html;
 pub mod load;
+pub mod machine;
 mod progress;
 pub mod report;
 pub mod run;
@@ -24,4 +26,4 @@ pub mod watch;
 pub mod workload;
 
 pub use client::{Endpoint, Target};
-pub use run::{BenchError, Options, Report, run};
+pub use run::{BenchError, Extras, Options, Report, run, run_with};

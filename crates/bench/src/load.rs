@@ -152,7 +152,18 @@ impl Driver {
                         break;
                     }
                     let prompt = workload.next(&mut rng);
-                    let rec = client.send(&prompt, free_at, level_start).await;
+                    let mut rec = client.send(&prompt, free_at, level_start).await;
+                    if let Some(wait) = rec.retry_after.filter(|_| client.honors_retry_after()) {
+                        // As a well-behaved client would, but not past the level's end nor the
+                        // request timeout, whatever the server asks.
+                        let waited_from = Instant::now();
+                        let mut until = waited_from + wait.min(client.target().timeout);
+                        if let Stop::After(d) = stop {
+                            until = until.min(level_start + d);
+                        }
+                        tokio::time::sleep_until(until).await;
+                        rec.retry_wait = Some(waited_from.elapsed());
+                    }
                     free_at = Instant::now();
                     sink.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
                 }

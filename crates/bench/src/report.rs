@@ -16,8 +16,52 @@ pub fn secs(v: f64) -> String {
     }
 }
 
+/// A number with the decimals it needs, at most three: `2`, `1.5`, `0.667`.
+pub fn number(v: f64) -> String {
+    let text = format!("{v:.3}");
+    text.trim_end_matches('0').trim_end_matches('.').to_owned()
+}
+
+/// A configured duration as a person writes it: `30 s`, `1.5 s`, `250 ms`.
+pub fn duration(d: std::time::Duration) -> String {
+    if d < std::time::Duration::from_secs(1) {
+        format!("{} ms", number(d.as_secs_f64() * 1e3))
+    } else {
+        format!("{} s", number(d.as_secs_f64()))
+    }
+}
+
 fn opt(v: Option<f64>) -> String {
     v.map_or("-".into(), secs)
+}
+
+/// [`one_line`] at `width`: in a narrow terminal, the same facts in fewer words, wrapped.
+pub fn one_line_for(l: &LevelReport, width: Width) -> String {
+    let Width::Narrow(_) = width else {
+        return one_line(l);
+    };
+    let s = &l.stats;
+    let mut text = format!(
+        "{} {}: {} req, ttft p95 {}, itl p95 {}, {:.1} req/s, errors {:.1}% — {}",
+        l.phase.name(),
+        l.load,
+        s.requests,
+        opt(s.ttft.map(|p| p.p95)),
+        opt(s.itl.map(|p| p.p95)),
+        s.throughput_rps,
+        s.error_rate * 100.0,
+        verdict(l),
+    );
+    if !l.reasons.is_empty() {
+        let _ = write!(text, " ({})", l.reasons.join("; "));
+    }
+    if let Some(d) = &l.distorted {
+        let _ = write!(text, " [DISTORTED: {d}]");
+    }
+    if let Some(t) = &l.too_short {
+        let _ = write!(text, " [TOO SHORT: {t}]");
+    }
+    fit(&text, width)
 }
 
 /// `staircase C=16: 412 req, ttft p95 12.1ms, itl p95 5.0ms, 31.2 req/s — pass`
@@ -73,6 +117,16 @@ pub fn errors_line(l: &LevelReport) -> Option<String> {
     (!errs.is_empty()).then(|| errs.join(", "))
 }
 
+/// `honoured Retry-After 12 times: 12.0 s waited in all, in no latency`.
+pub fn retry_waits_line(l: &LevelReport) -> Option<String> {
+    let w = l.stats.retry_waits?;
+    Some(format!(
+        "honoured Retry-After {} time(s): {} waited in all before sending again, in no latency",
+        w.waits,
+        secs(w.waited_seconds)
+    ))
+}
+
 fn after(s: f64) -> String {
     if s == 0.0 {
         "at once".into()
@@ -81,18 +135,24 @@ fn after(s: f64) -> String {
     }
 }
 
+/// `burst     C=16  ×2 for 5 s: ttft recovered after 1.75s, queue did not recover — DOES NOT RECOVER`
 pub fn burst_line(b: &BurstReport) -> String {
+    let ttft = match b.ttft_recovery_seconds {
+        Some(s) => format!("ttft recovered {}", after(s)),
+        None => "ttft did not recover".into(),
+    };
+    let queue = match (b.baseline_waiting, b.queue_recovery_seconds) {
+        (None, _) => "queue unknown (no --metrics-url)".into(),
+        (Some(_), Some(s)) => format!("queue recovered {}", after(s)),
+        (Some(_), None) => "queue did not recover".into(),
+    };
     format!(
-        "burst     {:<14} ×{} for {:.1}s: ttft recovered {}, queue recovered {} — {}",
+        "burst     {:<14} ×{} for {}: {ttft}, {queue} — {}",
         b.load.to_string(),
-        b.factor,
-        b.burst_end - b.burst_start,
-        b.ttft_recovery_seconds.map_or("never".into(), after),
-        match (b.baseline_waiting, b.queue_recovery_seconds) {
-            (None, _) => "unknown (no --metrics-url)".into(),
-            (Some(_), Some(s)) => after(s),
-            (Some(_), None) => "never".into(),
-        },
+        number(b.factor),
+        duration(std::time::Duration::from_secs_f64(
+            (b.burst_end - b.burst_start).max(0.0)
+        )),
         if b.recovered {
             "recovers"
         } else {
@@ -152,7 +212,6 @@ pub(crate) fn split_line(l: &LevelReport) -> Option<String> {
     ))
 }
 
-/// The final table: every level, then the bursts, the self-check and the conclusion.
 /// The prompts' length as asked against the server's count of it.
 pub fn prompt_line(p: &crate::run::PromptDrift) -> String {
     format!(
@@ -166,81 +225,268 @@ pub fn prompt_line(p: &crate::run::PromptDrift) -> String {
     )
 }
 
-pub fn table(r: &Report) -> String {
+/// How wide the text may run: the full table, or a narrower one for a terminal of `columns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Width {
+    Full,
+    Narrow(usize),
+}
+
+impl Width {
+    /// From this many columns the full table's rows and most lines under them fit; below, they
+    /// would wrap onto two or more lines each.
+    pub const FULL_FROM: usize = 160;
+
+    pub fn columns(columns: usize) -> Width {
+        if columns >= Self::FULL_FROM {
+            Width::Full
+        } else {
+            Width::Narrow(columns.max(40))
+        }
+    }
+
+    /// For standard output: the terminal's width (`COLUMNS` when set, as a shell or a user may
+    /// say, else the terminal's own); the full table when it is not a terminal, for files and pipes.
+    pub fn of_stdout() -> Width {
+        Self::terminal(std::io::IsTerminal::is_terminal(&std::io::stdout()))
+    }
+
+    /// For standard error, where the live lines go.
+    pub fn of_stderr() -> Width {
+        Self::terminal(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+    }
+
+    fn terminal(is_terminal: bool) -> Width {
+        if !is_terminal {
+            return Width::Full;
+        }
+        let env = std::env::var("COLUMNS").ok().and_then(|c| c.trim().parse().ok());
+        let tty = || terminal_size::terminal_size().map(|(w, _)| usize::from(w.0));
+        env.or_else(tty).map_or(Width::Full, Width::columns)
+    }
+}
+
+/// `text` broken at spaces into lines of at most `width` characters, each after `indent` spaces
+/// (a word longer than a line stays whole).
+pub fn wrap(text: &str, width: usize, indent: usize) -> String {
+    let room = width.saturating_sub(indent).max(20);
     let mut out = String::new();
+    let mut line = String::new();
+    for word in text.split(' ').filter(|w| !w.is_empty()) {
+        if !line.is_empty() && line.chars().count() + 1 + word.chars().count() > room {
+            let _ = writeln!(out, "{:indent$}{line}", "");
+            line.clear();
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        let _ = writeln!(out, "{:indent$}{line}", "");
+    }
+    out
+}
+
+/// The columns of the narrow table, indices into [`COLUMNS`]: the load, the success share, the
+/// latencies the SLOs usually name and the throughput; with shorter names, so that a row and its
+/// verdict fit 80 columns.
+const NARROW: [usize; 8] = [0, 1, 3, 5, 6, 7, 8, 9];
+const NARROW_NAMES: [&str; 8] = [
+    "phase", "load", "ok%", "ttft95", "ttft99", "itl95", "e2e95", "req/s",
+];
+const NARROW_WIDTHS: [usize; 8] = [9, 10, 5, 7, 7, 7, 7, 6];
+const FULL_WIDTHS: [usize; 14] = [9, 14, 6, 5, 9, 9, 9, 9, 9, 8, 9, 8, 7, 6];
+
+/// One row of cells, the first two left-aligned.
+fn row(cells: &[String], widths: &[usize]) -> String {
+    let mut row = String::new();
+    for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        let _ = if i < 2 {
+            write!(row, "{cell:<w$} ")
+        } else {
+            write!(row, "{cell:>w$} ")
+        };
+    }
+    row
+}
+
+fn pick(all: [String; 14], width: Width) -> Vec<String> {
+    match width {
+        Width::Full => all.to_vec(),
+        Width::Narrow(_) => NARROW.iter().map(|i| all[*i].clone()).collect(),
+    }
+}
+
+fn widths(width: Width) -> &'static [usize] {
+    match width {
+        Width::Full => &FULL_WIDTHS,
+        Width::Narrow(_) => &NARROW_WIDTHS,
+    }
+}
+
+/// A line under a level's row: after 26 spaces in the full table; wrapped to the width, after four,
+/// in the narrow one.
+fn under(out: &mut String, text: &str, width: Width) {
+    match width {
+        Width::Full => {
+            let _ = writeln!(out, "{:>26} {text}", "");
+        }
+        Width::Narrow(columns) => out.push_str(&wrap(text, columns, 4)),
+    }
+}
+
+/// A line of its own, wrapped in the narrow table.
+fn line(out: &mut String, text: &str, width: Width) {
+    out.push_str(&fit(text, width));
+    out.push('\n');
+}
+
+/// `text` as one line in the full table, or wrapped to the narrow one's width, the first line at
+/// the margin and the rest two spaces in; without a final newline.
+pub fn fit(text: &str, width: Width) -> String {
+    match width {
+        Width::Full => text.to_owned(),
+        Width::Narrow(columns) => {
+            let wrapped = wrap(text, columns, 2);
+            wrapped
+                .strip_prefix("  ")
+                .unwrap_or(&wrapped)
+                .trim_end()
+                .to_owned()
+        }
+    }
+}
+
+/// The table's header row.
+pub fn table_header(width: Width) -> String {
+    let header: Vec<String> = match width {
+        Width::Full => COLUMNS.map(str::to_owned).to_vec(),
+        Width::Narrow(_) => NARROW_NAMES.map(str::to_owned).to_vec(),
+    };
+    format!("{} verdict\n", row(&header, widths(width)))
+}
+
+/// One level's row and the lines under it, as the table shows them (and as the demo streams them
+/// when each level ends).
+pub fn table_level(l: &LevelReport, width: Width) -> String {
+    let mut out = String::new();
+    let flag = match (width, l.distorted.is_some()) {
+        (Width::Full, true) => " (distorted)",
+        _ => "",
+    };
     let _ = writeln!(
         out,
-        "spillway bench {} → {} ({}), SLO {}",
-        r.tool.version, r.parameters.url, r.parameters.model, r.parameters.slo
+        "{} {}{flag}",
+        row(&pick(cells(l), width), widths(width)),
+        verdict(l)
     );
-    let widths = [9, 14, 6, 5, 9, 9, 9, 9, 9, 8, 9, 8, 7, 6];
-    let line = |cells: &[String]| {
-        let mut row = String::new();
-        for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
-            let _ = if i < 2 {
-                write!(row, "{cell:<w$} ")
-            } else {
-                write!(row, "{cell:>w$} ")
-            };
-        }
-        row
-    };
-    let header: Vec<String> = COLUMNS.iter().map(|c| c.to_string()).collect();
-    let _ = writeln!(out, "{} verdict", line(&header));
-    let levels = r.levels.iter().chain(r.bursts.iter().map(|b| &b.level));
-    for l in levels {
-        let _ = writeln!(
-            out,
-            "{} {}{}",
-            line(&cells(l)),
-            verdict(l),
-            if l.distorted.is_some() { " (distorted)" } else { "" },
-        );
-        if let Some(errs) = errors_line(l) {
-            let _ = writeln!(out, "{:>26} errors: {errs}", "");
-        }
-        if let Some(split) = split_line(l) {
-            let _ = writeln!(out, "{:>26} {split}", "");
-        }
-        for reason in &l.reasons {
-            let _ = writeln!(out, "{:>26} {reason}", "");
-        }
-        if let (Some(short), Some(long)) = (&l.short, &l.long) {
-            let _ = writeln!(
-                out,
-                "{:>26} short requests: ttft p95 {}, itl p95 {} · long requests ({}): ttft p95 {}, e2e p95 {}",
-                "",
-                opt(short.ttft.map(|p| p.p95)),
-                opt(short.itl.map(|p| p.p95)),
-                long.requests,
-                opt(long.ttft.map(|p| p.p95)),
-                opt(long.e2e.map(|p| p.p95)),
-            );
-        }
-        if let Some(d) = &l.distorted {
-            let _ = writeln!(out, "{:>26} self-check: {d}", "");
-        }
-        if let Some(t) = &l.too_short {
-            let _ = writeln!(out, "{:>26} too short: {t}", "");
-        }
+    if let Some(errs) = errors_line(l) {
+        under(&mut out, &format!("errors: {errs}"), width);
     }
+    if let Some(w) = retry_waits_line(l) {
+        under(&mut out, &w, width);
+    }
+    if let Some(split) = split_line(l) {
+        under(&mut out, &split, width);
+    }
+    for reason in &l.reasons {
+        under(&mut out, reason, width);
+    }
+    if let (Some(short), Some(long)) = (&l.short, &l.long) {
+        let text = format!(
+            "short requests: ttft p95 {}, itl p95 {} · long requests ({}): ttft p95 {}, e2e p95 {}",
+            opt(short.ttft.map(|p| p.p95)),
+            opt(short.itl.map(|p| p.p95)),
+            long.requests,
+            opt(long.ttft.map(|p| p.p95)),
+            opt(long.e2e.map(|p| p.p95)),
+        );
+        under(&mut out, &text, width);
+    }
+    if let Some(d) = &l.distorted {
+        under(&mut out, &format!("self-check: {d}"), width);
+    }
+    if let Some(t) = &l.too_short {
+        under(&mut out, &format!("too short: {t}"), width);
+    }
+    out
+}
+
+/// What follows the rows: the bursts, the self-check, the prompts' drift, the notes and the
+/// conclusion.
+pub fn table_tail(r: &Report, width: Width) -> String {
+    let mut out = String::new();
     for b in &r.bursts {
-        let _ = writeln!(out, "{}", burst_line(b));
+        line(&mut out, &burst_line(b), width);
     }
     if r.distorted_levels > 0 {
-        let _ = writeln!(
-            out,
-            "WARNING: {} level(s) flagged: the client's own lag may have inflated their latencies.",
-            r.distorted_levels
+        line(
+            &mut out,
+            &format!(
+                "WARNING: {} level(s) flagged: the client's own lag may have inflated their latencies.",
+                r.distorted_levels
+            ),
+            width,
         );
     }
     if let Some(p) = &r.prompt_tokens {
-        let _ = writeln!(out, "{}", prompt_line(p));
+        line(&mut out, &prompt_line(p), width);
     }
     for note in &r.notes {
         let prefix = if note.starts_with("WARNING") { "" } else { "note: " };
-        let _ = writeln!(out, "{prefix}{note}");
+        line(&mut out, &format!("{prefix}{note}"), width);
     }
-    let _ = writeln!(out, "{}", r.summary);
+    line(&mut out, &r.summary, width);
     out
+}
+
+/// The whole table, full width.
+pub fn table(r: &Report) -> String {
+    table_for(r, Width::Full)
+}
+
+/// The whole table at `width`: the title, every level (the bursts' too), then [`table_tail`].
+pub fn table_for(r: &Report, width: Width) -> String {
+    let mut out = String::new();
+    line(
+        &mut out,
+        &format!(
+            "spillway bench {} → {} ({}), SLO {}",
+            r.tool.version, r.parameters.url, r.parameters.model, r.parameters.slo
+        ),
+        width,
+    );
+    out.push_str(&table_header(width));
+    for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
+        out.push_str(&table_level(l, width));
+    }
+    out.push_str(&table_tail(r, width));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terminals_narrower_than_the_full_table_get_the_narrow_one() {
+        assert_eq!(Width::columns(80), Width::Narrow(80));
+        assert_eq!(Width::columns(120), Width::Narrow(120));
+        assert_eq!(Width::columns(Width::FULL_FROM), Width::Full);
+        assert_eq!(
+            Width::columns(10),
+            Width::Narrow(40),
+            "too narrow to be useful: 40"
+        );
+        let text = "one two three four five six seven eight nine ten";
+        assert_eq!(
+            wrap(text, 24, 2),
+            "  one two three four\n  five six seven eight\n  nine ten\n"
+        );
+        assert_eq!(
+            fit(text, Width::Narrow(24)),
+            "one two three four\n  five six seven eight\n  nine ten"
+        );
+    }
 }

@@ -97,6 +97,8 @@ pub struct Parameters {
     pub max_concurrency: u32,
     pub max_in_flight: usize,
     pub seed: u64,
+    /// Closed-loop clients waited what `Retry-After` said before sending again.
+    pub honor_retry_after: bool,
 }
 
 /// One level's results and its judgement.
@@ -171,6 +173,8 @@ pub struct Report {
     pub parameters: Parameters,
     pub started_at: String,
     pub finished_at: String,
+    /// Where it ran: the client shares the machine with the server when both are local.
+    pub machine: crate::machine::Machine,
     pub levels: Vec<LevelReport>,
     pub bursts: Vec<BurstReport>,
     /// The first staircase level that failed.
@@ -286,13 +290,34 @@ struct Ctx {
     progress: Progress,
     sink: Sink,
     levels: Vec<LevelReport>,
+    extras: Extras,
 }
+
+/// What a run does beyond [`Options`]; apart from it so that code which builds `Options` field by
+/// field keeps compiling.
+#[derive(Default)]
+pub struct Extras {
+    /// Closed loop: after an answer with `Retry-After`, a client waits that long before its next
+    /// request, as a well-behaved client does; the waits are reported apart from the latencies.
+    pub honor_retry_after: bool,
+    /// Called with each level's report as the level ends (a burst's level too, judged by its
+    /// recovery): for a caller that shows the table growing, as the demo does.
+    pub on_level: Option<OnLevel>,
+}
+
+/// See [`Extras::on_level`].
+pub type OnLevel = Box<dyn Fn(&LevelReport) + Send + Sync>;
 
 /// Runs every requested phase against the target and reports.
 pub async fn run(opts: Options) -> Result<Report, BenchError> {
+    run_with(opts, Extras::default()).await
+}
+
+/// [`run`], with [`Extras`].
+pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchError> {
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
-    let client = Client::new(opts.target.clone())?;
+    let client = Client::new(opts.target.clone())?.honoring_retry_after(extras.honor_retry_after);
     let template_tokens = preflight(&client).await?;
     let max_model_len = client.max_model_len().await;
     let fitted = fit(&opts, max_model_len)?;
@@ -328,6 +353,7 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
         lag: LoopLag::start(epoch),
         sink: Sink::default(),
         levels: Vec::new(),
+        extras,
         watch,
         driver,
         opts,
@@ -402,9 +428,20 @@ impl Ctx {
             .await;
         drop(ticker);
         let report = self.judge(phase, load, run, phase == Phase::LongMix);
-        self.progress.println(crate::report::one_line(&report));
+        self.progress.println(crate::report::one_line_for(
+            &report,
+            crate::report::Width::of_stderr(),
+        ));
+        self.level_done(&report);
         self.levels.push(report.clone());
         report
+    }
+
+    /// Tells [`Extras::on_level`], if set, that a level ended.
+    pub(crate) fn level_done(&self, report: &LevelReport) {
+        if let Some(on_level) = &self.extras.on_level {
+            on_level(report);
+        }
     }
 
     fn judge(&self, phase: Phase, load: Load, run: LevelRun, split: bool) -> LevelReport {
@@ -653,9 +690,11 @@ impl Ctx {
                 max_concurrency: o.max_concurrency,
                 max_in_flight: o.max_in_flight,
                 seed: o.seed,
+                honor_retry_after: self.extras.honor_retry_after,
             },
             started_at,
             finished_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),
+            machine: crate::machine::Machine::this(),
             levels: std::mem::take(&mut self.levels),
             bursts,
             knee,

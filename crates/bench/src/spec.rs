@@ -356,7 +356,8 @@ impl fmt::Display for Load {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Load::Concurrency(c) => write!(f, "C={c}"),
-            Load::Rate(r) => write!(f, "{r:.3} req/s"),
+            // At most three decimals, and none that say nothing: `16 req/s`, `12.5 req/s`.
+            Load::Rate(r) => write!(f, "{} req/s", crate::report::number(*r)),
         }
     }
 }
@@ -512,4 +513,13 @@ mod tests {
     }
 
     use rand::SeedableRng;
+
+    #[test]
+    fn rates_print_without_empty_decimals() {
+        assert_eq!(Load::Rate(16.0).to_string(), "16 req/s");
+        assert_eq!(Load::Rate(12.5).to_string(), "12.5 req/s");
+        assert_eq!(Load::Rate(2.0 / 3.0).to_string(), "0.667 req/s");
+        assert_eq!(Load::Rate(10.0004).to_string(), "10 req/s");
+        assert_eq!(Load::Concurrency(16).to_string(), "C=16");
+    }
 }

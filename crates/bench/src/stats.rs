@@ -97,6 +97,17 @@ pub struct LevelStats {
     pub verdicts: Vec<Verdict>,
     /// Every target met.
     pub slo_pass: bool,
+    /// Closed-loop clients that honoured `Retry-After` (`--honor-retry-after`) only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_waits: Option<RetryWaits>,
+}
+
+/// The waits of clients that honoured `Retry-After`: time between requests, in no latency, that
+/// lowers the level's throughput as it would a real client's.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RetryWaits {
+    pub waits: usize,
+    pub waited_seconds: f64,
 }
 
 fn sorted(mut v: Vec<f64>) -> Vec<f64> {
@@ -287,6 +298,13 @@ impl LevelStats {
             prompt_tokens: PromptTokens::of(records.iter().copied()),
             slo_pass: verdicts.iter().all(|v| v.pass),
             verdicts,
+            retry_waits: {
+                let waits: Vec<Duration> = records.iter().filter_map(|r| r.retry_wait).collect();
+                (!waits.is_empty()).then(|| RetryWaits {
+                    waits: waits.len(),
+                    waited_seconds: waits.iter().map(Duration::as_secs_f64).sum(),
+                })
+            },
         }
     }
 }
@@ -355,6 +373,8 @@ mod tests {
             long: false,
             gateway_queue: None,
             upstream_first_byte: None,
+            retry_after: None,
+            retry_wait: None,
             error: None,
         }
     }

@@ -59,6 +59,36 @@ pub enum Source {
         entries: Arc<[Entry]>,
         output: LengthDist,
     },
+    /// Each prompt is one of a few shared prefixes, then a unique suffix of `input` tokens: the
+    /// traffic a system prompt or a few-shot template makes, which a prefix cache serves from memory.
+    SharedPrefix {
+        prefixes: Arc<[Arc<str>]>,
+        prefix_tokens: u32,
+        input: LengthDist,
+        output: LengthDist,
+    },
+}
+
+impl Source {
+    /// `count` prefixes of `tokens` tokens each, drawn from `seed` so that runs repeat.
+    pub fn shared_prefix(
+        count: u32,
+        tokens: u32,
+        input: LengthDist,
+        output: LengthDist,
+        seed: u64,
+    ) -> Source {
+        use rand::SeedableRng;
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(seed);
+        Source::SharedPrefix {
+            prefixes: (0..count.max(1))
+                .map(|_| Arc::from(synthetic_text(tokens, &mut rng)))
+                .collect(),
+            prefix_tokens: tokens,
+            input,
+            output,
+        }
+    }
 }
 
 /// The mix of requests a level sends.
@@ -74,6 +104,11 @@ pub struct Workload {
 pub struct WorkloadInfo {
     pub source: String,
     pub dataset_prompts: Option<usize>,
+    /// Shared-prefix workloads only: how many prefixes, and their length in tokens.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefixes: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prefix_tokens: Option<u32>,
 }
 
 impl Workload {
@@ -108,6 +143,21 @@ impl Workload {
                     input_tokens: None,
                 }
             }
+            Source::SharedPrefix {
+                prefixes,
+                prefix_tokens,
+                input,
+                output,
+            } => {
+                let prefix = &prefixes[rng.random_range(0..prefixes.len())];
+                let tokens = input.sample(rng);
+                Prompt {
+                    text: format!("{prefix} {}", synthetic_text(tokens, rng)).into(),
+                    max_tokens: output.sample(rng),
+                    long: false,
+                    input_tokens: Some(prefix_tokens + tokens),
+                }
+            }
         }
     }
 
@@ -124,10 +174,24 @@ impl Workload {
             Source::Synthetic { .. } => WorkloadInfo {
                 source: "synthetic".into(),
                 dataset_prompts: None,
+                prefixes: None,
+                prefix_tokens: None,
             },
             Source::Dataset { entries, .. } => WorkloadInfo {
                 source: "dataset".into(),
                 dataset_prompts: Some(entries.len()),
+                prefixes: None,
+                prefix_tokens: None,
+            },
+            Source::SharedPrefix {
+                prefixes,
+                prefix_tokens,
+                ..
+            } => WorkloadInfo {
+                source: "shared-prefix".into(),
+                dataset_prompts: None,
+                prefixes: Some(prefixes.len()),
+                prefix_tokens: Some(*prefix_tokens),
             },
         }
     }
@@ -235,6 +299,44 @@ mod tests {
         let b = synthetic_text(100, &mut rng);
         assert_eq!(a.len() + 1, 400);
         assert_ne!(a, b);
+    }
+
+    #[test]
+    fn shared_prefix_prompts_share_one_of_n_prefixes_and_differ_after_it() {
+        let source = Source::shared_prefix(
+            3,
+            64,
+            LengthDist::Fixed { tokens: 16 },
+            LengthDist::Fixed { tokens: 8 },
+            7,
+        );
+        let Source::SharedPrefix { prefixes, .. } = &source else {
+            unreachable!()
+        };
+        let w = Workload {
+            source: source.clone(),
+            long: None,
+        };
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(1);
+        let prompts: Vec<Prompt> = (0..60).map(|_| w.next(&mut rng)).collect();
+        let mut used = std::collections::BTreeSet::new();
+        for p in &prompts {
+            let i = prefixes
+                .iter()
+                .position(|x| p.text.starts_with(&**x))
+                .expect("every prompt starts with a shared prefix");
+            used.insert(i);
+            assert_eq!(p.input_tokens, Some(64 + 16));
+            assert_eq!(p.text.len() + 1, (64 + 16) * 4);
+        }
+        assert_eq!(used.len(), 3, "all prefixes are drawn");
+        let suffixes: std::collections::BTreeSet<&str> = prompts.iter().map(|p| &p.text[64 * 4..]).collect();
+        assert_eq!(suffixes.len(), prompts.len(), "every suffix is unique");
+        let info = w.info();
+        assert_eq!(
+            (info.source.as_str(), info.prefixes, info.prefix_tokens),
+            ("shared-prefix", Some(3), Some(64))
+        );
     }
 
     #[test]

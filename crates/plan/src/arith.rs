@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::{Serialize, Serializer};
 
 use crate::PlanError;
-use crate::measure::Measurement;
+use crate::measure::{Measurement, Sourced};
 
 /// The `schema` of `spillway plan --json`.
 pub const PLAN_SCHEMA: &str = "spillway-plan/1";
@@ -27,8 +27,9 @@ pub struct Deployment {
     pub replicas: u32,
     /// G: gateway processes in front of them, each with its own counters.
     pub gateway_replicas: u32,
-    /// Wq: the longest a request may wait in the gateway's queue.
-    pub wait_budget: Duration,
+    /// Wq: the longest a request may wait in the gateway's queue; `None` derives it from the
+    /// measurement's TTFT objective ([`wait_budget_for_ttft`]), or [`DEFAULT_WAIT_BUDGET`] without one.
+    pub wait_budget: Option<Duration>,
     /// The share of the measured safe total the gateway may use.
     pub headroom: f64,
     /// The caller's own deadline, which every budget must fit inside.
@@ -47,6 +48,8 @@ pub struct Pinned {
     pub queue: Option<u32>,
     pub first_token: Option<Duration>,
     pub litellm_cap: Option<u32>,
+    /// The longest answer the deployment allows (`max_tokens`), instead of the bench's longest.
+    pub max_tokens: Option<u32>,
 }
 
 /// The names the emitted files use.
@@ -74,6 +77,17 @@ pub struct Names {
     /// come from the model and GPU, not from this arithmetic.
     pub max_model_len: Option<u32>,
     pub max_num_batched_tokens: Option<u32>,
+    /// Values above that nothing measured (defaults and placeholders): each emitted file says so
+    /// in a comment, so that nobody applies a guess as if it were measured.
+    pub unmeasured: Vec<Unmeasured>,
+}
+
+/// A name the plan had to guess, and which files carry it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Unmeasured {
+    pub targets: Vec<crate::Target>,
+    /// One line for the reader: the value, why it is a guess, the flag that sets it.
+    pub note: String,
 }
 
 /// Which control point rejects first as load rises.
@@ -160,6 +174,9 @@ pub struct Plan {
     pub max_num_queued_reqs: u32,
     /// LiteLLM's deployment `max_parallel_requests`.
     pub litellm_max_parallel: u32,
+    /// The longest answer the budgets were derived for, stated in Spillway's config as its
+    /// `max_tokens` cap: a longer answer could outrun the total.
+    pub max_tokens: Option<u32>,
     pub budgets: Budgets,
     pub slo: Option<Slo>,
     pub binding: Layer,
@@ -205,13 +222,65 @@ pub fn round_up(d: Duration) -> Duration {
     Duration::from_millis(ms.div_ceil(step).saturating_mul(step) as u64)
 }
 
+/// Wq without a TTFT objective to derive it from.
+pub const DEFAULT_WAIT_BUDGET: Duration = Duration::from_secs(2);
+
+/// Little's law: requests in the system = the rate served × the time each spends there. An open
+/// loop gives the rate served, not the rate offered, and a closed loop's C over its latency the same.
+pub fn littles_law(throughput_rps: f64, time_in_system: Duration) -> f64 {
+    throughput_rps * time_in_system.as_secs_f64()
+}
+
+/// The wait budget that keeps a request which waits all of it inside the TTFT objective: what the
+/// objective leaves after the engine's own TTFT tail, and at most half the objective (the engine's
+/// tail moves with load; half is also what is left without a measured tail). Whole milliseconds,
+/// rounded down; zero when the tail alone already reaches the objective.
+pub fn wait_budget_for_ttft(objective: Duration, ttft_tail: Option<Duration>) -> Duration {
+    let left = objective.saturating_sub(ttft_tail.unwrap_or(Duration::ZERO));
+    let wq = left.min(objective / 2);
+    Duration::from_millis(wq.as_millis() as u64)
+}
+
 // Products of decimal inputs land a hair off the integer (0.29 × 100 = 28.999…): round that away.
-fn floor(v: f64) -> u32 {
+pub(crate) fn floor(v: f64) -> u32 {
     (v + 1e-9).floor().max(0.0) as u32
 }
 
 fn ceil(v: f64) -> u32 {
     (v - 1e-9).ceil().max(0.0) as u32
+}
+
+/// Wq and where it came from: pinned, derived from the measurement's TTFT objective, or the default.
+fn wait_budget(m: &Measurement, d: &Deployment) -> (Duration, String) {
+    if let Some(wq) = d.wait_budget {
+        return (wq, "--wait-budget".into());
+    }
+    let Some(objective) = m.slo.as_ref().and_then(|s| s.ttft) else {
+        return (
+            DEFAULT_WAIT_BUDGET,
+            "the default; no TTFT objective was measured to derive it from (--wait-budget)".into(),
+        );
+    };
+    let tail = m.ttft_tail.as_ref().map(|t| t.value);
+    let wq = wait_budget_for_ttft(objective, tail);
+    let from = match tail {
+        Some(tail) if wq.is_zero() => format!(
+            "the TTFT p99 {} alone reaches the bench's TTFT objective {}: no wait fits, so no queue (--wait-budget to choose one)",
+            dur(tail),
+            dur(objective)
+        ),
+        Some(tail) => format!(
+            "min(objective − TTFT p99, objective / 2) = min({} − {}, {} / 2), from the bench's TTFT objective, so a request that waits all of it still meets the objective (--wait-budget to choose)",
+            dur(objective),
+            dur(tail),
+            dur(objective)
+        ),
+        None => format!(
+            "half the bench's TTFT objective {} (--wait-budget to choose)",
+            dur(objective)
+        ),
+    };
+    (wq, from)
 }
 
 /// The plan: every figure, the arithmetic and the checks.
@@ -232,7 +301,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     let mut warnings = m.caveats.clone();
     let mut line = |name: &'static str, text: String, from: String| lines.push(Line { name, text, from });
     let r = d.replicas;
-    let wq = d.wait_budget;
+    let (wq, wq_from) = wait_budget(m, d);
 
     let c_safe = m.c_safe.value;
     let measured = m.throughput.value;
@@ -296,7 +365,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         num(throughput),
         num(wq.as_secs_f64())
     );
-    let q_from = format!("throughput: above; Wq {}: --wait-budget", dur(wq));
+    let q_from = format!("throughput: above; Wq {}: {wq_from}", dur(wq));
     let q = match d.pinned.queue {
         Some(pinned) => {
             line(
@@ -371,7 +440,27 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         "C, --max-num-seqs: above".into(),
     );
 
-    let budgets = budgets(m, d, &mut line)?;
+    let budgets = budgets(m, d, (wq, &wq_from), &mut line)?;
+
+    let max_tokens = match (d.pinned.max_tokens, &m.output_cap) {
+        (Some(cap), _) => Some(Sourced::new(cap, "--max-tokens")),
+        (None, cap) => cap.clone(),
+    };
+    match &max_tokens {
+        Some(cap) => line(
+            "max_tokens",
+            format!(
+                "max_tokens cap = {}: the total {} holds for answers up to that length, so Spillway's config caps max_tokens there (and sends it when a request gives none)",
+                cap.value,
+                dur(budgets.total)
+            ),
+            cap.from.clone(),
+        ),
+        None => warnings.push(format!(
+            "no max_tokens cap to go with the total {}: the measured answers had no stated maximum, and a longer answer can outrun the total; give --max-tokens to state one",
+            dur(budgets.total)
+        )),
+    }
 
     let formula_cap = c + q;
     let cap_text = format!(
@@ -488,6 +577,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         max_num_seqs,
         max_num_queued_reqs,
         litellm_max_parallel,
+        max_tokens: max_tokens.map(|c| c.value),
         budgets,
         slo,
         binding,
@@ -515,6 +605,7 @@ mod tests {
             class: "interactive".into(),
             max_model_len: None,
             max_num_batched_tokens: None,
+            unmeasured: Vec::new(),
         }
     }
 
@@ -533,7 +624,7 @@ mod tests {
         let d = Deployment {
             replicas: 2,
             gateway_replicas: 1,
-            wait_budget: Duration::from_secs(2),
+            wait_budget: Some(Duration::from_secs(2)),
             headroom: 0.8,
             caller_deadline: Duration::from_secs(60),
             pinned: Pinned::default(),
@@ -552,6 +643,71 @@ mod tests {
         assert_eq!(num(24.000000000000004), "24");
         assert_eq!(dur(Duration::from_millis(1500)), "1.5s");
         assert_eq!(dur(Duration::from_millis(450)), "450ms");
+    }
+
+    #[test]
+    fn the_wait_budget_fits_the_ttft_objective() {
+        let ms = Duration::from_millis;
+        assert_eq!(wait_budget_for_ttft(ms(500), Some(ms(100))), ms(250));
+        assert_eq!(wait_budget_for_ttft(ms(500), Some(ms(320))), ms(180));
+        assert_eq!(wait_budget_for_ttft(ms(500), None), ms(250));
+        assert_eq!(wait_budget_for_ttft(ms(500), Some(ms(600))), Duration::ZERO);
+        assert!((littles_law(14.04, ms(993)) - 13.94172).abs() < 1e-9);
+    }
+
+    #[test]
+    fn wq_defaults_from_the_bench_objective_and_says_so() {
+        let (mut m, mut d) = seed();
+        d.wait_budget = None;
+        m.slo = Some(crate::measure::Objectives {
+            text: "ttft_p99=500ms".into(),
+            ttft: Some(Duration::from_millis(500)),
+            itl: None,
+        });
+        m.ttft_tail = Some(Sourced::new(Duration::from_millis(100), "test"));
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.budgets.queue_wait, Duration::from_millis(250));
+        assert_eq!(p.queue, 2, "ceil(6 × 0.25)");
+        let q = p.lines.iter().find(|l| l.name == "Q").unwrap();
+        assert!(
+            q.from
+                .contains("min(500ms − 100ms, 500ms / 2), from the bench's TTFT objective"),
+            "{}",
+            q.from
+        );
+        assert!(
+            !p.warnings.iter().any(|w| w.contains("objective")),
+            "{:?}",
+            p.warnings
+        );
+        m.slo = None;
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.budgets.queue_wait, DEFAULT_WAIT_BUDGET);
+        d.wait_budget = Some(Duration::from_secs(1));
+        assert_eq!(plan(&m, &d).unwrap().budgets.queue_wait, Duration::from_secs(1));
+    }
+
+    #[test]
+    fn the_total_comes_with_the_max_tokens_cap_it_holds_for() {
+        let (mut m, mut d) = seed();
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.max_tokens, None);
+        assert!(
+            p.warnings.iter().any(|w| w.starts_with("no max_tokens cap")),
+            "{:?}",
+            p.warnings
+        );
+        m.output_cap = Some(Sourced::new(32, "the bench"));
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.max_tokens, Some(32));
+        let line = p.lines.iter().find(|l| l.name == "max_tokens").unwrap();
+        assert!(
+            line.text.starts_with("max_tokens cap = 32: the total"),
+            "{}",
+            line.text
+        );
+        d.pinned.max_tokens = Some(256);
+        assert_eq!(plan(&m, &d).unwrap().max_tokens, Some(256));
     }
 
     #[test]

@@ -98,13 +98,23 @@ pub fn render(plan: &Plan, target: Target) -> Result<Artifact, PlanError> {
     Ok(Artifact {
         target,
         file_name: target.file_name(),
-        text,
+        text: format!("{}{text}", unmeasured(plan, target)),
     })
 }
 
 /// The files for several control points, in the order asked.
 pub fn render_all(plan: &Plan, targets: &[Target]) -> Result<Vec<Artifact>, PlanError> {
     targets.iter().map(|t| render(plan, *t)).collect()
+}
+
+/// `# ` lines naming what in this file nothing measured, so that a guess is not applied as fact.
+fn unmeasured(plan: &Plan, target: Target) -> String {
+    plan.names
+        .unmeasured
+        .iter()
+        .filter(|u| u.targets.contains(&target))
+        .map(|u| format!("# NOT MEASURED: {}\n", u.note))
+        .collect()
 }
 
 fn yaml(target: Target, value: &impl Serialize) -> Result<String, PlanError> {

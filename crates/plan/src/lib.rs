@@ -8,6 +8,8 @@
 //! - [`arith`]: the deployment, the formulas and the checks, giving a [`Plan`]: every figure, each
 //!   line of arithmetic with where its inputs came from, the binding layer and the warnings;
 //!   `arith::budgets` derives the nested timeouts;
+//! - [`names`]: the names the files use — the flags', else what the bench measured, else
+//!   placeholders each file marks as not measured;
 //! - [`emit`]: the plan as files for each control point — Spillway's config, an Envoy Gateway
 //!   `BackendTrafficPolicy`, a LiteLLM `model_list`, vLLM's arguments and a KServe
 //!   `InferenceService` — serialized from typed structs;
@@ -18,9 +20,10 @@
 pub mod arith;
 pub mod emit;
 pub mod measure;
+pub mod names;
 pub mod report;
 
-pub use arith::{Deployment, Names, Plan, plan};
+pub use arith::{Deployment, Names, Plan, Unmeasured, plan};
 pub use emit::{Artifact, Target};
 pub use measure::{Figures, Measurement};
 

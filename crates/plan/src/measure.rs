@@ -46,6 +46,13 @@ pub struct Measurement {
     pub slo: Option<Objectives>,
     /// The model name the measurement sent.
     pub model: Option<String>,
+    /// The URL the bench sent its requests to: a replica, or whatever balanced them.
+    pub target_url: Option<String>,
+    /// The model's context as the measured server published it.
+    pub max_model_len: Option<u32>,
+    /// The longest answer the measurement asked for, when its lengths had a maximum: the budgets
+    /// derived from its tails hold for answers up to this many tokens.
+    pub output_cap: Option<Sourced<u32>>,
     /// What a reader of the plan should doubt about the measurement.
     pub caveats: Vec<String>,
 }
@@ -107,6 +114,9 @@ impl Measurement {
             e2e_tail: tail(f.e2e_p99, "--e2e-p99"),
             slo: None,
             model: None,
+            target_url: None,
+            max_model_len: None,
+            output_cap: None,
             caveats: Vec::new(),
         })
     }
@@ -154,14 +164,18 @@ impl Measurement {
         let c_total = match safe {
             Load::Concurrency(c) => Sourced::new(c, format!("{file}: safe load {} over {over}", show(safe))),
             Load::Rate(_) => {
-                // Little's law: requests in flight = arrival rate × time in the system.
+                // Little's law with the rate actually served, which an open loop can fall short of.
                 let e2e = level.stats.e2e.map_or(0.0, |p| p.mean);
-                let in_flight = (throughput * e2e + 1e-9).floor() as u32;
+                let raw = crate::arith::littles_law(throughput, Duration::from_secs_f64(e2e.max(0.0)));
+                let in_flight = crate::arith::floor(raw);
                 Sourced::new(
                     in_flight,
                     format!(
-                        "{file}: safe rate {} × mean e2e {e2e:.3}s = {in_flight} in flight (Little's law) over {over}",
-                        show(safe)
+                        "{file}: at the safe rate {}, measured {} req/s × mean e2e {} s = {} → {in_flight} in flight (Little's law) over {over}",
+                        show(safe),
+                        crate::arith::num(throughput),
+                        crate::arith::num(e2e),
+                        crate::arith::num(raw),
                     ),
                 )
             }
@@ -210,7 +224,7 @@ impl Measurement {
                 if m == 1 {
                     c_total.from
                 } else {
-                    format!("{} ÷ {m}", c_total.from)
+                    format!("{}; floor({} ÷ {m}) = {c_safe}", c_total.from, c_total.value)
                 },
             ),
             throughput: Sourced::new(throughput, format!("{at}, {over}")),
@@ -226,6 +240,9 @@ impl Measurement {
             itl_tail: tail(level.stats.itl, "ITL"),
             e2e_tail: tail(level.stats.e2e, "e2e"),
             slo,
+            output_cap: run.parameters.as_ref().and_then(|p| p.output_cap(file)),
+            target_url: run.parameters.as_ref().map(|p| p.url.clone()),
+            max_model_len: run.parameters.as_ref().and_then(|p| p.max_model_len),
             model: run.parameters.map(|p| p.model),
             caveats,
         })
@@ -264,6 +281,41 @@ struct BenchView {
 struct ParametersView {
     model: String,
     slo: String,
+    #[serde(default)]
+    url: String,
+    #[serde(default)]
+    max_model_len: Option<u32>,
+    #[serde(default)]
+    output_len: Option<LengthView>,
+    #[serde(default)]
+    dataset: Option<String>,
+}
+
+/// `LengthDist` as the bench writes it; only fixed and uniform lengths have a maximum.
+#[derive(Deserialize)]
+struct LengthView {
+    kind: String,
+    #[serde(default)]
+    tokens: Option<u32>,
+    #[serde(default)]
+    max: Option<u32>,
+}
+
+impl ParametersView {
+    /// The longest answer the bench asked for, when it had one: dataset prompts carry their own
+    /// lengths and normal or lognormal lengths have no maximum.
+    fn output_cap(&self, file: &str) -> Option<Sourced<u32>> {
+        let len = self.output_len.as_ref().filter(|_| self.dataset.is_none())?;
+        let cap = match len.kind.as_str() {
+            "fixed" => len.tokens?,
+            "uniform" => len.max?,
+            _ => return None,
+        };
+        Some(Sourced::new(
+            cap,
+            format!("{file}: the longest answer the bench asked for (--output-len)"),
+        ))
+    }
 }
 
 #[derive(Deserialize)]
@@ -352,6 +404,59 @@ mod tests {
         assert_eq!(m.c_safe.value, 15);
         assert!(m.c_safe.from.contains("Little's law"), "{}", m.c_safe.from);
         assert_eq!(m.knee, None, "a rate knee says nothing about concurrency");
+    }
+
+    #[test]
+    fn an_open_loop_line_multiplies_the_numbers_it_prints() {
+        // An open loop that served less than it offered: the rate served is what Little's law takes.
+        let text = r#"{"schema":"spillway-bench/1","parameters":{"model":"m","slo":"ttft_p95=1s"},
+            "levels":[{"phase":"staircase","load":{"rate":16.0},"pass":true,
+              "stats":{"throughput_rps":14.04,"ttft":null,"itl":null,
+                "e2e":{"count":10,"mean":0.993,"p50":0.9,"p90":1.0,"p95":1.1,"p99":1.2,"max":1.3}}}],
+            "bursts":[],"knee":null,"safe":{"rate":16.0}}"#;
+        let m = Measurement::from_bench_json(text, "r.json", 1).unwrap();
+        assert_eq!(m.c_safe.value, 13);
+        assert!(
+            m.c_safe.from.contains(
+                "at the safe rate 16 req/s, measured 14.04 req/s × mean e2e 0.993 s = 13.942 → 13 in flight"
+            ),
+            "{}",
+            m.c_safe.from
+        );
+    }
+
+    #[test]
+    fn the_longest_answer_asked_for_is_the_output_cap() {
+        let with = |output_len: &str, dataset: &str| {
+            bench_json(r#"{"concurrency":16}"#, "null", "[]").replace(
+                r#""slo":"ttft_p95=1s,itl_p95=50ms""#,
+                &format!(
+                    r#""slo":"ttft_p95=1s,itl_p95=50ms","url":"http://10.0.0.5:8000","max_model_len":4096,"output_len":{output_len},"dataset":{dataset}"#
+                ),
+            )
+        };
+        let m = Measurement::from_bench_json(&with(r#"{"kind":"fixed","tokens":32}"#, "null"), "r.json", 1)
+            .unwrap();
+        assert_eq!(m.output_cap.map(|c| c.value), Some(32));
+        assert_eq!(m.target_url.as_deref(), Some("http://10.0.0.5:8000"));
+        assert_eq!(m.max_model_len, Some(4096));
+        let uniform = with(r#"{"kind":"uniform","min":16,"max":64}"#, "null");
+        let m = Measurement::from_bench_json(&uniform, "r.json", 1).unwrap();
+        assert_eq!(m.output_cap.map(|c| c.value), Some(64));
+        let normal = with(r#"{"kind":"normal","mean":200.0,"sd":50.0}"#, "null");
+        assert_eq!(
+            Measurement::from_bench_json(&normal, "r.json", 1)
+                .unwrap()
+                .output_cap,
+            None
+        );
+        let dataset = with(r#"{"kind":"fixed","tokens":32}"#, r#""sharegpt.json""#);
+        assert_eq!(
+            Measurement::from_bench_json(&dataset, "r.json", 1)
+                .unwrap()
+                .output_cap,
+            None
+        );
     }
 
     #[test]

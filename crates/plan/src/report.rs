@@ -45,6 +45,12 @@ pub fn text(plan: &Plan) -> String {
         dur(b.stream_idle),
         dur(b.connect)
     );
+    if let Some(cap) = plan.max_tokens {
+        let _ = writeln!(
+            out,
+            "Answers: max_tokens at most {cap} (the budgets hold up to it; Spillway's config caps it and sends it when a request gives none)"
+        );
+    }
     let _ = writeln!(out, "Binding layer: {}", plan.binding_why);
     let _ = writeln!(
         out,

@@ -7,7 +7,7 @@ use anyhow::{Context, Result, bail};
 use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::workload::{Source, Workload, load_dataset};
-use bench::{Endpoint, Options, Target};
+use bench::{Endpoint, Extras, Options, Target};
 use clap::{Args, ValueEnum};
 
 #[derive(Args, Debug)]
@@ -57,6 +57,11 @@ pub(crate) struct BenchArgs {
     /// Prompts from a file: ShareGPT JSON, or JSONL of {"prompt": .., "output_len": N} or strings.
     #[arg(long)]
     dataset: Option<PathBuf>,
+    /// A shared-prefix workload, N,L: N prefixes of L tokens, each prompt one of them (drawn at
+    /// random) followed by a unique suffix of --input-len tokens, as a system prompt or a few-shot
+    /// template makes; a prefix cache serves the shared part.
+    #[arg(long, value_name = "N,L", value_parser = shared_prefix, conflicts_with = "dataset")]
+    shared_prefix: Option<(u32, u32)>,
     /// The objectives every level is judged by: METRIC_pNN=DURATION (ttft, itl, tpot, e2e) and
     /// error_rate=N%.
     #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%")]
@@ -96,6 +101,11 @@ pub(crate) struct BenchArgs {
     /// Abandon a request after this long (counted as a timeout).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// Closed loop: after a refusal with Retry-After (a 429 or 503), a client waits that long before
+    /// its next request, as a well-behaved client does, instead of sending at once; the waits are
+    /// reported apart from the latencies.
+    #[arg(long)]
+    honor_retry_after: bool,
     /// Send vLLM's ignore_eos so every output runs to its length (false for servers that reject it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     ignore_eos: bool,
@@ -131,7 +141,22 @@ fn length_dist(s: &str) -> Result<LengthDist, String> {
     Ok(d)
 }
 
-fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> {
+/// `N,L`: N prefixes (at least 1) of L tokens (at least 1).
+fn shared_prefix(s: &str) -> Result<(u32, u32), String> {
+    let parsed = s
+        .split_once(',')
+        .and_then(|(n, l)| Some((n.trim().parse::<u32>().ok()?, l.trim().parse::<u32>().ok()?)));
+    match parsed {
+        Some((n, l)) if n > 0 && l > 0 => Ok((n, l)),
+        _ => Err(format!(
+            "{s:?}: expected N,L — how many prefixes and their length in tokens, both at least 1 (e.g. 4,1024)"
+        )),
+    }
+}
+
+type Outputs = (Options, Extras, Option<PathBuf>, Option<PathBuf>);
+
+fn options(a: BenchArgs) -> Result<Outputs> {
     let api_key = match &a.api_key_env {
         Some(var) => Some(
             std::env::var(var).with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
@@ -160,9 +185,12 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
     };
     loads.sort_by(|x, y| x.value().total_cmp(&y.value()));
     loads.dedup();
-    let source = match &a.dataset {
-        Some(path) => load_dataset(path, a.output_len)?,
-        None => Source::Synthetic {
+    let source = match (&a.dataset, a.shared_prefix) {
+        (Some(path), _) => load_dataset(path, a.output_len)?,
+        (None, Some((count, tokens))) => {
+            Source::shared_prefix(count, tokens, a.input_len, a.output_len, a.seed)
+        }
+        (None, None) => Source::Synthetic {
             input: a.input_len,
             output: a.output_len,
         },
@@ -208,13 +236,20 @@ fn options(a: BenchArgs) -> Result<(Options, Option<PathBuf>, Option<PathBuf>)> 
         keep_records: a.records,
         quiet: a.quiet,
     };
-    Ok((opts, a.json, a.html))
+    let extras = Extras {
+        honor_retry_after: a.honor_retry_after,
+        on_level: None,
+    };
+    Ok((opts, extras, a.json, a.html))
 }
 
 pub(crate) async fn run(args: BenchArgs) -> Result<()> {
-    let (opts, json, html) = options(args)?;
-    let report = bench::run(opts).await?;
-    print!("{}", bench::report::table(&report));
+    let (opts, extras, json, html) = options(args)?;
+    let report = bench::run_with(opts, extras).await?;
+    print!(
+        "{}",
+        bench::report::table_for(&report, bench::report::Width::of_stdout())
+    );
     if let Some(path) = json {
         let file =
             std::fs::File::create(&path).with_context(|| format!("cannot write {}", path.display()))?;

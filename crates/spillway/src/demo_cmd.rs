@@ -139,8 +139,8 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     ));
     steps.step("starting the engines and the gateway");
     let stack = slot.insert(Stack::start(&s, &config_path).await?);
-    steps.say(&format!(
-        "== 1. {} simulated vLLM replicas (preset llama-3.1-8b-h100 slowed {}×, --max-num-seqs {}) at {}\n   \
+    let setup = format!(
+        "{} simulated vLLM replicas (preset llama-3.1-8b-h100 slowed {}×, --max-num-seqs {}) at {}\n   \
          and the gateway at {} with admission effectively off (C = {OPEN_C}, no queue)",
         s.replicas,
         s.slow,
@@ -152,7 +152,8 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
             .collect::<Vec<_>>()
             .join(", "),
         stack.url,
-    ));
+    );
+    steps.say(&format!("== 1. {setup}"));
     let measured = measure(&s, stack, steps).await?;
     let p = plan_limits(&s, stack, &measured.report, steps)?;
     let shown = protect(&s, stack, &measured, &p, &config_path, steps).await?;
@@ -161,7 +162,11 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
     let html = page::render(
         &measured.report,
         &page::Story {
+            setup: &setup,
+            staircase: &measured.heading,
             plan: &plan::report::text(&p),
+            burst: &shown.heading,
+            reload: &shown.reload,
             table: &shown.table,
             conclusion: &shown.conclusion,
             verdict: &diagnose::render::text(&shown.verdict, diagnose::render::Style { colour: false }),
@@ -180,6 +185,7 @@ async fn demo(args: &DemoArgs, steps: &Steps, slot: &mut Option<Stack>) -> Resul
 
 /// What the staircase found, and how to send more of the same requests.
 struct Measured {
+    heading: String,
     report: bench::Report,
     target: Target,
     workload: Workload,
@@ -191,13 +197,18 @@ struct Measured {
 async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured> {
     let slo = s.slo()?;
     steps.step("staircase through the gateway (spillway bench)");
-    steps.say(&format!(
-        "\n== 2. staircase through the gateway: {} clients, {} s each, {}-token prompts, {}-token answers; SLO {slo}\n",
-        s.staircase.iter().map(u32::to_string).collect::<Vec<_>>().join(", "),
+    let heading = format!(
+        "staircase through the gateway: {} clients, {} s each, {}-token prompts, {}-token answers; SLO {slo}",
+        s.staircase
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
         s.level.as_secs_f64(),
         s.input,
         s.output,
-    ));
+    );
+    steps.say(&format!("\n== 2. {heading}\n"));
     let workload = Workload {
         source: Source::Synthetic {
             input: LengthDist::Fixed { tokens: s.input },
@@ -214,8 +225,18 @@ async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured>
         timeout: Duration::from_secs(60),
         ca_cert: None,
     };
-    let report = bench::run(bench_options(s, &target, &workload, slo, stack)).await?;
-    steps.say(&indent(&bench::report::table(&report)));
+    // Each level's row as it ends, so the staircase grows on the screen instead of appearing at once.
+    let width = table_width();
+    steps.say(&indent(&bench::report::table_header(width)));
+    let say = steps.printer();
+    let extras = bench::Extras {
+        on_level: Some(Box::new(move |l| {
+            say(&indent(&bench::report::table_level(l, width)))
+        })),
+        ..bench::Extras::default()
+    };
+    let report = bench::run_with(bench_options(s, &target, &workload, slo, stack), extras).await?;
+    steps.say(&indent(&bench::report::table_tail(&report, width)));
     let Some(safe) = report.safe else {
         bail!(
             "the staircase found no safe load ({}): this machine may be too busy for the demo's timing; try again when it is idle",
@@ -242,6 +263,7 @@ async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured>
         safe_level.stats.throughput_rps,
     ));
     Ok(Measured {
+        heading,
         report,
         target,
         workload,
@@ -254,8 +276,7 @@ fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Step
     steps.step("planning the limits (spillway plan)");
     let bench_json = serde_json::to_string(report).context("cannot serialize the bench result")?;
     let measured = plan::Measurement::from_bench_json(&bench_json, "the staircase", s.replicas as u32)?;
-    let wait_budget = s.ttft_slo / 2;
-    let p = plan::plan(&measured, &deployment(s, stack, wait_budget))?;
+    let p = plan::plan(&measured, &deployment(s, stack))?;
     steps.say("\n== 3. the plan (spillway plan, from the staircase's result)");
     for line in p
         .lines
@@ -265,9 +286,8 @@ fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Step
         steps.say(&format!("   {}\n      from: {}", line.text, line.from));
     }
     steps.say(&format!(
-        "   Wq = {}: half the TTFT objective, so a request that waits its whole Wq can still meet it\n   \
-         budgets: first_token {}, stream_idle {}, total {}; binding layer: {}",
-        plan::arith::dur(wait_budget),
+        "   budgets: Wq {}, first_token {}, stream_idle {}, total {}; binding layer: {}",
+        plan::arith::dur(p.budgets.queue_wait),
         plan::arith::dur(p.budgets.first_token),
         plan::arith::dur(p.budgets.stream_idle),
         plan::arith::dur(p.budgets.total),
@@ -281,7 +301,9 @@ fn plan_limits(s: &Settings, stack: &Stack, report: &bench::Report, steps: &Step
 
 /// The two bursts as the terminal and the report show them, and what diagnose saw.
 struct Shown {
-    table: String,
+    heading: String,
+    reload: String,
+    table: Vec<(String, String, String)>,
     conclusion: String,
     verdict: diagnose::Verdict,
 }
@@ -308,12 +330,13 @@ async fn protect(
         ttft_slo: s.ttft_slo,
     };
     steps.step("the burst with admission off; diagnose is watching");
-    steps.say(&format!(
-        "\n== 4. the same burst twice: {:.0} req/s ({}× the most the staircase served inside the SLO) for {} s",
+    let heading = format!(
+        "the same burst twice: {:.0} req/s ({}× the most the staircase served inside the SLO) for {} s",
         shape.rate,
         s.overload,
         s.burst.as_secs_f64()
-    ));
+    );
+    steps.say(&format!("\n== 4. {heading}"));
     let engines: Vec<engine::Engine> = stack.engines.iter().map(|e| e.engine.clone()).collect();
     let watcher = tokio::spawn(watch(stack.metrics_urls(), s.burst, s.ttft_slo));
     let open = burst::run(&shape, &engines, &stack.gateway, None).await?;
@@ -334,10 +357,11 @@ async fn protect(
         limits.queue,
         plan::arith::dur(limits.queue_wait),
     );
-    steps.say(&format!(
-        "   reloaded {} (the path SIGHUP and POST /admin/reload take): the gateway now enforces C = {c}, Q = {q}, Wq = {wq}",
+    let reload = format!(
+        "reloaded {} (the path SIGHUP and POST /admin/reload take): the gateway now enforces C = {c}, Q = {q}, Wq = {wq}",
         config_path.display(),
-    ));
+    );
+    steps.say(&format!("   {reload}"));
     steps.step("the burst with the planned limits");
     settle(&engines).await;
     let planned = burst::run(&shape, &engines, &stack.gateway, Some(stack.addr)).await?;
@@ -347,10 +371,12 @@ async fn protect(
         &format!("planned (C={c}, Q={q}, Wq={wq})"),
         s.ttft_slo,
     );
-    steps.say(&indent(&table));
+    steps.say(&indent(&columns(&table)));
     let conclusion = conclusion(&open, &planned);
     steps.say(&format!("   {conclusion}"));
     Ok(Shown {
+        heading,
+        reload,
         table,
         conclusion,
         verdict,
@@ -507,11 +533,12 @@ fn bench_options(s: &Settings, target: &Target, workload: &Workload, slo: Slo, s
     }
 }
 
-fn deployment(s: &Settings, stack: &Stack, wait_budget: Duration) -> plan::Deployment {
+fn deployment(s: &Settings, stack: &Stack) -> plan::Deployment {
     plan::Deployment {
         replicas: s.replicas as u32,
         gateway_replicas: 1,
-        wait_budget,
+        // From the staircase's TTFT objective: a request that waits all of it can still meet it.
+        wait_budget: None,
         headroom: 0.8,
         caller_deadline: Duration::from_secs(60),
         pinned: plan::arith::Pinned::default(),
@@ -528,6 +555,7 @@ fn deployment(s: &Settings, stack: &Stack, wait_budget: Duration) -> plan::Deplo
             class: CLASS.into(),
             max_model_len: None,
             max_num_batched_tokens: None,
+            unmeasured: Vec::new(),
         },
     }
 }
@@ -575,8 +603,16 @@ fn ms(v: Option<f64>) -> String {
 }
 
 /// The two runs in columns; the row names are what the test and a reader look for.
-fn side_by_side(open: &Outcomes, planned: &Outcomes, label: &str, slo: Duration) -> String {
-    let rows: Vec<(String, String, String)> = vec![
+/// The two bursts' figures, a header row first: what the terminal prints as columns and the report
+/// as a table.
+fn side_by_side(
+    open: &Outcomes,
+    planned: &Outcomes,
+    label: &str,
+    slo: Duration,
+) -> Vec<(String, String, String)> {
+    vec![
+        (String::new(), "admission off".into(), label.to_owned()),
         ("sent".into(), open.sent.to_string(), planned.sent.to_string()),
         (
             "admitted (answered 200)".into(),
@@ -636,19 +672,16 @@ fn side_by_side(open: &Outcomes, planned: &Outcomes, label: &str, slo: Duration)
             format!("{:.1} s", open.wall),
             format!("{:.1} s", planned.wall),
         ),
-    ];
-    let w0 = rows.iter().map(|r| r.0.len()).max().unwrap_or(0);
-    let w1 = rows
-        .iter()
-        .map(|r| r.1.len())
-        .max()
-        .unwrap_or(0)
-        .max("admission off".len());
-    let mut out = format!("{:w0$}  {:>w1$}  {label}\n", "", "admission off");
-    for (name, a, b) in rows {
-        out.push_str(&format!("{name:w0$}  {a:>w1$}  {b}\n"));
-    }
-    out
+    ]
+}
+
+/// [`side_by_side`]'s rows as aligned columns.
+fn columns(rows: &[(String, String, String)]) -> String {
+    let w0 = rows.iter().map(|r| r.0.chars().count()).max().unwrap_or(0);
+    let w1 = rows.iter().map(|r| r.1.chars().count()).max().unwrap_or(0);
+    rows.iter()
+        .map(|(name, a, b)| format!("{name:w0$}  {a:>w1$}  {b}\n"))
+        .collect()
 }
 
 fn pct(v: Option<f64>) -> String {
@@ -678,6 +711,14 @@ fn conclusion(open: &Outcomes, planned: &Outcomes) -> String {
             ms(planned.ttft_p95),
             ms(open.ttft_p95)
         ),
+    }
+}
+
+/// The bench table's width on this terminal, less the story's indent.
+fn table_width() -> bench::report::Width {
+    match bench::report::Width::of_stdout() {
+        bench::report::Width::Narrow(columns) => bench::report::Width::Narrow(columns.saturating_sub(3)),
+        full => full,
     }
 }
 

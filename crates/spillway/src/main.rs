@@ -1,6 +1,7 @@
 //! The `spillway` command line: parses arguments, wires the library crates, maps errors to exit codes.
 
 mod bench_cmd;
+mod completions_cmd;
 mod demo_cmd;
 mod diagnose_cmd;
 mod engine_cmd;
@@ -8,7 +9,7 @@ mod key_cmd;
 mod plan_cmd;
 mod serve_cmd;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// glibc's malloc took about 9% of the gateway's CPU per streamed request (a request allocates
@@ -57,6 +58,9 @@ enum Command {
     /// Make a new API key and print it with its key_sha256 for the configuration; or, with --hash,
     /// hash a key read from standard input.
     Key(key_cmd::KeyArgs),
+    /// Print the completion script for a shell, e.g. `spillway completions bash >
+    /// ~/.local/share/bash-completion/completions/spillway`.
+    Completions(completions_cmd::CompletionsArgs),
 }
 
 /// A command that has said what it had to and ends with its own exit code (the diagnosis's
@@ -87,6 +91,9 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Command::Completions(args) = &cli.command {
+        return completions_cmd::print(args, &mut Cli::command());
+    }
     if let Command::Check(args) = &cli.command {
         return serve_cmd::check(args);
     }
@@ -131,7 +138,9 @@ fn main() -> ExitCode {
             Command::Diagnose(args) => diagnose_cmd::run(args).await,
             Command::Plan(args) => plan_cmd::run(*args),
             Command::Demo(args) => demo_cmd::run(args).await,
-            Command::Check(_) | Command::Key(_) => unreachable!("handled before the runtime starts"),
+            Command::Check(_) | Command::Key(_) | Command::Completions(_) => {
+                unreachable!("handled before the runtime starts")
+            }
         }
     });
     match result {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use clap::Args;
 use plan::arith::Pinned;
-use plan::{Deployment, Figures, Measurement, Names, Target};
+use plan::names::Given;
+use plan::{Deployment, Figures, Measurement, Target};
 
 #[derive(Args, Debug)]
 pub(crate) struct PlanArgs {
@@ -39,9 +40,10 @@ pub(crate) struct PlanArgs {
     /// G: gateway processes, each keeping its own counters.
     #[arg(long, default_value_t = 1)]
     gateway_replicas: u32,
-    /// Wq: the longest a request may wait in the gateway's queue.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
-    wait_budget: Duration,
+    /// Wq: the longest a request may wait in the gateway's queue (default: from the bench's TTFT
+    /// objective, so that a request that waits all of it still meets it; 2s without one).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    wait_budget: Option<Duration>,
     /// The share of the measured safe total the gateway may use, in (0, 1].
     #[arg(long, default_value_t = 0.8)]
     headroom: f64,
@@ -60,6 +62,9 @@ pub(crate) struct PlanArgs {
     /// Pin LiteLLM's max_parallel_requests (it binds when below C).
     #[arg(long)]
     litellm_cap: Option<u32>,
+    /// The longest answer (max_tokens) to allow and budget for (default: the bench's longest).
+    #[arg(long)]
+    max_tokens: Option<u32>,
     /// A tenant's max_parallel quota, TEAM=N, to check against C (repeatable).
     #[arg(long, value_name = "TEAM=N")]
     tenant_max_parallel: Vec<String>,
@@ -92,11 +97,11 @@ pub(crate) struct PlanArgs {
     /// the model name, lower-cased, other characters as '-').
     #[arg(long)]
     route: Option<String>,
-    /// Where Spillway listens.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    listen: String,
-    /// A replica's base URL for Spillway (repeatable; default http://127.0.0.1:8000 and up, one per
-    /// replica, as `spillway engine --replicas R` listens).
+    /// Where Spillway listens (default 0.0.0.0:8080, marked as not measured in the file).
+    #[arg(long)]
+    listen: Option<String>,
+    /// A replica's base URL for Spillway (repeatable; default: the bench's URL when it measured one
+    /// replica, and placeholders the file marks as not measured for the rest).
     #[arg(long = "upstream", value_name = "URL")]
     upstreams: Vec<String>,
     /// The gateway's OpenAI base URL for LiteLLM (default: the route's in-cluster service).
@@ -105,7 +110,7 @@ pub(crate) struct PlanArgs {
     /// Spillway's admission class name.
     #[arg(long, default_value = "interactive")]
     class: String,
-    /// vLLM --max-model-len, passed through.
+    /// vLLM --max-model-len (default: the context the bench's server published).
     #[arg(long)]
     max_model_len: Option<u32>,
     /// vLLM --max-num-batched-tokens, passed through.
@@ -135,26 +140,6 @@ fn measurement(a: &PlanArgs) -> Result<Measurement> {
 }
 
 fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
-    let Some(model) = a.model.or_else(|| m.model.clone()) else {
-        bail!("--model: name the model (a bench result names it; figures do not)");
-    };
-    let served_model = a.served_model.unwrap_or_else(|| model.clone());
-    let route = a.route.unwrap_or_else(|| {
-        model
-            .to_ascii_lowercase()
-            .chars()
-            .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-            .collect::<String>()
-            .trim_matches('-')
-            .to_owned()
-    });
-    let upstreams = if a.upstreams.is_empty() {
-        (0..a.replicas.min(1000))
-            .map(|i| format!("http://127.0.0.1:{}", 8000 + i))
-            .collect()
-    } else {
-        a.upstreams
-    };
     let tenant_quotas = a
         .tenant_max_parallel
         .iter()
@@ -164,6 +149,29 @@ fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
                 .with_context(|| format!("--tenant-max-parallel {t:?}: expected TEAM=N"))
         })
         .collect::<Result<_>>()?;
+    let measured_replicas = if a.bench.is_some() {
+        a.measured_replicas
+    } else {
+        a.replicas
+    };
+    let names = plan::names::names(
+        Given {
+            model: a.model,
+            served_model: a.served_model,
+            hf_model: a.hf_model,
+            namespace: a.namespace,
+            route: a.route,
+            listen: a.listen,
+            upstreams: a.upstreams,
+            api_base: a.api_base,
+            class: a.class,
+            max_model_len: a.max_model_len,
+            max_num_batched_tokens: a.max_num_batched_tokens,
+        },
+        m,
+        a.replicas,
+        measured_replicas,
+    )?;
     Ok(Deployment {
         replicas: a.replicas,
         gateway_replicas: a.gateway_replicas,
@@ -175,23 +183,10 @@ fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
             queue: a.queue,
             first_token: a.first_token,
             litellm_cap: a.litellm_cap,
+            max_tokens: a.max_tokens,
         },
         tenant_quotas,
-        names: Names {
-            api_base: a
-                .api_base
-                .unwrap_or_else(|| format!("http://{route}.{}.svc.cluster.local/v1", a.namespace)),
-            hf_model: a.hf_model.unwrap_or_else(|| served_model.clone()),
-            model,
-            served_model,
-            namespace: a.namespace,
-            route,
-            listen: a.listen,
-            upstreams,
-            class: a.class,
-            max_model_len: a.max_model_len,
-            max_num_batched_tokens: a.max_num_batched_tokens,
-        },
+        names,
     })
 }
 

@@ -113,6 +113,7 @@ impl Ctx {
                 "the waiting queue not back to its pre-burst level within {window}"
             ));
         }
+        self.level_done(&level);
         let report = BurstReport {
             load,
             factor: burst.factor,
@@ -125,7 +126,10 @@ impl Ctx {
             recovered,
             level,
         };
-        self.progress.println(crate::report::burst_line(&report));
+        self.progress.println(crate::report::fit(
+            &crate::report::burst_line(&report),
+            crate::report::Width::of_stderr(),
+        ));
         report
     }
 }

@@ -6,5 +6,6 @@ mod accuracy;
 mod context;
 mod knee;
 mod report;
+mod retry_after;
 mod support;
 mod tls;

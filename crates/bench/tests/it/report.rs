@@ -104,8 +104,38 @@ async fn json_and_html_reports_hold_every_phase() {
         assert!(html.contains(title), "missing chart {title:?}");
     }
     assert!(
-        html.contains("<td class=\"l\">burst_factor</td><td class=\"l\">2.0</td>"),
-        "parameters listed"
+        html.contains(
+            "<td class=\"l\">burst</td><td class=\"l w\">2× the load for 300 ms, recovery within 1.5 s</td>"
+        ),
+        "parameters listed as a person reads them"
+    );
+    assert!(html.contains("<dt>Where</dt><dd>"), "the machine is named");
+    // In a terminal of 80 columns the table fits it; piped, it is the full table.
+    let narrow = bench::report::table_for(&report, bench::report::Width::Narrow(80));
+    for line in narrow.lines() {
+        assert!(
+            line.chars().count() <= 80,
+            "{} columns: {line:?}\n{narrow}",
+            line.chars().count()
+        );
+    }
+    assert!(narrow.contains(" ttft99 "), "{narrow}");
+    for l in &report.levels {
+        let live = bench::report::one_line_for(l, bench::report::Width::Narrow(80));
+        assert!(live.lines().all(|line| line.chars().count() <= 80), "{live}");
+    }
+    assert_eq!(
+        bench::report::table(&report),
+        bench::report::table_for(&report, bench::report::Width::Full)
+    );
+    assert!(
+        bench::report::table(&report)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .chars()
+            .count()
+            > 120
     );
     let safe = report.safe.expect("a safe load");
     assert!(

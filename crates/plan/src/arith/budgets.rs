@@ -33,9 +33,9 @@ fn tail_or(t: &Option<Sourced<Duration>>, assumed: Duration, flag: &str) -> (Dur
 pub(super) fn budgets(
     m: &Measurement,
     d: &Deployment,
+    (wq, wq_from): (Duration, &str),
     line: &mut impl FnMut(&'static str, String, String),
 ) -> Result<Budgets, PlanError> {
-    let wq = d.wait_budget;
     let (ttft, ttft_from) = tail_or(&m.ttft_tail, ASSUMED_TTFT_TAIL, "--ttft-p99");
     let first_token = match d.pinned.first_token {
         Some(ft) => {
@@ -58,7 +58,7 @@ pub(super) fn budgets(
                     dur(ttft),
                     dur(ft)
                 ),
-                format!("Wq: --wait-budget; TTFT p99: {ttft_from}"),
+                format!("Wq: {wq_from}; TTFT p99: {ttft_from}"),
             );
             ft
         }

@@ -17,8 +17,22 @@ struct Route<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_model: Option<&'a str>,
     replicas: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    limits: Option<Limits>,
     timeouts: Timeouts,
     classes: Vec<Class<'a>>,
+}
+
+/// The answer length the budgets were derived for: capped, and sent when a request gives none.
+#[derive(Serialize)]
+struct Limits {
+    max_tokens: MaxTokens,
+}
+
+#[derive(Serialize)]
+struct MaxTokens {
+    default: u32,
+    cap: u32,
 }
 
 #[derive(Serialize)]
@@ -56,6 +70,9 @@ pub(super) fn config(plan: &Plan) -> Config<'_> {
             model: &n.model,
             upstream_model: (n.served_model != n.model).then_some(n.served_model.as_str()),
             replicas: &n.upstreams,
+            limits: plan.max_tokens.map(|cap| Limits {
+                max_tokens: MaxTokens { default: cap, cap },
+            }),
             timeouts: Timeouts {
                 connect: Human(b.connect),
                 first_token: Human(b.first_token),

@@ -129,7 +129,7 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
         replicas: 1,
         gateway_replicas: 1,
         // Wq + the engine's TTFT tail stays inside the 200 ms objective: the plan warns otherwise.
-        wait_budget: Duration::from_millis(100),
+        wait_budget: Some(Duration::from_millis(100)),
         headroom: 0.8,
         caller_deadline: Duration::from_secs(60),
         pinned: Pinned::default(),
@@ -146,6 +146,7 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
             class: "interactive".into(),
             max_model_len: None,
             max_num_batched_tokens: None,
+            unmeasured: Vec::new(),
         },
     };
     let p = plan(&m, &d).unwrap_or_else(|e| panic!("{e}\n{table}"));

@@ -21,6 +21,7 @@ pub(crate) fn seed_names(replicas: u32) -> Names {
         class: "interactive".into(),
         max_model_len: Some(8192),
         max_num_batched_tokens: Some(4096),
+        unmeasured: Vec::new(),
     }
 }
 
@@ -39,10 +40,13 @@ pub(crate) fn seed_deployment() -> Deployment {
     Deployment {
         replicas: 2,
         gateway_replicas: 1,
-        wait_budget: Duration::from_secs(2),
+        wait_budget: Some(Duration::from_secs(2)),
         headroom: 0.8,
         caller_deadline: Duration::from_secs(60),
-        pinned: Pinned::default(),
+        pinned: Pinned {
+            max_tokens: Some(1024),
+            ..Pinned::default()
+        },
         tenant_quotas: Vec::new(),
         names: seed_names(2),
     }

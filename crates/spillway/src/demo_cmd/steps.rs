@@ -4,6 +4,7 @@
 use std::io::IsTerminal;
 use std::time::Duration;
 
+use bench::report::Width;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use tokio::time::Instant;
 
@@ -39,13 +40,29 @@ impl Steps {
 
     /// Prints lines of the story above the spinner.
     pub(crate) fn say(&self, text: &str) {
-        match &self.bar {
-            Some(bar) => {
-                for line in text.trim_end_matches('\n').lines() {
-                    bar.println(line);
+        self.printer()(text);
+    }
+
+    /// [`Steps::say`] for another task: what a finished bench level prints while the bench runs.
+    /// In a terminal narrower than the story's longest lines (the plan's, diagnose's), each line
+    /// is wrapped under its own indent rather than left to the terminal to break anywhere.
+    pub(crate) fn printer(&self) -> impl Fn(&str) + Send + Sync + 'static {
+        let bar = self.bar.clone();
+        let width = Width::of_stdout();
+        move |text: &str| {
+            let text: String = text
+                .trim_end_matches('\n')
+                .lines()
+                .map(|line| fit(line, width) + "\n")
+                .collect();
+            match &bar {
+                Some(bar) => {
+                    for line in text.lines() {
+                        bar.println(line);
+                    }
                 }
+                None => print!("{text}"),
             }
-            None => println!("{}", text.trim_end_matches('\n')),
         }
     }
 
@@ -57,5 +74,42 @@ impl Steps {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+    }
+}
+
+/// One line of the story at `width`: as it is when it fits, else wrapped at spaces, the rest of it
+/// two columns further in than its own indent.
+fn fit(line: &str, width: Width) -> String {
+    match width {
+        Width::Narrow(columns) if line.chars().count() > columns => {
+            let indent = line.len() - line.trim_start().len();
+            let wrapped = bench::report::wrap(line.trim_start(), columns, indent + 2);
+            wrapped.get(2..).unwrap_or_default().trim_end().to_owned()
+        }
+        _ => line.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_story_lines_wrap_under_their_indent_in_a_narrow_terminal() {
+        let line =
+            "   C = floor(C_safe × R × headroom) = floor(16 × 2 × 0.8) = floor(25.6) = 25 and more words";
+        let narrow = fit(line, Width::Narrow(40));
+        let lines: Vec<&str> = narrow.lines().collect();
+        assert!(lines.len() > 1, "{narrow}");
+        assert!(lines[0].starts_with("   C = floor"), "{narrow}");
+        assert!(
+            lines[1..]
+                .iter()
+                .all(|l| l.starts_with("     ") && !l.starts_with("      ")),
+            "{narrow}"
+        );
+        assert!(lines.iter().all(|l| l.chars().count() <= 40), "{narrow}");
+        assert_eq!(fit(line, Width::Full), line);
+        assert_eq!(fit("   short", Width::Narrow(40)), "   short");
     }
 }

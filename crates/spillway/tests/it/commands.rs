@@ -324,3 +324,31 @@ fn key_makes_a_key_once_and_hashes_one_from_stdin() {
         "a new key each time"
     );
 }
+
+#[test]
+fn completions_cover_every_command_and_a_flag() {
+    let out = Command::new(BIN).args(["completions", "bash"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let script = String::from_utf8_lossy(&out.stdout);
+    for word in ["serve", "bench", "plan", "demo", "--wait-budget", "completions"] {
+        assert!(script.contains(word), "{word} missing from the bash completions");
+    }
+    let zsh = Command::new(BIN).args(["completions", "zsh"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&zsh.stdout).starts_with("#compdef spillway"));
+    let bad = Command::new(BIN).args(["completions", "tcsh"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    // A reader that has gone (`| head`) ends the script quietly, not with a panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let gone = Command::new(BIN)
+        .args(["completions", "bash"])
+        .stdout(writer)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&gone.stderr);
+    assert!(
+        gone.status.success() && stderr.is_empty(),
+        "{:?}: {stderr}",
+        gone.status
+    );
+}

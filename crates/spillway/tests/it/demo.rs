@@ -37,8 +37,36 @@ fn the_quick_demo_tells_the_whole_story_and_writes_its_report() {
         stdout.contains(&report.display().to_string()),
         "says where the report is:\n{stdout}"
     );
-    assert!(html.contains("The same burst without and with the planned limits"));
     assert!(html.contains("<svg"), "the staircase's charts are in the page");
+    // The page reads in the terminal's order, with an introduction, and its figures in tables.
+    let at = |needle: &str| {
+        html.find(needle)
+            .unwrap_or_else(|| panic!("{needle:?} missing from the report"))
+    };
+    let order = [
+        "<dt>Where</dt>",
+        "<h2>1. The set-up</h2>",
+        "<h2>2. staircase through the gateway",
+        "<h2>3. spillway plan",
+        "<h2>4. the same burst twice",
+        "<td class=\"l\">max engine waiting queue</td>",
+        "<h2>5. spillway diagnose",
+        "<h2>Parameters</h2>",
+    ];
+    for pair in order.windows(2) {
+        assert!(
+            at(pair[0]) < at(pair[1]),
+            "{:?} should come before {:?}",
+            pair[0],
+            pair[1]
+        );
+    }
+    let parameters = &html[at("<h2>Parameters</h2>")..];
+    assert!(
+        !parameters.contains("null") && !parameters.contains('{'),
+        "no raw JSON: {parameters}"
+    );
+    assert!(html.contains("pre{white-space:pre-wrap"), "long lines wrap");
     assert!(stdout.contains("C_safe = "), "{stdout}");
     assert!(stdout.contains("C = floor(C_safe × R × headroom)"), "{stdout}");
     assert!(stdout.contains("the gateway now enforces C = "), "{stdout}");

@@ -114,6 +114,51 @@ fn a_bench_result_becomes_files_that_spillway_check_accepts() {
     );
     assert!(said.contains("class interactive: C = 4, Q = "), "{said}");
     assert!(said.contains("m → 3 replica(s)"), "{said}");
+
+    // Without the deployment's names: what the bench measured, and the rest marked as a guess.
+    let (code, stdout, stderr) = plan(&[
+        "--bench",
+        json.to_str().unwrap(),
+        "--replicas",
+        "2",
+        "--emit",
+        "spillway,kserve",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    // Wq from the bench's TTFT objective of 2 s (half of it, the engine's TTFT being far below).
+    assert!(
+        stdout.contains("Wq 1s: min(objective − TTFT p99, objective / 2) = min(2s − "),
+        "{stdout}"
+    );
+    assert!(stdout.contains("max_tokens cap = 8: the total"), "{stdout}");
+    let spillway = std::fs::read_to_string(out.join("spillway.yaml")).unwrap();
+    for needle in [
+        &format!("- {url}\n"),
+        "- http://replica-2.invalid:8000\n",
+        "# NOT MEASURED: replicas: 1 placeholder URL(s)",
+        "# NOT MEASURED: listen: 0.0.0.0:8080 is the default",
+        "queue_wait: 1s\n",
+        "cap: 8\n",
+    ] {
+        assert!(spillway.contains(needle), "{needle:?} missing:\n{spillway}");
+    }
+    let kserve = std::fs::read_to_string(out.join("kserve-inferenceservice.yaml")).unwrap();
+    assert!(
+        kserve.starts_with("# NOT MEASURED: the model vLLM loads is written as the served name \"m\""),
+        "{kserve}"
+    );
+    let check = Command::new(BIN)
+        .args(["check", out.join("spillway.yaml").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
