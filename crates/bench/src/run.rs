@@ -303,6 +303,9 @@ pub struct Extras {
     /// Called with each level's report as the level ends (a burst's level too, judged by its
     /// recovery): for a caller that shows the table growing, as the demo does.
     pub on_level: Option<OnLevel>,
+    /// More `/metrics` URLs beside `Options::metrics_url`, watched with it and summed: every
+    /// replica's queue, not one of them.
+    pub more_metrics_urls: Vec<String>,
 }
 
 /// See [`Extras::on_level`].
@@ -321,17 +324,24 @@ pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchErro
     let template_tokens = preflight(&client).await?;
     let max_model_len = client.max_model_len().await;
     let fitted = fit(&opts, max_model_len)?;
-    let watch = match &opts.metrics_url {
-        Some(url) => Some(
+    let urls: Vec<String> = opts
+        .metrics_url
+        .iter()
+        .chain(&extras.more_metrics_urls)
+        .cloned()
+        .collect();
+    let watch = if urls.is_empty() {
+        None
+    } else {
+        Some(
             QueueWatch::start(
-                url,
+                &urls,
                 Duration::from_millis(100),
                 epoch,
                 opts.target.ca_cert.as_deref(),
             )
             .await?,
-        ),
-        None => None,
+        )
     };
     let driver = Driver {
         client,

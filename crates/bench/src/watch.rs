@@ -40,56 +40,70 @@ fn queue_from(text: &str) -> Option<(f64, Option<f64>)> {
     }
 }
 
-/// Polls a `/metrics` URL in the background and keeps every sample.
+/// Polls `/metrics` URLs in the background and keeps every sample, summed over the URLs.
 pub struct QueueWatch {
     samples: Arc<Mutex<Vec<QueueSample>>>,
     task: JoinHandle<()>,
 }
 
 impl QueueWatch {
-    /// Checks the URL once (so a wrong one fails the run at the start), then polls every `every`
-    /// ± 20%, at random: a fixed period can alias with a closed loop's own rhythm and see the same
-    /// moment of every cycle.
+    /// Checks each URL once (so a wrong one fails the run at the start), then polls them every
+    /// `every` ± 20%, at random: a fixed period can alias with a closed loop's own rhythm and see
+    /// the same moment of every cycle. A sample sums what every URL answered in that round (each
+    /// replica's queue: one replica of several is not the service's); a round where one did not
+    /// answer is skipped rather than read low.
     pub async fn start(
-        url: &str,
+        urls: &[String],
         every: Duration,
         epoch: Instant,
         ca_cert: Option<&std::path::Path>,
     ) -> Result<QueueWatch, BenchError> {
-        let bad = |reason: String| BenchError::Metrics {
-            url: url.to_owned(),
-            reason,
-        };
-        if !url.contains("://") {
-            return Err(bad(format!(
-                "the scheme is missing; write http://{url} (or https://)"
-            )));
-        }
-        let uri: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
         let client = HyperClient::builder(TokioExecutor::new()).build(crate::client::connector(ca_cert)?);
-        let first = scrape(&client, &uri).await.map_err(bad)?;
-        if queue_from(&first).is_none() {
-            return Err(bad(
-                "no vllm:num_requests_waiting (nor spillway_queued) series there".into(),
-            ));
+        let mut uris = Vec::with_capacity(urls.len());
+        for url in urls {
+            let bad = |reason: String| BenchError::Metrics {
+                url: url.to_owned(),
+                reason,
+            };
+            if !url.contains("://") {
+                return Err(bad(format!(
+                    "the scheme is missing; write http://{url} (or https://)"
+                )));
+            }
+            let uri: hyper::Uri = url.parse().map_err(|e| bad(format!("{e}")))?;
+            let first = scrape(&client, &uri).await.map_err(bad)?;
+            if queue_from(&first).is_none() {
+                return Err(bad(
+                    "no vllm:num_requests_waiting (nor spillway_queued) series there".into(),
+                ));
+            }
+            uris.push(uri);
         }
         let samples = Arc::new(Mutex::new(Vec::new()));
         let sink = samples.clone();
         let task = tokio::spawn(async move {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
-            loop {
+            'rounds: loop {
                 tokio::time::sleep(every.mul_f64(rng.random_range(0.8..1.2))).await;
-                let Ok(text) = scrape(&client, &uri).await else {
-                    continue;
-                };
-                if let Some((waiting, running)) = queue_from(&text) {
-                    let s = QueueSample {
-                        at: epoch.elapsed(),
-                        waiting,
-                        running,
+                let (mut waiting, mut running) = (0.0, None::<f64>);
+                for uri in &uris {
+                    let Ok(text) = scrape(&client, uri).await else {
+                        continue 'rounds;
                     };
-                    sink.lock().unwrap_or_else(|e| e.into_inner()).push(s);
+                    let Some((w, r)) = queue_from(&text) else {
+                        continue 'rounds;
+                    };
+                    waiting += w;
+                    if let Some(r) = r {
+                        *running.get_or_insert(0.0) += r;
+                    }
                 }
+                let s = QueueSample {
+                    at: epoch.elapsed(),
+                    waiting,
+                    running,
+                };
+                sink.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
         });
         Ok(QueueWatch { samples, task })

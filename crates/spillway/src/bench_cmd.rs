@@ -66,9 +66,10 @@ pub(crate) struct BenchArgs {
     /// error_rate=N%.
     #[arg(long, default_value = "ttft_p95=1s,itl_p95=50ms,error_rate=1%")]
     slo: Slo,
-    /// The server's Prometheus /metrics (vLLM's or Spillway's), to watch its waiting queue.
+    /// The server's Prometheus /metrics (vLLM's or Spillway's), to watch its waiting queue;
+    /// repeat it for each replica (their queues are summed).
     #[arg(long)]
-    metrics_url: Option<String>,
+    metrics_url: Vec<String>,
     /// Which phases to run: baseline, staircase, long-mix, burst, or all.
     #[arg(long, default_value = "all")]
     phases: String,
@@ -222,7 +223,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
         output_len: a.output_len,
         dataset: a.dataset.map(|d| d.display().to_string()),
         slo: a.slo,
-        metrics_url: a.metrics_url,
+        metrics_url: a.metrics_url.first().cloned(),
         phases,
         long_share: a.long_share,
         long_input: a.long_input_len,
@@ -239,6 +240,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
     let extras = Extras {
         honor_retry_after: a.honor_retry_after,
         on_level: None,
+        more_metrics_urls: a.metrics_url.iter().skip(1).cloned().collect(),
     };
     Ok((opts, extras, a.json, a.html))
 }

@@ -223,6 +223,30 @@ pub async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
     (url, task)
 }
 
+/// Serves `text` to every request, as a `/metrics` endpoint, until the runtime ends: a metrics
+/// cache frozen on one moment, or a replica whose exposition a test writes by hand.
+pub async fn serve_text(text: String) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let answer = format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
+        text.len()
+    );
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            let answer = answer.clone();
+            tokio::spawn(async move {
+                // The request is one small GET: read its head, then answer and close.
+                let mut head = [0u8; 4096];
+                let _ = conn.read(&mut head).await;
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    url
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

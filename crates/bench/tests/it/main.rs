@@ -9,3 +9,4 @@ mod report;
 mod retry_after;
 mod support;
 mod tls;
+mod watch;

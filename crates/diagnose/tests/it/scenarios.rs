@@ -9,7 +9,6 @@ use engine::cost::CostModel;
 use engine::{EngineConfig, RunningEngine};
 use spillway_diagnose::{Snapshot, Status, Suspect, Verdict, source};
 use std::time::Duration;
-use tokio::net::TcpListener;
 use tokio::time::Instant;
 
 fn first(v: &Verdict) -> Option<Suspect> {
@@ -611,7 +610,7 @@ async fn a_stale_scrape_is_not_the_present() {
         .await
         .unwrap();
     drop(load);
-    let cache = serve_text(frozen).await;
+    let cache = testkit::serve_text(frozen).await;
     let j = judge(
         "stale scrape",
         std::slice::from_ref(&cache),
@@ -625,30 +624,6 @@ async fn a_stale_scrape_is_not_the_present() {
         "{:#?}",
         j.settled.blind_spots
     );
-}
-
-/// Serves `text` to every request, as `/metrics`, for the test's life.
-async fn serve_text(text: String) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let answer = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-        text.len()
-    );
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                // The request is one small GET: read its head, then answer and close.
-                let mut head = [0u8; 4096];
-                let _ = conn.read(&mut head).await;
-                let _ = conn.write_all(answer.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    url
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
