@@ -4,7 +4,9 @@
 //! looks wrong — and once settled, and timed to the first window that names it right.
 //! docs/diagnose.md lists each shape with its verdicts.
 
-use crate::support::{Load, busy_but_healthy, closed, dcgm, gateway, open, thresholds, tiny, verdict};
+use crate::support::{
+    Load, Served, busy_but_healthy, closed, dcgm, gateway, open, thresholds, tiny, verdict,
+};
 use engine::cost::CostModel;
 use engine::{EngineConfig, RunningEngine};
 use spillway_diagnose::{Snapshot, Status, Suspect, Verdict, source};
@@ -132,15 +134,44 @@ async fn engine_with(cfg: EngineConfig) -> RunningEngine {
     engine::spawn_local(cfg).await.unwrap()
 }
 
+/// One engine, its DCGM listener, and a gateway in front when `gateway` gives its route
+/// timeouts and class (YAML flow maps, see [`gateway`]); all stopped when this is dropped.
+struct Stack {
+    /// Where the load goes: the gateway, or the engine when there is none.
+    url: String,
+    /// What diagnose scrapes: the gateway (when there is one), the engine, its DCGM listener.
+    targets: Vec<String>,
+    _engine: RunningEngine,
+    _dcgm: Served,
+    _gateway: Option<Served>,
+}
+
+async fn stack(cfg: EngineConfig, gw: Option<(&str, &str)>) -> Stack {
+    let e = engine_with(cfg).await;
+    let d = dcgm(&[&e]).await;
+    let g = match gw {
+        Some((timeouts, class)) => Some(gateway(&[&e], timeouts, class).await),
+        None => None,
+    };
+    let mut targets: Vec<String> = g.iter().map(|g| g.url.clone()).collect();
+    targets.extend([e.url(), d.url.clone()]);
+    Stack {
+        url: g.as_ref().map_or_else(|| e.url(), |g| g.url.clone()),
+        targets,
+        _engine: e,
+        _dcgm: d,
+        _gateway: g,
+    }
+}
+
 const NO_INCIDENT: &[Status] = &[Status::Healthy, Status::BusyButHealthy];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle() {
-    let e = engine_with(tiny()).await;
-    let d = dcgm(&[&e]).await;
+    let s = stack(tiny(), None).await;
     let j = judge(
         "idle",
-        &[e.url(), d.url.clone()],
+        &s.targets,
         || None,
         is(&[Status::Idle]),
         is(&[Status::Idle]),
@@ -156,20 +187,19 @@ async fn idle() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn light_load_is_healthy() {
-    let e = engine_with(tiny()).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "",
-        "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }",
+    let s = stack(
+        tiny(),
+        Some((
+            "",
+            "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 1s }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     judge(
         "light load",
-        &[g.url.clone(), e.url(), d.url.clone()],
+        &s.targets,
         // Five 20-token answers a second keep the simulated GPU busy about a tenth of the time.
-        || Some(open(&url, 5.0, 16, 20)),
+        || Some(open(&s.url, 5.0, 16, 20)),
         is(NO_INCIDENT),
         is(&[Status::Healthy]),
     )
@@ -197,14 +227,12 @@ async fn busy_but_healthy_is_no_incident() {
 async fn flood_at_the_engine() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let url = e.url();
+    let s = stack(cfg, None).await;
     // Two sequences of ~33 steps of ~1 ms: ~60 requests/s of throughput, 120/s arriving.
     let j = judge(
         "flood at the engine",
-        &[e.url(), d.url.clone()],
-        || Some(open(&url, 120.0, 16, 32)),
+        &s.targets,
+        || Some(open(&s.url, 120.0, 16, 32)),
         incident(&[Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::ArrivalsExceedThroughput]),
     )
@@ -231,19 +259,18 @@ async fn flood_at_the_engine() {
 async fn flood_held_in_the_gateway_queue() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
-        "{ name: interactive, concurrency: 2, queue: 500, queue_wait: 20s }",
+    let s = stack(
+        cfg,
+        Some((
+            "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+            "{ name: interactive, concurrency: 2, queue: 500, queue_wait: 20s }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     let j = judge(
         "flood held in the gateway's queue",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(open(&url, 120.0, 16, 32)),
+        &s.targets,
+        || Some(open(&s.url, 120.0, 16, 32)),
         incident(&[Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::ArrivalsExceedThroughput]),
     )
@@ -266,19 +293,18 @@ async fn flood_held_in_the_gateway_queue() {
 async fn the_gateway_lets_in_more_than_the_engine_runs() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
-        "{ name: interactive, concurrency: 16, queue: 500, queue_wait: 20s }",
+    let s = stack(
+        cfg,
+        Some((
+            "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+            "{ name: interactive, concurrency: 16, queue: 500, queue_wait: 20s }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     let j = judge(
         "C above what the engine runs",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(open(&url, 120.0, 16, 32)),
+        &s.targets,
+        || Some(open(&s.url, 120.0, 16, 32)),
         incident(&[Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::ArrivalsExceedThroughput]),
     )
@@ -294,19 +320,18 @@ async fn the_gateway_lets_in_more_than_the_engine_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn designed_shedding_is_protected() {
-    let e = engine_with(tiny()).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "",
-        "{ name: interactive, concurrency: 4, queue: 4, queue_wait: 50ms }",
+    let s = stack(
+        tiny(),
+        Some((
+            "",
+            "{ name: interactive, concurrency: 4, queue: 4, queue_wait: 50ms }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     let j = judge(
         "designed shedding",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(open(&url, 400.0, 16, 32)),
+        &s.targets,
+        || Some(open(&s.url, 400.0, 16, 32)),
         is(&[Status::Protected]),
         is(&[Status::Protected]),
     )
@@ -325,13 +350,11 @@ async fn vllm_refusing_at_its_own_queue_limit_is_protected() {
     // vLLM's own backstop: four run, four more may wait, the rest are refused with a 503.
     cfg.max_num_seqs = 4;
     cfg.max_num_queued_reqs = Some(8);
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let url = e.url();
+    let s = stack(cfg, None).await;
     let j = judge(
         "vLLM's --max-num-queued-reqs",
-        &[e.url(), d.url.clone()],
-        || Some(open(&url, 400.0, 16, 32)),
+        &s.targets,
+        || Some(open(&s.url, 400.0, 16, 32)),
         is(&[Status::Protected]),
         is(&[Status::Protected]),
     )
@@ -349,20 +372,19 @@ async fn vllm_refusing_at_its_own_queue_limit_is_protected() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retry_storm_against_the_limits_is_protected_and_said() {
-    let e = engine_with(tiny()).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "",
-        "{ name: interactive, concurrency: 4, queue: 4, queue_wait: 50ms }",
+    let s = stack(
+        tiny(),
+        Some((
+            "",
+            "{ name: interactive, concurrency: 4, queue: 4, queue_wait: 50ms }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     // 48 clients that send again the moment they are refused, Retry-After unread.
     let j = judge(
         "retry storm",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(closed(&url, 48, 16, 32)),
+        &s.targets,
+        || Some(closed(&s.url, 48, 16, 32)),
         is(&[Status::Protected]),
         is(&[Status::Protected]),
     )
@@ -375,14 +397,12 @@ async fn kv_pressure_with_preemptions() {
     let mut cfg = tiny();
     cfg.max_model_len = 2048;
     cfg.kv_cache_tokens = 4096;
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let url = e.url();
+    let s = stack(cfg, None).await;
     // 24 sequences growing to 500 tokens want 12,000 tokens of a 4,096-token cache.
     let j = judge(
         "KV pressure",
-        &[e.url(), d.url.clone()],
-        || Some(closed(&url, 24, 200, 300)),
+        &s.targets,
+        || Some(closed(&s.url, 24, 200, 300)),
         incident(&[Suspect::KvPressure, Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::KvPressure]),
     )
@@ -406,13 +426,11 @@ async fn long_prompts_are_prefill_bound() {
         ..cfg.cost
     };
     cfg.max_num_batched_tokens = 4096;
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let url = e.url();
+    let s = stack(cfg, None).await;
     let j = judge(
         "long prompts",
-        &[e.url(), d.url.clone()],
-        || Some(closed(&url, 1, 3000, 4)),
+        &s.targets,
+        || Some(closed(&s.url, 1, 3000, 4)),
         incident(&[Suspect::LongPrompts]),
         incident(&[Suspect::LongPrompts]),
     )
@@ -436,13 +454,11 @@ async fn decode_contention() {
         decode_seq: Duration::from_micros(3000),
         ..cfg.cost
     };
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let url = e.url();
+    let s = stack(cfg, None).await;
     let j = judge(
         "decode contention",
-        &[e.url(), d.url.clone()],
-        || Some(closed(&url, 24, 16, 20)),
+        &s.targets,
+        || Some(closed(&s.url, 24, 16, 20)),
         incident(&[Suspect::DecodeContention]),
         incident(&[Suspect::DecodeContention]),
     )
@@ -459,20 +475,19 @@ async fn decode_contention() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_timeouts_while_the_engine_is_healthy() {
-    let e = engine_with(tiny()).await;
-    let d = dcgm(&[&e]).await;
     // 400 tokens take ~0.5 s; the route's total deadline cuts every stream at 150 ms.
-    let g = gateway(
-        &[&e],
-        "{ connect: 50ms, first_token: 100ms, stream_idle: 100ms, total: 150ms }",
-        "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 50ms }",
+    let s = stack(
+        tiny(),
+        Some((
+            "{ connect: 50ms, first_token: 100ms, stream_idle: 100ms, total: 150ms }",
+            "{ name: interactive, concurrency: 16, queue: 16, queue_wait: 50ms }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     judge(
         "gateway timeouts",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(closed(&url, 8, 16, 400)),
+        &s.targets,
+        || Some(closed(&s.url, 8, 16, 400)),
         incident(&[Suspect::GatewayTimeouts]),
         incident(&[Suspect::GatewayTimeouts]),
     )
@@ -484,19 +499,18 @@ async fn a_hung_engine_behind_the_gateway() {
     let mut cfg = tiny();
     // A hung engine: requests are accepted and never served; the GPU has nothing to do.
     cfg.faults.stall_after_tokens = Some(0);
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
-        "{ name: interactive, concurrency: 4, queue: 200, queue_wait: 20s }",
+    let s = stack(
+        cfg,
+        Some((
+            "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+            "{ name: interactive, concurrency: 4, queue: 200, queue_wait: 20s }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     judge(
         "hung engine",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(open(&url, 20.0, 16, 16)),
+        &s.targets,
+        || Some(open(&s.url, 20.0, 16, 16)),
         incident(&[Suspect::ProcessHealth, Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::ProcessHealth]),
     )
@@ -570,19 +584,18 @@ async fn queue_growing_behind_a_starved_api_server() {
         per_request: Duration::from_millis(50),
         per_output_token: Duration::ZERO,
     });
-    let e = engine_with(cfg).await;
-    let d = dcgm(&[&e]).await;
-    let g = gateway(
-        &[&e],
-        "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
-        "{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }",
+    let s = stack(
+        cfg,
+        Some((
+            "{ connect: 1s, first_token: 30s, stream_idle: 30s, total: 60s }",
+            "{ name: interactive, concurrency: 8, queue: 200, queue_wait: 20s }",
+        )),
     )
     .await;
-    let url = g.url.clone();
     let j = judge(
         "starved API server",
-        &[g.url.clone(), e.url(), d.url.clone()],
-        || Some(open(&url, 40.0, 16, 4)),
+        &s.targets,
+        || Some(open(&s.url, 40.0, 16, 4)),
         incident(&[Suspect::ProcessHealth, Suspect::ArrivalsExceedThroughput]),
         incident(&[Suspect::ProcessHealth]),
     )
