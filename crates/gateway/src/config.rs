@@ -7,6 +7,7 @@
 
 mod route;
 mod server;
+mod yaml;
 
 pub use route::*;
 pub use server::*;
@@ -86,8 +87,9 @@ impl Config {
         let de = serde_yaml_ng::Deserializer::from_str(text);
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
-            let inner = e.into_inner().to_string();
-            err(if path == "." { "config".into() } else { path }, inner)
+            let path = if path == "." { "config".into() } else { path };
+            let message = yaml::plain(&path, &e.into_inner(), text);
+            err(path, message)
         })?;
         config.validate()
     }
