@@ -59,7 +59,7 @@ impl QueueWatch {
         ca_cert: Option<&std::path::Path>,
     ) -> Result<QueueWatch, BenchError> {
         let client = HyperClient::builder(TokioExecutor::new()).build(crate::client::connector(ca_cert)?);
-        let mut uris = Vec::with_capacity(urls.len());
+        let mut uris: Vec<hyper::Uri> = Vec::with_capacity(urls.len());
         for url in urls {
             let bad = |reason: String| BenchError::Metrics {
                 url: url.to_owned(),
@@ -77,7 +77,10 @@ impl QueueWatch {
                     "no vllm:num_requests_waiting (nor spillway_queued) series there".into(),
                 ));
             }
-            uris.push(uri);
+            // The same URL twice would count its queue twice.
+            if !uris.contains(&uri) {
+                uris.push(uri);
+            }
         }
         let samples = Arc::new(Mutex::new(Vec::new()));
         let sink = samples.clone();
@@ -85,6 +88,8 @@ impl QueueWatch {
             let mut rng = rand::rngs::SmallRng::seed_from_u64(0x5eed);
             'rounds: loop {
                 tokio::time::sleep(every.mul_f64(rng.random_range(0.8..1.2))).await;
+                // The round's moment is when it began: later scrapes wait on earlier ones.
+                let at = epoch.elapsed();
                 let (mut waiting, mut running) = (0.0, None::<f64>);
                 for uri in &uris {
                     let Ok(text) = scrape(&client, uri).await else {
@@ -98,11 +103,7 @@ impl QueueWatch {
                         *running.get_or_insert(0.0) += r;
                     }
                 }
-                let s = QueueSample {
-                    at: epoch.elapsed(),
-                    waiting,
-                    running,
-                };
+                let s = QueueSample { at, waiting, running };
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(s);
             }
         });

@@ -62,6 +62,20 @@ fn secs(v: f64) -> String {
     }
 }
 
+/// A value as [`num`] prints it, so that the arithmetic adds up as printed.
+fn shown(v: f64) -> f64 {
+    num(v).parse().unwrap_or(v)
+}
+
+/// Seconds as [`secs`] prints them.
+fn shown_secs(v: f64) -> f64 {
+    if v >= 1.0 {
+        shown(v)
+    } else {
+        (v * 1000.0).round() / 1000.0
+    }
+}
+
 // Products of decimal inputs land a hair off the integer: round that away, as plan does.
 fn floor(v: f64) -> f64 {
     (v + 1e-9).floor().max(0.0)
@@ -75,7 +89,15 @@ fn ceil(v: f64) -> f64 {
 /// objective / 2), down to a tenth of a second (a budget must fit), never under one; with the
 /// arithmetic.
 fn wait_budget(objective: f64, own: Option<f64>, own_name: &str) -> (f64, String) {
+    let (objective, own) = (shown_secs(objective), own.map(shown_secs));
     let half = objective / 2.0;
+    let signed = |v: f64| {
+        if v < 0.0 {
+            format!("−{}", secs(-v))
+        } else {
+            secs(v)
+        }
+    };
     let (raw, text) = match own {
         Some(own) => {
             let raw = (objective - own).min(half);
@@ -86,18 +108,18 @@ fn wait_budget(objective: f64, own: Option<f64>, own_name: &str) -> (f64, String
                     secs(objective),
                     secs(own),
                     secs(half),
-                    secs(raw.max(0.0))
+                    signed(raw)
                 ),
             )
         }
         None => (half, format!("Wq = TTFT objective / 2 = {}", secs(half))),
     };
-    let wq = (floor(raw * 10.0) / 10.0).max(0.1);
-    let text = if (wq - raw).abs() > 1e-9 {
-        format!(
-            "{text} → {} (down to a tenth of a second, at least one)",
-            secs(wq)
-        )
+    let down = floor((raw * 10.0).max(0.0)) / 10.0;
+    let wq = down.max(0.1);
+    let text = if raw < 0.1 {
+        format!("{text} → {} (at least a tenth of a second)", secs(wq))
+    } else if (wq - raw).abs() > 1e-9 {
+        format!("{text} → {} (down to a tenth of a second)", secs(wq))
     } else {
         text
     };
@@ -123,11 +145,13 @@ pub(crate) fn advise(
     fleet: &Fleet,
 ) -> Advice {
     let e = &rows.engine;
+    // Where requests wait is read for an incident: one request caught between its arrival and
+    // the scheduler's next step on a healthy stack is no backlog.
+    if !incident {
+        return Advice::default();
+    }
     let backlog = backlog(rows, drained);
     let mut changes = Vec::new();
-    if !incident {
-        return Advice { backlog, changes };
-    }
     let running = e.running.map(|l| l.end);
     let waiting = e.waiting.map_or(0.0, |l| l.end);
     let queued = e.gateway_queued.map_or(0.0, |l| l.end);
@@ -138,7 +162,7 @@ pub(crate) fn advise(
     // The engines queue: what they run now is what they take (their sequence cap, or what the KV
     // cache holds). A C above it parks the rest in the engines' queue, out of reach of the
     // gateway's Wq, priorities and Retry-After.
-    let engine_cap = running.filter(|r| *r >= 1.0 && (waiting >= 1.0 || drained));
+    let engine_cap = running.filter(|r| *r >= 1.0 && waiting >= 1.0);
     match (engine_cap, c_gw) {
         (Some(cap), Some(c)) if c > cap && waiting >= 1.0 => changes.push(Change {
             what: format!("lower the gateway's C from {} to {}", num(c), num(cap)),
@@ -198,25 +222,29 @@ pub(crate) fn advise(
             .engine_itl
             .filter(|d| d.count > 0.0)
             .and_then(|d| d.p95);
-        let (next, why) = match itl.filter(|v| *v > 0.0) {
+        // With ITL already at or over its objective there is no headroom to spend: no raise.
+        let step = match itl.filter(|v| *v > 0.0) {
             Some(itl) => {
-                let next = floor(c * (t.itl_p95 / itl).min(2.0)).max(c + 1.0);
-                (
-                    next,
-                    format!(
-                        "C' = floor(C × min(ITL objective / engine ITL p95, 2)) = floor({} × min({} / {}, 2)) \
-                         = {}: decode time grows with the batch, so an estimate to confirm with \
-                         `spillway bench --concurrency {},{}`",
-                        num(c),
-                        secs(t.itl_p95),
-                        secs(itl),
-                        num(next),
-                        num(c),
-                        num(next)
-                    ),
-                )
+                let (objective, itl) = (shown_secs(t.itl_p95), shown_secs(itl));
+                let next = floor(c * (objective / itl).min(2.0));
+                (next > c).then(|| {
+                    (
+                        next,
+                        format!(
+                            "C' = floor(C × min(ITL objective / engine ITL p95, 2)) = floor({} × min({} / {}, 2)) \
+                             = {}: decode time grows with the batch, so an estimate to confirm with \
+                             `spillway bench --concurrency {},{}`",
+                            num(c),
+                            secs(objective),
+                            secs(itl),
+                            num(next),
+                            num(c),
+                            num(next)
+                        ),
+                    )
+                })
             }
-            None => (
+            None => Some((
                 c * 2.0,
                 format!(
                     "no engine ITL seen: find the engines' C_safe with `spillway bench --concurrency {},{},…` \
@@ -224,20 +252,22 @@ pub(crate) fn advise(
                     num(c),
                     num(c * 2.0)
                 ),
-            ),
+            )),
         };
-        changes.push(Change {
-            what: format!(
-                "raise the gateway's C from {} towards {}: the engines wait on nothing ({} waiting{})",
-                num(c),
-                num(next),
-                num(waiting),
-                e.kv_usage
-                    .map(|kv| format!(", KV {:.0}%", kv.end * 100.0))
-                    .unwrap_or_default()
-            ),
-            arithmetic: why,
-        });
+        if let Some((next, why)) = step {
+            changes.push(Change {
+                what: format!(
+                    "raise the gateway's C from {} towards {}: the engines wait on nothing ({} waiting{})",
+                    num(c),
+                    num(next),
+                    num(waiting),
+                    e.kv_usage
+                        .map(|kv| format!(", KV {:.0}%", kv.end * 100.0))
+                        .unwrap_or_default()
+                ),
+                arithmetic: why,
+            });
+        }
     }
     // A queue deeper than drains within the TTFT objective: waits that breach it anyway.
     let gw_wait = e
@@ -253,6 +283,7 @@ pub(crate) fn advise(
             .filter(|d| d.count > 0.0)
             .and_then(|d| d.p99);
         let (wq, wq_text) = wait_budget(t.ttft_p95, own, "engine TTFT p99");
+        let x = shown(x);
         let q = ceil(x * wq).max(1.0);
         changes.push(Change {
             what: format!("set the queue to Q = {} with queue_wait {}", num(q), secs(wq)),
@@ -272,6 +303,7 @@ pub(crate) fn advise(
         && fleet.engines > 0
     {
         let r = fleet.engines as f64;
+        let (arrivals, x) = (shown(arrivals), shown(x));
         let needed = ceil(r * arrivals / x);
         changes.push(Change {
             what: format!(
@@ -397,9 +429,9 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
     let per_replica = |v: f64| v / fleet.engines.max(1) as f64;
     match f.suspect {
         Suspect::KvPressure => {
-            let kv = e.kv_usage?.peak();
-            let running = e.running?.peak();
-            let seqs = floor(per_replica(running) * t.kv_high / kv).max(1.0);
+            let kv = shown(e.kv_usage?.peak());
+            let running = shown(per_replica(e.running?.peak()));
+            let seqs = floor(running * t.kv_high / kv).max(1.0);
             Some(Change {
                 what: format!(
                     "lower vLLM's --max-num-seqs to {} per replica (or C to {})",
@@ -409,7 +441,7 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
                 arithmetic: format!(
                     "max-num-seqs = floor(running per replica × KV line / KV peak) = floor({} × {} / {}) \
                      = {}: the cache then stays under the line that preempts",
-                    num(per_replica(running)),
+                    num(running),
                     num(t.kv_high),
                     num(kv),
                     num(seqs)
@@ -417,9 +449,13 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
             })
         }
         Suspect::DecodeContention => {
-            let itl = g.engine_itl.or(g.gateway_itl).filter(|d| d.count > 0.0)?.p95?;
-            let running = e.running?.mean();
-            let c = floor(running * t.itl_p95 / itl).max(1.0);
+            // The ITL the rule judged: the gateway's when it relays, else the engines'.
+            let itl = shown_secs(g.gateway_itl.or(g.engine_itl).filter(|d| d.count > 0.0)?.p95?);
+            let running = shown(e.running?.mean());
+            let c = floor(running * shown_secs(t.itl_p95) / itl).max(1.0);
+            if c >= running {
+                return None;
+            }
             Some(Change {
                 what: format!(
                     "lower concurrency to C = {} (running now {})",
@@ -437,9 +473,12 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
             })
         }
         Suspect::LongPrompts => {
-            let ttft = g.engine_ttft.or(g.gateway_ttft).filter(|d| d.count > 0.0)?.p95?;
-            let tokens = g.prompt_tokens_per_request?;
-            let cap = floor(tokens * t.ttft_p95 / ttft).max(1.0);
+            let ttft = shown_secs(g.gateway_ttft.or(g.engine_ttft).filter(|d| d.count > 0.0)?.p95?);
+            let tokens = shown(g.prompt_tokens_per_request?);
+            let cap = floor(tokens * shown_secs(t.ttft_p95) / ttft).max(1.0);
+            if cap >= tokens {
+                return None;
+            }
             Some(Change {
                 what: format!("cap input tokens at {} per request", num(cap)),
                 arithmetic: format!(
@@ -483,14 +522,22 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
         Suspect::ProcessHealth | Suspect::GpuFault | Suspect::SlowReplica
             if f.only_in_slices && fleet.engines > 1 =>
         {
+            // Only the replicas: a finding also names the models it was seen in.
+            let replicas: Vec<&str> =
+                f.at.iter()
+                    .filter(|a| a.starts_with("replica "))
+                    .map(String::as_str)
+                    .collect();
             let r = fleet.engines as f64;
-            let out = f.at.len() as f64;
-            let keep = r - out;
+            let keep = r - replicas.len() as f64;
+            if replicas.is_empty() || keep < 1.0 {
+                return None;
+            }
             let c = c_gw.map(|c| floor(c * keep / r));
             Some(Change {
                 what: format!(
                     "take {} out of the route{}",
-                    f.at.join(", "),
+                    replicas.join(", "),
                     c.map(|c| format!(" and lower C to {} until it is back", num(c)))
                         .unwrap_or_default()
                 ),

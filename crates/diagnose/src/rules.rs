@@ -515,7 +515,10 @@ pub(crate) fn apply(
     let piling = stuck
         && e.running
             .is_some_and(|l| l.start.is_some_and(|s| s >= 1.0) && l.growth() > 0.0);
-    if (queue_present && (queue_growth || queue_time_high)) || piling {
+    // A queue now, not refusals counted earlier in the window: a burst refused at a queue limit
+    // that then went quiet leaves the GPU idle at the end with nothing wrong.
+    let queue_now = present(e.waiting) || present(e.gateway_queued);
+    if (queue_now && (queue_growth || queue_time_high)) || piling {
         let idle = gpu.is_some_and(|(_, v)| v < t.gpu_idle);
         if idle || (gpu.is_none() && stuck) {
             let mut ev = queue_ev.clone();

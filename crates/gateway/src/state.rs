@@ -251,6 +251,8 @@ impl Gateway {
     }
 
     pub(crate) fn refresh_gauges(&self) {
+        // Set anew at each scrape: a class a reload removed must not keep its last age forever.
+        self.metrics.oldest_wait.reset();
         for r in &self.table().routes {
             r.refresh_gauges();
             for c in &r.classes {

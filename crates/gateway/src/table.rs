@@ -33,19 +33,21 @@ impl Table {
                 Route::new(r.clone(), metrics, old, config.redis.as_ref()).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
-        let teams: Vec<(&str, bool)> = if config.tenants.is_empty() {
-            vec![("anonymous", false)]
-        } else {
-            config
-                .tenants
-                .iter()
-                .map(|t| {
-                    let quota = t.max_parallel.is_some() || t.rpm.is_some() || t.tpm.is_some();
-                    (t.team.as_str(), quota)
-                })
-                .collect()
-        };
         for r in &config.routes {
+            // The teams that may use this route (all, without tenants: the anonymous one).
+            let teams: Vec<(&str, bool)> = if config.tenants.is_empty() {
+                vec![("anonymous", false)]
+            } else {
+                config
+                    .tenants
+                    .iter()
+                    .filter(|t| t.models.is_empty() || t.models.contains(&r.model))
+                    .map(|t| {
+                        let quota = t.max_parallel.is_some() || t.rpm.is_some() || t.tpm.is_some();
+                        (t.team.as_str(), quota)
+                    })
+                    .collect()
+            };
             for c in &r.classes {
                 metrics.declare(&r.model, &c.name, &teams);
             }

@@ -75,16 +75,15 @@ fn missing_key_elsewhere(message: &str, line: Option<usize>, text: &str) -> Opti
 
 /// The parser's words for an indentation or a tab, said plainly.
 fn jargon(message: &str, line: Option<usize>, text: &str) -> Option<String> {
+    // A tab in a line's indentation (a tab in a comment or a value is legal YAML).
+    let indented_by_tab = |l: &str| l.chars().take_while(|c| c.is_whitespace()).any(|c| c == '\t');
     let at = |n: usize| text.lines().nth(n.checked_sub(1)?);
-    let tab = line.and_then(at).is_some_and(|l| l.contains('\t'));
-    if tab || message.contains("found character that cannot start any token") && text.contains('\t') {
-        let n = line
-            .filter(|_| tab)
-            .or_else(|| text.lines().position(|l| l.contains('\t')).map(|i| i + 1));
-        return Some(format!(
-            "a tab on line {}: YAML indents with spaces only",
-            n.map_or("?".into(), |n| n.to_string())
-        ));
+    let tab = match line {
+        Some(n) => at(n).is_some_and(indented_by_tab).then_some(n),
+        None => text.lines().position(indented_by_tab).map(|i| i + 1),
+    };
+    if let Some(n) = tab {
+        return Some(format!("a tab on line {n}: YAML indents with spaces only"));
     }
     let plain = if message.contains("mapping values are not allowed in this context") {
         "a `key: value` where none can stand: this line is indented differently from the keys \

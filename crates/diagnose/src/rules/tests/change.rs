@@ -114,15 +114,43 @@ fn a_c_below_what_the_engines_could_take_says_raise_it_and_by_how_much() {
 }
 
 /// vLLM alone, its queue drained inside the window (the real-vLLM misreading): the backlog was
-/// the engine's, and the change is a gateway in front with C at what the engine ran.
+/// the engine's, but with nothing waiting at the end the window never saw its batch full, so
+/// the change is a gateway with a Wq, and C from a bench (not "C = what runs now").
 #[test]
-fn a_drained_queue_in_front_of_vllm_alone_asks_for_a_gateway_with_its_c() {
+fn a_drained_queue_in_front_of_vllm_alone_asks_for_a_gateway_and_a_bench() {
     let (b, a) = super::onset::drained(0);
     let v = run(&[("e:1", &b)], &[("e:1", &a)]);
     assert_eq!(v.backlog.as_ref().map(|b| b.sits), Some("drained"), "{v:#?}");
     assert_eq!(
         whats(&v)[0],
-        "put Spillway in front with C = 4",
+        "put Spillway in front with queue_wait 500 ms and C from a bench",
+        "{:#?}",
+        v.changes
+    );
+}
+
+/// The gateway queues, the engines wait on nothing, but ITL is already over its objective: no
+/// headroom to spend, so no "raise C" (the review found it said "floor(8 × min(50 ms / 80 ms,
+/// 2)) = 9").
+#[test]
+fn no_raise_of_c_when_itl_has_no_headroom() {
+    let e = Engine {
+        running: 8.0,
+        itl: 0.08,
+        ttft: 0.05,
+        ..Engine::default()
+    };
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    // A GPU under the busy line: no decode-contention finding to hold the raise back.
+    let d = dcgm(0.5, 0.0, 0.0);
+    let v = run(
+        &[("e:1", &b), ("g:1", &gw(8.0, 12.0, 8.0, 0, 0.0)), ("d:1", &d)],
+        &[("e:1", &a), ("g:1", &gw(8.0, 30.0, 8.0, 100, 1.5)), ("d:1", &d)],
+    );
+    assert!(
+        !v.changes
+            .iter()
+            .any(|c| c.what.starts_with("raise the gateway's C")),
         "{:#?}",
         v.changes
     );

@@ -285,9 +285,15 @@ fn models_keeps_vllms_max_model_len() {
     let direct: serde_json::Value = serde_json::from_str(&get_body(s.plain.port, "/v1/models")).unwrap();
     assert_eq!(direct["data"][0]["max_model_len"], 2048, "{direct}");
     let gw = Gateway::start(&[s.plain.port], "");
-    let through: serde_json::Value = serde_json::from_str(&get_body(gw.port, "/v1/models")).unwrap();
-    assert_eq!(through["data"][0]["id"], super::MODEL, "{through}");
-    assert_eq!(through["data"][0]["max_model_len"], 2048, "{through}");
+    // The gateway reads the replica's context length from its /v1/models when it first checks
+    // the replica, a moment after it starts: until then its own list has no `max_model_len`.
+    let through = || -> serde_json::Value { serde_json::from_str(&get_body(gw.port, "/v1/models")).unwrap() };
+    assert!(
+        wait_until(500, || through()["data"][0]["max_model_len"] == 2048),
+        "{}",
+        through()
+    );
+    assert_eq!(through()["data"][0]["id"], super::MODEL);
 }
 
 #[test]
