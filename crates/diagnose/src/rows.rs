@@ -315,6 +315,29 @@ fn engine_refused(r: &Reader<'_>, finished_per_s: Option<f64>) -> Vec<Refused> {
     out
 }
 
+/// The gateways' C, summed over routes and classes. Gateways that share their limits through
+/// Redis (they export `spillway_limits_mode`) each report the whole shared C: counted once, not
+/// once per gateway; gateways on their own each add theirs.
+fn gateway_concurrency(r: &Reader<'_>) -> Option<f64> {
+    let name = r.name(Key::GwConcurrencyLimit)?;
+    let shared: std::collections::HashSet<&str> =
+        r.w.end
+            .named("spillway_limits_mode")
+            .filter_map(|s| s.label("instance"))
+            .collect();
+    let mut by_class: std::collections::BTreeMap<(&str, &str), (f64, f64)> = Default::default();
+    for s in r.w.end.named(name) {
+        let key = (s.label("route").unwrap_or(""), s.label("class").unwrap_or(""));
+        let (most_shared, own) = by_class.entry(key).or_default();
+        if s.label("instance").is_some_and(|i| shared.contains(i)) {
+            *most_shared = most_shared.max(s.value);
+        } else {
+            *own += s.value;
+        }
+    }
+    (!by_class.is_empty()).then(|| by_class.values().map(|(s, o)| s + o).sum())
+}
+
 /// The gateway's refusals by design in the window, by reason and team, largest first.
 fn refused(r: &Reader<'_>, all_per_s: Option<f64>) -> Vec<Refused> {
     let Some(name) = r.name(Key::GwRejections) else {
@@ -385,7 +408,7 @@ fn engine(r: &Reader<'_>) -> EngineRow {
         gateway_oldest_wait: r.level(Key::GwOldestWait, Agg::Max),
         gateway_queue_wait: r.dist(Key::GwQueueWait),
         gateway_in_flight: r.level(Key::GwInFlight, Agg::Sum),
-        gateway_concurrency_limit: r.level(Key::GwConcurrencyLimit, Agg::Sum).map(|l| l.end),
+        gateway_concurrency_limit: gateway_concurrency(r),
         engine_overflow: r.increase(Key::EngineRejections, |_| true),
         gateway_overflow: r.increase(Key::GwRejections, |s| {
             matches!(s.label("reason"), Some("queue_full" | "queue_timeout"))

@@ -251,3 +251,58 @@ fn a_route_and_the_name_its_engines_serve_it_under_are_one_model() {
     let shown = crate::render::text(&v, crate::render::Style { colour: false });
     assert!(shown.contains("chat (as m1)"), "{shown}");
 }
+
+/// Two gateways sharing C = 16 through Redis each report the whole 16: the change reads "from
+/// 16", not "from 32". Gateways on their own add theirs. Fails before (it summed: 32).
+#[test]
+fn a_shared_c_is_counted_once_across_gateways() {
+    let e = Engine {
+        running: 8.0,
+        waiting: 8.0,
+        queue: 1.2,
+        ttft: 1.6,
+        ..Engine::default()
+    };
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let shared = |text: String| {
+        text + "spillway_limits_mode{mode=\"shared\"} 1\nspillway_limits_mode{mode=\"local\"} 0\n"
+    };
+    let v = run(
+        &[
+            ("e:1", &b),
+            ("g:1", &shared(gw(16.0, 0.0, 8.0, 0, 0.0))),
+            ("g:2", &shared(gw(16.0, 0.0, 8.0, 0, 0.0))),
+        ],
+        &[
+            ("e:1", &a),
+            ("g:1", &shared(gw(16.0, 0.0, 8.0, 50, 0.001))),
+            ("g:2", &shared(gw(16.0, 0.0, 8.0, 50, 0.001))),
+        ],
+    );
+    assert_eq!(
+        v.rows.engine.gateway_concurrency_limit,
+        Some(16.0),
+        "{:#?}",
+        v.rows.engine
+    );
+    assert_eq!(
+        whats(&v)[0],
+        "lower the gateway's C from 16 to 8",
+        "{:#?}",
+        v.changes
+    );
+    // Without Redis each gateway holds its own C: 16 + 16.
+    let v = run(
+        &[
+            ("e:1", &b),
+            ("g:1", &gw(16.0, 0.0, 8.0, 0, 0.0)),
+            ("g:2", &gw(16.0, 0.0, 8.0, 0, 0.0)),
+        ],
+        &[
+            ("e:1", &a),
+            ("g:1", &gw(16.0, 0.0, 8.0, 50, 0.001)),
+            ("g:2", &gw(16.0, 0.0, 8.0, 50, 0.001)),
+        ],
+    );
+    assert_eq!(v.rows.engine.gateway_concurrency_limit, Some(32.0));
+}
