@@ -45,7 +45,7 @@ fn options(url: &str, streams: u32, stop: Stop, warmup: Duration) -> Options {
         output_len,
         dataset: None,
         slo: "ttft_p99=60s".parse::<Slo>().expect("a valid SLO"),
-        metrics_url: None,
+        metrics_urls: Vec::new(),
         phases: vec![Phase::Staircase],
         long_share: 0.0,
         long_input: None,

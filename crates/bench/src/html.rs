@@ -664,7 +664,10 @@ fn parameters(r: &Report, h: &mut String) {
             }),
         ),
         ("SLO", Some(p.slo.clone())),
-        ("server metrics", p.metrics_url.clone()),
+        (
+            "server metrics",
+            (!p.metrics_urls.is_empty()).then(|| p.metrics_urls.join(", ")),
+        ),
         (
             "phases",
             Some(list(p.phases.iter().map(|ph| ph.name().to_owned()).collect())),

@@ -41,7 +41,8 @@ pub struct Options {
     pub output_len: LengthDist,
     pub dataset: Option<String>,
     pub slo: Slo,
-    pub metrics_url: Option<String>,
+    /// Each replica's `/metrics` (vLLM's or Spillway's), watched together: their queues summed.
+    pub metrics_urls: Vec<String>,
     pub phases: Vec<Phase>,
     pub long_share: f64,
     /// The long mix's lengths; `None`: [`DEFAULT_LONG_INPUT`] and [`DEFAULT_LONG_OUTPUT`], shortened
@@ -84,7 +85,7 @@ pub struct Parameters {
     pub dataset: Option<String>,
     pub workload: WorkloadInfo,
     pub slo: String,
-    pub metrics_url: Option<String>,
+    pub metrics_urls: Vec<String>,
     pub phases: Vec<Phase>,
     pub long_share: f64,
     pub long_input_len: LengthDist,
@@ -303,9 +304,6 @@ pub struct Extras {
     /// Called with each level's report as the level ends (a burst's level too, judged by its
     /// recovery): for a caller that shows the table growing, as the demo does.
     pub on_level: Option<OnLevel>,
-    /// More `/metrics` URLs beside `Options::metrics_url`, watched with it and summed: every
-    /// replica's queue, not one of them.
-    pub more_metrics_urls: Vec<String>,
 }
 
 /// See [`Extras::on_level`].
@@ -324,18 +322,12 @@ pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchErro
     let template_tokens = preflight(&client).await?;
     let max_model_len = client.max_model_len().await;
     let fitted = fit(&opts, max_model_len)?;
-    let urls: Vec<String> = opts
-        .metrics_url
-        .iter()
-        .chain(&extras.more_metrics_urls)
-        .cloned()
-        .collect();
-    let watch = if urls.is_empty() {
+    let watch = if opts.metrics_urls.is_empty() {
         None
     } else {
         Some(
             QueueWatch::start(
-                &urls,
+                &opts.metrics_urls,
                 Duration::from_millis(100),
                 epoch,
                 opts.target.ca_cert.as_deref(),
@@ -689,7 +681,7 @@ impl Ctx {
                 dataset: o.dataset.clone(),
                 workload: o.workload.info(),
                 slo: o.slo.to_string(),
-                metrics_url: o.metrics_url.clone(),
+                metrics_urls: o.metrics_urls.clone(),
                 phases: o.phases.clone(),
                 long_share: o.long_share,
                 long_input_len: self.fitted.long_input,

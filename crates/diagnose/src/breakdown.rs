@@ -270,7 +270,7 @@ fn model_of<'a>(s: &'a Series, join: &'a Join) -> Option<&'a str> {
 }
 
 /// Engines' scrape targets: the `instance` of any `vllm:` series.
-fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
+pub(crate) fn engine_instances(end: &Snapshot) -> BTreeSet<String> {
     end.series
         .iter()
         .filter(|s| s.name.starts_with("vllm:"))

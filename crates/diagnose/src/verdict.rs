@@ -364,7 +364,7 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         }
     }
     let fleet = crate::change::Fleet {
-        engines: engine_instances(&reader),
+        engines: breakdown::engine_instances(end).len(),
         window_secs: window.secs(),
     };
     let advice = crate::change::advise(
@@ -400,17 +400,6 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         blind_spots,
         cluster: cluster.clone(),
     }
-}
-
-/// Engine replicas seen: the distinct instances serving the running gauge.
-fn engine_instances(r: &Reader<'_>) -> usize {
-    let Some(name) = r.name(catalog::Key::Running) else {
-        return 0;
-    };
-    let mut seen: Vec<&str> = r.w.end.named(name).filter_map(|s| s.label("instance")).collect();
-    seen.sort_unstable();
-    seen.dedup();
-    seen.len()
 }
 
 /// Any sign of a request in the window: one finished, answered or refused, or one running,

@@ -223,7 +223,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
         output_len: a.output_len,
         dataset: a.dataset.map(|d| d.display().to_string()),
         slo: a.slo,
-        metrics_url: a.metrics_url.first().cloned(),
+        metrics_urls: a.metrics_url,
         phases,
         long_share: a.long_share,
         long_input: a.long_input_len,
@@ -240,7 +240,6 @@ fn options(a: BenchArgs) -> Result<Outputs> {
     let extras = Extras {
         honor_retry_after: a.honor_retry_after,
         on_level: None,
-        more_metrics_urls: a.metrics_url.iter().skip(1).cloned().collect(),
     };
     Ok((opts, extras, a.json, a.html))
 }

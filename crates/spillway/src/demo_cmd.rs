@@ -233,12 +233,6 @@ async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured>
         on_level: Some(Box::new(move |l| {
             say(&indent(&bench::report::table_level(l, width)))
         })),
-        more_metrics_urls: stack
-            .engines
-            .iter()
-            .skip(1)
-            .map(|e| format!("{}/metrics", e.url()))
-            .collect(),
         ..bench::Extras::default()
     };
     let report = bench::run_with(bench_options(s, &target, &workload, slo, stack), extras).await?;
@@ -523,9 +517,12 @@ fn bench_options(s: &Settings, target: &Target, workload: &Workload, slo: Slo, s
         output_len: LengthDist::Fixed { tokens: s.output },
         dataset: None,
         slo,
-        // The first replica here, the others in `Extras::more_metrics_urls`: the waiting column
-        // sums them all.
-        metrics_url: stack.engines.first().map(|e| format!("{}/metrics", e.url())),
+        // Every replica: the waiting column sums them.
+        metrics_urls: stack
+            .engines
+            .iter()
+            .map(|e| format!("{}/metrics", e.url()))
+            .collect(),
         phases: vec![Phase::Baseline, Phase::Staircase, Phase::Burst],
         long_share: 0.0,
         long_input: None,

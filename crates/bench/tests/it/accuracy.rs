@@ -20,7 +20,7 @@ async fn ttft_differences(streams: u32, seqs: usize, stop: Stop, warmup: Duratio
     opts.stop = stop;
     opts.warmup = warmup;
     opts.keep_records = true;
-    opts.metrics_url = None;
+    opts.metrics_urls.clear();
     let report = bench::run(opts).await.unwrap();
     let level = &report.levels[0];
     assert_eq!(level.load, Load::Concurrency(streams));

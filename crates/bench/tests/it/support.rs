@@ -62,7 +62,7 @@ pub(crate) fn options(url: &str, input: u32, output: u32, slo: &str) -> Options 
         output_len,
         dataset: None,
         slo: slo.parse::<Slo>().unwrap(),
-        metrics_url: Some(format!("{url}/metrics")),
+        metrics_urls: vec![format!("{url}/metrics")],
         phases: Phase::ALL.to_vec(),
         long_share: 0.2,
         long_input: Some(LengthDist::Fixed { tokens: 1000 }),

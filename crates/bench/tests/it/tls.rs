@@ -61,7 +61,7 @@ async fn https_targets_with_a_private_ca() {
     opts.phases = vec![Phase::Staircase];
     opts.loads = concurrency(&[4]);
     opts.stop = bench::load::Stop::Requests(40);
-    opts.metrics_url = Some(format!("{url}/metrics"));
+    opts.metrics_urls = vec![format!("{url}/metrics")];
     opts.target.ca_cert = Some(ca.clone());
     let report = bench::run(opts.clone()).await.unwrap();
     let level = &report.levels[0];

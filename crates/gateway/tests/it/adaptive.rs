@@ -58,7 +58,7 @@ async fn bench_safe_concurrency(url: &str) -> u32 {
         // The SLO and the burst's TTFT recovery decide here: the engine's waiting queue, sampled
         // over 1.5 s levels, is too coarse a signal for a knee this sharp (it once failed C=8 with
         // TTFT p95 at 9 ms, a quarter of the SLO).
-        metrics_url: None,
+        metrics_urls: Vec::new(),
         phases: vec![
             bench::spec::Phase::Baseline,
             bench::spec::Phase::Staircase,

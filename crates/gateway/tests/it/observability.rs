@@ -149,7 +149,7 @@ routes:
         output_len: len,
         dataset: None,
         slo: "ttft_p95=60s,error_rate=100%".parse().unwrap(),
-        metrics_url: None,
+        metrics_urls: Vec::new(),
         phases: vec![bench::spec::Phase::Staircase],
         long_share: 0.0,
         long_input: Some(len),

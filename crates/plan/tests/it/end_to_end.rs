@@ -77,7 +77,7 @@ fn bench_options(url: &str) -> Options {
         output_len,
         dataset: None,
         slo: SLO.parse::<Slo>().unwrap(),
-        metrics_url: Some(format!("{url}/metrics")),
+        metrics_urls: vec![format!("{url}/metrics")],
         phases: vec![Phase::Baseline, Phase::Staircase, Phase::Burst],
         long_share: 0.0,
         long_input: Some(input_len),
