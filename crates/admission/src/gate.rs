@@ -14,6 +14,7 @@
 //! the response body ends or is dropped, not when headers are sent.
 
 use crate::Priority;
+use crate::fair::{Claim, DISPLACED, Fairness, Flows, GRANTED, Share, Verdict, Waiter};
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -122,13 +123,6 @@ impl DrainRate {
     }
 }
 
-struct Waiter {
-    id: u64,
-    tx: oneshot::Sender<()>,
-    /// When it joined the queue: the age of what waits, which no completion histogram shows.
-    since: Instant,
-}
-
 /// The state of an adaptive C.
 #[derive(Debug, Clone)]
 struct Adaptive {
@@ -156,15 +150,26 @@ struct State {
     limits: Limits,
     adaptive: Option<Adaptive>,
     in_flight: u32,
-    /// Waiters by priority: critical, then standard (sheddable never waits).
-    waiters: [VecDeque<Waiter>; 2],
+    /// Waiters by team and priority, and each team's attained service.
+    flows: Flows,
     next_id: u64,
     drain: DrainRate,
 }
 
 impl State {
     fn queued(&self) -> u32 {
-        (self.waiters[0].len() + self.waiters[1].len()) as u32
+        self.flows.queued()
+    }
+
+    /// Hands a slot to the next waiter (see [`Flows::pop_next`]); false if nobody took it.
+    fn grant_next(&mut self, now: Instant) -> bool {
+        while let Some((i, w)) = self.flows.pop_next(now) {
+            if w.tx.send(GRANTED).is_ok() {
+                return true;
+            }
+            self.flows.refund(i, w.cost, now);
+        }
+        false
     }
 
     /// Gives a freed slot to the first live waiter, or takes it out of flight; `held` is how long
@@ -178,14 +183,9 @@ impl State {
             self.in_flight -= 1;
             return;
         }
-        for lane in 0..2 {
-            while let Some(w) = self.waiters[lane].pop_front() {
-                if w.tx.send(()).is_ok() {
-                    return;
-                }
-            }
+        if !self.grant_next(now) {
+            self.in_flight -= 1;
         }
-        self.in_flight -= 1;
     }
 
     fn retry_after(&mut self, ahead: u32, now: Instant) -> Duration {
@@ -245,14 +245,32 @@ pub struct Permit {
     /// How long the request waited for the slot.
     pub queue_wait: Duration,
     granted_at: Instant,
+    /// The team charged for the slot, and how much: settled with the real cost at the end.
+    team: Arc<str>,
+    charged: u64,
 }
 
 impl Permit {
-    fn new(admission: Arc<Admission>, queue_wait: Duration, granted_at: Instant) -> Permit {
+    fn new(admission: Arc<Admission>, queue_wait: Duration, granted_at: Instant, claim: &Claim) -> Permit {
         Permit {
             admission,
             queue_wait,
             granted_at,
+            team: claim.team.clone(),
+            charged: claim.cost,
+        }
+    }
+
+    /// The request really cost `cost` weighted tokens (see [`crate::fair::service_cost`]): its
+    /// team's attained service is corrected by what the grant charged too much or too little.
+    pub fn settle(&mut self, cost: u64) {
+        if cost != self.charged {
+            let delta = cost as f64 - self.charged as f64;
+            self.admission
+                .lock()
+                .flows
+                .charge(&self.team, delta, Instant::now());
+            self.charged = cost;
         }
     }
 
@@ -282,30 +300,29 @@ impl Drop for Permit {
 struct WaitGuard {
     admission: Arc<Admission>,
     id: u64,
+    team: Arc<str>,
     lane: usize,
-    rx: oneshot::Receiver<()>,
+    rx: oneshot::Receiver<Verdict>,
     done: bool,
 }
 
 impl WaitGuard {
-    /// Leaves the queue; true if a slot was granted meanwhile (and is now the caller's).
-    fn leave(&mut self) -> bool {
+    /// Leaves the queue; `Some` if it was told meanwhile (a slot, now the caller's, or pushed out).
+    fn leave(&mut self) -> Option<Verdict> {
         self.done = true;
         let mut s = self.admission.lock();
-        let lane = &mut s.waiters[self.lane];
-        if let Some(pos) = lane.iter().position(|w| w.id == self.id) {
-            lane.remove(pos);
-            false
+        if s.flows.remove(&self.team, self.lane, self.id) {
+            None
         } else {
             // Popped by a release, which sent under the lock while we still held the receiver.
-            self.rx.try_recv().is_ok()
+            self.rx.try_recv().ok()
         }
     }
 }
 
 impl Drop for WaitGuard {
     fn drop(&mut self) {
-        if !self.done && self.leave() {
+        if !self.done && self.leave() == Some(GRANTED) {
             self.admission.lock().release(Instant::now(), None);
         }
     }
@@ -318,7 +335,7 @@ impl Admission {
                 limits,
                 adaptive: None,
                 in_flight: 0,
-                waiters: [VecDeque::new(), VecDeque::new()],
+                flows: Flows::default(),
                 next_id: 0,
                 drain: DrainRate::default(),
             }),
@@ -336,14 +353,24 @@ impl Admission {
     pub fn set_limits(&self, limits: Limits) {
         let mut s = self.lock();
         s.limits = limits;
-        while s.in_flight < s.limits.concurrency {
-            let Some(w) = s.waiters[0].pop_front().or_else(|| s.waiters[1].pop_front()) else {
-                break;
-            };
-            if w.tx.send(()).is_ok() {
-                s.in_flight += 1;
-            }
+        let now = Instant::now();
+        while s.in_flight < s.limits.concurrency && s.grant_next(now) {
+            s.in_flight += 1;
         }
+    }
+
+    /// How waiters of one lane are ordered from now on (a reload may change it).
+    pub fn set_fairness(&self, fairness: Fairness) {
+        self.lock().flows.fairness = fairness;
+    }
+
+    pub fn fairness(&self) -> Fairness {
+        self.lock().flows.fairness
+    }
+
+    /// Each team's attained service and waiters in this class.
+    pub fn shares(&self) -> Vec<Share> {
+        self.lock().flows.shares(Instant::now())
     }
 
     /// Makes C adaptive within `bounds` (or fixed again with `None`), keeping the current C if it
@@ -423,9 +450,18 @@ impl Admission {
 
     /// A slot granted elsewhere (by limits shared through Redis), counted here so that the local
     /// share, should Redis fail, starts from what this gateway already has in flight.
-    pub fn admit_counted(self: &Arc<Self>, queue_wait: Duration) -> Permit {
-        self.lock().in_flight += 1;
-        Permit::new(self.clone(), queue_wait, Instant::now())
+    /// Its team is charged here too, so that fairness on the share starts from the service
+    /// the team already had.
+    pub fn admit_counted(self: &Arc<Self>, queue_wait: Duration, claim: &Claim) -> Permit {
+        let now = Instant::now();
+        {
+            let mut s = self.lock();
+            s.in_flight += 1;
+            let i = s.flows.index(claim, now);
+            let team = s.flows.list[i].team.clone();
+            s.flows.charge(&team, claim.cost as f64, now);
+        }
+        Permit::new(self.clone(), queue_wait, now, claim)
     }
 
     /// For limits shared through Redis: how many waiters may be ahead of a request before its
@@ -452,16 +488,10 @@ impl Admission {
         self.lock().queued() + self.waiting_shared.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// How long the oldest request waiting here has waited (each lane is first in, first out,
-    /// so it is one of the two fronts); `None` with nobody waiting. Waiters of the queue shared
+    /// How long the oldest request waiting here has waited; `None` with nobody waiting. Waiters of the queue shared
     /// through Redis are not timed here.
     pub fn oldest_wait(&self) -> Option<Duration> {
-        let s = self.lock();
-        let oldest = s
-            .waiters
-            .iter()
-            .filter_map(|lane| lane.front().map(|w| w.since))
-            .min()?;
+        let oldest = self.lock().flows.oldest()?;
         Some(Instant::now().saturating_duration_since(oldest))
     }
 
@@ -472,22 +502,27 @@ impl Admission {
         SharedWaiter(self)
     }
 
-    /// Waits for a slot, at most Wq and never past `deadline`.
+    /// Waits for a slot, at most Wq and never past `deadline`; `claim` names the team the slot
+    /// is charged to, which orders it among the waiters of its lane (see [`crate::fair`]).
     pub async fn acquire(
         self: &Arc<Self>,
         priority: Priority,
         deadline: Instant,
+        claim: &Claim,
     ) -> Result<Permit, Rejection> {
         let start = Instant::now();
         let (guard, budget) = {
             let mut s = self.lock();
-            if s.in_flight < s.limits.concurrency {
+            let flow = s.flows.index(claim, start);
+            if s.in_flight < s.limits.concurrency && s.queued() == 0 {
                 s.in_flight += 1;
                 let in_flight = s.in_flight;
                 if let Some(a) = s.adaptive.as_mut() {
                     a.peak = a.peak.max(in_flight);
                 }
-                return Ok(Permit::new(self.clone(), Duration::ZERO, start));
+                let team = s.flows.list[flow].team.clone();
+                s.flows.charge(&team, claim.cost as f64, start);
+                return Ok(Permit::new(self.clone(), Duration::ZERO, start, claim));
             }
             let lane = match priority {
                 Priority::Critical => 0,
@@ -499,10 +534,18 @@ impl Admission {
             };
             let queued = s.queued();
             if queued >= s.limits.queue {
-                let retry_after = s.retry_after(queued, start);
-                return Err(Rejection::QueueFull { retry_after });
+                // Under `teams`, a team holding more than its share of a full queue makes room.
+                match s.flows.displace_for(flow, lane) {
+                    Some(pushed_out) => {
+                        let _ = pushed_out.tx.send(DISPLACED);
+                    }
+                    None => {
+                        let retry_after = s.retry_after(queued, start);
+                        return Err(Rejection::QueueFull { retry_after });
+                    }
+                }
             }
-            let ahead = s.waiters[0].len() as u32 + if lane == 1 { s.waiters[1].len() as u32 } else { 0 };
+            let ahead = s.flows.ahead(flow, lane);
             let budget = s.limits.queue_wait.min(deadline.saturating_duration_since(start));
             let concurrency = s.limits.concurrency;
             if let Some(rate) = s.drain.rate(start, concurrency).filter(|r| *r > 0.0) {
@@ -525,11 +568,19 @@ impl Admission {
             let (tx, rx) = oneshot::channel();
             let id = s.next_id;
             s.next_id += 1;
-            s.waiters[lane].push_back(Waiter { id, tx, since: start });
+            let waiter = Waiter {
+                id,
+                tx,
+                since: start,
+                cost: claim.cost,
+            };
+            s.flows.push(flow, lane, waiter, start);
+            let team = s.flows.list[flow].team.clone();
             (
                 WaitGuard {
                     admission: self.clone(),
                     id,
+                    team,
                     lane,
                     rx,
                     done: false,
@@ -538,18 +589,28 @@ impl Admission {
             )
         };
         let mut guard = guard;
-        let granted = matches!(tokio::time::timeout(budget, &mut guard.rx).await, Ok(Ok(())));
-        if granted || guard.leave() {
-            guard.done = true;
-            let now = Instant::now();
-            return Ok(Permit::new(self.clone(), now - start, now));
-        }
+        let told = match tokio::time::timeout(budget, &mut guard.rx).await {
+            Ok(Ok(verdict)) => Some(verdict),
+            _ => guard.leave(),
+        };
+        guard.done = true;
         let now = Instant::now();
-        let retry_after = self.lock().retry_after(0, now);
-        Err(Rejection::QueueTimeout {
-            waited: now - start,
-            retry_after,
-        })
+        match told {
+            Some(GRANTED) => Ok(Permit::new(self.clone(), now - start, now, claim)),
+            Some(_) => {
+                let mut s = self.lock();
+                let queued = s.queued();
+                let retry_after = s.retry_after(queued, now);
+                Err(Rejection::QueueFull { retry_after })
+            }
+            None => {
+                let retry_after = self.lock().retry_after(0, now);
+                Err(Rejection::QueueTimeout {
+                    waited: now - start,
+                    retry_after,
+                })
+            }
+        }
     }
 }
 

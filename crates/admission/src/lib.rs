@@ -6,16 +6,20 @@
 //! - [`gate`]: one route and class's gate — at most C in flight, at most Q waiting, nobody longer
 //!   than Wq or past their own deadline, priority order, an adaptive C; its [`Permit`] is the slot;
 //!   a refusal is a [`Rejection`].
+//! - [`fair`]: fair share between the teams waiting in a contended class: least attained service
+//!   in weighted tokens, with decay.
 //! - [`quota`]: a team's `max_parallel`, `rpm` and `tpm`; a refusal is a [`QuotaExceeded`].
 //! - [`retry`]: the retry budget of a route and the jittered backoff between attempts.
 //! - [`window`]: the sliding-window counter the quotas and the retry budget count with.
 //! - [`Priority`]: the queue lanes, here because the gate orders by them.
 
+pub mod fair;
 pub mod gate;
 pub mod quota;
 pub mod retry;
 pub mod window;
 
+pub use fair::{Claim, Fairness, Share};
 pub use gate::{AdaptiveLimits, Admission, Limits, Permit, Rejection, SharedWaiter};
 pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaLimits, QuotaPermit, RateHeaders};
 pub use retry::{RetryBudget, backoff};

@@ -10,6 +10,10 @@ fn gate(c: u32, q: u32, wq_ms: u64) -> Arc<Admission> {
     })
 }
 
+fn anon() -> Claim {
+    Claim::anonymous()
+}
+
 fn far() -> Instant {
     Instant::now() + Duration::from_secs(3600)
 }
@@ -17,14 +21,14 @@ fn far() -> Instant {
 #[tokio::test(start_paused = true)]
 async fn admits_c_queues_q_rejects_the_rest_at_once() {
     let a = gate(2, 1, 1000);
-    let p1 = a.acquire(Priority::Standard, far()).await.unwrap();
-    let _p2 = a.acquire(Priority::Standard, far()).await.unwrap();
+    let p1 = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
+    let _p2 = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let a2 = a.clone();
-    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     assert_eq!((a.in_flight(), a.queued()), (2, 1));
     let t = Instant::now();
-    let err = a.acquire(Priority::Standard, far()).await.unwrap_err();
+    let err = a.acquire(Priority::Standard, far(), &anon()).await.unwrap_err();
     assert!(matches!(err, Rejection::QueueFull { .. }));
     assert_eq!(t.elapsed(), Duration::ZERO, "rejected without waiting");
     tokio::time::advance(Duration::from_millis(300)).await;
@@ -41,9 +45,9 @@ async fn admits_c_queues_q_rejects_the_rest_at_once() {
 #[tokio::test(start_paused = true)]
 async fn nobody_waits_longer_than_wq_or_their_deadline() {
     let a = gate(1, 4, 500);
-    let _p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let _p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let t = Instant::now();
-    let err = a.acquire(Priority::Standard, far()).await.unwrap_err();
+    let err = a.acquire(Priority::Standard, far(), &anon()).await.unwrap_err();
     assert_eq!(
         err,
         Rejection::QueueTimeout {
@@ -54,7 +58,7 @@ async fn nobody_waits_longer_than_wq_or_their_deadline() {
     assert_eq!(t.elapsed(), Duration::from_millis(500));
     let t = Instant::now();
     let err = a
-        .acquire(Priority::Standard, t + Duration::from_millis(120))
+        .acquire(Priority::Standard, t + Duration::from_millis(120), &anon())
         .await
         .unwrap_err();
     assert!(matches!(err, Rejection::QueueTimeout { .. }));
@@ -69,9 +73,9 @@ async fn nobody_waits_longer_than_wq_or_their_deadline() {
 #[tokio::test(start_paused = true)]
 async fn critical_goes_first_then_fifo_and_sheddable_never_waits() {
     let a = gate(1, 8, 10_000);
-    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     assert!(matches!(
-        a.acquire(Priority::Sheddable, far()).await,
+        a.acquire(Priority::Sheddable, far(), &anon()).await,
         Err(Rejection::Shed { .. })
     ));
     let order = Arc::new(Mutex::new(Vec::new()));
@@ -83,7 +87,7 @@ async fn critical_goes_first_then_fifo_and_sheddable_never_waits() {
     ] {
         let (a, order) = (a.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let permit = a.acquire(prio, far()).await.unwrap();
+            let permit = a.acquire(prio, far(), &anon()).await.unwrap();
             order.lock().unwrap().push(name);
             tokio::time::sleep(Duration::from_millis(10)).await;
             drop(permit);
@@ -101,16 +105,16 @@ async fn critical_goes_first_then_fifo_and_sheddable_never_waits() {
 #[tokio::test(start_paused = true)]
 async fn a_client_that_leaves_the_queue_frees_its_place() {
     let a = gate(1, 1, 10_000);
-    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let a2 = a.clone();
-    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     assert_eq!(a.queued(), 1);
     waiter.abort();
     let _ = waiter.await;
     assert_eq!(a.queued(), 0, "the place is free at once");
     let a3 = a.clone();
-    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far()).await });
+    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     drop(p);
     let granted = next.await.unwrap().unwrap();
@@ -124,27 +128,27 @@ async fn predicted_wait_beyond_the_budget_is_rejected_at_arrival() {
     // One slot that drains 10 requests per second.
     let a = gate(1, 100, 1000);
     for _ in 0..20 {
-        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
         tokio::time::advance(Duration::from_millis(100)).await;
         drop(p);
     }
-    let _busy = a.acquire(Priority::Standard, far()).await.unwrap();
+    let _busy = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let mut waiting = Vec::new();
     for _ in 0..9 {
         let a = a.clone();
-        waiting.push(tokio::spawn(
-            async move { a.acquire(Priority::Standard, far()).await },
-        ));
+        waiting.push(tokio::spawn(async move {
+            a.acquire(Priority::Standard, far(), &anon()).await
+        }));
         tokio::task::yield_now().await;
     }
     assert_eq!(a.queued(), 9);
     // Tenth in line: 1 s at 10/s is within Wq = 1 s; the eleventh would need 1.1 s.
     let a10 = a.clone();
-    let tenth = tokio::spawn(async move { a10.acquire(Priority::Standard, far()).await });
+    let tenth = tokio::spawn(async move { a10.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     assert_eq!(a.queued(), 10);
     let t = Instant::now();
-    match a.acquire(Priority::Standard, far()).await {
+    match a.acquire(Priority::Standard, far(), &anon()).await {
         Err(Rejection::PredictedWait {
             predicted,
             retry_after,
@@ -161,7 +165,11 @@ async fn predicted_wait_beyond_the_budget_is_rejected_at_arrival() {
     assert_eq!(t.elapsed(), Duration::ZERO);
     // A deadline shorter than the predicted wait is rejected at arrival too.
     match a
-        .acquire(Priority::Critical, Instant::now() + Duration::from_millis(50))
+        .acquire(
+            Priority::Critical,
+            Instant::now() + Duration::from_millis(50),
+            &anon(),
+        )
         .await
     {
         Err(Rejection::PredictedWait { .. }) => {}
@@ -176,9 +184,9 @@ async fn predicted_wait_beyond_the_budget_is_rejected_at_arrival() {
 #[tokio::test(start_paused = true)]
 async fn retry_after_follows_the_drain_rate() {
     let a = gate(2, 0, 1000);
-    let p = a.acquire(Priority::Standard, far()).await.unwrap();
-    let _q = a.acquire(Priority::Standard, far()).await.unwrap();
-    match a.acquire(Priority::Standard, far()).await {
+    let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
+    let _q = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
+    match a.acquire(Priority::Standard, far(), &anon()).await {
         Err(Rejection::QueueFull { retry_after }) => {
             assert_eq!(retry_after, Duration::from_secs(1), "no history: Wq")
         }
@@ -188,11 +196,11 @@ async fn retry_after_follows_the_drain_rate() {
     // Two per second through the window.
     for _ in 0..10 {
         tokio::time::advance(Duration::from_millis(500)).await;
-        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
         drop(p);
     }
-    let _p = a.acquire(Priority::Standard, far()).await.unwrap();
-    match a.acquire(Priority::Standard, far()).await {
+    let _p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
+    match a.acquire(Priority::Standard, far(), &anon()).await {
         Err(Rejection::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(1)),
         other => panic!("{other:?}"),
     }
@@ -201,9 +209,9 @@ async fn retry_after_follows_the_drain_rate() {
 #[tokio::test(start_paused = true)]
 async fn raising_c_admits_waiters_and_lowering_it_lets_in_flight_finish() {
     let a = gate(1, 4, 10_000);
-    let p1 = a.acquire(Priority::Standard, far()).await.unwrap();
+    let p1 = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let a2 = a.clone();
-    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far()).await });
+    let waiter = tokio::spawn(async move { a2.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     assert_eq!(a.queued(), 1);
     a.set_limits(Limits {
@@ -225,7 +233,7 @@ async fn raising_c_admits_waiters_and_lowering_it_lets_in_flight_finish() {
     assert_eq!(a.in_flight(), 2, "requests in flight keep their slots");
     drop(p1);
     let a3 = a.clone();
-    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far()).await });
+    let next = tokio::spawn(async move { a3.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     assert_eq!(a.queued(), 1, "still one in flight = the new C: the next waits");
     drop(p2);
@@ -248,7 +256,7 @@ async fn adaptive_c_falls_over_the_objective_and_rises_under_it_when_reached() {
             for _ in 0..batches {
                 let mut permits = Vec::new();
                 for _ in 0..width {
-                    match a.acquire(Priority::Standard, far()).await {
+                    match a.acquire(Priority::Standard, far(), &anon()).await {
                         Ok(p) => permits.push(p),
                         Err(_) => break,
                     }
@@ -293,7 +301,7 @@ async fn a_burst_after_an_idle_spell_is_not_refused_on_stale_history() {
     // the predicted wait (2 ahead at most, 200 ms holds over 2 slots: 200 ms) is far below Wq.
     let a = gate(2, 2, 1000);
     for _ in 0..10 {
-        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
         tokio::time::advance(Duration::from_millis(200)).await;
         drop(p);
     }
@@ -304,7 +312,7 @@ async fn a_burst_after_an_idle_spell_is_not_refused_on_stale_history() {
             tokio::spawn(async move {
                 let mut refused = 0;
                 for _ in 0..10 {
-                    match a.acquire(Priority::Standard, far()).await {
+                    match a.acquire(Priority::Standard, far(), &anon()).await {
                         Ok(p) => {
                             tokio::time::sleep(Duration::from_millis(200)).await;
                             drop(p);
@@ -327,18 +335,18 @@ async fn the_drain_rate_ignores_idle_time_between_holds() {
     // per second when busy, so 5 ahead need 0.5 s, within Wq.
     let a = gate(1, 10, 1000);
     for _ in 0..8 {
-        let p = a.acquire(Priority::Standard, far()).await.unwrap();
+        let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
         tokio::time::advance(Duration::from_millis(100)).await;
         drop(p);
         tokio::time::advance(Duration::from_millis(900)).await;
     }
-    let _busy = a.acquire(Priority::Standard, far()).await.unwrap();
+    let _busy = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let mut waiting = Vec::new();
     for _ in 0..5 {
         let a = a.clone();
-        waiting.push(tokio::spawn(
-            async move { a.acquire(Priority::Standard, far()).await },
-        ));
+        waiting.push(tokio::spawn(async move {
+            a.acquire(Priority::Standard, far(), &anon()).await
+        }));
         tokio::task::yield_now().await;
     }
     assert_eq!(a.queued(), 5, "nobody refused");
@@ -353,13 +361,13 @@ async fn the_drain_rate_ignores_idle_time_between_holds() {
 async fn the_oldest_waiter_is_timed_while_it_waits() {
     let a = gate(1, 4, 10_000);
     assert_eq!(a.oldest_wait(), None);
-    let p = a.acquire(Priority::Standard, far()).await.unwrap();
+    let p = a.acquire(Priority::Standard, far(), &anon()).await.unwrap();
     let a1 = a.clone();
-    let standard = tokio::spawn(async move { a1.acquire(Priority::Standard, far()).await });
+    let standard = tokio::spawn(async move { a1.acquire(Priority::Standard, far(), &anon()).await });
     tokio::task::yield_now().await;
     tokio::time::advance(Duration::from_millis(700)).await;
     let a2 = a.clone();
-    let critical = tokio::spawn(async move { a2.acquire(Priority::Critical, far()).await });
+    let critical = tokio::spawn(async move { a2.acquire(Priority::Critical, far(), &anon()).await });
     tokio::task::yield_now().await;
     tokio::time::advance(Duration::from_millis(300)).await;
     // The critical one goes first, but the standard one has waited longest.
