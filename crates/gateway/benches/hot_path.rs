@@ -1,7 +1,7 @@
 //! Micro-benchmarks of the gateway's per-request and per-chunk work: the admission decision and
 //! the SSE relay's splitting and classification.
 
-use admission::{Admission, Limits, Priority};
+use admission::{Admission, Claim, Fairness, Limits, Priority};
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use protocol::sse::EventSplitter;
 use spillway_gateway::event::classify;
@@ -18,21 +18,45 @@ fn admission(c: &mut Criterion) {
         queue_wait: Duration::from_secs(2),
     });
     let deadline = Instant::now() + Duration::from_secs(3600);
-    g.bench_function("admit_and_release", |b| {
-        b.iter(|| {
-            let permit = futures::executor::block_on(gate.acquire(Priority::Standard, deadline)).unwrap();
-            drop(black_box(permit));
-        })
-    });
+    let claim = Claim {
+        team: "team-b".into(),
+        weight: 1.0,
+        cost: 600,
+    };
+    // Teams attained service before: the claim's team is found among several.
+    for team in ["team-a", "team-c", "team-d", "team-b"] {
+        let other = Claim {
+            team: team.into(),
+            ..claim.clone()
+        };
+        drop(futures::executor::block_on(gate.acquire(
+            Priority::Standard,
+            deadline,
+            &other,
+        )));
+    }
+    for fairness in [Fairness::Fifo, Fairness::Teams] {
+        gate.set_fairness(fairness);
+        g.bench_function(format!("admit_and_release_{}", fairness.as_str()), |b| {
+            b.iter(|| {
+                let mut permit =
+                    futures::executor::block_on(gate.acquire(Priority::Standard, deadline, &claim)).unwrap();
+                permit.settle(700);
+                drop(black_box(permit));
+            })
+        });
+    }
     let full = Admission::new(Limits {
         concurrency: 1,
         queue: 0,
         queue_wait: Duration::from_secs(2),
     });
-    let _held = futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap();
+    let _held = futures::executor::block_on(full.acquire(Priority::Standard, deadline, &claim)).unwrap();
     g.bench_function("reject_queue_full", |b| {
         b.iter(|| {
-            black_box(futures::executor::block_on(full.acquire(Priority::Standard, deadline)).unwrap_err())
+            black_box(
+                futures::executor::block_on(full.acquire(Priority::Standard, deadline, &claim)).unwrap_err(),
+            )
         })
     });
     g.finish();

@@ -61,10 +61,17 @@ pub struct TenantConfig {
     /// Tokens per minute (prompt + completion; `max_tokens` reserved at admission, settled at the end).
     #[serde(default)]
     pub tpm: Option<std::num::NonZeroU64>,
+    /// The team's share of a contended class under `fairness: teams`, relative to the others'.
+    #[serde(default = "one")]
+    pub weight: f64,
+}
+
+fn one() -> f64 {
+    1.0
 }
 
 /// Queue priority lives with the admission gate that orders by it.
-pub use admission::Priority;
+pub use admission::{Fairness, Priority};
 
 /// A configuration that cannot be used, with the path of the offending field.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -125,6 +132,16 @@ impl Config {
             }
         }
         self.validate_tenants(&models)?;
+        // Teams share a contended class fairly unless a class says otherwise; with no tenants
+        // there is one anonymous team, and arrival order is all there is.
+        let fairness = if self.tenants.is_empty() {
+            Fairness::Fifo
+        } else {
+            Fairness::Teams
+        };
+        for class in self.routes.iter_mut().flat_map(|r| r.classes.iter_mut()) {
+            class.fairness.get_or_insert(fairness);
+        }
         self.validate_listeners()?;
         self.validate_redis()?;
         self.validate_tracing()?;
@@ -207,6 +224,15 @@ impl Config {
         for (i, tenant) in self.tenants.iter_mut().enumerate() {
             if tenant.team.is_empty() {
                 return Err(err(format!("tenants[{i}].team"), "must not be empty"));
+            }
+            if !(tenant.weight.is_finite() && tenant.weight > 0.0 && tenant.weight <= 1e6) {
+                return Err(err(
+                    format!("tenants[{i}].weight"),
+                    format!(
+                        "must be a number above 0 (and at most 1000000), not {}",
+                        tenant.weight
+                    ),
+                ));
             }
             if tenant.key_sha256.is_empty() {
                 return Err(err(

@@ -104,6 +104,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) team: &'a str,
     pub(crate) quota: QuotaLimits,
     pub(crate) tokens: u64,
+    /// The team and what it is charged in attained service, for fair share.
+    pub(crate) claim: admission::Claim,
     /// This gateway's gate of the class: its hold times predict waits, and it counts the request.
     pub(crate) admission: &'a Arc<Admission>,
 }
@@ -506,7 +508,7 @@ impl SharedLimits {
             }
         }
         self.hold(&mut lease);
-        let permit = ask.admission.admit_counted(start.elapsed());
+        let permit = ask.admission.admit_counted(start.elapsed(), &ask.claim);
         Ok(Ok(Admitted {
             permit,
             lease,

@@ -40,6 +40,10 @@ pub(crate) struct Metrics {
     pub in_flight: IntGaugeVec,
     pub queued: IntGaugeVec,
     pub oldest_wait: prometheus::GaugeVec,
+    pub team_service: IntCounterVec,
+    pub team_queue_wait: HistogramVec,
+    pub attained_service: prometheus::GaugeVec,
+    pub fairness_index: prometheus::GaugeVec,
     pub concurrency_limit: IntGaugeVec,
     pub queue_limit: IntGaugeVec,
     pub replica_outstanding: IntGaugeVec,
@@ -78,6 +82,8 @@ pub(crate) struct TeamSeries {
     pub ok: IntCounter,
     pub prompt_tokens: IntCounter,
     pub completion_tokens: IntCounter,
+    pub service: IntCounter,
+    pub queue_wait: Histogram,
 }
 
 impl ClassSeries {
@@ -98,6 +104,8 @@ impl ClassSeries {
                 ok: metrics.requests.with_label_values(&[l[0], l[1], l[2], "200"]),
                 prompt_tokens: metrics.prompt_tokens.with_label_values(&l),
                 completion_tokens: metrics.completion_tokens.with_label_values(&l),
+                service: metrics.team_service.with_label_values(&l),
+                queue_wait: metrics.team_queue_wait.with_label_values(&l),
             }
         });
         f(series)
@@ -219,6 +227,45 @@ impl Metrics {
                     Opts::new(
                         "spillway_queue_oldest_wait_seconds",
                         "How long the oldest request waiting for a slot has waited (0: none waits).",
+                    ),
+                    rc,
+                ));
+                must(registry.register(Box::new(g.clone())));
+                g
+            },
+            team_service: counter(
+                "spillway_team_service_tokens_total",
+                "Service each team attained, in weighted tokens (prompt + 2 × completion, as fair share counts it).",
+                &["route", "class", "team"],
+            ),
+            team_queue_wait: {
+                let h = must(HistogramVec::new(
+                    HistogramOpts::new(
+                        "spillway_team_queue_wait_seconds",
+                        "Time admitted requests waited for a slot, by team.",
+                    )
+                    .buckets(QUEUE_BUCKETS.to_vec()),
+                    &["route", "class", "team"],
+                ));
+                must(registry.register(Box::new(h.clone())));
+                h
+            },
+            attained_service: {
+                let g = must(prometheus::GaugeVec::new(
+                    Opts::new(
+                        "spillway_team_attained_service",
+                        "Each team's attained service in the class as fair share compares it: weighted tokens, halving every 60 s.",
+                    ),
+                    &["route", "class", "team"],
+                ));
+                must(registry.register(Box::new(g.clone())));
+                g
+            },
+            fairness_index: {
+                let g = must(prometheus::GaugeVec::new(
+                    Opts::new(
+                        "spillway_fairness_index",
+                        "Jain's index over the attained service per weight of the teams that waited in the last 60 s (1: equal shares; 1/n: one team has it all).",
                     ),
                     rc,
                 ));

@@ -279,6 +279,7 @@ impl Class {
             None => Admission::new(local),
         };
         admission.set_adaptive(adaptive);
+        admission.set_fairness(c.fairness.unwrap_or_default());
         let shown = if redis.is_some() {
             limits.concurrency
         } else {

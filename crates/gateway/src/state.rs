@@ -253,6 +253,9 @@ impl Gateway {
     pub(crate) fn refresh_gauges(&self) {
         // Set anew at each scrape: a class a reload removed must not keep its last age forever.
         self.metrics.oldest_wait.reset();
+        self.metrics.attained_service.reset();
+        self.metrics.fairness_index.reset();
+        let now = tokio::time::Instant::now();
         for r in &self.table().routes {
             r.refresh_gauges();
             for c in &r.classes {
@@ -269,6 +272,22 @@ impl Gateway {
                     .oldest_wait
                     .with_label_values(&labels)
                     .set(c.admission.oldest_wait().map_or(0.0, |d| d.as_secs_f64()));
+                let shares = c.admission.shares();
+                let mut backlogged = Vec::new();
+                for s in &shares {
+                    self.metrics
+                        .attained_service
+                        .with_label_values(&[labels[0], labels[1], &s.team])
+                        .set(s.service);
+                    if s.backlogged_at
+                        .is_some_and(|t| now.saturating_duration_since(t) <= admission::fair::HALF_LIFE)
+                    {
+                        backlogged.push(s.service / s.weight);
+                    }
+                }
+                if let Some(j) = admission::fair::jain(&backlogged) {
+                    self.metrics.fairness_index.with_label_values(&labels).set(j);
+                }
             }
         }
     }

@@ -17,6 +17,8 @@ pub(crate) struct Tenant {
     /// when Redis is unreachable, and the whole of it when there is no Redis.
     pub(crate) limits: QuotaLimits,
     pub(crate) quota: Arc<Quota>,
+    /// Its share of a contended class under `fairness: teams`.
+    pub(crate) weight: f64,
 }
 
 impl std::fmt::Debug for Tenant {
@@ -36,6 +38,7 @@ impl Tenant {
             priority: Priority::Standard,
             limits: QuotaLimits::default(),
             quota: Quota::new("anonymous", QuotaLimits::default()),
+            weight: 1.0,
         }
     }
 
@@ -85,6 +88,7 @@ impl Tenants {
                 priority: c.priority,
                 limits,
                 quota,
+                weight: c.weight,
             }));
             for hex in &c.key_sha256 {
                 let mut digest = [0u8; 32];
@@ -163,6 +167,7 @@ mod tests {
             max_parallel: None,
             rpm: None,
             tpm: None,
+            weight: 1.0,
         }]
     }
 

@@ -271,6 +271,10 @@ pub struct ClassConfig {
     /// The class's own replicas (e.g. long requests on their own endpoints); default: the route's.
     #[serde(default)]
     pub replicas: Option<Vec<String>>,
+    /// How waiters of one priority share a contended class: `teams` (least attained service
+    /// per weight first; the default when tenants are configured) or `fifo` (arrival order).
+    #[serde(default)]
+    pub fairness: Option<super::Fairness>,
 }
 
 /// A fixed C, or one that follows the measured time to first token (see [`admission::Admission::adapt`]).
@@ -511,6 +515,7 @@ pub(super) fn validate_route(i: usize, route: &mut RouteConfig) -> Result<(), Co
             queue_wait: Duration::from_secs(2).min(t.first_token / 2),
             slo: None,
             replicas: None,
+            fairness: None,
         });
     }
     let mut names = HashSet::new();

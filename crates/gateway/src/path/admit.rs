@@ -18,6 +18,17 @@ fn reserved_tokens(prepared: &Prepared) -> u64 {
         + u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences)
 }
 
+/// What the request is charged in its team's attained service when it gets a slot: its prompt
+/// and the most it may generate, weighted (settled with what it really cost at the end).
+fn claim(tenant: &Tenant, prepared: &Prepared) -> admission::Claim {
+    let output = u64::from(prepared.max_tokens.unwrap_or(0)) * u64::from(prepared.sequences);
+    admission::Claim {
+        team: tenant.team.clone(),
+        weight: tenant.weight,
+        cost: admission::fair::service_cost(u64::from(prepared.input_tokens), output),
+    }
+}
+
 /// Stages 5 and 6: the team's quota, then a slot in the class — one call to Redis where limits
 /// are shared by several gateways, else (or while Redis does not answer) this gateway's own.
 pub(super) async fn admit(
@@ -31,7 +42,7 @@ pub(super) async fn admit(
 ) -> Result<(), GatewayError> {
     let Some(shared) = &g.shared else {
         charge_quota(tenant, prepared, ex)?;
-        return take_slot(route, class, prepared, budgets, ex).await;
+        return take_slot(route, class, tenant, prepared, budgets, ex).await;
     };
     // The Redis path's future is six times the local one's; boxed, it does not make every
     // request's future (allocated whole per request) that much larger.
@@ -61,7 +72,7 @@ async fn admit_with_redis(
     // Waiting on this gateway's share while Redis is out: if limits turn shared meanwhile, Redis
     // decides instead (a slot of the share handed over then would come on top of C).
     let local = tokio::select! {
-        r = take_slot(route, class, prepared, budgets, ex) => Some(r),
+        r = take_slot(route, class, tenant, prepared, budgets, ex) => Some(r),
         () = shared.sharing() => None,
     };
     match local {
@@ -72,7 +83,7 @@ async fn admit_with_redis(
                 return Ok(());
             }
             charge_quota(tenant, prepared, ex)?;
-            take_slot(route, class, prepared, budgets, ex).await?;
+            take_slot(route, class, tenant, prepared, budgets, ex).await?;
         }
     }
     // Admitted on this gateway's share: Redis learns of it when it is back.
@@ -116,6 +127,7 @@ async fn admit_shared(
         team: &tenant.team,
         quota: tenant.limits,
         tokens,
+        claim: claim(tenant, prepared),
         admission: &class.admission,
     };
     match shared.admit(ask).await {
@@ -161,13 +173,18 @@ fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Ledger) -> Result
 async fn take_slot(
     route: &Route,
     class: &Class,
+    tenant: &Tenant,
     prepared: &Prepared,
     budgets: &Budgets,
     ex: &mut Ledger,
 ) -> Result<(), GatewayError> {
     match class
         .admission
-        .acquire(prepared.priority, budgets.first_token_deadline)
+        .acquire(
+            prepared.priority,
+            budgets.first_token_deadline,
+            &claim(tenant, prepared),
+        )
         .await
     {
         Ok(permit) => {

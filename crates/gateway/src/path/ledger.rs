@@ -138,7 +138,9 @@ impl Ledger {
 
     pub(crate) fn admitted(&mut self, permit: Permit) {
         if let Some(s) = &self.series {
-            s.queue_wait.observe(permit.queue_wait.as_secs_f64());
+            let waited = permit.queue_wait.as_secs_f64();
+            s.queue_wait.observe(waited);
+            s.team(&self.metrics, &self.record.team, |t| t.queue_wait.observe(waited));
         }
         self.queue_wait = Some(permit.queue_wait);
         self.permit = Some(permit);
@@ -257,6 +259,14 @@ impl Drop for Ledger {
         if let Some(l) = self.lease.as_mut() {
             l.settle(cost);
         }
+        // Attained service weighs decode above prefill (see `admission::fair`).
+        let service = admission::fair::service_cost(
+            u64::from(tokens_in.unwrap_or(0)),
+            u64::from(tokens_out.unwrap_or(0)),
+        );
+        if let Some(p) = self.permit.as_mut() {
+            p.settle(service);
+        }
         let team = &*self.record.team;
         match ending {
             Ending::Cut(cut) => {
@@ -281,6 +291,7 @@ impl Drop for Ledger {
         match &self.series {
             Some(s) if status == StatusCode::OK => s.team(m, &self.record.team, |t| {
                 t.ok.inc();
+                t.service.inc_by(service);
                 if let Some((p, c)) = usage {
                     t.prompt_tokens.inc_by(u64::from(p));
                     t.completion_tokens.inc_by(u64::from(c));
@@ -297,6 +308,11 @@ impl Drop for Ledger {
                     m.completion_tokens
                         .with_label_values(&[labels[0], labels[1], team])
                         .inc_by(u64::from(c));
+                }
+                if self.permit.is_some() && service > 0 {
+                    m.team_service
+                        .with_label_values(&[labels[0], labels[1], team])
+                        .inc_by(service);
                 }
             }
         }
