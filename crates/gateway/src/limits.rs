@@ -106,6 +106,7 @@ pub(crate) struct Ask<'a> {
     pub(crate) tokens: u64,
     /// The team and what it is charged in attained service, for fair share.
     pub(crate) claim: admission::Claim,
+    pub(crate) fairness: admission::Fairness,
     /// This gateway's gate of the class: its hold times predict waits, and it counts the request.
     pub(crate) admission: &'a Arc<Admission>,
 }
@@ -129,6 +130,10 @@ pub(crate) struct Lease {
     used: Option<u64>,
     /// The slot is granted (and renewed); a queued lease holds only its queue place.
     granted: bool,
+    /// Its team's attained service under fair share: what the grant charged, what it cost.
+    team: Option<Arc<str>>,
+    service_charged: u64,
+    service_used: Option<u64>,
     team_slot: bool,
     /// Redis may hold something of it: its drop sends the release.
     armed: bool,
@@ -141,6 +146,8 @@ struct Keys {
     team_parallel: String,
     team_requests: String,
     team_tokens: String,
+    service: String,
+    pushed_out: String,
 }
 
 impl Lease {
@@ -148,6 +155,24 @@ impl Lease {
     pub(crate) fn settle(&mut self, tokens: u64) {
         self.used = Some(tokens);
     }
+
+    /// Its weighted tokens (see `admission::fair`), which settle its team's attained service.
+    pub(crate) fn settle_service(&mut self, service: u64) {
+        self.service_used = Some(service);
+    }
+}
+
+/// How a wait in the shared queue ended without a slot.
+enum NoSlot {
+    /// Wq or the request's deadline came first, after this long.
+    TimedOut(Duration),
+    /// A team holding less of the full queue took its place.
+    PushedOut,
+}
+
+/// The half-life of attained service, for the scripts.
+fn half_life_ms() -> u64 {
+    admission::fair::HALF_LIFE.as_millis() as u64
 }
 
 impl Drop for Lease {
@@ -175,18 +200,29 @@ impl Drop for Lease {
         let (second, charged) = (self.second, self.charged);
         let used = self.used.map_or(-1, |u| u as i64);
         let granted = self.granted;
+        let team = self.team.take();
+        let service_charged = self.service_charged;
+        let service_used = match (&team, self.service_used) {
+            (Some(_), Some(u)) => u as i64,
+            _ => -1,
+        };
         runtime.spawn(async move {
             let mut call = shared.scripts.release.prepare_invoke();
             call.key(&keys.slots)
                 .key(&keys.queue)
                 .key(&keys.team_parallel)
                 .key(&keys.team_tokens)
+                .key(&keys.service)
                 .arg(&member)
                 .arg(second)
                 .arg(charged)
                 .arg(used)
                 .arg(&shared.channel)
-                .arg(&keys.slots);
+                .arg(&keys.slots)
+                .arg(team.as_deref().unwrap_or(""))
+                .arg(service_charged)
+                .arg(service_used)
+                .arg(half_life_ms());
             let op = if granted { "release" } else { "dequeue" };
             // A release that fails leaves the lease to expire within its ttl.
             let _ = shared.call::<i64>(op, &call).await;
@@ -374,6 +410,8 @@ impl SharedLimits {
             team_parallel: format!("{p}:team:{team}:parallel"),
             team_requests: format!("{p}:team:{team}:requests"),
             team_tokens: format!("{p}:team:{team}:tokens"),
+            service: format!("{p}:service:{route}:{class}"),
+            pushed_out: format!("{p}:pushed:{route}:{class}"),
         }
     }
 
@@ -386,7 +424,15 @@ impl SharedLimits {
     ) -> Result<Result<Admitted, GatewayError>, Unavailable> {
         let start = Instant::now();
         let keys = self.keys(ask.route, ask.class, ask.team);
-        let member = self.member();
+        let fair = ask.fairness == admission::Fairness::Teams;
+        // The scripts read a waiter's cost and team from its name (see acquire.lua).
+        let member = format!(
+            "{}:{}:{}:{}",
+            self.gateway,
+            self.next.fetch_add(1, Ordering::Relaxed),
+            ask.claim.cost,
+            ask.team
+        );
         let lane = match ask.priority {
             Priority::Critical => LANE_CRITICAL,
             Priority::Standard => LANE_STANDARD,
@@ -408,6 +454,8 @@ impl SharedLimits {
             .key(&keys.team_parallel)
             .key(&keys.team_requests)
             .key(&keys.team_tokens)
+            .key(&keys.service)
+            .key(&keys.pushed_out)
             .arg(&member)
             .arg(ask.limits.concurrency)
             .arg(ask.limits.queue)
@@ -419,7 +467,12 @@ impl SharedLimits {
             .arg(q.max_parallel.map_or(0, |m| m.get()))
             .arg(q.rpm.map_or(0, |m| m.get()))
             .arg(q.tpm.map_or(0, |m| m.get()))
-            .arg(ask.tokens);
+            .arg(ask.tokens)
+            .arg(ask.team)
+            .arg(ask.claim.weight)
+            .arg(ask.claim.cost)
+            .arg(u8::from(fair))
+            .arg(half_life_ms());
         // Armed before the call: if it times out (or this future is dropped) after Redis ran the
         // script, the drop gives back whatever it took instead of leaving it for the lease ttl.
         let mut lease = Lease {
@@ -430,6 +483,9 @@ impl SharedLimits {
             charged: 0,
             used: None,
             granted: false,
+            team: fair.then(|| ask.claim.team.clone()),
+            service_charged: ask.claim.cost,
+            service_used: None,
             team_slot: q.max_parallel.is_some(),
             armed: true,
         };
@@ -495,16 +551,20 @@ impl SharedLimits {
         lease.second = second;
         lease.charged = if q.tpm.is_some() { ask.tokens } else { 0 };
         if outcome == 2 {
-            match self.wait(&mut lease, &ask, start + budget).await? {
-                Ok(()) => {}
-                Err(waited) => {
-                    // Refused after all: its reserved tokens go back.
-                    lease.settle(0);
-                    let retry_after = ask.admission.retry_after_shared(0, ask.limits);
-                    return Ok(Err(
-                        ask.overloaded(Rejection::QueueTimeout { waited, retry_after })
-                    ));
-                }
+            let refused = match self.wait(&mut lease, &ask, start + budget).await? {
+                Ok(()) => None,
+                Err(NoSlot::TimedOut(waited)) => Some(Rejection::QueueTimeout {
+                    waited,
+                    retry_after: ask.admission.retry_after_shared(0, ask.limits),
+                }),
+                Err(NoSlot::PushedOut) => Some(Rejection::QueueFull {
+                    retry_after: ask.admission.retry_after_shared(ask.limits.queue, ask.limits),
+                }),
+            };
+            if let Some(rejection) = refused {
+                // Refused after all: its reserved tokens go back.
+                lease.settle(0);
+                return Ok(Err(ask.overloaded(rejection)));
             }
         }
         self.hold(&mut lease);
@@ -536,7 +596,7 @@ impl SharedLimits {
         lease: &mut Lease,
         ask: &Ask<'_>,
         until: Instant,
-    ) -> Result<Result<(), Duration>, Unavailable> {
+    ) -> Result<Result<(), NoSlot>, Unavailable> {
         let start = Instant::now();
         let _counted = ask.admission.shared_waiter();
         let waker = self.waker(&lease.keys.slots);
@@ -549,21 +609,28 @@ impl SharedLimits {
             tokio::select! {
                 _ = woken => {}
                 _ = tokio::time::sleep(POLL) => {}
-                _ = tokio::time::sleep_until(until) => return Ok(Err(start.elapsed())),
+                _ = tokio::time::sleep_until(until) => {
+                    return Ok(Err(NoSlot::TimedOut(start.elapsed())));
+                }
             }
             let mut call = self.scripts.promote.prepare_invoke();
             call.key(&lease.keys.slots)
                 .key(&lease.keys.queue)
                 .key(format!("{}:gateways", self.prefix))
+                .key(&lease.keys.service)
+                .key(&lease.keys.pushed_out)
                 .arg(&lease.member)
                 .arg(ask.limits.concurrency)
                 .arg(ttl)
-                .arg(wq);
+                .arg(wq)
+                .arg(u8::from(ask.fairness == admission::Fairness::Teams))
+                .arg(half_life_ms());
             match self.call::<i64>("promote", &call).await? {
                 1 => return Ok(Ok(())),
                 0 => {}
+                -2 => return Ok(Err(NoSlot::PushedOut)),
                 // The place expired (this gateway was cut off for longer than Wq).
-                _ => return Ok(Err(start.elapsed())),
+                _ => return Ok(Err(NoSlot::TimedOut(start.elapsed()))),
             }
         }
     }
@@ -654,6 +721,9 @@ impl SharedLimits {
             charged: 0,
             used: None,
             granted: false,
+            team: None,
+            service_charged: 0,
+            service_used: None,
             team_slot,
             armed: true,
         };

@@ -128,6 +128,7 @@ async fn admit_shared(
         quota: tenant.limits,
         tokens,
         claim: claim(tenant, prepared),
+        fairness: class.config.fairness.unwrap_or_default(),
         admission: &class.admission,
     };
     match shared.admit(ask).await {

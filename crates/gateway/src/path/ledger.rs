@@ -267,6 +267,9 @@ impl Drop for Ledger {
         if let Some(p) = self.permit.as_mut() {
             p.settle(service);
         }
+        if let Some(l) = self.lease.as_mut() {
+            l.settle_service(service);
+        }
         let team = &*self.record.team;
         match ending {
             Ending::Cut(cut) => {

@@ -8,6 +8,7 @@ mod balance;
 mod cancellation;
 mod clients;
 mod deploy;
+mod fair_share;
 mod hostile;
 mod http1;
 mod observability;

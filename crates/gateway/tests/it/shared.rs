@@ -16,7 +16,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 /// A `redis-server` of its own on a free loopback port, stopped when dropped.
-struct Redis {
+pub(crate) struct Redis {
     port: u16,
     child: Option<Child>,
 }
@@ -24,7 +24,7 @@ struct Redis {
 impl Redis {
     /// `None` (with the reason printed) where `redis-server` is not installed; `scripts/test.sh`
     /// installs it, so CI always runs these.
-    async fn start() -> Option<Redis> {
+    pub(crate) async fn start() -> Option<Redis> {
         if std::process::Command::new("redis-server")
             .arg("--version")
             .output()
@@ -48,7 +48,7 @@ impl Redis {
         Some(r)
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
@@ -106,9 +106,9 @@ impl Redis {
 }
 
 /// One of several gateways on the same config and Redis.
-struct Gw {
-    gateway: Arc<Gateway>,
-    url: String,
+pub(crate) struct Gw {
+    pub(crate) gateway: Arc<Gateway>,
+    pub(crate) url: String,
     server: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
@@ -118,7 +118,7 @@ impl Drop for Gw {
     }
 }
 
-async fn gateways(n: usize, yaml: &str, engine: &RunningEngine, redis: &Redis) -> Vec<Gw> {
+pub(crate) async fn gateways(n: usize, yaml: &str, engine: &RunningEngine, redis: &Redis) -> Vec<Gw> {
     let yaml = yaml.replace("{E0}", &engine.url());
     let mut out = Vec::new();
     for _ in 0..n {
@@ -145,7 +145,7 @@ async fn gateways(n: usize, yaml: &str, engine: &RunningEngine, redis: &Redis) -
     out
 }
 
-async fn metrics(g: &Gw) -> String {
+pub(crate) async fn metrics(g: &Gw) -> String {
     http()
         .get(format!("{}/metrics", g.url))
         .send()
