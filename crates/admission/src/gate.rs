@@ -244,6 +244,8 @@ pub struct Permit {
     admission: Arc<Admission>,
     /// How long the request waited for the slot.
     pub queue_wait: Duration,
+    /// Requests ahead of it in its lane's order when it joined the queue (none: it did not wait).
+    pub ahead: Option<u32>,
     granted_at: Instant,
     /// The team charged for the slot, and how much: settled with the real cost at the end.
     team: Arc<str>,
@@ -255,6 +257,7 @@ impl Permit {
         Permit {
             admission,
             queue_wait,
+            ahead: None,
             granted_at,
             team: claim.team.clone(),
             charged: claim.cost,
@@ -511,7 +514,7 @@ impl Admission {
         claim: &Claim,
     ) -> Result<Permit, Rejection> {
         let start = Instant::now();
-        let (guard, budget) = {
+        let (guard, budget, ahead) = {
             let mut s = self.lock();
             let flow = s.flows.index(claim, start);
             if s.in_flight < s.limits.concurrency && s.queued() == 0 {
@@ -586,6 +589,7 @@ impl Admission {
                     done: false,
                 },
                 budget,
+                ahead,
             )
         };
         let mut guard = guard;
@@ -596,7 +600,11 @@ impl Admission {
         guard.done = true;
         let now = Instant::now();
         match told {
-            Some(GRANTED) => Ok(Permit::new(self.clone(), now - start, now, claim)),
+            Some(GRANTED) => {
+                let mut permit = Permit::new(self.clone(), now - start, now, claim);
+                permit.ahead = Some(ahead);
+                Ok(permit)
+            }
             Some(_) => {
                 let mut s = self.lock();
                 let queued = s.queued();

@@ -25,6 +25,9 @@ pub struct AccessRecord {
     pub outcome: &'static str,
     pub stream: bool,
     pub queue_ms: Option<f64>,
+    /// Requests ahead of it in its lane's order (by arrival, or by fair share between teams)
+    /// when it joined the queue; none if it did not wait.
+    pub queue_ahead: Option<u32>,
     pub ttft_ms: Option<f64>,
     pub duration_ms: f64,
     pub tokens_in: Option<u32>,
@@ -230,6 +233,8 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     });
     line.extend_from_slice(b",\"queue_ms\":");
     optional(line, r.queue_ms, millis);
+    line.extend_from_slice(b",\"queue_ahead\":");
+    optional(line, r.queue_ahead, int);
     line.extend_from_slice(b",\"ttft_ms\":");
     optional(line, r.ttft_ms, millis);
     line.extend_from_slice(b",\"duration_ms\":");
@@ -390,6 +395,7 @@ mod tests {
                 outcome: "ok",
                 stream: i % 2 == 0,
                 queue_ms: Some(v),
+                queue_ahead: (i % 2 == 1).then_some(i as u32),
                 ttft_ms: (i % 3 != 0).then_some(v * 2.0),
                 duration_ms: v + 7.0,
                 tokens_in: Some(i as u32 * 1000),

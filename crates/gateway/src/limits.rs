@@ -244,7 +244,7 @@ impl SharedLimits {
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
-                "1 for the mode the limits are enforced in: shared (through Redis) or local (this gateway's share)",
+                "1 for the mode the limits are enforced in: shared (through Redis) or local (this gateway's share; fair share between teams per gateway too)",
             ),
             &["mode"],
         )
@@ -568,7 +568,8 @@ impl SharedLimits {
             }
         }
         self.hold(&mut lease);
-        let permit = ask.admission.admit_counted(start.elapsed(), &ask.claim);
+        let mut permit = ask.admission.admit_counted(start.elapsed(), &ask.claim);
+        permit.ahead = (outcome == 2).then_some(n.max(0) as u32);
         Ok(Ok(Admitted {
             permit,
             lease,

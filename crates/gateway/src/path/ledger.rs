@@ -143,6 +143,7 @@ impl Ledger {
             s.team(&self.metrics, &self.record.team, |t| t.queue_wait.observe(waited));
         }
         self.queue_wait = Some(permit.queue_wait);
+        self.record.queue_ahead = permit.ahead;
         self.permit = Some(permit);
     }
 

@@ -74,6 +74,13 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
                         "queue_wait_ms": l.queue_wait.as_millis() as u64,
                         "in_flight": c.admission.in_flight(),
                         "queued": c.admission.queued(),
+                        "fairness": c.admission.fairness().as_str(),
+                        "teams": c.admission.shares().iter().map(|t| serde_json::json!({
+                            "team": &*t.team,
+                            "weight": t.weight,
+                            "attained_service": t.service.round(),
+                            "waiting": t.waiting,
+                        })).collect::<Vec<_>>(),
                     })
                 })
                 .collect();

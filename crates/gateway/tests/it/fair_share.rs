@@ -151,6 +151,23 @@ async fn a_flooding_team_no_longer_takes_the_others_turn() {
             assert!(b >= 0.35, "{seen:?}");
             assert!(pb * 2 < pa, "b's TTFT p95 is not under half of a's: {seen:?}");
             let m = stack.metrics().await;
+            let gate = stack.gateway.admission("chat", "shared").unwrap();
+            assert_eq!(gate.fairness(), admission::Fairness::Teams);
+            let shares = gate.shares();
+            assert_eq!(shares.len(), 2, "{shares:?}");
+            assert!(shares.iter().all(|s| s.service > 0.0), "{shares:?}");
+            // The access log says how far back in the order each waiter joined: b's short line.
+            let ahead = |team: &str| {
+                let mut v: Vec<u32> = stack
+                    .records()
+                    .iter()
+                    .filter(|r| &*r.team == team)
+                    .filter_map(|r| r.queue_ahead)
+                    .collect();
+                v.sort();
+                v.get(v.len() / 2).copied().unwrap_or_default()
+            };
+            assert!(ahead("b") < ahead("a"), "b {} a {}", ahead("b"), ahead("a"));
             for series in [
                 r#"spillway_team_attained_service{class="shared",route="chat",team="b"}"#,
                 r#"spillway_fairness_index{class="shared",route="chat"}"#,
