@@ -87,14 +87,24 @@ fn clients(
                     while let Ok(Some(_)) = r.chunk().await {
                         first.get_or_insert(start.elapsed());
                     }
-                    let mut t = tallies.lock().unwrap();
-                    let t = t.entry(team).or_default();
-                    match (status, first) {
-                        (200, Some(ttft)) => {
-                            t.served += 1;
-                            t.ttft.push(ttft);
+                    let served = {
+                        let mut t = tallies.lock().unwrap();
+                        let t = t.entry(team).or_default();
+                        match (status, first) {
+                            (200, Some(ttft)) => {
+                                t.served += 1;
+                                t.ttft.push(ttft);
+                                true
+                            }
+                            _ => {
+                                t.other += 1;
+                                false
+                            }
                         }
-                        _ => t.other += 1,
+                    };
+                    if !served {
+                        // A refused client pauses before asking again, as a polite one does.
+                        tokio::time::sleep(Duration::from_millis(50)).await;
                     }
                 }
             })
@@ -210,4 +220,30 @@ async fn three_gateways_on_one_redis_share_fairly() {
         let m = metrics(g).await;
         assert!(m.contains("spillway_limits_mode{mode=\"shared\"} 1"), "{m}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_each_gateway_shares_its_own_slots_fairly() {
+    let Some(mut redis) = Redis::start().await else {
+        return;
+    };
+    let engine = engine(tiny()).await;
+    // C = 12 shared; each gateway's share without Redis is 4.
+    let redis_section = "redis: { gateways: 3, lease_ttl: 3s, timeout: 100ms, namespace: fair-out }";
+    let yaml = config("teams", 1.0, redis_section).replace("concurrency: 4", "concurrency: 12");
+    let gws = gateways(3, &yaml, &engine, &redis).await;
+    redis.kill().await;
+    let one = [gws[0].url.clone()];
+    // The first request finds Redis gone and turns the gateway to its share.
+    let t = flood(&one, &one, 24, 4).await;
+    let line = report("Redis gone, one gateway on its share", &t);
+    eprintln!("{line}");
+    assert!(
+        metrics(&gws[0])
+            .await
+            .contains("spillway_limits_mode{mode=\"local\"} 1"),
+        "{line}"
+    );
+    assert!(share(&t, "b") >= 0.35, "{line}");
+    assert!(t["b"].p95() * 2 < t["a"].p95(), "{line}");
 }

@@ -90,7 +90,7 @@ impl Redis {
     }
 
     /// Kills the server at once (SIGKILL), as a crash would.
-    async fn kill(&mut self) {
+    pub(crate) async fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill().await;
         }
