@@ -3,7 +3,7 @@
 //! three gateways sharing C through Redis, and with weights 3:1.
 
 use crate::shared::{Redis, gateways, metrics};
-use crate::support::{Stack, chat, engine, http, tiny};
+use crate::support::{Stack, chat, engine, eventually, http, tiny};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -246,4 +246,54 @@ async fn without_redis_each_gateway_shares_its_own_slots_fairly() {
     );
     assert!(share(&t, "b") >= 0.35, "{line}");
     assert!(t["b"].p95() * 2 < t["a"].p95(), "{line}");
+}
+
+/// Sends one streamed request of `team` and reads it to the end: (status, body).
+fn send(url: &str, team: &str, max_tokens: u32) -> tokio::task::JoinHandle<(u16, String)> {
+    let (url, key) = (format!("{url}/v1/chat/completions"), format!("key-{team}"));
+    tokio::spawn(async move {
+        let r = http()
+            .post(url)
+            .bearer_auth(key)
+            .json(&chat("chat", max_tokens, true))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        (status, r.text().await.unwrap())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_shared_queue_pushes_out_the_newest_waiter_of_the_team_holding_it() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let engine = engine(tiny()).await;
+    let redis_section = "redis: { gateways: 2, lease_ttl: 3s, timeout: 200ms, namespace: fair-full }";
+    let yaml = config("teams", 1.0, redis_section)
+        .replace("concurrency: 4", "concurrency: 1")
+        .replace("queue: 64", "queue: 2");
+    let gws = gateways(2, &yaml, &engine, &redis).await;
+    let gate = |i: usize| gws[i].gateway.admission("chat", "shared").unwrap();
+    // a holds the one slot with a long stream and fills the queue through both gateways.
+    let holder = send(&gws[0].url, "a", 1500);
+    assert!(eventually(Duration::from_secs(5), || gate(0).in_flight() == 1).await);
+    let older = send(&gws[0].url, "a", 8);
+    assert!(eventually(Duration::from_secs(5), || gate(0).queued() == 1).await);
+    let newest = send(&gws[1].url, "a", 8);
+    assert!(eventually(Duration::from_secs(5), || gate(1).queued() == 1).await);
+    // b holds none of the full queue: a's newest waiter makes room for it, on the other gateway.
+    let b = send(&gws[0].url, "b", 8);
+    let (status, body) = newest.await.unwrap();
+    assert_eq!(status, 503, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("queue"),
+        "{body}"
+    );
+    for (what, r) in [("holder", holder), ("older", older), ("b", b)] {
+        let (status, body) = r.await.unwrap();
+        assert_eq!(status, 200, "{what}: {body}");
+    }
 }
