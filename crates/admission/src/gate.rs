@@ -47,11 +47,27 @@ pub enum Rejection {
     /// A `sheddable` request found every slot taken: it never waits.
     #[error("all slots are busy and sheddable requests do not wait")]
     Shed { retry_after: Duration },
+    /// `balance: slo`: no replica is predicted to meet a sheddable request's own objectives, so it
+    /// is refused rather than sent to miss them.
+    #[error(
+        "no replica is predicted to give a first token within the {objective:.0?} left of its objective (the closest: {predicted:.0?}); sheddable requests are refused rather than sent to miss it"
+    )]
+    SloUnattainable {
+        objective: Duration,
+        predicted: Duration,
+        retry_after: Duration,
+    },
 }
 
 impl Rejection {
     /// Every `reason` a rejection can carry, so a metric can declare its label sets up front.
-    pub const REASONS: [&'static str; 4] = ["queue_full", "queue_timeout", "predicted_wait", "shed"];
+    pub const REASONS: [&'static str; 5] = [
+        "queue_full",
+        "queue_timeout",
+        "predicted_wait",
+        "shed",
+        "slo_unattainable",
+    ];
 
     /// The metric `reason` label.
     pub fn reason(&self) -> &'static str {
@@ -60,6 +76,7 @@ impl Rejection {
             Rejection::QueueTimeout { .. } => "queue_timeout",
             Rejection::PredictedWait { .. } => "predicted_wait",
             Rejection::Shed { .. } => "shed",
+            Rejection::SloUnattainable { .. } => "slo_unattainable",
         }
     }
 
@@ -68,7 +85,8 @@ impl Rejection {
             Rejection::QueueFull { retry_after }
             | Rejection::QueueTimeout { retry_after, .. }
             | Rejection::PredictedWait { retry_after, .. }
-            | Rejection::Shed { retry_after } => retry_after,
+            | Rejection::Shed { retry_after }
+            | Rejection::SloUnattainable { retry_after, .. } => retry_after,
         }
     }
 }

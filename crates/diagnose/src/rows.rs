@@ -36,12 +36,14 @@ pub struct UserImpact {
 
 /// The reasons of `spillway_rejections_total` that are the configured limits doing their job:
 /// the class's queue full or its wait run out, a predicted wait over the objective, a sheddable
-/// request shed, a tenant over its quota. Anything else refused is a failure, not a design.
+/// request shed or predicted to miss its own objectives, a tenant over its quota. Anything else
+/// refused is a failure, not a design.
 pub const DESIGNED_REFUSALS: &[&str] = &[
     "queue_full",
     "queue_timeout",
     "predicted_wait",
     "shed",
+    "slo_unattainable",
     "tenant_parallel",
     "tenant_rpm",
     "tenant_tpm",

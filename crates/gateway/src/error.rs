@@ -169,10 +169,18 @@ pub enum GatewayError {
 }
 
 fn overloaded_message(route: &str, class: &str, limits: &Limits, rejection: &Rejection) -> String {
+    if let Rejection::SloUnattainable { .. } = rejection {
+        return format!(
+            "model '{route}' class '{class}' cannot meet this request's objectives: {rejection}; retry after {}s",
+            retry_after_secs(rejection.retry_after())
+        );
+    }
     let what = match rejection {
         Rejection::QueueFull { .. } => format!("{rejection} ({} waiting)", limits.queue),
         Rejection::QueueTimeout { .. } => format!("{rejection} (queue_wait {:?})", limits.queue_wait),
-        Rejection::PredictedWait { .. } | Rejection::Shed { .. } => rejection.to_string(),
+        Rejection::PredictedWait { .. } | Rejection::Shed { .. } | Rejection::SloUnattainable { .. } => {
+            rejection.to_string()
+        }
     };
     format!(
         "model '{route}' class '{class}' is at capacity ({} in flight): {what}; retry after {}s",

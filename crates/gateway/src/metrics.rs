@@ -41,6 +41,8 @@ pub(crate) struct Metrics {
     pub queued: IntGaugeVec,
     pub oldest_wait: prometheus::GaugeVec,
     pub team_service: IntCounterVec,
+    pub slo_routing: IntCounterVec,
+    pub slo_prediction_error: prometheus::GaugeVec,
     pub team_queue_wait: HistogramVec,
     pub attained_service: prometheus::GaugeVec,
     pub fairness_index: prometheus::GaugeVec,
@@ -69,6 +71,7 @@ pub(crate) struct ClassSeries {
     pub slo_requests: IntCounter,
     route: String,
     class: String,
+    slo_routing: IntCounterVec,
     /// The series of each team seen, found by label the first time: the teams of one
     /// configuration.
     /// A read lock for the usual lookup, so that workers answering the same class do not take
@@ -87,6 +90,13 @@ pub(crate) struct TeamSeries {
 }
 
 impl ClassSeries {
+    /// A `balance: slo` pick and its verdict (`meets`, `unattainable_sent`, `refused`, `unknown`).
+    pub(crate) fn slo_routing(&self, verdict: &str) {
+        self.slo_routing
+            .with_label_values(&[self.route.as_str(), self.class.as_str(), verdict])
+            .inc();
+    }
+
     /// Calls `f` with `team`'s series, looked up by label only the first time.
     pub(crate) fn team<R>(
         &self,
@@ -238,6 +248,22 @@ impl Metrics {
                 "Service each team attained, in weighted tokens (prompt + 2 × completion, as fair share counts it).",
                 &["route", "class", "team"],
             ),
+            slo_routing: counter(
+                "spillway_slo_routing_total",
+                "balance: slo picks, by verdict: meets (a replica is predicted to meet the request's objectives), unattainable_sent (none is; sent to the closest), refused (none is and the request was sheddable), unknown (no objective, or a model still warming up).",
+                &["route", "class", "verdict"],
+            ),
+            slo_prediction_error: {
+                let g = must(prometheus::GaugeVec::new(
+                    Opts::new(
+                        "spillway_slo_prediction_error_ratio",
+                        "balance: slo: each replica's mean relative error of its TTFT and TPOT predictions, measured before each stream was learned (about the last 40).",
+                    ),
+                    &["route", "replica", "target"],
+                ));
+                must(registry.register(Box::new(g.clone())));
+                g
+            },
             team_queue_wait: {
                 let h = must(HistogramVec::new(
                     HistogramOpts::new(
@@ -331,6 +357,7 @@ impl Metrics {
         ClassSeries {
             route: route.to_owned(),
             class: class.to_owned(),
+            slo_routing: self.slo_routing.clone(),
             teams: std::sync::RwLock::default(),
             queue_wait: self.queue_wait.with_label_values(l),
             ttft: self.ttft.with_label_values(l),
@@ -345,7 +372,8 @@ impl Metrics {
     /// Prometheus advises exporting the label sets you know, so that a series exists before its
     /// first event (a rate over it is 0, not absent, and an alert on it is armed). `teams`: each
     /// team, and whether it has a quota that can refuse.
-    pub(crate) fn declare(&self, route: &str, class: &str, teams: &[(&str, bool)]) {
+    /// `slo`: the route balances by objectives, so it may refuse `slo_unattainable`.
+    pub(crate) fn declare(&self, route: &str, class: &str, teams: &[(&str, bool)], slo: bool) {
         for cut in crate::error::Cut::ALL {
             let l = [route, class, cut.code()];
             self.cancellations.with_label_values(&l);
@@ -353,7 +381,9 @@ impl Metrics {
         }
         for (team, quota) in teams {
             for reason in admission::Rejection::REASONS {
-                self.rejections.with_label_values(&[route, class, team, reason]);
+                if reason != "slo_unattainable" || slo {
+                    self.rejections.with_label_values(&[route, class, team, reason]);
+                }
             }
             if *quota {
                 for kind in admission::quota::QuotaKind::ALL {

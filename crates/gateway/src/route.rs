@@ -4,8 +4,9 @@
 //! [`scrape`] (the engines' own metrics) and [`adaptive`] (the task moving an adaptive C).
 
 mod adaptive;
-mod balance;
+pub(crate) mod balance;
 mod health;
+pub(crate) mod predict;
 mod replica;
 mod scrape;
 
@@ -185,19 +186,40 @@ impl Route {
         prefix_key: u64,
         now: Instant,
     ) -> Option<ReplicaGuard> {
+        let candidates = &self.candidates(pool, tried, now);
+        let index = balance::pick(self.config.balance, &self.replicas, candidates, prefix_key, now)?;
+        Some(self.replicas[index].hold(index))
+    }
+
+    /// The eligible replicas of `pool` not in `tried`: those not busy, or all of them if every
+    /// one is.
+    fn candidates(&self, pool: &[usize], tried: &[usize], now: Instant) -> Vec<usize> {
         let eligible: Vec<usize> = pool
             .iter()
             .copied()
             .filter(|i| !tried.contains(i) && self.replicas[*i].eligible(now))
             .collect();
-        let free: Vec<usize> = eligible
-            .iter()
-            .copied()
+        if eligible.iter().all(|i| self.replicas[*i].is_busy(now)) {
+            return eligible;
+        }
+        eligible
+            .into_iter()
             .filter(|i| !self.replicas[*i].is_busy(now))
-            .collect();
-        let candidates = if free.is_empty() { &eligible } else { &free };
-        let index = balance::pick(self.config.balance, &self.replicas, candidates, prefix_key, now)?;
-        Some(self.replicas[index].hold(index))
+            .collect()
+    }
+
+    /// [`Route::pick`] for `balance: slo`: by the request's own objectives, with the features the
+    /// pick was made on and its verdict.
+    pub(crate) fn pick_slo(
+        &self,
+        pool: &[usize],
+        tried: &[usize],
+        ask: &balance::SloAsk,
+        now: Instant,
+    ) -> Option<(ReplicaGuard, predict::Features, balance::SloVerdict)> {
+        let candidates = &self.candidates(pool, tried, now);
+        let (index, x, verdict) = balance::pick_slo(&self.replicas, candidates, ask, now)?;
+        Some((self.replicas[index].hold(index), x, verdict))
     }
 
     /// Whether an eligible replica not in `tried` is left.

@@ -198,8 +198,11 @@ impl Gateway {
                     .health
                     .enabled
                     .then(|| AbortOnDrop(tokio::spawn(r.clone().probe_health())));
-                let engines = (r.config.balance == crate::config::Balance::EngineAware)
-                    .then(|| AbortOnDrop(tokio::spawn(r.clone().scrape_engines())));
+                let engines = matches!(
+                    r.config.balance,
+                    crate::config::Balance::EngineAware | crate::config::Balance::Slo
+                )
+                .then(|| AbortOnDrop(tokio::spawn(r.clone().scrape_engines())));
                 let adaptive = r
                     .classes
                     .iter()
@@ -256,8 +259,22 @@ impl Gateway {
         self.metrics.attained_service.reset();
         self.metrics.fairness_index.reset();
         let now = tokio::time::Instant::now();
+        self.metrics.slo_prediction_error.reset();
         for r in &self.table().routes {
             r.refresh_gauges();
+            if r.config.balance == crate::config::Balance::Slo {
+                for replica in &r.replicas {
+                    let [(_, ttft), (_, tpot)] = replica.prediction_quality();
+                    for (target, error) in [("ttft", ttft), ("tpot", tpot)] {
+                        if let Some(e) = error {
+                            self.metrics
+                                .slo_prediction_error
+                                .with_label_values(&[r.config.model.as_str(), &replica.url, target])
+                                .set(e);
+                        }
+                    }
+                }
+            }
             for c in &r.classes {
                 let labels = [r.config.model.as_str(), c.config.name.as_str()];
                 self.metrics

@@ -49,7 +49,8 @@ impl Table {
                     .collect()
             };
             for c in &r.classes {
-                metrics.declare(&r.model, &c.name, &teams);
+                let slo = r.balance == crate::config::Balance::Slo;
+                metrics.declare(&r.model, &c.name, &teams, slo);
             }
         }
         let by_model = routes

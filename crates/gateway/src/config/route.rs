@@ -187,6 +187,9 @@ pub enum Balance {
     /// Prefers replicas whose own `/metrics` show few waiting requests and a cool KV cache (scraped
     /// about once a second); stale data falls back to least outstanding.
     EngineAware,
+    /// Each request to the replica predicted to meet its own TTFT/TPOT objectives with the least
+    /// headroom to spare, so tight requests keep the fast capacity (see `route::predict`).
+    Slo,
 }
 
 /// The cost one request may have (seed: "한 요청의 최대 비용을 제한한다").

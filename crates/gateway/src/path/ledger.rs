@@ -78,6 +78,14 @@ pub(crate) struct Ledger {
     pub(crate) lease: Option<Box<crate::limits::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
     pub(crate) trace: crate::traces::Trace,
+    /// Under `balance: slo`: what the replica's TTFT and TPOT are learned against.
+    pub(crate) slo_sample: Option<SloSample>,
+}
+
+/// The features a replica was picked on, and when the request was sent to it.
+pub(crate) struct SloSample {
+    pub(crate) x: crate::route::predict::Features,
+    pub(crate) sent: Instant,
 }
 
 impl Ledger {
@@ -109,6 +117,7 @@ impl Ledger {
             rate_headers: None,
             lease: None,
             trace: crate::traces::Trace::Off,
+            slo_sample: None,
         }
     }
 
@@ -191,6 +200,9 @@ impl Ledger {
                 if let Some(p) = &self.permit {
                     p.first_token(now);
                 }
+                if let (Some(s), Some(r)) = (&self.slo_sample, &self.replica) {
+                    r.replica.learn_ttft(&s.x, now.saturating_duration_since(s.sent));
+                }
                 if let Some(s) = &self.series {
                     s.ttft.observe((now - self.arrival).as_secs_f64());
                 }
@@ -270,6 +282,12 @@ impl Drop for Ledger {
         }
         if let Some(l) = self.lease.as_mut() {
             l.settle_service(service);
+        }
+        if let (Some(s), Some(r), Some(first), Some(last)) =
+            (&self.slo_sample, &self.replica, self.first_chunk, self.last_chunk)
+            && self.chunks > 1
+        {
+            r.replica.learn_tpot(&s.x, (last - first) / (self.chunks - 1));
         }
         let team = &*self.record.team;
         match ending {

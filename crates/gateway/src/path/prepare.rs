@@ -22,6 +22,14 @@ pub(crate) const PRIORITY_HEADER: &str = "x-spillway-priority";
 // first, on every request.
 const PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
 const DEADLINE: HeaderName = HeaderName::from_static(DEADLINE_HEADER);
+/// A request's own objectives for `balance: slo`, in milliseconds (TTFT, TPOT); llm-d's names are
+/// accepted too.
+pub(crate) const SLO_HEADERS: [&str; 4] = [
+    "x-spillway-slo-ttft-ms",
+    "x-llm-d-slo-ttft-ms",
+    "x-spillway-slo-tpot-ms",
+    "x-llm-d-slo-tpot-ms",
+];
 /// The request header a caller names its request with.
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
@@ -211,6 +219,16 @@ pub(crate) struct Prepared {
     pub body: Bytes,
     /// A hash of the prompt's first 512 bytes, for prefix affinity.
     pub prefix_key: u64,
+    /// Its own TTFT and TPOT objectives (headers, else the class's `slo`), read only where the
+    /// route balances by them (`balance: slo`).
+    pub slo: Objectives,
+}
+
+/// A request's TTFT and TPOT objectives.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct Objectives {
+    pub ttft: Option<Duration>,
+    pub tpot: Option<Duration>,
 }
 
 /// Applies the route's cost caps, picks the class and priority, and writes the upstream body
@@ -316,6 +334,11 @@ pub(crate) fn prepare(
     let stream = parsed.stream();
     let client_wants_usage = parsed.wants_usage();
     let prefix_key = parsed.prefix_key();
+    let slo = if route.config.balance == crate::config::Balance::Slo {
+        objectives(headers, route.classes[class].config.slo)?
+    } else {
+        Objectives::default()
+    };
     let upstream_model = route
         .config
         .upstream_model
@@ -341,6 +364,33 @@ pub(crate) fn prepare(
         sequences: u32::try_from(sequences).unwrap_or(u32::MAX),
         body,
         prefix_key,
+        slo,
+    })
+}
+
+/// The request's objectives: its `x-spillway-slo-ttft-ms` / `x-spillway-slo-tpot-ms` headers (or
+/// llm-d's `x-llm-d-slo-*-ms`), else its class's `slo: { ttft, itl }`.
+fn objectives(headers: &HeaderMap, class: Option<crate::config::Slo>) -> Result<Objectives, GatewayError> {
+    let read = |(ours, llm_d): (&'static str, &'static str)| -> Result<Option<Duration>, GatewayError> {
+        let Some((name, v)) = [ours, llm_d]
+            .into_iter()
+            .find_map(|name| headers.get(name).map(|v| (name, v)))
+        else {
+            return Ok(None);
+        };
+        let ms = v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok());
+        match ms {
+            Some(ms) if ms > 0.0 && ms <= 3_600_000.0 => Ok(Some(Duration::from_secs_f64(ms / 1000.0))),
+            _ => Err(GatewayError::bad_request(
+                "invalid_slo",
+                format!("{name} must be a number of milliseconds above 0 and at most 3600000"),
+                None,
+            )),
+        }
+    };
+    Ok(Objectives {
+        ttft: read((SLO_HEADERS[0], SLO_HEADERS[1]))?.or(class.and_then(|c| c.ttft)),
+        tpot: read((SLO_HEADERS[2], SLO_HEADERS[3]))?.or(class.and_then(|c| c.itl)),
     })
 }
 

@@ -80,7 +80,12 @@ pub(crate) async fn call(
     route.budget.request(now);
     ex.upstream_start = Some(now);
     loop {
-        let Some(replica) = route.pick(pool, &tried, prepared.prefix_key, now) else {
+        let picked = if route.config.balance == crate::config::Balance::Slo {
+            pick_by_slo(route, prepared, &tried, now, ex)?
+        } else {
+            route.pick(pool, &tried, prepared.prefix_key, now)
+        };
+        let Some(replica) = picked else {
             return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
         };
         tried.push(replica.index);
@@ -128,6 +133,56 @@ pub(crate) async fn call(
         ex.record.retries += 1;
         now = Instant::now();
     }
+}
+
+/// `balance: slo`'s pick (see `route::balance::pick_slo`), counted by its verdict; a sheddable
+/// request that no replica is predicted to serve within its objectives is refused at once, before
+/// any replica spends a step on it, with `Retry-After` from the prediction. What the stream then
+/// measures is learned against the features of the pick (`Ledger::slo_sample`).
+fn pick_by_slo(
+    route: &Route,
+    prepared: &Prepared,
+    tried: &[usize],
+    now: Instant,
+    ex: &mut Ledger,
+) -> Result<Option<crate::route::ReplicaGuard>, GatewayError> {
+    use crate::route::balance::{SloAsk, SloVerdict};
+    let class = &route.classes[prepared.class];
+    let waited = now.saturating_duration_since(ex.arrival);
+    let ask = SloAsk {
+        ttft: prepared.slo.ttft.map(|t| t.saturating_sub(waited)),
+        tpot: prepared.slo.tpot,
+        input_tokens: prepared.input_tokens,
+    };
+    let Some((replica, x, verdict)) = route.pick_slo(&class.pool, tried, &ask, now) else {
+        return Ok(None);
+    };
+    let outcome = match verdict {
+        SloVerdict::Meets => "meets",
+        SloVerdict::Unknown => "unknown",
+        SloVerdict::Unattainable { .. } if prepared.priority != admission::Priority::Sheddable => {
+            "unattainable_sent"
+        }
+        SloVerdict::Unattainable { predicted_ttft } => {
+            class.series.slo_routing("refused");
+            let objective = ask.ttft.unwrap_or_default();
+            let late = predicted_ttft.saturating_sub(objective);
+            return Err(GatewayError::Overloaded {
+                status: route.config.overflow(),
+                route: route.config.model.clone(),
+                class: class.config.name.clone(),
+                limits: class.admission.limits(),
+                rejection: admission::Rejection::SloUnattainable {
+                    objective,
+                    predicted: predicted_ttft,
+                    retry_after: late.max(Duration::from_secs(1)).min(Duration::from_secs(60)),
+                },
+            });
+        }
+    };
+    class.series.slo_routing(outcome);
+    ex.slo_sample = Some(crate::path::ledger::SloSample { x, sent: now });
+    Ok(Some(replica))
 }
 
 /// Waits for the first token of replica `index`'s stream (DESIGN rule 10 holds the head until

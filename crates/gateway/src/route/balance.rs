@@ -1,9 +1,11 @@
 //! Choosing a replica: least outstanding (the default), power of two choices, prefix affinity and
 //! engine-aware, over the replicas a request may use.
 
+use super::predict::Features;
 use super::replica::Replica;
 use crate::config::Balance;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 /// Rendezvous (highest random weight) hashing: the replica with the highest weight for a key keeps
@@ -57,6 +59,8 @@ pub(crate) fn pick(
                 .find(|i| f64::from(load(i) + 1) <= bound)
                 .or_else(least)
         }
+        // `route::Route::pick_slo` picks for `slo`; a request it does not see goes by load.
+        Balance::Slo => least(),
         Balance::EngineAware => {
             let scores: Option<Vec<(usize, f64)>> = rotated()
                 .map(|i| replicas[i].engine_score(now).map(|s| (i, s)))
@@ -69,5 +73,83 @@ pub(crate) fn pick(
                 None => least(),
             }
         }
+    }
+}
+
+/// A request's own objectives for `balance: slo`: what is left of its TTFT objective now (the
+/// gateway's queue has used some) and its time per output token.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct SloAsk {
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) tpot: Option<Duration>,
+    pub(crate) input_tokens: u32,
+}
+
+/// What `balance: slo` concluded for a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum SloVerdict {
+    /// The replica picked is predicted to meet every objective.
+    Meets,
+    /// No replica is: the one picked comes closest, predicted to give this TTFT.
+    Unattainable { predicted_ttft: Duration },
+    /// No objective, or a replica's model is still warming up: picked by load.
+    Unknown,
+}
+
+/// `balance: slo`: of `candidates`, the replica predicted to meet `ask`'s objectives with the
+/// least headroom to spare (tight requests keep the fast replicas for those that need them); when
+/// none is predicted to, the one that comes closest. With the features it was picked on, which the
+/// stream's measurements are learned against.
+pub(crate) fn pick_slo(
+    replicas: &[Arc<Replica>],
+    candidates: &[usize],
+    ask: &SloAsk,
+    now: Instant,
+) -> Option<(usize, Features, SloVerdict)> {
+    let n = candidates.len();
+    let start = rand::random_range(0..n.max(1));
+    let predicted: Vec<_> = (0..n)
+        .map(|k| {
+            let i = candidates[(start + k) % n];
+            let (x, p) = replicas[i].predict(ask.input_tokens, now);
+            (i, x, p)
+        })
+        .collect();
+    let by_load = || {
+        predicted
+            .iter()
+            .min_by_key(|(i, _, _)| replicas[*i].outstanding())
+            .map(|(i, x, _)| (*i, *x, SloVerdict::Unknown))
+    };
+    if (ask.ttft.is_none() && ask.tpot.is_none()) || predicted.iter().any(|(_, _, p)| p.is_none()) {
+        return by_load();
+    }
+    // Headroom: the smallest share of an objective left over (negative: missed by that share).
+    let headroom = |p: &super::predict::Prediction| {
+        let left = |objective: Duration, predicted: Duration| {
+            (objective.as_secs_f64() - predicted.as_secs_f64()) / objective.as_secs_f64().max(1e-3)
+        };
+        let ttft = ask.ttft.map(|o| left(o, p.ttft));
+        let tpot = ask.tpot.zip(p.tpot).map(|(o, t)| left(o, t));
+        ttft.into_iter().chain(tpot).fold(f64::INFINITY, f64::min)
+    };
+    let scored = predicted
+        .iter()
+        .filter_map(|(i, x, p)| p.map(|p| (*i, *x, p, headroom(&p))));
+    let meets = scored
+        .clone()
+        .filter(|s| s.3 >= 0.0)
+        .min_by(|a, b| a.3.total_cmp(&b.3));
+    match meets {
+        Some((i, x, _, _)) => Some((i, x, SloVerdict::Meets)),
+        None => scored.max_by(|a, b| a.3.total_cmp(&b.3)).map(|(i, x, p, _)| {
+            (
+                i,
+                x,
+                SloVerdict::Unattainable {
+                    predicted_ttft: p.ttft,
+                },
+            )
+        }),
     }
 }

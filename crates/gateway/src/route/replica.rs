@@ -63,6 +63,8 @@ pub(crate) struct Replica {
     /// while unknown. Learned by the health checks, forgotten when it turns unhealthy (it may
     /// come back with another).
     max_model_len: AtomicU32,
+    /// TTFT and TPOT learned from this gateway's streams, for `balance: slo`.
+    predictor: Mutex<super::predict::Predictor>,
     gauges: Gauges,
 }
 
@@ -108,6 +110,7 @@ impl Replica {
             busy_until: Mutex::new(None),
             outstanding: AtomicU32::new(0),
             max_model_len: AtomicU32::new(0),
+            predictor: Mutex::default(),
             gauges: Gauges {
                 outstanding: metrics.replica_outstanding.with_label_values(&labels),
                 healthy,
@@ -174,6 +177,36 @@ impl Replica {
         let (at, waiting, kv) = (*lock(&self.engine_load))?;
         (now.saturating_duration_since(at) < Duration::from_secs(3))
             .then(|| f64::from(self.outstanding()) + 2.0 * waiting + 4.0 * kv)
+    }
+
+    /// The features of a request of `input_tokens` sent now (see [`super::predict`]), and what
+    /// this replica is predicted to give it (`None` while its model warms up).
+    pub(crate) fn predict(
+        &self,
+        input_tokens: u32,
+        now: Instant,
+    ) -> (super::predict::Features, Option<super::predict::Prediction>) {
+        let waiting = lock(&self.engine_load)
+            .filter(|(at, _, _)| now.saturating_duration_since(*at) < Duration::from_secs(3))
+            .map_or(0.0, |(_, waiting, _)| waiting);
+        let x = super::predict::features(input_tokens, self.outstanding(), waiting);
+        let prediction = lock(&self.predictor).predict(&x);
+        (x, prediction)
+    }
+
+    /// A stream sent with features `x` had its first token after `ttft`.
+    pub(crate) fn learn_ttft(&self, x: &super::predict::Features, ttft: Duration) {
+        lock(&self.predictor).learn_ttft(x, ttft);
+    }
+
+    /// A stream sent with features `x` averaged `tpot` between its tokens.
+    pub(crate) fn learn_tpot(&self, x: &super::predict::Features, tpot: Duration) {
+        lock(&self.predictor).learn_tpot(x, tpot);
+    }
+
+    /// Samples and mean relative error of its TTFT and TPOT models.
+    pub(crate) fn prediction_quality(&self) -> [(u32, Option<f64>); 2] {
+        lock(&self.predictor).quality()
     }
 
     /// An operator's drain (true) or undrain (false); returns what it was, for the audit log.
@@ -262,6 +295,13 @@ impl Replica {
     /// The replica's state for the admin view.
     pub(crate) fn state(&self, index: usize) -> serde_json::Value {
         let now = Instant::now();
+        let [(ttft_n, ttft_e), (tpot_n, tpot_e)] = self.prediction_quality();
+        let slo_model = serde_json::json!({
+            "ttft_samples": ttft_n,
+            "ttft_error": ttft_e,
+            "tpot_samples": tpot_n,
+            "tpot_error": tpot_e,
+        });
         serde_json::json!({
             "index": index,
             "url": self.url,
@@ -272,6 +312,7 @@ impl Replica {
             "reachable": self.is_reachable(),
             "outstanding": self.outstanding(),
             "engine_waiting": lock(&self.engine_load).map(|(_, waiting, _)| waiting),
+            "slo_model": slo_model,
         })
     }
 }

@@ -4,7 +4,7 @@
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
 
-use crate::path::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER};
+use crate::path::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER, SLO_HEADERS};
 use crate::path::relay::Relay;
 use crate::path::respond::ResponseBody;
 use crate::serve::router::HyperService;
@@ -142,14 +142,18 @@ impl Chunks for Box<Relay> {
 }
 
 /// The request headers the request path reads, besides those the routes' rules name: the API key
-/// (`path::auth`), the request's ID, deadline and priority (`prepare`), and the W3C trace
-/// context (`traces`). A header read anywhere else on the request path belongs here: this module
-/// passes on no other.
-const READ_HEADERS: [&str; 6] = [
+/// (`path::auth`), the request's ID, deadline, priority and objectives (`prepare`), and the W3C
+/// trace context (`traces`). A header read anywhere else on the request path belongs here: this
+/// module passes on no other.
+const READ_HEADERS: [&str; 10] = [
     "authorization",
     REQUEST_ID_HEADER,
     DEADLINE_HEADER,
     PRIORITY_HEADER,
+    SLO_HEADERS[0],
+    SLO_HEADERS[1],
+    SLO_HEADERS[2],
+    SLO_HEADERS[3],
     TRACE_HEADERS[0],
     TRACE_HEADERS[1],
 ];

@@ -16,6 +16,7 @@ mod operations;
 mod quotas;
 mod resilience;
 mod shared;
+mod slo_routing;
 mod streaming;
 mod support;
 mod traces;
