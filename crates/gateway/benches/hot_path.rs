@@ -115,5 +115,35 @@ fn request(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, admission, relay, request);
+/// `balance: slo`'s model: one prediction per candidate replica at each pick, one TTFT and one
+/// TPOT update per stream.
+fn slo_model(c: &mut Criterion) {
+    let mut g = c.benchmark_group("slo_model");
+    g.throughput(Throughput::Elements(1));
+    let mut model = spillway_gateway::benching::SloModel::default();
+    for k in 0..64u32 {
+        let ttft = Duration::from_micros(u64::from(20_000 + 900 * (k % 13) + 30 * (k % 7)));
+        model.learn(
+            300 + 97 * (k % 11),
+            k % 13,
+            f64::from(k % 3),
+            ttft,
+            Duration::from_millis(9),
+        );
+    }
+    g.bench_function("predict", |b| {
+        b.iter(|| black_box(model.predict(black_box(1200), 7, 1.0)))
+    });
+    let mut k = 0u32;
+    g.bench_function("learn_ttft_and_tpot", |b| {
+        b.iter(|| {
+            k = k.wrapping_add(1);
+            let ttft = Duration::from_micros(u64::from(20_000 + 900 * (k % 13)));
+            model.learn(300 + 97 * (k % 11), k % 13, 0.0, ttft, Duration::from_millis(9));
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, admission, relay, request, slo_model);
 criterion_main!(benches);

@@ -56,6 +56,38 @@ pub use serve::router::router;
 pub use state::Gateway;
 pub use tenant::{key_sha256, new_key};
 
+/// The per-replica latency model of `balance: slo`, for its benchmark in `benches/`.
+#[doc(hidden)]
+pub mod benching {
+    use crate::route::predict::{Predictor, features};
+    use std::time::Duration;
+
+    #[derive(Default)]
+    pub struct SloModel(Predictor);
+
+    impl SloModel {
+        pub fn learn(
+            &mut self,
+            input_tokens: u32,
+            in_flight: u32,
+            waiting: f64,
+            ttft: Duration,
+            tpot: Duration,
+        ) {
+            let x = features(input_tokens, in_flight, waiting);
+            self.0.learn_ttft(&x, ttft);
+            self.0.learn_tpot(&x, tpot);
+        }
+
+        /// The predicted TTFT, if the model has warmed up.
+        pub fn predict(&self, input_tokens: u32, in_flight: u32, waiting: f64) -> Option<Duration> {
+            self.0
+                .predict(&features(input_tokens, in_flight, waiting))
+                .map(|p| p.ttft)
+        }
+    }
+}
+
 /// Entry points for the fuzz targets in `fuzz/`: the request path's pure stages, outside a server.
 #[doc(hidden)]
 pub mod fuzzing {
