@@ -140,6 +140,11 @@ impl Metrics {
             must(registry.register(Box::new(g.clone())));
             g
         };
+        let float_gauge = |name: &str, help: &str, labels: &[&str]| {
+            let g = must(prometheus::GaugeVec::new(Opts::new(name, help), labels));
+            must(registry.register(Box::new(g.clone())));
+            g
+        };
         let hist = |name: &str, help: &str, buckets: &[f64]| {
             let h = must(HistogramVec::new(
                 HistogramOpts::new(name, help).buckets(buckets.to_vec()),
@@ -232,17 +237,11 @@ impl Metrics {
             ),
             in_flight: gauge("spillway_in_flight", "Requests holding an admission slot.", rc),
             queued: gauge("spillway_queued", "Requests waiting for an admission slot.", rc),
-            oldest_wait: {
-                let g = must(prometheus::GaugeVec::new(
-                    Opts::new(
-                        "spillway_queue_oldest_wait_seconds",
-                        "How long the oldest request waiting for a slot has waited (0: none waits).",
-                    ),
-                    rc,
-                ));
-                must(registry.register(Box::new(g.clone())));
-                g
-            },
+            oldest_wait: float_gauge(
+                "spillway_queue_oldest_wait_seconds",
+                "How long the oldest request waiting for a slot has waited (0: none waits).",
+                rc,
+            ),
             team_service: counter(
                 "spillway_team_service_tokens_total",
                 "Service each team attained, in weighted tokens (prompt + 2 × completion, as fair share counts it).",
@@ -253,17 +252,11 @@ impl Metrics {
                 "balance: slo picks, by verdict: meets (a replica is predicted to meet the request's objectives), unattainable_sent (none is; sent to the closest), refused (none is and the request was sheddable), unknown (no objective, or a model still warming up).",
                 &["route", "class", "verdict"],
             ),
-            slo_prediction_error: {
-                let g = must(prometheus::GaugeVec::new(
-                    Opts::new(
-                        "spillway_slo_prediction_error_ratio",
-                        "balance: slo: each replica's mean relative error of its TTFT and TPOT predictions, measured before each stream was learned (about the last 40).",
-                    ),
-                    &["route", "replica", "target"],
-                ));
-                must(registry.register(Box::new(g.clone())));
-                g
-            },
+            slo_prediction_error: float_gauge(
+                "spillway_slo_prediction_error_ratio",
+                "balance: slo: each replica's mean relative error of its TTFT and TPOT predictions, measured before each stream was learned (about the last 40).",
+                &["route", "replica", "target"],
+            ),
             team_queue_wait: {
                 let h = must(HistogramVec::new(
                     HistogramOpts::new(
@@ -276,28 +269,16 @@ impl Metrics {
                 must(registry.register(Box::new(h.clone())));
                 h
             },
-            attained_service: {
-                let g = must(prometheus::GaugeVec::new(
-                    Opts::new(
-                        "spillway_team_attained_service",
-                        "Each team's attained service in the class as fair share compares it: weighted tokens, halving every 60 s.",
-                    ),
-                    &["route", "class", "team"],
-                ));
-                must(registry.register(Box::new(g.clone())));
-                g
-            },
-            fairness_index: {
-                let g = must(prometheus::GaugeVec::new(
-                    Opts::new(
-                        "spillway_fairness_index",
-                        "Jain's index over the attained service per weight of the teams that waited in the last 60 s (1: equal shares; 1/n: one team has it all).",
-                    ),
-                    rc,
-                ));
-                must(registry.register(Box::new(g.clone())));
-                g
-            },
+            attained_service: float_gauge(
+                "spillway_team_attained_service",
+                "Each team's attained service in the class as fair share compares it: weighted tokens, halving every 60 s.",
+                &["route", "class", "team"],
+            ),
+            fairness_index: float_gauge(
+                "spillway_fairness_index",
+                "Jain's index over the attained service per weight of the teams that waited in the last 60 s (1: equal shares; 1/n: one team has it all).",
+                rc,
+            ),
             concurrency_limit: gauge(
                 "spillway_concurrency_limit",
                 "C: the class's in-flight limit.",
