@@ -81,8 +81,10 @@ impl Claim {
 pub struct Share {
     pub team: Arc<str>,
     pub weight: f64,
-    /// Attained service now, decayed: what the scheduler compares.
+    /// Attained service now, decayed: what the scheduler compares (with any lift).
     pub service: f64,
+    /// What it really received, decayed the same way (no lift): what the fairness index reads.
+    pub received: f64,
     pub waiting: u32,
     /// When it last had a request waiting, if it ever had.
     pub backlogged_at: Option<Instant>,
@@ -113,8 +115,14 @@ pub(crate) struct Waiter {
 pub(crate) struct Flow {
     pub(crate) team: Arc<str>,
     weight: f64,
+    /// Attained service as the scheduler compares it: what it received, and any lift.
     service: f64,
+    /// What it really received (no lift), for the fairness index.
+    received: f64,
+    /// When `service` and `received` were last decayed.
     at: Instant,
+    /// Its requests waiting in the queue shared through Redis (not in `lanes`).
+    pub(crate) waiting_shared: u32,
     /// Waiters by lane: critical, then standard (sheddable never waits).
     pub(crate) lanes: [VecDeque<Waiter>; 2],
     backlogged_at: Option<Instant>,
@@ -130,14 +138,25 @@ impl Flow {
         decay(self.service, self.at, now)
     }
 
+    /// Brings both counters to `now`.
+    fn decay_to(&mut self, now: Instant) {
+        if now > self.at {
+            self.service = decay(self.service, self.at, now);
+            self.received = decay(self.received, self.at, now);
+            self.at = now;
+        }
+    }
+
+    /// Adds weighted tokens it received (negative: a correction).
+    fn add(&mut self, now: Instant, amount: f64) {
+        self.decay_to(now);
+        self.service = (self.service + amount).max(0.0);
+        self.received = (self.received + amount).max(0.0);
+    }
+
     /// Attained service per unit of weight: the key the scheduler orders teams by.
     fn normalized(&self, now: Instant) -> f64 {
         self.service_at(now) / self.weight
-    }
-
-    fn set_service(&mut self, now: Instant, service: f64) {
-        self.service = service.max(0.0);
-        self.at = now;
     }
 
     pub(crate) fn waiting(&self) -> usize {
@@ -175,7 +194,9 @@ impl Flows {
                 team: claim.team.clone(),
                 weight: claim.weight,
                 service: 0.0,
+                received: 0.0,
                 at: now,
+                waiting_shared: 0,
                 lanes: [VecDeque::new(), VecDeque::new()],
                 backlogged_at: None,
             });
@@ -193,17 +214,43 @@ impl Flows {
 
     fn forget_idle(&mut self, now: Instant) {
         self.list.retain(|f| {
-            f.waiting() > 0 || f.service_at(now) >= 1.0 || now.saturating_duration_since(f.at) < FORGET_AFTER
+            f.waiting() > 0
+                || f.waiting_shared > 0
+                || f.service_at(now) >= 1.0
+                || now.saturating_duration_since(f.at) < FORGET_AFTER
         });
     }
 
-    /// Adds `amount` weighted tokens (negative: a refund when a charge is settled) to a team.
+    /// Adds `amount` weighted tokens (negative: a refund) to a team, under `teams` only.
     pub(crate) fn charge(&mut self, team: &Arc<str>, amount: f64, now: Instant) {
-        if let Some(i) = self.find(team) {
-            let f = &mut self.list[i];
-            let s = f.service_at(now) + amount;
-            f.set_service(now, s);
+        if self.fairness != Fairness::Teams {
+            return;
         }
+        if let Some(i) = self.find(team) {
+            self.list[i].add(now, amount);
+        }
+    }
+
+    /// A request granted at `granted_at` and charged `charged` then really cost `cost`: the
+    /// charge, decayed since like the rest of the team's service, is replaced by the cost.
+    pub(crate) fn settle(
+        &mut self,
+        team: &Arc<str>,
+        charged: u64,
+        granted_at: Instant,
+        cost: u64,
+        now: Instant,
+    ) {
+        let left = decay(charged as f64, granted_at, now);
+        self.charge(team, cost as f64 - left, now);
+    }
+
+    /// A request of flow `i` starts (`+1`) or stops (`-1`) waiting in the queue shared through
+    /// Redis.
+    pub(crate) fn waiting_shared(&mut self, i: usize, delta: i32, now: Instant) {
+        let f = &mut self.list[i];
+        f.waiting_shared = f.waiting_shared.saturating_add_signed(delta);
+        f.backlogged_at = Some(now);
     }
 
     /// Queues a waiter of flow `i` in `lane`; a flow that starts waiting is lifted to the least
@@ -219,8 +266,8 @@ impl Flows {
                 .min_by(f64::total_cmp);
             if let Some(floor) = floor {
                 let f = &mut self.list[i];
-                let lifted = (floor * f.weight).max(f.service_at(now));
-                f.set_service(now, lifted);
+                f.decay_to(now);
+                f.service = f.service.max(floor * f.weight);
             }
         }
         let f = &mut self.list[i];
@@ -256,9 +303,9 @@ impl Flows {
             if let Some(i) = self.pick(lane, now) {
                 let w = self.list[i].lanes[lane].pop_front()?;
                 self.lane_len[lane] -= 1;
-                let f = &mut self.list[i];
-                let s = f.service_at(now) + w.cost as f64;
-                f.set_service(now, s);
+                if self.fairness == Fairness::Teams {
+                    self.list[i].add(now, w.cost as f64);
+                }
                 return Some((i, w));
             }
         }
@@ -267,9 +314,9 @@ impl Flows {
 
     /// Gives back the charge of a waiter whose grant nobody took (it had just left).
     pub(crate) fn refund(&mut self, team_of: usize, cost: u64, now: Instant) {
-        let f = &mut self.list[team_of];
-        let s = f.service_at(now) - cost as f64;
-        f.set_service(now, s);
+        if self.fairness == Fairness::Teams {
+            self.list[team_of].add(now, -(cost as f64));
+        }
     }
 
     /// Removes waiter `id` of `team` from `lane`; false if it is no longer queued.
@@ -308,16 +355,15 @@ impl Flows {
         critical + (own + others) as u32
     }
 
-    /// Under `teams`, with the queue full: the newest waiter of the team holding the most of the
-    /// queue for its weight, if that is more than flow `i` would hold after joining. Only waiters
-    /// of `lane` or a less urgent one are pushed out.
-    pub(crate) fn displace_for(&mut self, i: usize, lane: usize) -> Option<Waiter> {
+    /// Under `teams`, with the queue full: the flow and lane whose newest waiter would make room
+    /// — the team holding the most of the queue for its weight, if that is more than flow `i`
+    /// would hold after joining. Only waiters of `lane` or a less urgent one are pushed out.
+    pub(crate) fn victim_for(&self, i: usize, lane: usize) -> Option<(usize, usize)> {
         if self.fairness != Fairness::Teams {
             return None;
         }
         let mine = (self.list[i].waiting() as f64 + 1.0) / self.list[i].weight;
-        let (victim, victim_lane) = self
-            .list
+        self.list
             .iter()
             .enumerate()
             .filter(|(j, _)| *j != i)
@@ -327,9 +373,13 @@ impl Flows {
             })
             .filter(|(_, _, held)| *held > mine)
             .max_by(|a, b| a.2.total_cmp(&b.2))
-            .map(|(j, l, _)| (j, l))?;
-        let w = self.list[victim].lanes[victim_lane].pop_back()?;
-        self.lane_len[victim_lane] -= 1;
+            .map(|(j, l, _)| (j, l))
+    }
+
+    /// Takes the newest waiter of `victim_for`'s answer out of the queue.
+    pub(crate) fn push_out(&mut self, (flow, lane): (usize, usize)) -> Option<Waiter> {
+        let w = self.list[flow].lanes[lane].pop_back()?;
+        self.lane_len[lane] -= 1;
         Some(w)
     }
 
@@ -348,7 +398,8 @@ impl Flows {
                 team: f.team.clone(),
                 weight: f.weight,
                 service: f.service_at(now),
-                waiting: f.waiting() as u32,
+                received: decay(f.received, f.at, now),
+                waiting: f.waiting() as u32 + f.waiting_shared,
                 backlogged_at: f.backlogged_at,
             })
             .collect()

@@ -179,6 +179,17 @@ impl State {
         self.flows.queued()
     }
 
+    /// Under `teams`, charges a grant's claim to its team; whether it did.
+    fn charge_grant(&mut self, claim: &Claim, now: Instant) -> bool {
+        if self.flows.fairness != Fairness::Teams {
+            return false;
+        }
+        let i = self.flows.index(claim, now);
+        let team = self.flows.list[i].team.clone();
+        self.flows.charge(&team, claim.cost as f64, now);
+        true
+    }
+
     /// Hands a slot to the next waiter (see [`Flows::pop_next`]); false if nobody took it.
     fn grant_next(&mut self, now: Instant) -> bool {
         while let Some((i, w)) = self.flows.pop_next(now) {
@@ -234,14 +245,19 @@ pub struct Admission {
     waiting_shared: std::sync::atomic::AtomicU32,
 }
 
-/// Counts a request waiting in the shared queue while it lives.
-pub struct SharedWaiter<'a>(&'a Admission);
+/// Counts a request waiting in the shared queue while it lives (and its team as waiting, for the
+/// fairness index and `/admin/state`).
+pub struct SharedWaiter<'a>(&'a Admission, Arc<str>);
 
 impl Drop for SharedWaiter<'_> {
     fn drop(&mut self) {
         self.0
             .waiting_shared
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        let mut s = self.0.lock();
+        if let Some(i) = s.flows.find(&self.1) {
+            s.flows.waiting_shared(i, -1, Instant::now());
+        }
     }
 }
 
@@ -265,34 +281,38 @@ pub struct Permit {
     /// Requests ahead of it in its lane's order when it joined the queue (none: it did not wait).
     pub ahead: Option<u32>,
     granted_at: Instant,
-    /// The team charged for the slot, and how much: settled with the real cost at the end.
+    /// The team charged for the slot, and how much (none under `fifo`): settled with `cost`,
+    /// what it really cost, when the slot is released.
     team: Arc<str>,
-    charged: u64,
+    charged: Option<u64>,
+    cost: Option<u64>,
 }
 
 impl Permit {
-    fn new(admission: Arc<Admission>, queue_wait: Duration, granted_at: Instant, claim: &Claim) -> Permit {
+    /// `charged`: whether the grant charged the claim's cost to its team (under `teams`).
+    fn new(
+        admission: Arc<Admission>,
+        queue_wait: Duration,
+        granted_at: Instant,
+        claim: &Claim,
+        charged: bool,
+    ) -> Permit {
         Permit {
             admission,
             queue_wait,
             ahead: None,
             granted_at,
             team: claim.team.clone(),
-            charged: claim.cost,
+            charged: charged.then_some(claim.cost),
+            cost: None,
         }
     }
 
-    /// The request really cost `cost` weighted tokens (see [`crate::fair::service_cost`]): its
-    /// team's attained service is corrected by what the grant charged too much or too little.
+    /// The request really cost `cost` weighted tokens (see [`crate::fair::service_cost`]): when
+    /// the slot is released, its team's attained service takes this instead of what the grant
+    /// charged.
     pub fn settle(&mut self, cost: u64) {
-        if cost != self.charged {
-            let delta = cost as f64 - self.charged as f64;
-            self.admission
-                .lock()
-                .flows
-                .charge(&self.team, delta, Instant::now());
-            self.charged = cost;
-        }
+        self.cost = Some(cost);
     }
 
     /// The first token arrived at `now`: a sample for an adaptive C.
@@ -312,7 +332,11 @@ impl Drop for Permit {
     fn drop(&mut self) {
         let now = Instant::now();
         let held = now.saturating_duration_since(self.granted_at);
-        self.admission.lock().release(now, Some(held));
+        let mut s = self.admission.lock();
+        if let (Some(charged), Some(cost)) = (self.charged, self.cost) {
+            s.flows.settle(&self.team, charged, self.granted_at, cost, now);
+        }
+        s.release(now, Some(held));
     }
 }
 
@@ -323,6 +347,8 @@ struct WaitGuard {
     id: u64,
     team: Arc<str>,
     lane: usize,
+    /// What a grant charged its team.
+    cost: u64,
     rx: oneshot::Receiver<Verdict>,
     done: bool,
 }
@@ -344,7 +370,11 @@ impl WaitGuard {
 impl Drop for WaitGuard {
     fn drop(&mut self) {
         if !self.done && self.leave() == Some(GRANTED) {
-            self.admission.lock().release(Instant::now(), None);
+            // Granted as it left: the slot goes on, and the charge comes back.
+            let now = Instant::now();
+            let mut s = self.admission.lock();
+            s.flows.charge(&self.team, -(self.cost as f64), now);
+            s.release(now, None);
         }
     }
 }
@@ -475,14 +505,12 @@ impl Admission {
     /// the team already had.
     pub fn admit_counted(self: &Arc<Self>, queue_wait: Duration, claim: &Claim) -> Permit {
         let now = Instant::now();
-        {
+        let charged = {
             let mut s = self.lock();
             s.in_flight += 1;
-            let i = s.flows.index(claim, now);
-            let team = s.flows.list[i].team.clone();
-            s.flows.charge(&team, claim.cost as f64, now);
-        }
-        Permit::new(self.clone(), queue_wait, now, claim)
+            s.charge_grant(claim, now)
+        };
+        Permit::new(self.clone(), queue_wait, now, claim, charged)
     }
 
     /// For limits shared through Redis: how many waiters may be ahead of a request before its
@@ -516,11 +544,15 @@ impl Admission {
         Some(Instant::now().saturating_duration_since(oldest))
     }
 
-    /// Counts a request waiting in the shared queue until the returned guard drops.
-    pub fn shared_waiter(&self) -> SharedWaiter<'_> {
+    /// Counts a request of `claim`'s team waiting in the shared queue until the guard drops.
+    pub fn shared_waiter(&self, claim: &Claim) -> SharedWaiter<'_> {
         self.waiting_shared
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        SharedWaiter(self)
+        let now = Instant::now();
+        let mut s = self.lock();
+        let i = s.flows.index(claim, now);
+        s.flows.waiting_shared(i, 1, now);
+        SharedWaiter(self, claim.team.clone())
     }
 
     /// Waits for a slot, at most Wq and never past `deadline`; `claim` names the team the slot
@@ -534,17 +566,16 @@ impl Admission {
         let start = Instant::now();
         let (guard, budget, ahead) = {
             let mut s = self.lock();
-            let flow = s.flows.index(claim, start);
             if s.in_flight < s.limits.concurrency && s.queued() == 0 {
                 s.in_flight += 1;
                 let in_flight = s.in_flight;
                 if let Some(a) = s.adaptive.as_mut() {
                     a.peak = a.peak.max(in_flight);
                 }
-                let team = s.flows.list[flow].team.clone();
-                s.flows.charge(&team, claim.cost as f64, start);
-                return Ok(Permit::new(self.clone(), Duration::ZERO, start, claim));
+                let charged = s.charge_grant(claim, start);
+                return Ok(Permit::new(self.clone(), Duration::ZERO, start, claim, charged));
             }
+            let flow = s.flows.index(claim, start);
             let lane = match priority {
                 Priority::Critical => 0,
                 Priority::Standard => 1,
@@ -554,18 +585,19 @@ impl Admission {
                 }
             };
             let queued = s.queued();
-            if queued >= s.limits.queue {
-                // Under `teams`, a team holding more than its share of a full queue makes room.
-                match s.flows.displace_for(flow, lane) {
-                    Some(pushed_out) => {
-                        let _ = pushed_out.tx.send(DISPLACED);
-                    }
+            // Under `teams`, a team holding more than its share of a full queue makes room — once
+            // nothing else refuses the newcomer.
+            let victim = if queued >= s.limits.queue {
+                match s.flows.victim_for(flow, lane) {
+                    Some(victim) => Some(victim),
                     None => {
                         let retry_after = s.retry_after(queued, start);
                         return Err(Rejection::QueueFull { retry_after });
                     }
                 }
-            }
+            } else {
+                None
+            };
             let ahead = s.flows.ahead(flow, lane);
             let budget = s.limits.queue_wait.min(deadline.saturating_duration_since(start));
             let concurrency = s.limits.concurrency;
@@ -586,6 +618,9 @@ impl Admission {
                     retry_after,
                 });
             }
+            if let Some(pushed_out) = victim.and_then(|v| s.flows.push_out(v)) {
+                let _ = pushed_out.tx.send(DISPLACED);
+            }
             let (tx, rx) = oneshot::channel();
             let id = s.next_id;
             s.next_id += 1;
@@ -603,6 +638,7 @@ impl Admission {
                     id,
                     team,
                     lane,
+                    cost: claim.cost,
                     rx,
                     done: false,
                 },
@@ -619,7 +655,8 @@ impl Admission {
         let now = Instant::now();
         match told {
             Some(GRANTED) => {
-                let mut permit = Permit::new(self.clone(), now - start, now, claim);
+                let charged = self.fairness() == Fairness::Teams;
+                let mut permit = Permit::new(self.clone(), now - start, now, claim, charged);
                 permit.ahead = Some(ahead);
                 Ok(permit)
             }

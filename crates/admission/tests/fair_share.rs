@@ -247,3 +247,65 @@ async fn a_full_queue_makes_room_by_pushing_out_the_team_holding_most_of_it() {
         Err(Rejection::QueueFull { .. })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_long_request_settles_against_its_decayed_charge() {
+    let g = gate(4, 4, Fairness::Teams);
+    let claim = |team: &str, cost: u64| Claim {
+        team: Arc::from(team),
+        weight: 1.0,
+        cost,
+    };
+    let far = Instant::now() + Duration::from_secs(3600);
+    // a attains 1,000 in short requests, then holds one charged 1,000 for a half-life.
+    for _ in 0..10 {
+        let mut p = g
+            .acquire(Priority::Standard, far, &claim("a", 100))
+            .await
+            .unwrap();
+        p.settle(100);
+    }
+    let mut long = g
+        .acquire(Priority::Standard, far, &claim("a", 1000))
+        .await
+        .unwrap();
+    tokio::time::sleep(spillway_admission::fair::HALF_LIFE).await;
+    long.settle(1000);
+    drop(long);
+    // Everything decayed one half-life: (1,000 + 1,000) / 2, then the request's 1,000 counted
+    // now in place of its 500 left: 1,500. Taking back the whole 1,000 charged left 1,000.
+    let a = g.shares().into_iter().find(|s| &*s.team == "a").unwrap();
+    assert!((a.service - 1500.0).abs() < 1.0, "{a:?}");
+    assert!((a.received - 1500.0).abs() < 1.0, "{a:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn nobody_is_pushed_out_for_a_newcomer_refused_anyway() {
+    let g = gate(1, 2, Fairness::Teams);
+    let claim = |team: &str| Claim {
+        team: Arc::from(team),
+        weight: 1.0,
+        cost: COST,
+    };
+    let far = Instant::now() + Duration::from_secs(3600);
+    let busy = g.acquire(Priority::Standard, far, &claim("a")).await.unwrap();
+    let waiting: Vec<_> = (0..2)
+        .map(|_| {
+            let (g, c) = (g.clone(), claim("a"));
+            tokio::spawn(async move { g.acquire(Priority::Standard, far, &c).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(g.queued(), 2);
+    // b's deadline has passed: it is refused, and a's waiters keep their places.
+    let refused = g.acquire(Priority::Standard, Instant::now(), &claim("b")).await;
+    assert!(
+        matches!(refused, Err(Rejection::QueueTimeout { .. })),
+        "{refused:?}"
+    );
+    assert_eq!(g.queued(), 2);
+    drop(busy);
+    for w in waiting {
+        w.await.unwrap().expect("a's waiters are served");
+    }
+}

@@ -134,6 +134,8 @@ pub(crate) struct Lease {
     team: Option<Arc<str>>,
     service_charged: u64,
     service_used: Option<u64>,
+    /// When the slot was granted: the charge has decayed since, as the team's service has.
+    granted_at: Instant,
     team_slot: bool,
     /// Redis may hold something of it: its drop sends the release.
     armed: bool,
@@ -206,6 +208,7 @@ impl Drop for Lease {
             (Some(_), Some(u)) => u as i64,
             _ => -1,
         };
+        let held_ms = self.granted_at.elapsed().as_millis() as u64;
         runtime.spawn(async move {
             let mut call = shared.scripts.release.prepare_invoke();
             call.key(&keys.slots)
@@ -222,7 +225,8 @@ impl Drop for Lease {
                 .arg(team.as_deref().unwrap_or(""))
                 .arg(service_charged)
                 .arg(service_used)
-                .arg(half_life_ms());
+                .arg(half_life_ms())
+                .arg(held_ms);
             let op = if granted { "release" } else { "dequeue" };
             // A release that fails leaves the lease to expire within its ttl.
             let _ = shared.call::<i64>(op, &call).await;
@@ -486,6 +490,7 @@ impl SharedLimits {
             team: fair.then(|| ask.claim.team.clone()),
             service_charged: ask.claim.cost,
             service_used: None,
+            granted_at: start,
             team_slot: q.max_parallel.is_some(),
             armed: true,
         };
@@ -580,6 +585,7 @@ impl SharedLimits {
     /// The lease's slot is granted: renew it (and its team slot) from now on.
     fn hold(&self, lease: &mut Lease) {
         lease.granted = true;
+        lease.granted_at = Instant::now();
         let mut held = self.held();
         held.entry(lease.keys.slots.clone())
             .or_default()
@@ -599,7 +605,7 @@ impl SharedLimits {
         until: Instant,
     ) -> Result<Result<(), NoSlot>, Unavailable> {
         let start = Instant::now();
-        let _counted = ask.admission.shared_waiter();
+        let _counted = ask.admission.shared_waiter(&ask.claim);
         let waker = self.waker(&lease.keys.slots);
         let ttl = self.config.lease_ttl.as_millis() as u64;
         let wq = ask.limits.queue_wait.as_millis() as u64;
@@ -725,6 +731,7 @@ impl SharedLimits {
             team: None,
             service_charged: 0,
             service_used: None,
+            granted_at: Instant::now(),
             team_slot,
             armed: true,
         };

@@ -299,7 +299,7 @@ impl Gateway {
                     if s.backlogged_at
                         .is_some_and(|t| now.saturating_duration_since(t) <= admission::fair::HALF_LIFE)
                     {
-                        backlogged.push(s.service / s.weight);
+                        backlogged.push(s.received / s.weight);
                     }
                 }
                 if let Some(j) = admission::fair::jain(&backlogged) {
