@@ -461,7 +461,7 @@ pub fn table_for(r: &Report, width: Width) -> String {
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
         out.push_str(&table_level(l, width));
     }
-    out.push_str(&tenants_table(r, width));
+    out.push_str(&tenants_table(&r.tenants, r.fairness.as_ref(), width));
     out.push_str(&table_tail(r, width));
     out
 }
@@ -481,7 +481,10 @@ pub(crate) fn tenant_cells(t: &crate::tenants::TenantReport) -> ([String; 10], [
     (
         [
             t.name.clone(),
-            t.load.to_string(),
+            match t.load {
+                crate::spec::Load::Concurrency(c) => format!("C={c}"),
+                crate::spec::Load::Rate(r) => format!("{}/s", number(r)),
+            },
             t.sent.to_string(),
             t.served.to_string(),
             t.refused_429.to_string(),
@@ -524,21 +527,25 @@ pub const TENANT_LEGEND: &str = "sent = served + 429 + 503 + err; w/RA: refusals
 /// The tenants of a multi-tenant run: their counts and shares, their latencies (one table in the
 /// full width, two in the narrow one, so that each fits 80 columns), the fairness index, and
 /// each tenant's errors and Retry-After waits; empty for a run without tenants.
-pub fn tenants_table(r: &Report, width: Width) -> String {
+pub fn tenants_table(
+    tenants: &[crate::tenants::TenantReport],
+    fairness: Option<&crate::tenants::Fairness>,
+    width: Width,
+) -> String {
     let mut out = String::new();
-    let Some(fairness) = &r.fairness else {
+    let Some(fairness) = fairness else {
         return out;
     };
-    let name_width = r
-        .tenants
+    let name_width = tenants
         .iter()
         .map(|t| t.name.chars().count())
         .max()
         .unwrap_or(0)
         .clamp(6, crate::tenants::MAX_NAME);
-    let count_widths = [name_width, 10, 6, 6, 5, 5, 5, 5, 6, 6];
+    // With a name of MAX_NAME, a row is 80 columns.
+    let count_widths = [name_width, 9, 6, 6, 6, 5, 6, 5, 6, 6];
     let latency_widths = [8; 7];
-    let cells: Vec<_> = r.tenants.iter().map(tenant_cells).collect();
+    let cells: Vec<_> = tenants.iter().map(tenant_cells).collect();
     out.push('\n');
     match width {
         Width::Full => {
@@ -569,7 +576,7 @@ pub fn tenants_table(r: &Report, width: Width) -> String {
                 .map(str::to_owned)
                 .collect();
             let _ = writeln!(out, "{}", row_one_left(&header, &widths).trim_end());
-            for (t, (_, latencies)) in r.tenants.iter().zip(&cells) {
+            for (t, (_, latencies)) in tenants.iter().zip(&cells) {
                 let all: Vec<String> = std::iter::once(t.name.clone())
                     .chain(latencies.iter().cloned())
                     .collect();
@@ -578,7 +585,7 @@ pub fn tenants_table(r: &Report, width: Width) -> String {
         }
     }
     line(&mut out, TENANT_LEGEND, width);
-    for t in &r.tenants {
+    for t in tenants {
         if !t.error_kinds.is_empty() {
             let kinds: Vec<String> = t.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
             line(&mut out, &format!("{} errors: {}", t.name, kinds.join(", ")), width);
@@ -617,6 +624,68 @@ fn row_one_left(cells: &[String], widths: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two tenants with the longest names allowed, a refused one and one with errors: every line
+    /// of the narrow layout fits 80 columns, and the full one has every column in one row each.
+    #[test]
+    fn the_tenants_table_fits_80_columns_when_narrow() {
+        use crate::client::{Outcome, Record};
+        use crate::spec::Load;
+        use crate::tenants::{Tenant, reports};
+        use std::time::Duration;
+        let rec = |tenant: &str, outcome: Outcome| {
+            let mut r = Record::unanswered(Duration::ZERO, Duration::ZERO, false);
+            r.tenant = Some(crate::tenants::tag(tenant));
+            if outcome == Outcome::Ok {
+                (r.ttft, r.e2e, r.itl_us) = (
+                    Some(Duration::from_millis(1234)),
+                    Duration::from_secs(12),
+                    vec![45_000, 50_000],
+                );
+                r.output_tokens = 3;
+                r.gateway_queue = Some(Duration::from_millis(900));
+            } else {
+                r.retry_after = Some(Duration::from_secs(1));
+                r.retry_wait = Some(Duration::from_secs(1));
+            }
+            r.outcome = outcome;
+            r
+        };
+        let (a, b) = ("sixteen-chars-ab", "other-tenant.b_2");
+        let mut recs: Vec<Record> = (0..99_999).map(|_| rec(a, Outcome::Ok)).collect();
+        recs.push(rec(b, Outcome::Ok));
+        recs.extend((0..12_345).map(|_| rec(b, Outcome::Status { code: 429 })));
+        recs.push(rec(b, Outcome::Status { code: 503 }));
+        recs.push(rec(b, Outcome::Timeout));
+        let refs: Vec<&Record> = recs.iter().collect();
+        let tenant = |name: &str, load| Tenant {
+            name: name.into(),
+            api_key_env: "K".into(),
+            api_key: "k".into(),
+            load,
+        };
+        let (t, f) = reports(
+            &[tenant(a, Load::Concurrency(1024)), tenant(b, Load::Rate(1234.5))],
+            &refs,
+            &[],
+            Duration::from_secs(30),
+            &"ttft_p95=1s".parse().unwrap(),
+        );
+        let narrow = tenants_table(&t, Some(&f), Width::Narrow(80));
+        for l in narrow.lines() {
+            assert!(l.chars().count() <= 80, "{} columns: {l}\n{narrow}", l.chars().count());
+        }
+        assert!(narrow.contains("sixteen-chars-ab C=1024"), "{narrow}");
+        assert!(narrow.contains("other-tenant.b_2 1234.5/s"), "{narrow}");
+        assert!(narrow.contains("12345"), "{narrow}");
+        assert!(narrow.contains("other-tenant.b_2 errors: timeout 1"), "{narrow}");
+        assert!(narrow.contains("honoured Retry-After 12347 time(s)"), "{narrow}");
+        assert!(narrow.contains("0.500 over served requests"), "{narrow}");
+        let full = tenants_table(&t, Some(&f), Width::Full);
+        let row = full.lines().find(|l| l.starts_with(a)).unwrap();
+        assert!(row.contains("C=1024") && row.trim_end().ends_with("900.0ms"), "{full}");
+        assert_eq!(tenants_table(&[], None, Width::Full), "");
+    }
 
     #[test]
     fn terminals_narrower_than_the_full_table_get_the_narrow_one() {

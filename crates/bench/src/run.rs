@@ -333,11 +333,16 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
 }
 
 /// [`run`], with [`Extras`].
-pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchError> {
+pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, BenchError> {
+    if !extras.tenants.is_empty() {
+        // One level of every tenant at once, in place of the phases (and of their long mix).
+        opts.phases = vec![Phase::Tenants];
+        opts.loads = vec![crate::tenants::level_load(&extras.tenants)];
+    }
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
     let client = Client::new(opts.target.clone())?.honoring_retry_after(extras.honor_retry_after);
-    let tenant_clients = tenant_clients(&client, &extras.tenants)?;
+    let tenant_clients = tenants::clients(&client, &extras.tenants)?;
     let template_tokens = match tenant_clients.first() {
         None => preflight(&client).await?,
         Some(_) => {
@@ -401,39 +406,6 @@ pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchErro
     let report = ctx.phases(started_at).await;
     ctx.progress.finish();
     Ok(report)
-}
-
-/// Each tenant's client, sharing `client`'s connections; its name and load checked.
-fn tenant_clients(
-    client: &Client,
-    tenants: &[crate::tenants::Tenant],
-) -> Result<Vec<(Client, Load)>, BenchError> {
-    let mut names = std::collections::BTreeSet::new();
-    tenants
-        .iter()
-        .map(|t| {
-            let spec = crate::tenants::TenantSpec {
-                name: t.name.clone(),
-                api_key_env: t.api_key_env.clone(),
-                clients: match t.load {
-                    Load::Concurrency(c) => Some(c),
-                    Load::Rate(_) => None,
-                },
-                rate: match t.load {
-                    Load::Rate(r) => Some(r),
-                    Load::Concurrency(_) => None,
-                },
-            };
-            spec.load().map_err(BenchError::Setup)?;
-            if !names.insert(t.name.as_str()) {
-                return Err(BenchError::Setup(format!(
-                    "tenant {}: named twice; each tenant needs a name of its own",
-                    t.name
-                )));
-            }
-            Ok((client.for_tenant(&t.name, &t.api_key), t.load))
-        })
-        .collect()
 }
 
 /// One small request first, so a target that is down or a wrong model fails the run at once with
@@ -618,14 +590,8 @@ impl Ctx {
     async fn phases(&mut self, started_at: String) -> Report {
         // Several tenants run one level together, in place of the phases.
         let tenant_run = !self.tenant_clients.is_empty();
-        let (phases, loads) = if tenant_run {
-            (
-                Vec::new(),
-                vec![crate::tenants::level_load(&self.extras.tenants)],
-            )
-        } else {
-            (self.opts.phases.clone(), self.default_loads())
-        };
+        let phases = self.opts.phases.clone();
+        let loads = self.default_loads();
         let (tenants, fairness) = if tenant_run {
             let (tenants, fairness) = self.tenants_level(loads[0]).await;
             (tenants, Some(fairness))
@@ -773,11 +739,7 @@ impl Ctx {
                 workload: o.workload.info(),
                 slo: o.slo.to_string(),
                 metrics_urls: o.metrics_urls.clone(),
-                phases: if tenant_run {
-                    vec![Phase::Tenants]
-                } else {
-                    o.phases.clone()
-                },
+                phases: o.phases.clone(),
                 long_share: o.long_share,
                 long_input_len: self.fitted.long_input,
                 long_output_len: self.fitted.long_output,

@@ -1,8 +1,8 @@
 //! The one level of a multi-tenant run: every tenant's load at once, then each tenant's report
 //! and the fairness over them.
 
-use super::Ctx;
-use crate::client::Record;
+use super::{BenchError, Ctx};
+use crate::client::{Client, Record};
 use crate::spec::{Load, Phase};
 use crate::tenants::{Fairness, TenantReport};
 
@@ -62,4 +62,37 @@ pub(super) fn summarize(tenants: &[TenantReport], f: &Fairness) -> String {
         index(f.jain_served_requests),
         crate::report::number(1.0 / tenants.len().max(1) as f64),
     )
+}
+
+/// Each tenant's client, sharing `client`'s connections; its name and load checked.
+pub(super) fn clients(
+    client: &Client,
+    tenants: &[crate::tenants::Tenant],
+) -> Result<Vec<(Client, Load)>, BenchError> {
+    let mut names = std::collections::BTreeSet::new();
+    tenants
+        .iter()
+        .map(|t| {
+            let spec = crate::tenants::TenantSpec {
+                name: t.name.clone(),
+                api_key_env: t.api_key_env.clone(),
+                clients: match t.load {
+                    Load::Concurrency(c) => Some(c),
+                    Load::Rate(_) => None,
+                },
+                rate: match t.load {
+                    Load::Rate(r) => Some(r),
+                    Load::Concurrency(_) => None,
+                },
+            };
+            spec.load().map_err(BenchError::Setup)?;
+            if !names.insert(t.name.as_str()) {
+                return Err(BenchError::Setup(format!(
+                    "tenant {}: named twice; each tenant needs a name of its own",
+                    t.name
+                )));
+            }
+            Ok((client.for_tenant(&t.name, &t.api_key), t.load))
+        })
+        .collect()
 }
