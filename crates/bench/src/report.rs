@@ -471,9 +471,8 @@ pub(crate) const TENANT_COUNTS: [&str; 10] = [
     "tenant", "load", "sent", "served", "429", "503", "w/RA", "err", "req%", "tok%",
 ];
 /// Its latencies, after the tenant's name.
-pub(crate) const TENANT_LATENCIES: [&str; 7] = [
-    "ttft50", "ttft95", "ttft99", "itl50", "itl95", "e2e95", "queue95",
-];
+pub(crate) const TENANT_LATENCIES: [&str; 7] =
+    ["ttft50", "ttft95", "ttft99", "itl50", "itl95", "e2e95", "queue95"];
 
 /// One tenant's values for [`TENANT_COUNTS`] and [`TENANT_LATENCIES`] (its name not repeated).
 pub(crate) fn tenant_cells(t: &crate::tenants::TenantReport) -> ([String; 10], [String; 7]) {
@@ -568,9 +567,7 @@ pub fn tenants_table(
                 let _ = writeln!(out, "{}", row(counts, &count_widths).trim_end());
             }
             // The name is left-aligned as the first column; the rest right-aligned.
-            let widths: Vec<usize> = std::iter::once(name_width)
-                .chain(latency_widths)
-                .collect();
+            let widths: Vec<usize> = std::iter::once(name_width).chain(latency_widths).collect();
             let header: Vec<String> = std::iter::once("tenant")
                 .chain(TENANT_LATENCIES)
                 .map(str::to_owned)
@@ -588,7 +585,11 @@ pub fn tenants_table(
     for t in tenants {
         if !t.error_kinds.is_empty() {
             let kinds: Vec<String> = t.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
-            line(&mut out, &format!("{} errors: {}", t.name, kinds.join(", ")), width);
+            line(
+                &mut out,
+                &format!("{} errors: {}", t.name, kinds.join(", ")),
+                width,
+            );
         }
         if let Some(w) = t.retry_waits {
             line(
@@ -673,7 +674,11 @@ mod tests {
         );
         let narrow = tenants_table(&t, Some(&f), Width::Narrow(80));
         for l in narrow.lines() {
-            assert!(l.chars().count() <= 80, "{} columns: {l}\n{narrow}", l.chars().count());
+            assert!(
+                l.chars().count() <= 80,
+                "{} columns: {l}\n{narrow}",
+                l.chars().count()
+            );
         }
         assert!(narrow.contains("sixteen-chars-ab C=1024"), "{narrow}");
         assert!(narrow.contains("other-tenant.b_2 1234.5/s"), "{narrow}");
@@ -683,7 +688,10 @@ mod tests {
         assert!(narrow.contains("0.500 over served requests"), "{narrow}");
         let full = tenants_table(&t, Some(&f), Width::Full);
         let row = full.lines().find(|l| l.starts_with(a)).unwrap();
-        assert!(row.contains("C=1024") && row.trim_end().ends_with("900.0ms"), "{full}");
+        assert!(
+            row.contains("C=1024") && row.trim_end().ends_with("900.0ms"),
+            "{full}"
+        );
         assert_eq!(tenants_table(&[], None, Width::Full), "");
     }
 

@@ -277,10 +277,7 @@ pub enum BenchError {
     Metrics { url: String, reason: String },
     /// A tenant's options or its first request.
     #[error("tenant {name}: {source}")]
-    Tenant {
-        name: String,
-        source: Box<BenchError>,
-    },
+    Tenant { name: String, source: Box<BenchError> },
     #[error("target {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("target {url} refused the first request ({status}): {message}")]

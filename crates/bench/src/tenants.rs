@@ -45,14 +45,17 @@ impl TenantSpec {
         for part in parts {
             match part.split_once('=') {
                 Some(("clients", n)) => {
-                    spec.clients = Some(n.trim().parse().map_err(|_| {
-                        format!("{s:?}: clients={n:?} is not a whole number of clients")
-                    })?)
+                    spec.clients = Some(
+                        n.trim()
+                            .parse()
+                            .map_err(|_| format!("{s:?}: clients={n:?} is not a whole number of clients"))?,
+                    )
                 }
                 Some(("rate", r)) => {
-                    spec.rate = Some(r.trim().parse().map_err(|_| {
-                        format!("{s:?}: rate={r:?} is not a number of requests per second")
-                    })?)
+                    spec.rate =
+                        Some(r.trim().parse().map_err(|_| {
+                            format!("{s:?}: rate={r:?} is not a number of requests per second")
+                        })?)
                 }
                 _ => return Err(format!("{s:?}: unknown part {part:?}; {form}")),
             }
@@ -75,15 +78,21 @@ impl TenantSpec {
             ));
         }
         if self.api_key_env.is_empty() {
-            return Err(format!("tenant {name}: api_key_env is empty: name the variable that holds its key"));
+            return Err(format!(
+                "tenant {name}: api_key_env is empty: name the variable that holds its key"
+            ));
         }
         match (self.clients, self.rate) {
             (Some(0), None) => Err(format!("tenant {name}: clients must be at least 1")),
             (Some(c), None) => Ok(Load::Concurrency(c)),
             (None, Some(r)) if r.is_finite() && r > 0.0 => Ok(Load::Rate(r)),
-            (None, Some(r)) => Err(format!("tenant {name}: rate {r} must be a positive number of requests per second")),
+            (None, Some(r)) => Err(format!(
+                "tenant {name}: rate {r} must be a positive number of requests per second"
+            )),
             (Some(_), Some(_)) => Err(format!("tenant {name}: give clients or rate, not both")),
-            (None, None) => Err(format!("tenant {name}: give clients=N (closed loop) or rate=R (open loop)")),
+            (None, None) => Err(format!(
+                "tenant {name}: give clients=N (closed loop) or rate=R (open loop)"
+            )),
         }
     }
 }
@@ -205,9 +214,10 @@ pub fn reports(
                 .filter(|r| r.retry_after.is_some())
                 .count();
             let mut error_kinds = BTreeMap::new();
-            for r in mine.iter().filter(|r| {
-                !r.ok() && !matches!(r.outcome, Outcome::Status { code: 429 | 503 })
-            }) {
+            for r in mine
+                .iter()
+                .filter(|r| !r.ok() && !matches!(r.outcome, Outcome::Status { code: 429 | 503 }))
+            {
                 *error_kinds.entry(r.outcome.kind()).or_insert(0) += 1;
             }
             let (input, output) = served
@@ -436,7 +446,10 @@ mod tests {
 
     #[test]
     fn the_level_shows_the_clients_or_the_rates_added_up() {
-        assert_eq!(level_load(&[tenant("a", 3), tenant("b", 1)]), Load::Concurrency(4));
+        assert_eq!(
+            level_load(&[tenant("a", 3), tenant("b", 1)]),
+            Load::Concurrency(4)
+        );
         let mut open = tenant("c", 1);
         open.load = Load::Rate(2.5);
         let mut open2 = open.clone();

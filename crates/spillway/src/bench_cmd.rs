@@ -197,7 +197,11 @@ fn tenants(a: &BenchArgs) -> Result<Vec<Tenant>> {
         return Ok(Vec::new());
     }
     let refused = [
-        (!a.concurrency.is_empty(), "--concurrency", "each tenant's clients= sets its load"),
+        (
+            !a.concurrency.is_empty(),
+            "--concurrency",
+            "each tenant's clients= sets its load",
+        ),
         (!a.rate.is_empty(), "--rate", "each tenant's rate= sets its load"),
         (
             a.requests.is_some(),
@@ -224,10 +228,16 @@ fn tenants(a: &BenchArgs) -> Result<Vec<Tenant>> {
         .map(|spec| {
             let load = spec.load().map_err(anyhow::Error::msg)?;
             if !names.insert(spec.name.clone()) {
-                bail!("tenant {}: named twice; each tenant needs a name of its own", spec.name);
+                bail!(
+                    "tenant {}: named twice; each tenant needs a name of its own",
+                    spec.name
+                );
             }
             let api_key = std::env::var(&spec.api_key_env).with_context(|| {
-                format!("tenant {}: {}: the variable is not set", spec.name, spec.api_key_env)
+                format!(
+                    "tenant {}: {}: the variable is not set",
+                    spec.name, spec.api_key_env
+                )
             })?;
             Ok(Tenant {
                 name: spec.name,

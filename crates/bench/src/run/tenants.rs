@@ -13,12 +13,7 @@ impl Ctx {
         let ticker = self.progress.level(Phase::Tenants, load, self.sink.clone());
         let run = self
             .driver
-            .run_tenants(
-                &self.tenant_clients,
-                self.opts.stop,
-                &workload,
-                self.sink.clone(),
-            )
+            .run_tenants(&self.tenant_clients, self.opts.stop, &workload, self.sink.clone())
             .await;
         drop(ticker);
         let warm = self.opts.warmup;
@@ -27,13 +22,8 @@ impl Ctx {
         // The same time and the same records as the level's own statistics, so that the tenants'
         // counts add up to the level's.
         let wall = run.end.saturating_sub(run.start + warm);
-        let (tenants, fairness) = crate::tenants::reports(
-            &self.extras.tenants,
-            &measured,
-            &warmup,
-            wall,
-            &self.opts.slo,
-        );
+        let (tenants, fairness) =
+            crate::tenants::reports(&self.extras.tenants, &measured, &warmup, wall, &self.opts.slo);
         let report = self.judge(Phase::Tenants, load, run, false);
         self.progress.println(crate::report::one_line_for(
             &report,

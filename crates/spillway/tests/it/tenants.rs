@@ -73,12 +73,17 @@ tenants:
             .unwrap(),
     );
     assert!(
-        wait_until(1000, || try_get(port, "/ready").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))),
+        wait_until(1000, || try_get(port, "/ready")
+            .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))),
         "the gateway starts"
     );
     drop(ports);
     // Tenant a from the file, b from the flag.
-    std::fs::write(&tenants, "- { name: a, api_key_env: BENCH_TEST_KEY_A, clients: 2 }\n").unwrap();
+    std::fs::write(
+        &tenants,
+        "- { name: a, api_key_env: BENCH_TEST_KEY_A, clients: 2 }\n",
+    )
+    .unwrap();
     let url = format!("http://127.0.0.1:{port}");
     let out = Command::new(BIN)
         .arg("bench")
@@ -86,7 +91,13 @@ tenants:
         .args(["--tenants", tenants.to_str().unwrap()])
         .args(["--tenant", "b=BENCH_TEST_KEY_B:clients=3", "--honor-retry-after"])
         .args(["--duration", "2s", "--input-len", "8", "--output-len", "4"])
-        .args(["--json", json.to_str().unwrap(), "--html", html.to_str().unwrap(), "--quiet"])
+        .args([
+            "--json",
+            json.to_str().unwrap(),
+            "--html",
+            html.to_str().unwrap(),
+            "--quiet",
+        ])
         .env("BENCH_TEST_KEY_A", KEY_A)
         .env("BENCH_TEST_KEY_B", KEY_B)
         .output()
@@ -128,7 +139,10 @@ tenants:
     }
     assert_eq!(sum("sent"), n(stats, "requests"));
     assert_eq!(sum("served"), n(stats, "ok"));
-    assert_eq!(sum("refused_429"), stats["errors"]["http_429"].as_u64().unwrap_or(0));
+    assert_eq!(
+        sum("refused_429"),
+        stats["errors"]["http_429"].as_u64().unwrap_or(0)
+    );
     // Only b is over a quota, and every refusal said when to come back.
     assert_eq!(n(a, "refused_429"), 0, "{a}");
     assert!(n(b, "refused_429") > 0, "{b}");
@@ -215,7 +229,14 @@ fn flags_that_make_no_sense_with_tenants_are_refused() {
             &["tenant a: named twice"],
         ),
         (
-            vec!["--url", url, "--model", "m", "--tenant", "a=SPILLWAY_TEST_UNSET_KEY:clients=1"],
+            vec![
+                "--url",
+                url,
+                "--model",
+                "m",
+                "--tenant",
+                "a=SPILLWAY_TEST_UNSET_KEY:clients=1",
+            ],
             &["tenant a", "SPILLWAY_TEST_UNSET_KEY", "not set"],
         ),
         (
@@ -223,7 +244,14 @@ fn flags_that_make_no_sense_with_tenants_are_refused() {
             &["--tenant", "clients must be at least 1"],
         ),
         (
-            vec!["--url", url, "--model", "m", "--tenants", weighted.to_str().unwrap()],
+            vec![
+                "--url",
+                url,
+                "--model",
+                "m",
+                "--tenants",
+                weighted.to_str().unwrap(),
+            ],
             &["weighted.yaml", "unknown field `weight`", "api_key_env"],
         ),
         (
