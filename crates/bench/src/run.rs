@@ -276,8 +276,8 @@ pub enum BenchError {
     #[error("--metrics-url {url}: {reason}")]
     Metrics { url: String, reason: String },
     /// A tenant's options or its first request.
-    #[error("tenant {name}: {source}")]
-    Tenant { name: String, source: Box<BenchError> },
+    #[error("tenant {name}: {error}")]
+    Tenant { name: String, error: Box<BenchError> },
     #[error("target {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("target {url} refused the first request ({status}): {message}")]
@@ -317,7 +317,8 @@ pub struct Extras {
     pub on_level: Option<OnLevel>,
     /// Several tenants at once, each with its own key and load: the run is then one level of
     /// [`Options::stop`]'s length with every tenant's load together, reported per tenant, instead
-    /// of the phases (`loads`, `phases` and the target's key are not used).
+    /// of the phases (`loads`, `phases` and the target's key are not used). With
+    /// [`Stop::Requests`], each tenant sends that many.
     pub tenants: Vec<crate::tenants::Tenant>,
 }
 
@@ -348,7 +349,7 @@ pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, Bench
             for ((c, _), t) in tenant_clients.iter().zip(&extras.tenants) {
                 let tokens = preflight(c).await.map_err(|e| BenchError::Tenant {
                     name: t.name.clone(),
-                    source: Box::new(e),
+                    error: Box::new(e),
                 })?;
                 template_tokens = template_tokens.or(tokens);
             }

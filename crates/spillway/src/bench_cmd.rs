@@ -77,7 +77,8 @@ pub(crate) struct BenchArgs {
     /// A tenant with its own key and load, all tenants sending at once: NAME=KEY_ENV:clients=N
     /// (closed loop) or NAME=KEY_ENV:rate=R (open loop, --arrivals), its key read from the
     /// variable KEY_ENV. Repeat it for each tenant. A multi-tenant run is ONE level of --duration
-    /// (no phases, no staircase) with the same prompts and lengths for every tenant, reported per
+    /// (no phases, no staircase) with the same workload (lengths, dataset) for every tenant, each
+    /// drawing its own prompts, reported per
     /// tenant (served, refused, shares, TTFT/ITL) with Jain's fairness index; it takes no
     /// --concurrency, --rate, --requests, --phases or --api-key-env.
     #[arg(long, value_name = "NAME=KEY_ENV:clients=N|rate=R", value_parser = TenantSpec::parse_flag)]
@@ -117,7 +118,8 @@ pub(crate) struct BenchArgs {
     timeout: Duration,
     /// Closed loop: after a refusal with Retry-After (a 429 or 503), a client waits that long before
     /// its next request, as a well-behaved client does, instead of sending at once; the waits are
-    /// reported apart from the latencies.
+    /// reported apart from the latencies. With --tenant, each tenant's closed-loop clients wait for
+    /// their own refusals.
     #[arg(long)]
     honor_retry_after: bool,
     /// Send vLLM's ignore_eos so every output runs to its length (false for servers that reject it).

@@ -185,6 +185,23 @@ tenants:
     assert_eq!(refused_b, n(b, "refused_429"));
     let page = std::fs::read_to_string(&html).unwrap();
     assert!(page.contains("<h2>Tenants</h2>") && page.contains("fairness (Jain"));
+    // A wrong key stops the run before it starts, naming its tenant, once.
+    let out = Command::new(BIN)
+        .arg("bench")
+        .args(["--url", &url, "--model", "m", "--duration", "1s", "--quiet"])
+        .args(["--tenant", "a=BENCH_TEST_KEY_A:clients=1"])
+        .args(["--tenant", "b=BENCH_TEST_KEY_B:clients=1"])
+        .env("BENCH_TEST_KEY_A", KEY_A)
+        .env("BENCH_TEST_KEY_B", "sk-not-a-key-of-b")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("tenant b: target") && stderr.contains("(401)"),
+        "{stderr}"
+    );
+    assert_eq!(stderr.matches("refused the first request").count(), 1, "{stderr}");
     drop(gateway);
     let _ = std::fs::remove_dir_all(&dir);
 }
