@@ -122,6 +122,9 @@ pub struct Record {
     /// time in no request's latency.
     #[serde(serialize_with = "ser_opt_secs", skip_serializing_if = "Option::is_none")]
     pub retry_wait: Option<Duration>,
+    /// The tenant that sent it, in a run of several (`--tenant`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<std::sync::Arc<str>>,
     #[serde(skip)]
     pub error: Option<String>,
 }
@@ -166,6 +169,7 @@ impl Record {
             upstream_first_byte: None,
             retry_after: None,
             retry_wait: None,
+            tenant: None,
             error: None,
         }
     }
@@ -231,6 +235,7 @@ pub struct Client {
     target: std::sync::Arc<Target>,
     uri: hyper::Uri,
     honor_retry_after: bool,
+    tenant: Option<std::sync::Arc<str>>,
 }
 
 impl Client {
@@ -262,6 +267,7 @@ impl Client {
             target: std::sync::Arc::new(target),
             uri,
             honor_retry_after: false,
+            tenant: None,
         })
     }
 
@@ -270,6 +276,17 @@ impl Client {
     pub fn honoring_retry_after(mut self, honor: bool) -> Client {
         self.honor_retry_after = honor;
         self
+    }
+
+    /// The same connections, sending as `tenant` with its key, its records tagged with its name.
+    pub fn for_tenant(&self, tenant: &str, api_key: &str) -> Client {
+        let mut target = (*self.target).clone();
+        target.api_key = Some(api_key.to_owned());
+        Client {
+            target: std::sync::Arc::new(target),
+            tenant: Some(crate::tenants::tag(tenant)),
+            ..self.clone()
+        }
     }
 
     pub fn honors_retry_after(&self) -> bool {
@@ -365,6 +382,7 @@ impl Client {
             prompt.long,
         );
         rec.asked_input_tokens = prompt.input_tokens;
+        rec.tenant = self.tenant.clone();
         let req = match req.body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => {

@@ -528,8 +528,12 @@ fn head(r: &Report, page: &Page<'_>) -> String {
     );
     let p = &r.parameters;
     let loop_kind = match p.loads.first() {
-        Some(crate::spec::Load::Rate(_)) => "open loop (requests per second)",
-        _ => "closed loop (concurrent clients)",
+        _ if !r.tenants.is_empty() => format!(
+            "{} tenants at once, each with its own key and load",
+            r.tenants.len()
+        ),
+        Some(crate::spec::Load::Rate(_)) => "open loop (requests per second)".to_owned(),
+        _ => "closed loop (concurrent clients)".to_owned(),
     };
     let _ = write!(
         h,
@@ -584,6 +588,7 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
         let _ = writeln!(h, "<td class=\"v\">{}</td></tr>", verdict_cell(l));
     }
     h.push_str("</table>\n");
+    tenants(r, h);
     if !r.bursts.is_empty() {
         h.push_str(
             "<p>A burst row's verdict is its recovery: the burst is meant to breach the SLOs while it \
@@ -608,6 +613,51 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
     Ok(())
 }
 
+/// The tenants of a multi-tenant run: what each sent and got, and the fairness over them.
+fn tenants(r: &Report, h: &mut String) {
+    use crate::report::{TENANT_COUNTS, TENANT_LATENCIES, tenant_cells};
+    let Some(fairness) = &r.fairness else {
+        return;
+    };
+    h.push_str("<h2>Tenants</h2>\n<table>\n<tr>");
+    for (i, c) in TENANT_COUNTS.iter().chain(&TENANT_LATENCIES).enumerate() {
+        let class = if i < 2 { " class=\"l\"" } else { "" };
+        let _ = write!(h, "<th{class}>{}</th>", esc(c));
+    }
+    h.push_str("</tr>\n");
+    for t in &r.tenants {
+        let (counts, latencies) = tenant_cells(t);
+        h.push_str("<tr>");
+        for (i, cell) in counts.iter().chain(&latencies).enumerate() {
+            let class = if i < 2 { " class=\"l\"" } else { "" };
+            let _ = write!(h, "<td{class}>{}</td>", esc(cell));
+        }
+        h.push_str("</tr>\n");
+    }
+    h.push_str("</table>\n");
+    let _ = writeln!(h, "<p>{}</p>", esc(crate::report::TENANT_LEGEND));
+    for t in &r.tenants {
+        if !t.error_kinds.is_empty() {
+            let kinds: Vec<String> = t.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(h, "<p>{} errors: {}</p>", esc(&t.name), esc(&kinds.join(", ")));
+        }
+        if let Some(w) = t.retry_waits {
+            let _ = writeln!(
+                h,
+                "<p>{} honoured Retry-After {} time(s): {} waited in all, in no latency.</p>",
+                esc(&t.name),
+                w.waits,
+                esc(&crate::report::secs(w.waited_seconds))
+            );
+        }
+    }
+    let _ = writeln!(
+        h,
+        "<p><strong>{}</strong></p>",
+        esc(&crate::report::fairness_line(fairness))
+    );
+}
+
 /// Every parameter of the run as a person reads it, so the page stands on its own; what was not
 /// set is left out.
 fn parameters(r: &Report, h: &mut String) {
@@ -624,6 +674,17 @@ fn parameters(r: &Report, h: &mut String) {
         ),
         ("endpoint", Some(format!("{:?}", p.endpoint).to_lowercase())),
         ("API key from", p.api_key_env.as_ref().map(|v| format!("${v}"))),
+        (
+            "tenants",
+            (!r.tenants.is_empty()).then(|| {
+                list(
+                    r.tenants
+                        .iter()
+                        .map(|t| format!("{} ({}, key from ${})", t.name, t.load, t.api_key_env))
+                        .collect(),
+                )
+            }),
+        ),
         ("CA certificate", p.ca_cert.clone()),
         (
             "levels",

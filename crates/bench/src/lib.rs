@@ -9,6 +9,8 @@
 //! - [`watch`]: the server's queue through `/metrics`, and the client's own timer lateness.
 //! - [`stats`]: exact percentiles, throughput, goodput, SLO verdicts.
 //! - [`machine`]: the host, cores and processor the run ran on, for the reports.
+//! - [`tenants`]: several tenants at once, each with its own key and load; their shares and Jain's
+//!   fairness index.
 //! - [`run`]: the phases (baseline, staircase + bisection, long mix, burst) and the safe load.
 //! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`run::Report`];
 //!   `progress` is the live line on stderr.
@@ -22,6 +24,7 @@ pub mod report;
 pub mod run;
 pub mod spec;
 pub mod stats;
+pub mod tenants;
 pub mod watch;
 pub mod workload;
 

@@ -74,11 +74,7 @@ impl Driver {
         sink: Sink,
     ) -> LevelRun {
         sink.lock().unwrap_or_else(|e| e.into_inner()).clear();
-        let salt = self.seed
-            ^ self
-                .levels
-                .fetch_add(1, Ordering::Relaxed)
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let salt = self.salt();
         let level_start = Instant::now();
         let start = level_start.saturating_duration_since(self.epoch);
         let unsent = match load {
@@ -92,6 +88,62 @@ impl Driver {
                     .await
             }
         };
+        let records = std::mem::take(&mut *sink.lock().unwrap_or_else(|e| e.into_inner()));
+        LevelRun {
+            start,
+            end: self.epoch.elapsed(),
+            records,
+            unsent,
+        }
+    }
+
+    /// A seed for the next level's prompts: each level draws different ones from the same seed.
+    fn salt(&self) -> u64 {
+        self.seed
+            ^ self
+                .levels
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+    }
+
+    /// One level of several tenants at once, each with its own client (its key) and load, all
+    /// starting together and stopping at `stop`; their records together, each tagged by its client.
+    pub async fn run_tenants(
+        &self,
+        tenants: &[(Client, Load)],
+        stop: Stop,
+        workload: &Workload,
+        sink: Sink,
+    ) -> LevelRun {
+        sink.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        let salt = self.salt();
+        let level_start = Instant::now();
+        let start = level_start.saturating_duration_since(self.epoch);
+        let runs = tenants.iter().enumerate().map(|(k, (client, load))| {
+            let driver = Driver {
+                client: client.clone(),
+                ..self.clone()
+            };
+            // Each tenant its own prompts: the same draws would send identical requests.
+            let salt = salt ^ (k as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03);
+            let sink = &sink;
+            async move {
+                match *load {
+                    Load::Concurrency(c) => {
+                        driver
+                            .closed(c, stop, workload, None, (level_start, salt), sink)
+                            .await;
+                        0
+                    }
+                    Load::Rate(r) => {
+                        driver
+                            .open(r, stop, workload, None, (level_start, salt), sink)
+                            .await
+                    }
+                }
+            }
+        });
+        let unsent = futures::future::join_all(runs).await.into_iter().sum();
         let records = std::mem::take(&mut *sink.lock().unwrap_or_else(|e| e.into_inner()));
         LevelRun {
             start,

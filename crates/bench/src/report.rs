@@ -461,13 +461,239 @@ pub fn table_for(r: &Report, width: Width) -> String {
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
         out.push_str(&table_level(l, width));
     }
+    out.push_str(&tenants_table(&r.tenants, r.fairness.as_ref(), width));
     out.push_str(&table_tail(r, width));
+    out
+}
+
+/// The counts of the tenants' table, as the terminal and the HTML report show them.
+pub(crate) const TENANT_COUNTS: [&str; 10] = [
+    "tenant", "load", "sent", "served", "429", "503", "w/RA", "err", "req%", "tok%",
+];
+/// Its latencies, after the tenant's name.
+pub(crate) const TENANT_LATENCIES: [&str; 7] =
+    ["ttft50", "ttft95", "ttft99", "itl50", "itl95", "e2e95", "queue95"];
+
+/// One tenant's values for [`TENANT_COUNTS`] and [`TENANT_LATENCIES`] (its name not repeated).
+pub(crate) fn tenant_cells(t: &crate::tenants::TenantReport) -> ([String; 10], [String; 7]) {
+    let pct = |v: f64| format!("{:.1}%", v * 100.0);
+    (
+        [
+            t.name.clone(),
+            match t.load {
+                crate::spec::Load::Concurrency(c) => format!("C={c}"),
+                crate::spec::Load::Rate(r) => format!("{}/s", number(r)),
+            },
+            t.sent.to_string(),
+            t.served.to_string(),
+            t.refused_429.to_string(),
+            t.refused_503.to_string(),
+            t.refused_with_retry_after.to_string(),
+            t.errors.to_string(),
+            pct(t.served_share),
+            pct(t.token_share),
+        ],
+        [
+            opt(t.ttft.map(|p| p.p50)),
+            opt(t.ttft.map(|p| p.p95)),
+            opt(t.ttft.map(|p| p.p99)),
+            opt(t.itl.map(|p| p.p50)),
+            opt(t.itl.map(|p| p.p95)),
+            opt(t.e2e.map(|p| p.p95)),
+            opt(t.gateway_queue.map(|p| p.p95)),
+        ],
+    )
+}
+
+/// `fairness (Jain's index, 1: equal shares, 0.5: one tenant got everything): 0.67 over served
+/// tokens, 0.67 over served requests`.
+pub fn fairness_line(f: &crate::tenants::Fairness) -> String {
+    let index = |j: Option<f64>| j.map_or("-".to_owned(), |j| format!("{j:.3}"));
+    format!(
+        "fairness (Jain's index over {} tenants; 1: equal shares, {}: one got everything): {} over served tokens, {} over served requests",
+        f.tenants,
+        number(1.0 / f.tenants.max(1) as f64),
+        index(f.jain_served_tokens),
+        index(f.jain_served_requests),
+    )
+}
+
+/// What the tenants' table's short headers mean.
+pub const TENANT_LEGEND: &str = "sent = served + 429 + 503 + err; w/RA: refusals that carried Retry-After; req% and tok%: \
+     share of all served requests and of served tokens (prompt + completion); latencies over served \
+     requests; queue95: the gateway's queue (Server-Timing), p95";
+
+/// The tenants of a multi-tenant run: their counts and shares, their latencies (one table in the
+/// full width, two in the narrow one, so that each fits 80 columns), the fairness index, and
+/// each tenant's errors and Retry-After waits; empty for a run without tenants.
+pub fn tenants_table(
+    tenants: &[crate::tenants::TenantReport],
+    fairness: Option<&crate::tenants::Fairness>,
+    width: Width,
+) -> String {
+    let mut out = String::new();
+    let Some(fairness) = fairness else {
+        return out;
+    };
+    let name_width = tenants
+        .iter()
+        .map(|t| t.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(6, crate::tenants::MAX_NAME);
+    // With a name of MAX_NAME, a row is 80 columns.
+    let count_widths = [name_width, 9, 6, 6, 6, 5, 6, 5, 6, 6];
+    let latency_widths = [8; 7];
+    let cells: Vec<_> = tenants.iter().map(tenant_cells).collect();
+    out.push('\n');
+    match width {
+        Width::Full => {
+            let header: Vec<String> = TENANT_COUNTS
+                .iter()
+                .chain(&TENANT_LATENCIES)
+                .map(|h| (*h).to_owned())
+                .collect();
+            let widths: Vec<usize> = count_widths.iter().chain(&latency_widths).copied().collect();
+            let _ = writeln!(out, "{}", row(&header, &widths).trim_end());
+            for (counts, latencies) in &cells {
+                let all: Vec<String> = counts.iter().chain(latencies).cloned().collect();
+                let _ = writeln!(out, "{}", row(&all, &widths).trim_end());
+            }
+        }
+        Width::Narrow(_) => {
+            let header = TENANT_COUNTS.map(str::to_owned);
+            let _ = writeln!(out, "{}", row(&header, &count_widths).trim_end());
+            for (counts, _) in &cells {
+                let _ = writeln!(out, "{}", row(counts, &count_widths).trim_end());
+            }
+            // The name is left-aligned as the first column; the rest right-aligned.
+            let widths: Vec<usize> = std::iter::once(name_width).chain(latency_widths).collect();
+            let header: Vec<String> = std::iter::once("tenant")
+                .chain(TENANT_LATENCIES)
+                .map(str::to_owned)
+                .collect();
+            let _ = writeln!(out, "{}", row_one_left(&header, &widths).trim_end());
+            for (t, (_, latencies)) in tenants.iter().zip(&cells) {
+                let all: Vec<String> = std::iter::once(t.name.clone())
+                    .chain(latencies.iter().cloned())
+                    .collect();
+                let _ = writeln!(out, "{}", row_one_left(&all, &widths).trim_end());
+            }
+        }
+    }
+    line(&mut out, TENANT_LEGEND, width);
+    for t in tenants {
+        if !t.error_kinds.is_empty() {
+            let kinds: Vec<String> = t.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            line(
+                &mut out,
+                &format!("{} errors: {}", t.name, kinds.join(", ")),
+                width,
+            );
+        }
+        if let Some(w) = t.retry_waits {
+            line(
+                &mut out,
+                &format!(
+                    "{} honoured Retry-After {} time(s): {} waited in all, in no latency",
+                    t.name,
+                    w.waits,
+                    secs(w.waited_seconds)
+                ),
+                width,
+            );
+        }
+    }
+    line(&mut out, &fairness_line(fairness), width);
+    out.push('\n');
+    out
+}
+
+/// A row whose first cell alone is left-aligned.
+fn row_one_left(cells: &[String], widths: &[usize]) -> String {
+    let mut out = String::new();
+    for (i, (cell, w)) in cells.iter().zip(widths).enumerate() {
+        let _ = if i == 0 {
+            write!(out, "{cell:<w$} ")
+        } else {
+            write!(out, "{cell:>w$} ")
+        };
+    }
     out
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two tenants with the longest names allowed, a refused one and one with errors: every line
+    /// of the narrow layout fits 80 columns, and the full one has every column in one row each.
+    #[test]
+    fn the_tenants_table_fits_80_columns_when_narrow() {
+        use crate::client::{Outcome, Record};
+        use crate::spec::Load;
+        use crate::tenants::{Tenant, reports};
+        use std::time::Duration;
+        let rec = |tenant: &str, outcome: Outcome| {
+            let mut r = Record::unanswered(Duration::ZERO, Duration::ZERO, false);
+            r.tenant = Some(crate::tenants::tag(tenant));
+            if outcome == Outcome::Ok {
+                (r.ttft, r.e2e, r.itl_us) = (
+                    Some(Duration::from_millis(1234)),
+                    Duration::from_secs(12),
+                    vec![45_000, 50_000],
+                );
+                r.output_tokens = 3;
+                r.gateway_queue = Some(Duration::from_millis(900));
+            } else {
+                r.retry_after = Some(Duration::from_secs(1));
+                r.retry_wait = Some(Duration::from_secs(1));
+            }
+            r.outcome = outcome;
+            r
+        };
+        let (a, b) = ("sixteen-chars-ab", "other-tenant.b_2");
+        let mut recs: Vec<Record> = (0..99_999).map(|_| rec(a, Outcome::Ok)).collect();
+        recs.push(rec(b, Outcome::Ok));
+        recs.extend((0..12_345).map(|_| rec(b, Outcome::Status { code: 429 })));
+        recs.push(rec(b, Outcome::Status { code: 503 }));
+        recs.push(rec(b, Outcome::Timeout));
+        let refs: Vec<&Record> = recs.iter().collect();
+        let tenant = |name: &str, load| Tenant {
+            name: name.into(),
+            api_key_env: "K".into(),
+            api_key: "k".into(),
+            load,
+        };
+        let (t, f) = reports(
+            &[tenant(a, Load::Concurrency(1024)), tenant(b, Load::Rate(1234.5))],
+            &refs,
+            &[],
+            Duration::from_secs(30),
+            &"ttft_p95=1s".parse().unwrap(),
+        );
+        let narrow = tenants_table(&t, Some(&f), Width::Narrow(80));
+        for l in narrow.lines() {
+            assert!(
+                l.chars().count() <= 80,
+                "{} columns: {l}\n{narrow}",
+                l.chars().count()
+            );
+        }
+        assert!(narrow.contains("sixteen-chars-ab C=1024"), "{narrow}");
+        assert!(narrow.contains("other-tenant.b_2 1234.5/s"), "{narrow}");
+        assert!(narrow.contains("12345"), "{narrow}");
+        assert!(narrow.contains("other-tenant.b_2 errors: timeout 1"), "{narrow}");
+        assert!(narrow.contains("honoured Retry-After 12347 time(s)"), "{narrow}");
+        assert!(narrow.contains("0.500 over served requests"), "{narrow}");
+        let full = tenants_table(&t, Some(&f), Width::Full);
+        let row = full.lines().find(|l| l.starts_with(a)).unwrap();
+        assert!(
+            row.contains("C=1024") && row.trim_end().ends_with("900.0ms"),
+            "{full}"
+        );
+        assert_eq!(tenants_table(&[], None, Width::Full), "");
+    }
 
     #[test]
     fn terminals_narrower_than_the_full_table_get_the_narrow_one() {

@@ -4,6 +4,7 @@
 
 mod burst;
 mod fit;
+mod tenants;
 
 pub use burst::recovery;
 pub use fit::{DEFAULT_LONG_INPUT, DEFAULT_LONG_OUTPUT, Fitted, fit, refit};
@@ -186,6 +187,11 @@ pub struct Report {
     /// The prompts' real length: the server's count of their tokens against the bench's.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<PromptDrift>,
+    /// A run of several tenants at once (`--tenant`): what each sent and got, in the order given;
+    /// empty otherwise.
+    pub tenants: Vec<crate::tenants::TenantReport>,
+    /// Jain's index over the tenants' service; `null` without tenants.
+    pub fairness: Option<crate::tenants::Fairness>,
     /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
     pub notes: Vec<String>,
     /// Levels whose numbers the client's own lag may have distorted.
@@ -269,6 +275,9 @@ pub enum BenchError {
     /// `--metrics-url` cannot be read or has no queue series.
     #[error("--metrics-url {url}: {reason}")]
     Metrics { url: String, reason: String },
+    /// A tenant's options or its first request.
+    #[error("tenant {name}: {error}")]
+    Tenant { name: String, error: Box<BenchError> },
     #[error("target {url} is unreachable: {detail}")]
     Unreachable { url: String, detail: String },
     #[error("target {url} refused the first request ({status}): {message}")]
@@ -292,6 +301,8 @@ struct Ctx {
     sink: Sink,
     levels: Vec<LevelReport>,
     extras: Extras,
+    /// One client per tenant, each with its key, and its load (a multi-tenant run only).
+    tenant_clients: Vec<(Client, Load)>,
 }
 
 /// What a run does beyond [`Options`]; apart from it so that code which builds `Options` field by
@@ -304,6 +315,11 @@ pub struct Extras {
     /// Called with each level's report as the level ends (a burst's level too, judged by its
     /// recovery): for a caller that shows the table growing, as the demo does.
     pub on_level: Option<OnLevel>,
+    /// Several tenants at once, each with its own key and load: the run is then one level of
+    /// [`Options::stop`]'s length with every tenant's load together, reported per tenant, instead
+    /// of the phases (`loads`, `phases` and the target's key are not used). With
+    /// [`Stop::Requests`], each tenant sends that many.
+    pub tenants: Vec<crate::tenants::Tenant>,
 }
 
 /// See [`Extras::on_level`].
@@ -315,12 +331,36 @@ pub async fn run(opts: Options) -> Result<Report, BenchError> {
 }
 
 /// [`run`], with [`Extras`].
-pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchError> {
+pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, BenchError> {
+    if !extras.tenants.is_empty() {
+        // One level of every tenant at once, in place of the phases (and of their long mix).
+        opts.phases = vec![Phase::Tenants];
+        opts.loads = vec![crate::tenants::level_load(&extras.tenants)];
+    }
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
     let client = Client::new(opts.target.clone())?.honoring_retry_after(extras.honor_retry_after);
-    let template_tokens = preflight(&client).await?;
-    let max_model_len = client.max_model_len().await;
+    let tenant_clients = tenants::clients(&client, &extras.tenants)?;
+    let template_tokens = match tenant_clients.first() {
+        None => preflight(&client).await?,
+        Some(_) => {
+            // Every key first: a wrong one stops the run at once, naming its tenant.
+            let mut template_tokens = None;
+            for ((c, _), t) in tenant_clients.iter().zip(&extras.tenants) {
+                let tokens = preflight(c).await.map_err(|e| BenchError::Tenant {
+                    name: t.name.clone(),
+                    error: Box::new(e),
+                })?;
+                template_tokens = template_tokens.or(tokens);
+            }
+            template_tokens
+        }
+    };
+    let max_model_len = tenant_clients
+        .first()
+        .map_or(&client, |(c, _)| c)
+        .max_model_len()
+        .await;
     let fitted = fit(&opts, max_model_len)?;
     let watch = if opts.metrics_urls.is_empty() {
         None
@@ -359,6 +399,7 @@ pub async fn run_with(opts: Options, extras: Extras) -> Result<Report, BenchErro
         watch,
         driver,
         opts,
+        tenant_clients,
     };
     let report = ctx.phases(started_at).await;
     ctx.progress.finish();
@@ -545,8 +586,16 @@ impl Ctx {
     }
 
     async fn phases(&mut self, started_at: String) -> Report {
+        // Several tenants run one level together, in place of the phases.
+        let tenant_run = !self.tenant_clients.is_empty();
         let phases = self.opts.phases.clone();
         let loads = self.default_loads();
+        let (tenants, fairness) = if tenant_run {
+            let (tenants, fairness) = self.tenants_level(loads[0]).await;
+            (tenants, Some(fairness))
+        } else {
+            (Vec::new(), None)
+        };
         let lowest = loads
             .iter()
             .copied()
@@ -637,7 +686,13 @@ impl Ctx {
             .chain(bursts.iter().map(|b| &b.level))
             .filter(|l| l.distorted.is_some())
             .count();
-        let summary = summarize(&phases, candidate, knee, safe, &bursts, loads.last().copied());
+        let summary = match &fairness {
+            Some(f) => tenants::summarize(&tenants, f),
+            None => summarize(&phases, candidate, knee, safe, &bursts, loads.last().copied()),
+        };
+        if tenant_run {
+            (knee, safe) = (None, None);
+        }
         let prompt_tokens = self
             .levels
             .iter()
@@ -703,6 +758,8 @@ impl Ctx {
             safe,
             summary,
             prompt_tokens,
+            tenants,
+            fairness,
             notes,
             distorted_levels,
             slo: o.slo.clone(),

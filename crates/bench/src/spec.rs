@@ -362,7 +362,7 @@ impl fmt::Display for Load {
     }
 }
 
-/// The seed's four phases, run in this order.
+/// The seed's four phases, run in this order; and the one level of several tenants at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Phase {
@@ -370,6 +370,8 @@ pub enum Phase {
     Staircase,
     LongMix,
     Burst,
+    /// Every tenant's load at once (`--tenant`), in place of the others: not a `--phases` name.
+    Tenants,
 }
 
 impl Phase {
@@ -381,6 +383,7 @@ impl Phase {
             Phase::Staircase => "staircase",
             Phase::LongMix => "long-mix",
             Phase::Burst => "burst",
+            Phase::Tenants => "tenants",
         }
     }
 

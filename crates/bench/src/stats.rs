@@ -375,6 +375,7 @@ mod tests {
             upstream_first_byte: None,
             retry_after: None,
             retry_wait: None,
+            tenant: None,
             error: None,
         }
     }

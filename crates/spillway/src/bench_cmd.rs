@@ -6,6 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
+use bench::tenants::{Tenant, TenantSpec};
 use bench::workload::{Source, Workload, load_dataset};
 use bench::{Endpoint, Extras, Options, Target};
 use clap::{Args, ValueEnum};
@@ -70,9 +71,22 @@ pub(crate) struct BenchArgs {
     /// repeat it for each replica (their queues are summed).
     #[arg(long)]
     metrics_url: Vec<String>,
-    /// Which phases to run: baseline, staircase, long-mix, burst, or all.
-    #[arg(long, default_value = "all")]
-    phases: String,
+    /// Which phases to run: baseline, staircase, long-mix, burst, or all [default: all].
+    #[arg(long)]
+    phases: Option<String>,
+    /// A tenant with its own key and load, all tenants sending at once: NAME=KEY_ENV:clients=N
+    /// (closed loop) or NAME=KEY_ENV:rate=R (open loop, --arrivals), its key read from the
+    /// variable KEY_ENV. Repeat it for each tenant. A multi-tenant run is ONE level of --duration
+    /// (no phases, no staircase) with the same workload (lengths, dataset) for every tenant, each
+    /// drawing its own prompts, reported per
+    /// tenant (served, refused, shares, TTFT/ITL) with Jain's fairness index; it takes no
+    /// --concurrency, --rate, --requests, --phases or --api-key-env.
+    #[arg(long, value_name = "NAME=KEY_ENV:clients=N|rate=R", value_parser = TenantSpec::parse_flag)]
+    tenant: Vec<TenantSpec>,
+    /// Tenants from a YAML file, a list of {name, api_key_env, clients: N | rate: R}; with any
+    /// --tenant, both are run.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
     /// Long mix: the share of long requests.
     #[arg(long, default_value_t = 0.1)]
     long_share: f64,
@@ -104,7 +118,8 @@ pub(crate) struct BenchArgs {
     timeout: Duration,
     /// Closed loop: after a refusal with Retry-After (a 429 or 503), a client waits that long before
     /// its next request, as a well-behaved client does, instead of sending at once; the waits are
-    /// reported apart from the latencies.
+    /// reported apart from the latencies. With --tenant, each tenant's closed-loop clients wait for
+    /// their own refusals.
     #[arg(long)]
     honor_retry_after: bool,
     /// Send vLLM's ignore_eos so every output runs to its length (false for servers that reject it).
@@ -157,7 +172,87 @@ fn shared_prefix(s: &str) -> Result<(u32, u32), String> {
 
 type Outputs = (Options, Extras, Option<PathBuf>, Option<PathBuf>);
 
+/// The tenants from `--tenants FILE` then `--tenant`, each key read from its variable; and the
+/// flags that make no sense with them refused.
+fn tenants(a: &BenchArgs) -> Result<Vec<Tenant>> {
+    let mut specs = Vec::new();
+    if let Some(path) = &a.tenants {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("--tenants {}: cannot read it", path.display()))?;
+        let listed: Vec<TenantSpec> = serde_yaml_ng::from_str(&text).map_err(|e| {
+            anyhow::anyhow!(
+                "--tenants {}: {e} (expected a list of {{name, api_key_env, clients: N | rate: R}})",
+                path.display()
+            )
+        })?;
+        if listed.is_empty() {
+            bail!("--tenants {}: the list is empty", path.display());
+        }
+        for (i, spec) in listed.iter().enumerate() {
+            spec.load()
+                .map_err(|e| anyhow::anyhow!("--tenants {}: item {}: {e}", path.display(), i + 1))?;
+        }
+        specs.extend(listed);
+    }
+    specs.extend(a.tenant.iter().cloned());
+    if specs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let refused = [
+        (
+            !a.concurrency.is_empty(),
+            "--concurrency",
+            "each tenant's clients= sets its load",
+        ),
+        (!a.rate.is_empty(), "--rate", "each tenant's rate= sets its load"),
+        (
+            a.requests.is_some(),
+            "--requests",
+            "every tenant sends for the same --duration",
+        ),
+        (
+            a.phases.is_some(),
+            "--phases",
+            "a multi-tenant run is one level, not a staircase",
+        ),
+        (
+            a.api_key_env.is_some(),
+            "--api-key-env",
+            "each tenant sends its own key",
+        ),
+    ];
+    if let Some((_, flag, why)) = refused.iter().find(|(given, _, _)| *given) {
+        bail!("{flag} cannot be used with --tenant/--tenants: {why}");
+    }
+    let mut names = std::collections::BTreeSet::new();
+    specs
+        .into_iter()
+        .map(|spec| {
+            let load = spec.load().map_err(anyhow::Error::msg)?;
+            if !names.insert(spec.name.clone()) {
+                bail!(
+                    "tenant {}: named twice; each tenant needs a name of its own",
+                    spec.name
+                );
+            }
+            let api_key = std::env::var(&spec.api_key_env).with_context(|| {
+                format!(
+                    "tenant {}: {}: the variable is not set",
+                    spec.name, spec.api_key_env
+                )
+            })?;
+            Ok(Tenant {
+                name: spec.name,
+                api_key_env: spec.api_key_env,
+                api_key,
+                load,
+            })
+        })
+        .collect()
+}
+
 fn options(a: BenchArgs) -> Result<Outputs> {
+    let tenants = tenants(&a)?;
     let api_key = match &a.api_key_env {
         Some(var) => Some(
             std::env::var(var).with_context(|| format!("--api-key-env {var}: the variable is not set"))?,
@@ -196,7 +291,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
             output: a.output_len,
         },
     };
-    let phases = Phase::parse_list(&a.phases)?;
+    let phases = Phase::parse_list(a.phases.as_deref().unwrap_or("all"))?;
     let opts = Options {
         target: Target {
             url: a.url,
@@ -240,6 +335,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
     let extras = Extras {
         honor_retry_after: a.honor_retry_after,
         on_level: None,
+        tenants,
     };
     Ok((opts, extras, a.json, a.html))
 }

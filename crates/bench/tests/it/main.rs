@@ -8,5 +8,6 @@ mod knee;
 mod report;
 mod retry_after;
 mod support;
+mod tenants;
 mod tls;
 mod watch;
