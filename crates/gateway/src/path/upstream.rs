@@ -163,18 +163,22 @@ fn pick_by_slo(
         SloVerdict::Unattainable { .. } if prepared.priority != admission::Priority::Sheddable => {
             "unattainable_sent"
         }
-        SloVerdict::Unattainable { predicted_ttft } => {
+        SloVerdict::Unattainable {
+            what,
+            objective,
+            predicted,
+        } => {
             class.series.slo_routing("refused");
-            let objective = ask.ttft.unwrap_or_default();
-            let late = predicted_ttft.saturating_sub(objective);
+            let late = predicted.saturating_sub(objective);
             return Err(GatewayError::Overloaded {
                 status: route.config.overflow(),
                 route: route.config.model.clone(),
                 class: class.config.name.clone(),
                 limits: class.admission.limits(),
                 rejection: admission::Rejection::SloUnattainable {
-                    objective,
-                    predicted: predicted_ttft,
+                    what,
+                    objective_ms: objective.as_millis().min(u128::from(u32::MAX)) as u32,
+                    predicted_ms: predicted.as_millis().min(u128::from(u32::MAX)) as u32,
                     retry_after: late.max(Duration::from_secs(1)).min(Duration::from_secs(60)),
                 },
             });

@@ -122,6 +122,9 @@ pub(crate) struct Prediction {
     pub(crate) ttft: Duration,
     /// `None` until enough streams of several tokens were seen.
     pub(crate) tpot: Option<Duration>,
+    /// The models' mean relative errors so far (0 before any was measured).
+    pub(crate) ttft_error: f64,
+    pub(crate) tpot_error: f64,
 }
 
 fn ms(v: f64) -> Duration {
@@ -134,6 +137,8 @@ impl Predictor {
         (self.ttft.samples >= WARM_UP).then(|| Prediction {
             ttft: ms(self.ttft.predict(x)),
             tpot: (self.tpot.samples >= WARM_UP).then(|| ms(self.tpot.predict(x))),
+            ttft_error: self.ttft.error.unwrap_or(0.0),
+            tpot_error: self.tpot.error.unwrap_or(0.0),
         })
     }
 
