@@ -53,7 +53,11 @@ pub(crate) fn reload(by: &str, path: &str, before: &Config, after: Option<&Confi
 }
 
 /// The public listener's certificate read again (`error` is `None`) or kept.
-pub(crate) fn certificate(by: &str, files: &crate::config::TlsConfig, error: Option<&crate::config::ConfigError>) {
+pub(crate) fn certificate(
+    by: &str,
+    files: &crate::config::TlsConfig,
+    error: Option<&crate::config::ConfigError>,
+) {
     let (cert, key) = (files.cert.display(), files.key.display());
     match error {
         None => tracing::info!(

@@ -82,7 +82,11 @@ fn certificates(path: &Path, field: &str) -> Result<Vec<CertificateDer<'static>>
     parse_certificates(path, &read(path, field)?, field)
 }
 
-fn parse_certificates(path: &Path, pem: &[u8], field: &str) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
+fn parse_certificates(
+    path: &Path,
+    pem: &[u8],
+    field: &str,
+) -> Result<Vec<CertificateDer<'static>>, ConfigError> {
     let chain = CertificateDer::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| err(field, format!("{} is not valid PEM: {e}", path.display())))?;
@@ -235,19 +239,28 @@ mod tests {
             cert: text.clone(),
             ..good.clone()
         });
-        assert!(e.starts_with("server.tls.cert: ") && e.contains("holds no certificate"), "{e}");
+        assert!(
+            e.starts_with("server.tls.cert: ") && e.contains("holds no certificate"),
+            "{e}"
+        );
         let e = error(&TlsConfig {
             key: text,
             ..good.clone()
         });
-        assert!(e.starts_with("server.tls.key: ") && e.contains("holds no private key"), "{e}");
+        assert!(
+            e.starts_with("server.tls.key: ") && e.contains("holds no private key"),
+            "{e}"
+        );
         // A key that is not the certificate's.
         let other = pair(d.path(), "b");
         let e = error(&TlsConfig {
             key: other.key,
             ..good
         });
-        assert!(e.starts_with("server.tls.key: ") && e.contains("cannot serve"), "{e}");
+        assert!(
+            e.starts_with("server.tls.key: ") && e.contains("cannot serve"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -257,12 +270,20 @@ mod tests {
         let tls = ServerTls::load(&files).unwrap();
         let before = tls.acceptor().config().clone();
         std::fs::write(&files.key, "gone").unwrap();
-        assert!(tls.reload().unwrap_err().to_string().starts_with("server.tls.key: "));
+        assert!(
+            tls.reload()
+                .unwrap_err()
+                .to_string()
+                .starts_with("server.tls.key: ")
+        );
         assert!(Arc::ptr_eq(&before, tls.acceptor().config()));
         pair(d.path(), "a");
         tls.reload().unwrap();
         assert!(!Arc::ptr_eq(&before, tls.acceptor().config()));
-        assert_eq!(tls.acceptor().config().alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+        assert_eq!(
+            tls.acceptor().config().alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
     }
 
     #[test]
@@ -277,13 +298,21 @@ mod tests {
             Config::from_yaml(&yaml).unwrap()
         };
         check_ca_files(&config("https://127.0.0.1:1", &files.cert)).unwrap();
-        let e = check_ca_files(&config("https://127.0.0.1:1", &files.key)).unwrap_err().to_string();
-        assert!(e.starts_with("routes[1].ca_file: ") && e.contains("holds no certificate"), "{e}");
+        let e = check_ca_files(&config("https://127.0.0.1:1", &files.key))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("routes[1].ca_file: ") && e.contains("holds no certificate"),
+            "{e}"
+        );
         let e = check_ca_files(&config("http://127.0.0.1:1", &d.path().join("none")))
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("routes[1].ca_file: cannot read "), "{e}");
-        let plain = Config::from_yaml("listen: 127.0.0.1:0\nroutes:\n  - model: a\n    replicas: [http://127.0.0.1:1]\n").unwrap();
+        let plain = Config::from_yaml(
+            "listen: 127.0.0.1:0\nroutes:\n  - model: a\n    replicas: [http://127.0.0.1:1]\n",
+        )
+        .unwrap();
         assert!(route_trust(&plain.routes[0], 0).unwrap().is_none());
     }
 }

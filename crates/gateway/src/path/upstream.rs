@@ -6,8 +6,8 @@ use crate::error::GatewayError;
 use crate::path::ledger::Ledger;
 use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::path::relay::{self, Events, Opened};
-use crate::route::{Observation, Route};
 use crate::route::transport::Response;
+use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
 use axum::http::StatusCode;

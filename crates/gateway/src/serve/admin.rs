@@ -256,8 +256,15 @@ fn reload_config(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError> 
 /// (polled, so it also sees the symlink swaps of a ConfigMap or a Secret being updated).
 pub async fn watch_file(g: Arc<Gateway>, path: std::path::PathBuf, every: Duration) {
     let mut last = std::fs::read(&path).ok();
-    let tls_files = g.tls.as_ref().map(|t| [t.files().cert.clone(), t.files().key.clone()]);
-    let read_tls = || tls_files.as_ref().map(|files| files.each_ref().map(|f| std::fs::read(f).ok()));
+    let tls_files = g
+        .tls
+        .as_ref()
+        .map(|t| [t.files().cert.clone(), t.files().key.clone()]);
+    let read_tls = || {
+        tls_files
+            .as_ref()
+            .map(|files| files.each_ref().map(|f| std::fs::read(f).ok()))
+    };
     let mut last_tls = read_tls();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

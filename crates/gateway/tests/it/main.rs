@@ -17,6 +17,7 @@ mod resilience;
 mod shared;
 mod streaming;
 mod support;
+mod tls;
 mod traces;
 mod vllm;
 mod wire;
