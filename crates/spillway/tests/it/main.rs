@@ -8,4 +8,5 @@ mod diagnose;
 mod plan;
 mod shared;
 mod support;
+mod tls;
 mod vllm;
