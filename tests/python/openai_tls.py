@@ -30,6 +30,11 @@ assert text and usage is not None and usage.completion_tokens == 8, (text, usage
 resp = client.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
 assert resp.choices[0].message.content and resp.usage.completion_tokens == 4, resp
 
+# Embeddings pass through with the same admission; the client asks for base64 and decodes it.
+emb = client.embeddings.create(model="chat", input=["one text", "another"])
+assert len(emb.data) == 2 and len(emb.data[0].embedding) == 32 and emb.model == "chat", emb
+assert emb.usage.prompt_tokens > 0, emb.usage
+
 # Without the certificate's file, the client refuses the server.
 untrusting = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
 try:
@@ -38,4 +43,4 @@ try:
 except openai.APIConnectionError:
     pass
 
-print("ok: TLS, a stream, a whole answer, and a refusal without the CA file")
+print("ok: TLS, a stream, a whole answer, embeddings, and a refusal without the CA file")

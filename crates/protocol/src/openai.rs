@@ -326,8 +326,6 @@ pub struct EmbeddingUsage {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: u32,
-    /// Absent from an embeddings answer, which generates nothing.
-    #[serde(default)]
     pub completion_tokens: u32,
     pub total_tokens: u32,
 }

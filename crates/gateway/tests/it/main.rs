@@ -8,6 +8,7 @@ mod balance;
 mod cancellation;
 mod clients;
 mod deploy;
+mod embeddings;
 mod hostile;
 mod http1;
 mod observability;
