@@ -63,7 +63,9 @@ async fn the_listener_serves_http1_and_h2_over_tls_as_alpn_settles() {
     }
     // ALPN as the handshake settles it: h2 when offered, HTTP/1.1 otherwise.
     let addr: std::net::SocketAddr = stack.url.trim_start_matches("https://").parse().unwrap();
-    let cases: [(&[&[u8]], Option<&[u8]>); 3] = [
+    // What the client offers, and what the server picks.
+    type Alpn<'a> = (&'a [&'a [u8]], Option<&'a [u8]>);
+    let cases: [Alpn; 3] = [
         (&[b"h2", b"http/1.1"], Some(b"h2")),
         (&[b"http/1.1"], Some(b"http/1.1")),
         (&[], None),

@@ -1,7 +1,7 @@
 //! `spillway serve` with `server.tls`: SIGHUP reads the certificate again without dropping open
 //! connections, and a pair that cannot be used leaves the one in force, saying why.
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair};
+use crate::support::{BIN, Kill, PORTS, free_port_pair, wait_until};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use testkit::tls::{Cert, connect};
@@ -65,9 +65,12 @@ async fn sighup_reloads_the_certificate_and_keeps_open_connections() {
             .unwrap(),
     );
     let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    // The port is the gateway's once it accepts; the lock is not held across an await.
+    let listening = wait_until(1000, || std::net::TcpStream::connect(addr).is_ok());
+    drop(ports);
+    assert!(listening, "the gateway listens");
     let up = within_10s(|| async { connect(addr, &first, &[]).await.is_ok() }).await;
     assert!(up, "the gateway serves TLS with the first certificate");
-    drop(ports);
     let mut open = connect(addr, &first, &[b"http/1.1"]).await.unwrap();
     assert_eq!(health(&mut open).await, "HTTP/1.1 200 OK");
 
