@@ -18,7 +18,14 @@ pub(crate) type Body = http1::client::Body<Upstream>;
 pub(crate) struct Upstream {
     host: String,
     port: u16,
-    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    security: Security,
+}
+
+enum Security {
+    Plain,
+    Tls(tokio_rustls::TlsConnector, ServerName<'static>),
+    /// An `https://` URL that cannot be checked: never reached in plain text instead.
+    Unusable(String),
 }
 
 impl Upstream {
@@ -38,16 +45,20 @@ impl Upstream {
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_owned();
-        let tls = match (https, trust) {
-            (true, Some(trust)) => ServerName::try_from(host.clone())
-                .ok()
-                .map(|name| (tokio_rustls::TlsConnector::from(trust.client.clone()), name)),
-            _ => None,
+        let security = match (https, trust) {
+            (false, _) => Security::Plain,
+            (true, Some(trust)) => match ServerName::try_from(host.clone()) {
+                Ok(name) => Security::Tls(tokio_rustls::TlsConnector::from(trust.client.clone()), name),
+                Err(e) => {
+                    Security::Unusable(format!("'{host}' cannot be checked against a certificate: {e}"))
+                }
+            },
+            (true, None) => Security::Unusable("no trust was built for this https:// replica".into()),
         };
         let upstream = Upstream {
             port: uri.port_u16().unwrap_or(if https { 443 } else { 80 }),
             host,
-            tls,
+            security,
         };
         http1::client::Conns::with(upstream, authority, uri.path())
     }
@@ -64,10 +75,15 @@ impl http1::client::Transport for Upstream {
     type Stream = UpstreamStream;
 
     async fn connect(&self) -> io::Result<UpstreamStream> {
+        let tls = match &self.security {
+            Security::Plain => None,
+            Security::Tls(connector, name) => Some((connector, name)),
+            Security::Unusable(why) => return Err(io::Error::other(why.clone())),
+        };
         let tcp = TcpStream::connect((self.host.as_str(), self.port)).await?;
         // Each SSE event must leave at once, not wait for the previous one's ACK.
         tcp.set_nodelay(true)?;
-        match &self.tls {
+        match tls {
             None => Ok(UpstreamStream::Plain(tcp)),
             Some((connector, name)) => {
                 let tls = connector.connect(name.clone(), tcp).await?;
@@ -135,5 +151,32 @@ impl AsyncWrite for UpstreamStream {
             UpstreamStream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    /// An `https://` URL the gateway cannot check is refused at connect, never tried in plain text.
+    #[tokio::test]
+    async fn an_https_replica_without_trust_is_not_reached_in_plain_text() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("https://{}", listener.local_addr().unwrap());
+        let conns = Arc::new(Upstream::conns(&url, None));
+        let body = bytes::Bytes::from_static(b"{}");
+        let request = http1::client::Request {
+            path: "/v1/embeddings",
+            headers: &[],
+            body: &body,
+        };
+        let sent = http1::client::send(&conns, &request, std::time::Duration::from_secs(1)).await;
+        match sent {
+            Err(e) => assert!(e.is_connect() && e.to_string().contains("no trust"), "{e}"),
+            Ok(_) => panic!("answered"),
+        }
+        let accepted = tokio::time::timeout(std::time::Duration::from_millis(50), listener.accept()).await;
+        assert!(accepted.is_err(), "no TCP connection was opened");
     }
 }
