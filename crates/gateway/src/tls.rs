@@ -20,6 +20,8 @@ fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct ServerTls {
     files: TlsConfig,
     current: RwLock<Arc<rustls::ServerConfig>>,
+    /// Why the files were last refused, until a reload reads them whole.
+    refused: std::sync::Mutex<Option<String>>,
 }
 
 impl ServerTls {
@@ -28,6 +30,7 @@ impl ServerTls {
         Ok(ServerTls {
             current: RwLock::new(Arc::new(server_config(files)?)),
             files: files.clone(),
+            refused: std::sync::Mutex::new(None),
         })
     }
 
@@ -45,9 +48,16 @@ impl ServerTls {
     /// Reads the files again: new connections get the new pair, open ones keep theirs. A file
     /// that cannot be used leaves the pair in force, and the error says why.
     pub fn reload(&self) -> Result<(), ConfigError> {
-        let config = server_config(&self.files)?;
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config);
+        let config = server_config(&self.files);
+        *self.refused.lock().unwrap_or_else(|e| e.into_inner()) =
+            config.as_ref().err().map(ToString::to_string);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(config?);
         Ok(())
+    }
+
+    /// Why the files were refused by the last reload, while the pair before them is in force.
+    pub fn refused(&self) -> Option<String> {
+        self.refused.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 }
 
@@ -277,8 +287,10 @@ mod tests {
                 .starts_with("server.tls.key: ")
         );
         assert!(Arc::ptr_eq(&before, tls.acceptor().config()));
+        assert!(tls.refused().is_some_and(|e| e.starts_with("server.tls.key: ")));
         pair(d.path(), "a");
         tls.reload().unwrap();
+        assert_eq!(tls.refused(), None);
         assert!(!Arc::ptr_eq(&before, tls.acceptor().config()));
         assert_eq!(
             tls.acceptor().config().alpn_protocols,

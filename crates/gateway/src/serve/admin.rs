@@ -90,8 +90,9 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
 }
 
 /// Where the running state differs from the configuration file: drained replicas, adaptive limits
-/// away from their configured start, and a file that is not what runs (edited and not reloaded,
-/// or its reload refused). An emergency change shows here until it is written back to the file.
+/// away from their configured start, a file that is not what runs (edited and not reloaded, or
+/// its reload refused), and TLS files a reload refused. An emergency change shows here until it
+/// is written back to the file.
 fn drift(g: &Gateway) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for r in &g.table().routes {
@@ -121,6 +122,13 @@ fn drift(g: &Gateway) -> Vec<serde_json::Value> {
                 }));
             }
         }
+    }
+    if let Some(refused) = g.tls.as_ref().and_then(|t| t.refused()) {
+        out.push(serde_json::json!({
+            "what": "tls_certificate",
+            "file": refused,
+            "running": "the certificate and key read before",
+        }));
     }
     if let Some(path) = g.config_path() {
         let file = std::fs::read_to_string(&path)
@@ -227,7 +235,6 @@ pub fn reload_file(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError
     config?;
     tls.map_err(|mut e| {
         e.message.push_str(" (the TLS certificate in force stays)");
-        g.set_reload_error(Some(e.to_string()));
         e
     })
 }

@@ -190,3 +190,97 @@ routes:
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "upstream_connect", "{v}");
 }
+
+/// `GET /health` on an open TLS connection, kept open: the answer's status line.
+async fn health<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: &mut S) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// `POST /admin/reload` reads the certificate again: a key that cannot be used is refused with
+/// the reason (400, and `drift` says so) while the pair in force keeps serving; a good pair then
+/// serves new connections, and a connection opened before goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admin_reload_rereads_the_certificate_and_keeps_it_when_the_key_is_bad() {
+    use crate::operations::{TOKEN, admin_url};
+    let dir = tempfile::tempdir().unwrap();
+    let (first, second) = (Cert::new(), Cert::new());
+    let (crt, key) = first.write(dir.path(), "gateway");
+    let yaml = format!(
+        "admin: {{ listen: 127.0.0.1:0, token_env: SPILLWAY_TEST_ADMIN_TOKEN }}\n{}",
+        LISTENER
+            .replace("{CERT}", crt.to_str().unwrap())
+            .replace("{KEY}", key.to_str().unwrap())
+    );
+    let stack = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let path = dir.path().join("spillway.yaml");
+    std::fs::write(&path, stack.fill(&yaml)).unwrap();
+    stack.gateway.set_config_path(path);
+    let admin = admin_url(&stack).await;
+    let addr: std::net::SocketAddr = stack.url.trim_start_matches("https://").parse().unwrap();
+    let mut open = testkit::tls::connect(addr, &first, &[b"http/1.1"]).await.unwrap();
+    assert_eq!(health(&mut open).await, "HTTP/1.1 200 OK");
+    let reload = || async {
+        testkit::http()
+            .post(format!("{admin}/admin/reload"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+    };
+    let drift = || async {
+        let state: serde_json::Value = testkit::http()
+            .get(format!("{admin}/admin/state"))
+            .bearer_auth(TOKEN)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        state["drift"].clone()
+    };
+
+    std::fs::write(&key, "not a key\n").unwrap();
+    let r = reload().await;
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    testkit::assert_error_mentions(&v, "server.tls.key");
+    testkit::assert_error_mentions(&v, "the TLS certificate in force stays");
+    let d = drift().await;
+    assert_eq!(d[0]["what"], "tls_certificate", "{d}");
+    assert!(
+        d[0]["file"].as_str().unwrap().contains("holds no private key"),
+        "{d}"
+    );
+    assert!(
+        testkit::tls::connect(addr, &first, &[]).await.is_ok(),
+        "the first pair still serves"
+    );
+
+    second.write(dir.path(), "gateway");
+    let r = reload().await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(drift().await, serde_json::json!([]));
+    assert!(testkit::tls::connect(addr, &second, &[]).await.is_ok());
+    assert!(testkit::tls::connect(addr, &first, &[]).await.is_err());
+    assert_eq!(
+        health(&mut open).await,
+        "HTTP/1.1 200 OK",
+        "the connection opened before goes on"
+    );
+}
