@@ -125,10 +125,11 @@ fn settled_id(req: &Request) -> String {
     }
 }
 
-/// The public listener's service. The two completion endpoints go straight to the request path:
-/// axum's routing, middleware and body boxing cost allocations and dynamic calls per request
-/// (bench/runs/2026-12-03-rust-2core-hand-written-readers.md), which the hot path does without. Every other request, and any other
-/// method on those paths, goes through the [`router`], which answers them as before.
+/// The public listener's service. The two completion endpoints and `/v1/embeddings` go straight
+/// to the request path: axum's routing, middleware and body boxing cost allocations and dynamic
+/// calls per request (bench/runs/2026-12-03-rust-2core-hand-written-readers.md), which the hot
+/// path does without. Every other request, and any other method on those paths, goes through the
+/// [`router`], which answers them as before.
 #[derive(Clone)]
 pub(crate) struct HyperService {
     /// `None` on connections over the limit: the router answers everything there.
