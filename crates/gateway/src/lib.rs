@@ -28,7 +28,8 @@
 //!
 //! Under them: `state` (the [`Gateway`]: the table in force, reloads, the drain), `table` (routes
 //! and tenants, swapped whole on a reload), `route` (a route's classes, replicas, balancing,
-//! health, scraping, adaptive C), `tenant`, [`config`] (the YAML), `traces` (OpenTelemetry spans,
+//! health, scraping, adaptive C), `tenant`, [`config`] (the YAML), [`tls`] (the listener's
+//! certificate, reloaded in place, and the trust of `https://` replicas), `traces` (OpenTelemetry spans,
 //! exported off the request path), `metrics`, [`access_log`], [`event`], and [`error`] (the one
 //! place failures, and the cuts of a stream, become status codes, codes and OpenAI bodies).
 
@@ -45,6 +46,7 @@ mod serve;
 mod state;
 mod table;
 mod tenant;
+pub mod tls;
 mod traces;
 
 pub use admission::QuotaKind;
@@ -108,7 +110,8 @@ pub mod fuzzing {
         /// The first route of `config`.
         pub fn new(config: &Config) -> Result<FuzzRoute, crate::config::ConfigError> {
             let metrics = crate::metrics::Metrics::new();
-            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None, None)?;
+            let trust = crate::tls::route_trust(&config.routes[0], 0)?;
+            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None, None, trust)?;
             Ok(FuzzRoute(
                 route,
                 std::sync::Arc::new(crate::tenant::Tenants::new(&[], None, None)),

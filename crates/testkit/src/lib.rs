@@ -7,11 +7,13 @@
 //! - [`eventually`]: polls a condition on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
 //! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
+//! - [`tls`]: certificates made on the spot, their PEM files, and a TLS front before a server;
 //! - [`serve_script`]: a replica that answers each request with scripted bytes;
 //! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
 //!   reading every crate's integration tests use.
 
 pub mod crd;
+pub mod tls;
 
 use std::path::PathBuf;
 use std::process::Stdio;

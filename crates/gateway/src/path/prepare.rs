@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use memchr::memmem;
 use protocol::error::parse_json;
-use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamOptions};
+use protocol::openai::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Prompt, StreamOptions};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 pub(crate) enum Api {
     Chat,
     Completions,
+    /// Admitted as the others are; its cost is its input, and its answer is never a stream.
+    Embeddings,
 }
 
 impl Api {
@@ -46,6 +48,7 @@ impl Api {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
+            Api::Embeddings => "/v1/embeddings",
         }
     }
 }
@@ -54,6 +57,7 @@ impl Api {
 pub(crate) enum Parsed {
     Chat(ChatCompletionRequest),
     Completion(CompletionRequest),
+    Embedding(EmbeddingRequest),
 }
 
 impl Parsed {
@@ -63,6 +67,7 @@ impl Parsed {
         let parsed = match api {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
+            Api::Embeddings => Parsed::Embedding(parse_json(body).map_err(to_err)?),
         };
         if let Parsed::Chat(c) = &parsed
             && c.messages.is_empty()
@@ -80,6 +85,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => &c.model,
             Parsed::Completion(c) => &c.model,
+            Parsed::Embedding(e) => &e.model,
         }
     }
 
@@ -87,6 +93,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.stream,
             Parsed::Completion(c) => c.stream,
+            Parsed::Embedding(_) => None,
         }
         .unwrap_or(false)
     }
@@ -95,6 +102,7 @@ impl Parsed {
         StreamOptions::wants_usage(match self {
             Parsed::Chat(c) => c.stream_options.as_ref(),
             Parsed::Completion(c) => c.stream_options.as_ref(),
+            Parsed::Embedding(_) => None,
         })
     }
 
@@ -102,6 +110,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.n,
             Parsed::Completion(c) => c.n,
+            Parsed::Embedding(_) => None,
         }
         .unwrap_or(1)
     }
@@ -111,6 +120,7 @@ impl Parsed {
         let extra = match self {
             Parsed::Chat(c) => &c.extra,
             Parsed::Completion(c) => &c.extra,
+            Parsed::Embedding(_) => return Ok(None),
         };
         match extra.get("best_of") {
             None | Some(serde_json::Value::Null) => Ok(None),
@@ -129,15 +139,27 @@ impl Parsed {
         }
     }
 
-    /// How many prompts the request holds: a `/v1/completions` prompt may be a list.
+    /// How many prompts the request holds: a `/v1/completions` prompt, or the input of
+    /// `/v1/embeddings`, may be a list.
     fn prompts(&self) -> usize {
+        let prompt = match self {
+            Parsed::Chat(_) => return 1,
+            Parsed::Completion(c) => &c.prompt,
+            Parsed::Embedding(e) => &e.input,
+        };
+        match prompt {
+            Prompt::Text(_) | Prompt::Tokens(_) => 1,
+            Prompt::Texts(t) => t.len(),
+            Prompt::TokenBatches(b) => b.len(),
+        }
+    }
+
+    /// The request's field that holds what it asks about, for errors to name.
+    fn input_param(&self) -> &'static str {
         match self {
-            Parsed::Chat(_) => 1,
-            Parsed::Completion(c) => match &c.prompt {
-                Prompt::Text(_) | Prompt::Tokens(_) => 1,
-                Prompt::Texts(t) => t.len(),
-                Prompt::TokenBatches(b) => b.len(),
-            },
+            Parsed::Chat(_) => "messages",
+            Parsed::Completion(_) => "prompt",
+            Parsed::Embedding(_) => "input",
         }
     }
 
@@ -145,6 +167,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.requested_max_tokens(),
             Parsed::Completion(c) => c.max_tokens,
+            Parsed::Embedding(_) => None,
         }
     }
 
@@ -169,7 +192,8 @@ impl Parsed {
                     }
                 }
             }
-            Parsed::Completion(c) => match &c.prompt {
+            Parsed::Completion(CompletionRequest { prompt, .. })
+            | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
                 Prompt::Text(t) => feed(t.as_bytes(), &mut budget),
                 Prompt::Texts(ts) => ts.iter().for_each(|t| feed(t.as_bytes(), &mut budget)),
                 Prompt::Tokens(ids) => ids.iter().for_each(|t| feed(&t.to_le_bytes(), &mut budget)),
@@ -193,7 +217,8 @@ impl Parsed {
                 }));
                 route.tokenizer.count(&text)
             }
-            Parsed::Completion(c) => match &c.prompt {
+            Parsed::Completion(CompletionRequest { prompt, .. })
+            | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
                 Prompt::Text(t) => route.tokenizer.count(t),
                 Prompt::Texts(ts) => ts.iter().map(|t| route.tokenizer.count(t)).sum(),
                 Prompt::Tokens(ids) => ids.len(),
@@ -260,16 +285,20 @@ pub(crate) fn prepare(
     }
     let prompts = parsed.prompts();
     if prompts == 0 {
+        let param = parsed.input_param();
         return Err(GatewayError::bad_request(
             "invalid_request",
-            "'prompt' must not be an empty list",
-            Some("prompt"),
+            format!("'{param}' must not be an empty list"),
+            Some(param),
         ));
     }
+    let embedding = matches!(parsed, Parsed::Embedding(_));
     // Every prompt of a list generates n (or best_of) sequences: that is what the cap bounds.
+    // An embedding generates none, whatever the size of its batch.
     let per_prompt = best_of.unwrap_or(n);
     let sequences = u64::from(per_prompt) * prompts as u64;
     if let Some(max_n) = limits.max_n
+        && !embedding
         && sequences > u64::from(max_n.get())
     {
         let (asked, param) = match (prompts, best_of) {
@@ -291,11 +320,7 @@ pub(crate) fn prepare(
     if let Some(cap) = limits.max_input_tokens
         && input_tokens > cap.get()
     {
-        let param = if matches!(parsed, Parsed::Chat(_)) {
-            "messages"
-        } else {
-            "prompt"
-        };
+        let param = parsed.input_param();
         return Err(GatewayError::bad_request(
             "input_too_long",
             format!(
@@ -326,7 +351,7 @@ pub(crate) fn prepare(
             OverCap::Clamp => max_tokens = Some(cap.get()),
         }
     }
-    if max_tokens.is_none() {
+    if max_tokens.is_none() && !embedding {
         max_tokens = limits.max_tokens.default.map(|d| d.get());
     }
     let class = route.classify(max_tokens, input_tokens, headers);
@@ -426,6 +451,10 @@ fn rewritten(
                     .include_usage = Some(true);
             }
             serde_json::to_vec(&c)
+        }
+        Parsed::Embedding(mut e) => {
+            e.model = model;
+            serde_json::to_vec(&e)
         }
     }
     .map_err(|e| {

@@ -68,9 +68,14 @@ impl Stack {
         // Tests cannot set the process environment (no unsafe): secrets come from here.
         let env =
             |name: &str| (name == "SPILLWAY_TEST_ADMIN_TOKEN").then(|| crate::operations::TOKEN.to_owned());
+        let scheme = if config.server.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
         let gateway = Gateway::with_env(config, access, &env).expect("gateway builds");
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
+        let url = format!("{scheme}://{}", listener.local_addr().unwrap());
         let (stop, stopped) = oneshot::channel::<()>();
         let server = tokio::spawn(spillway_gateway::run(listener, gateway.clone(), async move {
             let _ = stopped.await;

@@ -352,3 +352,26 @@ fn completions_cover_every_command_and_a_flag() {
         gone.status
     );
 }
+
+/// `spillway check … | head`: a reader that has gone before the output is written ends every
+/// command quietly with status 0, as `completions` does, instead of a broken-pipe panic (101).
+#[test]
+fn a_reader_that_has_gone_ends_a_command_quietly() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/spillway.yaml");
+    for args in [
+        vec!["check", config],
+        vec!["key"],
+        vec!["--help"],
+        vec!["completions", "zsh"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN).args(&args).stdout(writer).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(0) && !stderr.contains("panicked"),
+            "{args:?}: {:?}: {stderr}",
+            out.status
+        );
+    }
+}

@@ -9,4 +9,5 @@ mod plan;
 mod shared;
 mod support;
 mod tenants;
+mod tls;
 mod vllm;
