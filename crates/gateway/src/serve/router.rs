@@ -3,7 +3,7 @@
 //! [`crate::path`] and everything else through the router.
 
 use crate::config::MetricsExposure;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::path::prepare::{self, Api};
 use crate::path::respond::into_hyper;
 use crate::path::{auth, completion, handle, identified, stamp};
@@ -183,5 +183,5 @@ fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
         }
         (Some(_), None) => return Ok(()),
     };
-    Err(GatewayError::bad_request("invalid_host", message, None))
+    Err(GatewayError::bad_request(Invalid::Host, message, None))
 }
