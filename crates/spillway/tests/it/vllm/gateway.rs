@@ -190,9 +190,9 @@ fn vllms_queue_limit_reaches_the_client_as_503_with_retry_after() {
 /// An event whose JSON carries a top-level `error`: vLLM's in-stream rejection. The body's text
 /// is no test, since the dummy model's random tokens may spell "error".
 fn has_error_event(body: &str) -> bool {
-    testkit::sse_data(body).iter().any(|d| {
-        serde_json::from_str::<serde_json::Value>(d).is_ok_and(|v| v.get("error").is_some())
-    })
+    testkit::sse_data(body)
+        .iter()
+        .any(|d| serde_json::from_str::<serde_json::Value>(d).is_ok_and(|v| v.get("error").is_some()))
 }
 
 fn statuses(replies: &[super::Reply]) -> Vec<u16> {
