@@ -212,14 +212,33 @@ pub struct Process {
 }
 
 impl Process {
-    /// `bin engine --listen 127.0.0.1:PORT ARGS`, once its `/health` answers 200.
+    /// `bin engine --listen 127.0.0.1:PORT ARGS`, once its `/health` answers 200 (each replica's,
+    /// with `--replicas N`: on PORT and the ports after it). PORT + 1 was free when chosen: a second
+    /// replica's, or, with one, a port where nothing listens for a test that wants one.
     pub fn engine(bin: &str, args: &[&str]) -> Process {
         let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
         let port = free_port_pair();
         let listen = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(bin);
         cmd.args(["engine", "--listen", &listen]).args(args);
-        Process::start(cmd, port, "engine", None, |_| {})
+        let p = Process::start(cmd, port, "engine", None, |_| {});
+        // With `--replicas N`, the others on the ports after it, all up before the lock goes.
+        let replicas: u16 = args
+            .iter()
+            .position(|a| *a == "--replicas")
+            .and_then(|i| args.get(i + 1)?.parse().ok())
+            .unwrap_or(1);
+        for other in port + 1..port + replicas {
+            let up = wait_until(1000, || {
+                try_get(other, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
+            });
+            assert!(
+                up,
+                "the engine's replica on port {other} did not start:\n{}",
+                p.stderr()
+            );
+        }
+        p
     }
 
     /// `bin serve --config FILE` with `yaml` in the file, once its `/health` answers 200. In `yaml`,

@@ -4,45 +4,29 @@
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, get, wait_until};
+use crate::support::{BIN, get, wait_until};
 use std::time::Duration;
 use testkit::Process;
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
-    let mut child = Kill(
-        Command::new(BIN)
-            .args([
-                "engine",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--replicas",
-                "2",
-                "--model",
-                "m",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    // testkit's port and the next, free when it chose them.
+    let mut engine = Process::engine(BIN, &["--replicas", "2", "--model", "m"]);
+    let port = engine.port;
     for p in [port, port + 1] {
         let up = wait_until(1000, || TcpStream::connect(("127.0.0.1", p)).is_ok());
         assert!(up, "replica on {p} did not start");
         assert!(get(p, "/health").starts_with("HTTP/1.1 200"));
         assert!(get(p, "/v1/models").contains("\"id\":\"m\""));
     }
-    drop(ports);
     let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
+        .args(["-TERM", &engine.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let mut exit = None;
     let exited = wait_until(500, || {
-        exit = child.0.try_wait().unwrap();
+        exit = engine.child.try_wait().unwrap();
         exit.is_some()
     });
     assert!(exited, "did not exit on SIGTERM");
