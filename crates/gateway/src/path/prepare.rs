@@ -2,7 +2,7 @@
 //! class and priority. Pure functions over the request; nothing here waits.
 
 use crate::config::{OverCap, Priority};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::route::Route;
 use crate::table::Table;
 use crate::tenant::Tenant;
@@ -63,7 +63,7 @@ pub(crate) enum Parsed {
 impl Parsed {
     pub(crate) fn parse(api: Api, body: &[u8]) -> Result<Parsed, GatewayError> {
         let to_err =
-            |e: protocol::ApiError| GatewayError::bad_request("invalid_request", e.body.error.message, None);
+            |e: protocol::ApiError| GatewayError::bad_request(Invalid::Request, e.body.error.message, None);
         let parsed = match api {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
@@ -73,7 +73,7 @@ impl Parsed {
             && c.messages.is_empty()
         {
             return Err(GatewayError::bad_request(
-                "invalid_request",
+                Invalid::Request,
                 "'messages' must not be empty",
                 Some("messages"),
             ));
@@ -131,7 +131,7 @@ impl Parsed {
                 .map(Some)
                 .ok_or_else(|| {
                     GatewayError::bad_request(
-                        "invalid_request",
+                        Invalid::Request,
                         "'best_of' must be a whole number of at least 1",
                         Some("best_of"),
                     )
@@ -270,7 +270,7 @@ pub(crate) fn prepare(
     let n = parsed.n();
     if n == 0 {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'n' must be at least 1",
             Some("n"),
         ));
@@ -278,7 +278,7 @@ pub(crate) fn prepare(
     let best_of = parsed.best_of()?;
     if best_of.is_some_and(|b| b < n) {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'best_of' must be at least 'n'",
             Some("best_of"),
         ));
@@ -287,7 +287,7 @@ pub(crate) fn prepare(
     if prompts == 0 {
         let param = parsed.input_param();
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             format!("'{param}' must not be an empty list"),
             Some(param),
         ));
@@ -311,7 +311,7 @@ pub(crate) fn prepare(
             ),
         };
         return Err(GatewayError::bad_request(
-            "n_over_cap",
+            Invalid::NOverCap,
             format!("{asked} exceeds this model's limit of {max_n} sequences per request (max_n)"),
             Some(param),
         ));
@@ -322,7 +322,7 @@ pub(crate) fn prepare(
     {
         let param = parsed.input_param();
         return Err(GatewayError::bad_request(
-            "input_too_long",
+            Invalid::InputTooLong,
             format!(
                 "the input is {input_tokens} tokens, over this model's limit of {cap} (max_input_tokens)"
             ),
@@ -332,7 +332,7 @@ pub(crate) fn prepare(
     let mut max_tokens = parsed.max_tokens();
     if max_tokens == Some(0) {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'max_tokens' must be at least 1",
             Some("max_tokens"),
         ));
@@ -343,7 +343,7 @@ pub(crate) fn prepare(
         match limits.over_cap {
             OverCap::Reject => {
                 return Err(GatewayError::bad_request(
-                    "max_tokens_over_cap",
+                    Invalid::MaxTokensOverCap,
                     format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
                     Some("max_tokens"),
                 ));
@@ -407,7 +407,7 @@ fn objectives(headers: &HeaderMap, class: Option<crate::config::Slo>) -> Result<
         match ms {
             Some(ms) if ms > 0.0 && ms <= 3_600_000.0 => Ok(Some(Duration::from_secs_f64(ms / 1000.0))),
             _ => Err(GatewayError::bad_request(
-                "invalid_slo",
+                Invalid::Slo,
                 format!("{name} must be a number of milliseconds above 0 and at most 3600000"),
                 None,
             )),
@@ -459,7 +459,7 @@ fn rewritten(
     }
     .map_err(|e| {
         GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             format!("cannot re-encode the request: {e}"),
             None,
         )
@@ -498,7 +498,7 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
     };
     let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
         GatewayError::bad_request(
-            "invalid_priority",
+            Invalid::Priority,
             format!("{PRIORITY_HEADER} must be critical, standard or sheddable"),
             None,
         )
@@ -520,7 +520,7 @@ pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, G
         .filter(|d| !d.is_zero());
     parsed.map(Some).ok_or_else(|| {
         GatewayError::bad_request(
-            "invalid_deadline",
+            Invalid::Deadline,
             format!(
                 "{DEADLINE_HEADER} must be a positive duration such as 5s, 1500ms or 1500 (milliseconds)"
             ),

@@ -3,7 +3,7 @@
 //! configuration file. Every change is an audit event naming the token's holder.
 
 use crate::config::{Config, ConfigError, MetricsExposure};
-use crate::error::GatewayError;
+use crate::error::{AdminRefusal, GatewayError, Invalid};
 use crate::state::Gateway;
 use axum::Router;
 use axum::extract::State;
@@ -175,14 +175,13 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let target: ReplicaRef = match protocol::error::parse_json(body) {
         Ok(t) => t,
         Err(e) => {
-            return GatewayError::bad_request("invalid_request", e.body.error.message, None).into_response();
+            return GatewayError::bad_request(Invalid::Request, e.body.error.message, None).into_response();
         }
     };
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
         return GatewayError::Admin {
-            status: StatusCode::NOT_FOUND,
-            code: "route_not_found",
+            refusal: AdminRefusal::RouteNotFound,
             message: format!("no route '{}'", target.route),
         }
         .into_response();
@@ -190,8 +189,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let url = target.replica.trim_end_matches('/');
     let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| &*r.url == url) else {
         return GatewayError::Admin {
-            status: StatusCode::NOT_FOUND,
-            code: "replica_not_found",
+            refusal: AdminRefusal::ReplicaNotFound,
             message: format!("route '{}' has no replica {url}", target.route),
         }
         .into_response();
@@ -216,8 +214,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     let Some(path) = g.config_path() else {
         return GatewayError::Admin {
-            status: StatusCode::CONFLICT,
-            code: "no_config_file",
+            refusal: AdminRefusal::NoConfigFile,
             message: "this gateway was not started from a file".into(),
         }
         .into_response();
@@ -228,7 +225,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
             axum::Json(serde_json::json!({ "reloaded": path })),
         )
             .into_response(),
-        Err(e) => GatewayError::bad_request("invalid_config", e.to_string(), None).into_response(),
+        Err(e) => GatewayError::bad_request(Invalid::Config, e.to_string(), None).into_response(),
     }
 }
 

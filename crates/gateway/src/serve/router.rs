@@ -3,7 +3,7 @@
 //! `/v1/embeddings` straight to [`crate::path`] and everything else through the router.
 
 use crate::config::MetricsExposure;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::path::prepare::{self, Api};
 use crate::path::respond::into_hyper;
 use crate::path::{auth, completion, handle, identified, stamp};
@@ -191,5 +191,5 @@ fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
         }
         (Some(_), None) => return Ok(()),
     };
-    Err(GatewayError::bad_request("invalid_host", message, None))
+    Err(GatewayError::bad_request(Invalid::Host, message, None))
 }
