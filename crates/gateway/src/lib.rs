@@ -76,7 +76,7 @@ pub mod benching {
             ttft: Duration,
             tpot: Duration,
         ) {
-            let x = features(input_tokens, in_flight, waiting);
+            let x = features(input_tokens, in_flight, waiting, 0.0);
             self.0.learn_ttft(&x, ttft);
             self.0.learn_tpot(&x, tpot);
         }
@@ -84,7 +84,7 @@ pub mod benching {
         /// The predicted TTFT, if the model has warmed up.
         pub fn predict(&self, input_tokens: u32, in_flight: u32, waiting: f64) -> Option<Duration> {
             self.0
-                .predict(&features(input_tokens, in_flight, waiting))
+                .predict(&features(input_tokens, in_flight, waiting, 0.0))
                 .map(|p| p.ttft)
         }
     }

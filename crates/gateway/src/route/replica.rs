@@ -191,10 +191,10 @@ impl Replica {
         input_tokens: u32,
         now: Instant,
     ) -> (super::predict::Features, Option<super::predict::Prediction>) {
-        let waiting = lock(&self.engine_load)
+        let (waiting, kv) = lock(&self.engine_load)
             .filter(|(at, _, _)| now.saturating_duration_since(*at) < Duration::from_secs(3))
-            .map_or(0.0, |(_, waiting, _)| waiting);
-        let x = super::predict::features(input_tokens, self.outstanding(), waiting);
+            .map_or((0.0, 0.0), |(_, waiting, kv)| (waiting, kv));
+        let x = super::predict::features(input_tokens, self.outstanding(), waiting, kv);
         let prediction = lock(&self.predictor).predict(&x);
         (x, prediction)
     }
