@@ -249,7 +249,7 @@ impl Metrics {
             ),
             slo_routing: counter(
                 "spillway_slo_routing_total",
-                "balance: slo picks, by verdict: meets (a replica is predicted to meet the request's objectives), unattainable_sent (none is; sent to the closest), refused (none is and the request was sheddable), unknown (no objective, or a model still warming up).",
+                "balance: slo picks, by verdict: meets (a replica is predicted to meet the request's objectives), unattainable_sent (none is; sent to the closest), refused (none is and the request was sheddable), unknown (no objective, or a model still warming up), explore (sent to an idle replica whose model learned nothing for a second).",
                 &["route", "class", "verdict"],
             ),
             slo_prediction_error: float_gauge(

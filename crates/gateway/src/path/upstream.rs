@@ -161,6 +161,7 @@ fn pick_by_slo(
     let outcome = match verdict {
         SloVerdict::Meets => "meets",
         SloVerdict::Unknown => "unknown",
+        SloVerdict::Explore => "explore",
         SloVerdict::Unattainable { .. } if prepared.priority != admission::Priority::Sheddable => {
             "unattainable_sent"
         }

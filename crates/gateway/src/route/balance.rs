@@ -100,7 +100,15 @@ pub(crate) enum SloVerdict {
     },
     /// No objective, or a replica's model is still warming up: picked by load.
     Unknown,
+    /// Sent to an idle replica whose model learned nothing for [`EXPLORE_AFTER`]: what it
+    /// predicts may be out of date, and only a stream tells.
+    Explore,
 }
+
+/// How long a replica with nothing in flight may go without a stream before the next request is
+/// sent to it to learn what it gives now: without it, a replica predicted slow once (in a burst)
+/// would never be tried again, however idle and fast it has become since.
+pub(crate) const EXPLORE_AFTER: Duration = Duration::from_secs(1);
 
 /// `balance: slo`: of `candidates`, the replica predicted to meet `ask`'s objectives with the
 /// least headroom to spare (tight requests keep the fast replicas for those that need them); when
@@ -134,6 +142,13 @@ pub(crate) fn pick_slo(
     };
     if (ask.ttft.is_none() && ask.tpot.is_none()) || predicted.iter().any(|(_, _, p)| cold(p)) {
         return by_load();
+    }
+    let stale_since = now.checked_sub(EXPLORE_AFTER).unwrap_or(now);
+    if let Some((i, x, _)) = predicted
+        .iter()
+        .find(|(i, _, _)| replicas[*i].idle_and_stale(stale_since))
+    {
+        return Some((*i, *x, SloVerdict::Explore));
     }
     // Each objective against its prediction, made larger by the model's own measured error (at
     // most doubled), so that "predicted to meet" is not a coin toss at the line.
@@ -178,5 +193,50 @@ pub(crate) fn pick_slo(
                 },
             )
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::route::predict::features;
+
+    fn replicas() -> Vec<Arc<Replica>> {
+        let metrics = crate::metrics::Metrics::new();
+        ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+            .iter()
+            .map(|url| Arc::new(Replica::new("chat", url, &metrics, None)))
+            .collect()
+    }
+
+    fn teach(r: &Replica, ttft_ms: u64) {
+        for k in 0..12u32 {
+            let x = features(100 + 10 * k, k % 3, 0.0, 0.0);
+            r.learn_ttft(&x, Duration::from_millis(ttft_ms));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_replica_predicted_slow_long_ago_is_tried_again() {
+        let r = replicas();
+        let ask = SloAsk {
+            ttft: Some(Duration::from_millis(100)),
+            tpot: None,
+            input_tokens: 120,
+        };
+        // Replica 0 looked slow (in a burst); replica 1 is fast and busy being learned.
+        teach(&r[0], 500);
+        teach(&r[1], 20);
+        let pick = pick_slo(&r, &[0, 1], &ask, Instant::now()).unwrap();
+        assert_eq!((pick.0, pick.2), (1, SloVerdict::Meets));
+        // Two seconds on, replica 1 still streaming, replica 0 idle and unheard of: it is tried.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        teach(&r[1], 20);
+        let pick = pick_slo(&r, &[0, 1], &ask, Instant::now()).unwrap();
+        assert_eq!((pick.0, pick.2), (0, SloVerdict::Explore));
+        // What it showed now is what counts from then on.
+        teach(&r[0], 15);
+        let pick = pick_slo(&r, &[0, 1], &ask, Instant::now()).unwrap();
+        assert_eq!(pick.2, SloVerdict::Meets);
     }
 }

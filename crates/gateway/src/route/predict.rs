@@ -116,6 +116,9 @@ impl Rls {
 pub(crate) struct Predictor {
     ttft: Rls,
     tpot: Rls,
+    /// When the TTFT model last learned: a replica nobody sends to keeps what it last showed,
+    /// however long ago (see `balance::pick_slo`'s exploration).
+    learned_at: Option<tokio::time::Instant>,
 }
 
 /// What a replica is predicted to give a request.
@@ -146,6 +149,12 @@ impl Predictor {
 
     pub(crate) fn learn_ttft(&mut self, x: &Features, ttft: Duration) {
         self.ttft.learn(x, ttft.as_secs_f64() * 1000.0);
+        self.learned_at = Some(tokio::time::Instant::now());
+    }
+
+    /// Whether the TTFT model has learned nothing since `since`.
+    pub(crate) fn stale(&self, since: tokio::time::Instant) -> bool {
+        self.learned_at.is_none_or(|at| at < since)
     }
 
     pub(crate) fn learn_tpot(&mut self, x: &Features, tpot: Duration) {

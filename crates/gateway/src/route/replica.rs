@@ -209,6 +209,12 @@ impl Replica {
         lock(&self.predictor).learn_tpot(x, tpot);
     }
 
+    /// Nothing in flight here and a TTFT model that learned nothing since `since`: what it
+    /// predicts may be long out of date.
+    pub(crate) fn idle_and_stale(&self, since: Instant) -> bool {
+        self.outstanding() == 0 && lock(&self.predictor).stale(since)
+    }
+
     /// Samples and mean relative error of its TTFT and TPOT models.
     pub(crate) fn prediction_quality(&self) -> [(u32, Option<f64>); 2] {
         lock(&self.predictor).quality()
