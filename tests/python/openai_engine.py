@@ -43,6 +43,17 @@ parts = [c.choices[0].text for c in client.completions.create(model=model, promp
 assert len("".join(parts)) > 0, parts
 checks += 1
 
+# Embeddings: the client asks for base64 and decodes it; a batch keeps its order.
+resp = client.embeddings.create(model=model, input=["the first", "the second one"])
+assert [d.index for d in resp.data] == [0, 1] and len(resp.data[0].embedding) == 32, resp
+assert abs(sum(x * x for x in resp.data[0].embedding) - 1.0) < 1e-4, resp.data[0].embedding
+assert resp.data[0].embedding != resp.data[1].embedding
+assert resp.usage.prompt_tokens > 0 and resp.usage.total_tokens == resp.usage.prompt_tokens, resp.usage
+again = client.embeddings.create(model=model, input="the first", encoding_format="float")
+# The same vector (as floats in JSON, each read back as a double, so within an f32's precision).
+assert all(abs(a - b) < 1e-6 for a, b in zip(again.data[0].embedding, resp.data[0].embedding, strict=True))
+checks += 1
+
 # Models.
 assert [m.id for m in client.models.list()] == [model]
 checks += 1

@@ -29,6 +29,22 @@ pub struct Limits {
     pub queue_wait: Duration,
 }
 
+/// Which of a request's objectives no replica is predicted to meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    Ttft,
+    Tpot,
+}
+
+impl std::fmt::Display for Objective {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Objective::Ttft => "a first token",
+            Objective::Tpot => "a time per output token",
+        })
+    }
+}
+
 /// Why a request was not admitted; each maps to a metric reason and carries its `Retry-After`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum Rejection {
@@ -48,13 +64,14 @@ pub enum Rejection {
     #[error("all slots are busy and sheddable requests do not wait")]
     Shed { retry_after: Duration },
     /// `balance: slo`: no replica is predicted to meet a sheddable request's own objectives, so it
-    /// is refused rather than sent to miss them.
+    /// is refused rather than sent to miss them. Milliseconds, to keep every refusal small.
     #[error(
-        "no replica is predicted to give a first token within the {objective:.0?} left of its objective (the closest: {predicted:.0?}); sheddable requests are refused rather than sent to miss it"
+        "no replica is predicted to give {what} within the {objective_ms} ms its objective leaves (the closest: {predicted_ms} ms, with the model's error); sheddable requests are refused rather than sent to miss it"
     )]
     SloUnattainable {
-        objective: Duration,
-        predicted: Duration,
+        what: Objective,
+        objective_ms: u32,
+        predicted_ms: u32,
         retry_after: Duration,
     },
 }

@@ -20,7 +20,7 @@ pub mod retry;
 pub mod window;
 
 pub use fair::{Claim, Fairness, Share};
-pub use gate::{AdaptiveLimits, Admission, Limits, Permit, Rejection, SharedWaiter};
+pub use gate::{AdaptiveLimits, Admission, Limits, Objective, Permit, Rejection, SharedWaiter};
 pub use quota::{Quota, QuotaExceeded, QuotaKind, QuotaLimits, QuotaPermit, RateHeaders};
 pub use retry::{RetryBudget, backoff};
 pub use window::SlidingWindow;

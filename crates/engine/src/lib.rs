@@ -10,14 +10,16 @@
 //!   serves the GPUs of several replicas on a listener of their own, as dcgm-exporter does.
 //! - [`faults`]: scripted failures, by flag or through `POST /admin/faults`.
 //! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
-//!   `stream` renders tokens as SSE chunks; `text` is the filler output. Prompts are counted by
-//!   the shared `tokenize` crate.
+//!   `stream` renders tokens as SSE chunks; `text` is the filler output; `embed` answers
+//!   `/v1/embeddings` (each input through the scheduler). Prompts are counted by the shared
+//!   `tokenize` crate.
 //!
 //! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
 
 pub mod calibration;
 pub mod config;
 pub mod cost;
+mod embed;
 pub mod engine;
 pub mod faults;
 mod kv;

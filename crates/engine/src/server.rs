@@ -17,7 +17,7 @@ use hyper_util::service::TowerToHyperService;
 use protocol::ApiError;
 use protocol::error::parse_json;
 use protocol::openai::{
-    ChatCompletionRequest, CompletionRequest, ModelCard, ModelList, Prompt, StreamOptions,
+    ChatCompletionRequest, CompletionRequest, EmbeddingRequest, ModelCard, ModelList, Prompt, StreamOptions,
 };
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +36,7 @@ pub fn router(engine: Engine) -> Router {
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(post_faults))
         .route("/admin/state", get(state))
@@ -177,7 +178,7 @@ async fn health(State(engine): State<Engine>) -> StatusCode {
     }
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
@@ -361,6 +362,36 @@ async fn completions(
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Completion, prepared).await
+}
+
+/// `POST /v1/embeddings`: never streamed; the whole list once every input is pooled.
+async fn embeddings(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body.map_err(body_error)?;
+        let req: EmbeddingRequest = parse_json(&body)?;
+        check_model(&engine, &req.model)?;
+        let inputs = crate::embed::inputs(&engine, &req)?;
+        Ok((req, inputs))
+    })();
+    let answer = match prepared {
+        Ok((req, inputs)) => {
+            engine.frontend_admit().await;
+            crate::embed::embed(&engine, &req, inputs).await
+        }
+        Err(e) => Err(e),
+    };
+    let mut response = match answer {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error_response(&e),
+    };
+    if let Some(id) = headers.get("x-request-id").cloned() {
+        response.headers_mut().insert("x-request-id", id);
+    }
+    response
 }
 
 async fn respond(

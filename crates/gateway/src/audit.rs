@@ -52,6 +52,34 @@ pub(crate) fn reload(by: &str, path: &str, before: &Config, after: Option<&Confi
     }
 }
 
+/// The public listener's certificate read again (`error` is `None`) or kept.
+pub(crate) fn certificate(
+    by: &str,
+    files: &crate::config::TlsConfig,
+    error: Option<&crate::config::ConfigError>,
+) {
+    let (cert, key) = (files.cert.display(), files.key.display());
+    match error {
+        None => tracing::info!(
+            target: TARGET,
+            action = "certificate_reload",
+            by,
+            %cert,
+            %key,
+            "admin change: TLS certificate reloaded; new connections get it"
+        ),
+        Some(e) => tracing::warn!(
+            target: TARGET,
+            action = "certificate_reload",
+            by,
+            %cert,
+            %key,
+            error = %e,
+            "admin change refused: the TLS certificate in force stays"
+        ),
+    }
+}
+
 /// The adaptive controller moved a class's C.
 pub(crate) fn adaptive(route: &str, class: &str, before: u32, after: u32) {
     tracing::info!(

@@ -87,6 +87,95 @@ impl Cut {
     }
 }
 
+/// A request the gateway refuses as malformed (400) before any replica sees it: the field, header
+/// or file it names decides the code the client gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Invalid {
+    /// The body is not the JSON the endpoint takes, or a field's value is out of range.
+    Request,
+    /// An HTTP/1.1 head without exactly one valid `Host`.
+    Host,
+    /// The input is over the route's `max_input_tokens`.
+    InputTooLong,
+    /// `max_tokens` is over the route's cap and `over_cap: reject`.
+    MaxTokensOverCap,
+    /// `n` (or `best_of`) times the prompts is over the route's `max_n`.
+    NOverCap,
+    /// The `x-spillway-deadline` header is not a positive duration.
+    Deadline,
+    /// The `x-spillway-priority` header is not a priority.
+    Priority,
+    /// An `x-spillway-slo-*-ms` header is not a positive number of milliseconds.
+    Slo,
+    /// An admin reload found the configuration file wrong (the running one stays).
+    Config,
+}
+
+impl Invalid {
+    /// Every 400 code, so the docs can be checked against them.
+    pub const ALL: [Invalid; 9] = [
+        Invalid::Request,
+        Invalid::Host,
+        Invalid::InputTooLong,
+        Invalid::MaxTokensOverCap,
+        Invalid::NOverCap,
+        Invalid::Deadline,
+        Invalid::Priority,
+        Invalid::Slo,
+        Invalid::Config,
+    ];
+
+    /// The client's `code` (and the metric's `reason`, the log's `outcome`).
+    pub fn code(self) -> &'static str {
+        match self {
+            Invalid::Request => "invalid_request",
+            Invalid::Host => "invalid_host",
+            Invalid::InputTooLong => "input_too_long",
+            Invalid::MaxTokensOverCap => "max_tokens_over_cap",
+            Invalid::NOverCap => "n_over_cap",
+            Invalid::Deadline => "invalid_deadline",
+            Invalid::Slo => "invalid_slo",
+            Invalid::Priority => "invalid_priority",
+            Invalid::Config => "invalid_config",
+        }
+    }
+}
+
+/// What an admin request names that the gateway cannot act on: each its own status and code.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AdminRefusal {
+    /// No route serves that model.
+    RouteNotFound,
+    /// The route has no replica with that URL.
+    ReplicaNotFound,
+    /// A reload asked of a gateway not started from a file.
+    NoConfigFile,
+}
+
+impl AdminRefusal {
+    /// Every admin refusal, so the docs can be checked against them.
+    pub const ALL: [AdminRefusal; 3] = [
+        AdminRefusal::RouteNotFound,
+        AdminRefusal::ReplicaNotFound,
+        AdminRefusal::NoConfigFile,
+    ];
+
+    pub fn code(self) -> &'static str {
+        match self {
+            AdminRefusal::RouteNotFound => "route_not_found",
+            AdminRefusal::ReplicaNotFound => "replica_not_found",
+            AdminRefusal::NoConfigFile => "no_config_file",
+        }
+    }
+
+    fn status(self) -> StatusCode {
+        match self {
+            AdminRefusal::RouteNotFound | AdminRefusal::ReplicaNotFound => StatusCode::NOT_FOUND,
+            AdminRefusal::NoConfigFile => StatusCode::CONFLICT,
+        }
+    }
+}
+
 /// A request that ends without a stream (or a stream that ends early): each variant decides its
 /// status, OpenAI `type` and `code`, `param`, `Retry-After` and whether another replica may be tried.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -94,7 +183,7 @@ pub enum GatewayError {
     /// A 400 that names the field or the limit.
     #[error("{message}")]
     BadRequest {
-        code: &'static str,
+        code: Invalid,
         message: String,
         param: Option<&'static str>,
     },
@@ -118,11 +207,7 @@ pub enum GatewayError {
     AdminToken,
     /// An admin request that cannot be carried out (unknown route or replica, no file to reload).
     #[error("{message}")]
-    Admin {
-        status: StatusCode,
-        code: &'static str,
-        message: String,
-    },
+    Admin { refusal: AdminRefusal, message: String },
     #[error("team '{team}' may not use model '{model}'")]
     ModelNotAllowed { team: String, model: String },
     #[error("the gateway is shutting down; retry on another instance")]
@@ -195,7 +280,7 @@ fn retry_after_secs(d: Duration) -> u64 {
 
 impl GatewayError {
     /// A 400 naming what is wrong.
-    pub fn bad_request(code: &'static str, message: impl Into<String>, param: Option<&'static str>) -> Self {
+    pub fn bad_request(code: Invalid, message: impl Into<String>, param: Option<&'static str>) -> Self {
         GatewayError::BadRequest {
             code,
             message: message.into(),
@@ -242,7 +327,8 @@ impl GatewayError {
         use GatewayError::*;
         match self {
             BadRequest { .. } => StatusCode::BAD_REQUEST,
-            Admin { status, .. } | Overloaded { status, .. } => *status,
+            Admin { refusal, .. } => refusal.status(),
+            Overloaded { status, .. } => *status,
             MissingKey | InvalidKey | AdminToken => StatusCode::UNAUTHORIZED,
             ModelNotAllowed { .. } => StatusCode::FORBIDDEN,
             ModelNotFound(_) | NotFound(_) => StatusCode::NOT_FOUND,
@@ -274,7 +360,8 @@ impl GatewayError {
     pub fn code(&self) -> &'static str {
         use GatewayError::*;
         match self {
-            BadRequest { code, .. } | Admin { code, .. } => code,
+            BadRequest { code, .. } => code.code(),
+            Admin { refusal, .. } => refusal.code(),
             Upstream { .. } => "upstream_error",
             UpstreamTooLarge { .. } => "upstream_response_too_large",
             BodyTooLarge { .. } => "body_too_large",
@@ -448,7 +535,7 @@ mod tests {
         for e in [
             GatewayError::upstream("lost"),
             GatewayError::FirstTokenTimeout(Duration::from_secs(1)),
-            GatewayError::bad_request("invalid_request", "x", None),
+            GatewayError::bad_request(Invalid::Request, "x", None),
         ] {
             assert!(!e.retryable(), "{e:?}");
         }
@@ -494,6 +581,120 @@ mod tests {
             (total.cut(), total.code()),
             (Some(Cut::Deadline), "deadline_exceeded")
         );
+    }
+
+    /// One of each kind of error, with every code each can carry: the match below has no
+    /// wildcard, so a new variant does not compile until it is listed here (and so in the docs).
+    fn every_code() -> Vec<&'static str> {
+        let d = Duration::from_secs(1);
+        let mut errors = vec![
+            GatewayError::BodyTooLarge { limit: 1 },
+            GatewayError::BodyTimeout(d),
+            GatewayError::HeadersTooLarge { limit: 1 },
+            GatewayError::ModelNotFound("m".into()),
+            GatewayError::NotFound("x".into()),
+            GatewayError::MethodNotAllowed("x"),
+            GatewayError::MissingKey,
+            GatewayError::InvalidKey,
+            GatewayError::AdminToken,
+            GatewayError::ModelNotAllowed {
+                team: "t".into(),
+                model: "m".into(),
+            },
+            GatewayError::Draining,
+            GatewayError::TooManyConnections(1),
+            GatewayError::NoHealthyReplica("m".into()),
+            GatewayError::UpstreamBusy {
+                route: "m".into(),
+                replica: 0,
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                retry_after: d,
+            },
+            GatewayError::FirstTokenTimeout(d),
+            GatewayError::DeadlineExceeded(d),
+            GatewayError::UpstreamConnect {
+                route: "m".into(),
+                replica: 0,
+            },
+            GatewayError::upstream("x"),
+            GatewayError::UpstreamTooLarge { limit: 1 },
+            GatewayError::QuotaExceeded(QuotaExceeded {
+                team: "t".into(),
+                kind: admission::QuotaKind::Requests,
+                limit: 1,
+                retry_after: d,
+            }),
+        ];
+        errors.extend(Invalid::ALL.map(|i| GatewayError::bad_request(i, "x", None)));
+        errors.extend(AdminRefusal::ALL.map(|refusal| GatewayError::Admin {
+            refusal,
+            message: "x".into(),
+        }));
+        errors.extend(Cut::ALL.map(|cut| GatewayError::MidStream {
+            cut,
+            message: "x".into(),
+        }));
+        let mut codes: Vec<&'static str> = errors.iter().map(GatewayError::code).collect();
+        // Admission's refusals carry the reason of the rejection they wrap.
+        codes.extend(Rejection::REASONS);
+        for e in &errors {
+            match e {
+                GatewayError::BadRequest { .. }
+                | GatewayError::BodyTooLarge { .. }
+                | GatewayError::BodyTimeout(_)
+                | GatewayError::HeadersTooLarge { .. }
+                | GatewayError::ModelNotFound(_)
+                | GatewayError::NotFound(_)
+                | GatewayError::MethodNotAllowed(_)
+                | GatewayError::MissingKey
+                | GatewayError::InvalidKey
+                | GatewayError::AdminToken
+                | GatewayError::Admin { .. }
+                | GatewayError::ModelNotAllowed { .. }
+                | GatewayError::Draining
+                | GatewayError::TooManyConnections(_)
+                | GatewayError::Overloaded { .. }
+                | GatewayError::QuotaExceeded(_)
+                | GatewayError::NoHealthyReplica(_)
+                | GatewayError::UpstreamBusy { .. }
+                | GatewayError::FirstTokenTimeout(_)
+                | GatewayError::DeadlineExceeded(_)
+                | GatewayError::UpstreamConnect { .. }
+                | GatewayError::Upstream { .. }
+                | GatewayError::UpstreamTooLarge { .. }
+                | GatewayError::MidStream { .. } => {}
+            }
+        }
+        codes
+    }
+
+    /// A client's author looks codes up in docs/errors.md: every code the gateway can send is
+    /// there, written as code (in backquotes).
+    #[test]
+    fn every_code_a_client_can_see_is_in_the_docs() {
+        let docs = include_str!("../../../docs/errors.md");
+        let missing: Vec<_> = every_code()
+            .into_iter()
+            .filter(|code| !docs.contains(&format!("`{code}`")))
+            .collect();
+        assert!(missing.is_empty(), "not in docs/errors.md: {missing:?}");
+    }
+
+    #[test]
+    fn codes_are_distinct_words() {
+        let codes = every_code();
+        let mut seen = std::collections::HashSet::new();
+        for code in &codes {
+            assert!(
+                code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{code}"
+            );
+            // The two deadlines are the same cut before and after the first byte: one word.
+            assert!(
+                seen.insert(*code) || ["first_token_timeout", "deadline_exceeded"].contains(code),
+                "{code} twice"
+            );
+        }
     }
 
     #[test]

@@ -79,6 +79,8 @@ pub fn classify(event: &[u8]) -> EventKind {
 #[derive(serde::Deserialize)]
 struct Usage {
     prompt_tokens: u32,
+    /// Absent from an embeddings answer, which generates nothing.
+    #[serde(default)]
     completion_tokens: u32,
 }
 

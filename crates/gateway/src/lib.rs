@@ -28,7 +28,8 @@
 //!
 //! Under them: `state` (the [`Gateway`]: the table in force, reloads, the drain), `table` (routes
 //! and tenants, swapped whole on a reload), `route` (a route's classes, replicas, balancing,
-//! health, scraping, adaptive C), `tenant`, [`config`] (the YAML), `traces` (OpenTelemetry spans,
+//! health, scraping, adaptive C), `tenant`, [`config`] (the YAML), [`tls`] (the listener's
+//! certificate, reloaded in place, and the trust of `https://` replicas), `traces` (OpenTelemetry spans,
 //! exported off the request path), `metrics`, [`access_log`], [`event`], and [`error`] (the one
 //! place failures, and the cuts of a stream, become status codes, codes and OpenAI bodies).
 
@@ -45,6 +46,7 @@ mod serve;
 mod state;
 mod table;
 mod tenant;
+pub mod tls;
 mod traces;
 
 pub use admission::QuotaKind;
@@ -74,7 +76,7 @@ pub mod benching {
             ttft: Duration,
             tpot: Duration,
         ) {
-            let x = features(input_tokens, in_flight, waiting);
+            let x = features(input_tokens, in_flight, waiting, 0.0);
             self.0.learn_ttft(&x, ttft);
             self.0.learn_tpot(&x, tpot);
         }
@@ -82,7 +84,7 @@ pub mod benching {
         /// The predicted TTFT, if the model has warmed up.
         pub fn predict(&self, input_tokens: u32, in_flight: u32, waiting: f64) -> Option<Duration> {
             self.0
-                .predict(&features(input_tokens, in_flight, waiting))
+                .predict(&features(input_tokens, in_flight, waiting, 0.0))
                 .map(|p| p.ttft)
         }
     }
@@ -108,7 +110,8 @@ pub mod fuzzing {
         /// The first route of `config`.
         pub fn new(config: &Config) -> Result<FuzzRoute, crate::config::ConfigError> {
             let metrics = crate::metrics::Metrics::new();
-            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None, None)?;
+            let trust = crate::tls::route_trust(&config.routes[0], 0)?;
+            let route = crate::route::Route::new(config.routes[0].clone(), &metrics, None, None, trust)?;
             Ok(FuzzRoute(
                 route,
                 std::sync::Arc::new(crate::tenant::Tenants::new(&[], None, None)),

@@ -150,6 +150,7 @@ struct Keys {
     team_tokens: String,
     service: String,
     pushed_out: String,
+    picks: String,
 }
 
 impl Lease {
@@ -416,6 +417,7 @@ impl SharedLimits {
             team_tokens: format!("{p}:team:{team}:tokens"),
             service: format!("{p}:service:{route}:{class}"),
             pushed_out: format!("{p}:pushed:{route}:{class}"),
+            picks: format!("{p}:picks:{route}:{class}"),
         }
     }
 
@@ -626,6 +628,7 @@ impl SharedLimits {
                 .key(format!("{}:gateways", self.prefix))
                 .key(&lease.keys.service)
                 .key(&lease.keys.pushed_out)
+                .key(&lease.keys.picks)
                 .arg(&lease.member)
                 .arg(ask.limits.concurrency)
                 .arg(ttl)

@@ -12,7 +12,7 @@ pub(crate) mod respond;
 pub(crate) mod upstream;
 
 use crate::config::ServerConfig;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::path::ledger::Ledger;
 use crate::state::Gateway;
 use crate::table::Table;
@@ -191,7 +191,7 @@ where
             Err(GatewayError::BodyTimeout(server.body_timeout))
         }
         Ok(Err(e)) => Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             format!("cannot read the request body: {e}"),
             None,
         )),

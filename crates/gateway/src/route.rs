@@ -1,7 +1,8 @@
 //! A route at run time: its classes with their admission gates, its replicas, its tokenizer and its
 //! upstream client. The jobs around the replicas live beside it: [`balance`] (choosing one),
 //! [`replica`] (the state kept about each, changed in one place), [`health`] (active checks),
-//! [`scrape`] (the engines' own metrics) and [`adaptive`] (the task moving an adaptive C).
+//! [`scrape`] (the engines' own metrics), [`adaptive`] (the task moving an adaptive C) and
+//! [`transport`] (TCP, or TLS for `https://`, to a replica).
 
 mod adaptive;
 pub(crate) mod balance;
@@ -9,12 +10,14 @@ mod health;
 pub(crate) mod predict;
 mod replica;
 mod scrape;
+pub(crate) mod transport;
 
 pub(crate) use replica::{Observation, Replica, ReplicaGuard};
 
 use crate::config::ConfigError;
 use crate::config::{ClassConfig, Concurrency, RouteConfig};
 use crate::metrics::{ClassSeries, Metrics};
+use crate::tls::ReplicaTrust;
 use admission::{AdaptiveLimits, Admission, Limits};
 use axum::http::HeaderMap;
 use bytes::Bytes;
@@ -28,7 +31,8 @@ use std::time::Duration;
 use tokenize::Tokenizer;
 use tokio::time::Instant;
 
-pub(crate) type UpstreamClient = Client<HttpConnector, Full<Bytes>>;
+/// The client of the health checks and scrapes (the request path has its own, `transport`).
+pub(crate) type UpstreamClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// One admission class of a route.
 pub(crate) struct Class {
@@ -54,6 +58,8 @@ pub(crate) struct Route {
     pub(crate) replicas: Vec<Arc<Replica>>,
     pub(crate) tokenizer: Tokenizer,
     pub(crate) client: UpstreamClient,
+    /// How its `https://` replicas are trusted; `None` when it has none.
+    trust: Option<ReplicaTrust>,
     /// Set when the route renames the model upstream.
     pub(crate) rename: Option<Arc<crate::event::Rename>>,
     pub(crate) budget: admission::retry::RetryBudget,
@@ -70,6 +76,7 @@ impl Route {
         metrics: &Metrics,
         previous: Option<&Route>,
         redis: Option<&crate::config::RedisConfig>,
+        trust: Option<ReplicaTrust>,
     ) -> Result<Route, ConfigError> {
         let tokenizer = match &config.tokenizer {
             Some(path) => Tokenizer::from_file(path).map_err(|e| {
@@ -101,18 +108,37 @@ impl Route {
                 Class::new(&config.model, c, kept, metrics, pool_of(c), redis)
             })
             .collect();
+        // A replica that stays keeps its state, unless the CA its TLS is checked against changed:
+        // its pooled connections were checked against the old one.
+        let same_trust = |p: &Route| match (&p.trust, &trust) {
+            (None, None) => true,
+            (Some(a), Some(b)) => a.same_as(b),
+            _ => false,
+        };
+        let kept = previous.filter(|p| same_trust(p));
         let replicas = urls
             .iter()
             .map(
-                |url| match previous.and_then(|p| p.replicas.iter().find(|r| *r.url == **url)) {
+                |url| match kept.and_then(|p| p.replicas.iter().find(|r| *r.url == **url)) {
                     Some(kept) => kept.clone(),
-                    None => Arc::new(Replica::new(&config.model, url, metrics)),
+                    None => Arc::new(Replica::new(&config.model, url, metrics, trust.as_ref())),
                 },
             )
             .collect();
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(config.timeouts.connect));
         connector.set_nodelay(true);
+        // The health checks and scrapes of `https://` replicas, trusted as the request path is.
+        connector.enforce_http(false);
+        let tls = match &trust {
+            Some(t) => (*t.client).clone(),
+            None => crate::tls::no_trust()?,
+        };
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         // SSE chunks are a few hundred bytes: a small fixed read buffer per upstream connection
         // keeps memory per stream down (hyper would start at 8 KiB and grow).
         let client = Client::builder(TokioExecutor::new())
@@ -139,6 +165,7 @@ impl Route {
             replicas,
             tokenizer,
             client,
+            trust,
         })
     }
 

@@ -54,6 +54,8 @@ pub struct Gateway {
     pub(crate) load: Arc<http1::server::Load>,
     /// Counts a client write cut by `server.send_timeout`; one for every connection.
     pub(crate) send_cut: Arc<dyn Fn() + Send + Sync>,
+    /// TLS on the public listener, when `server.tls` is configured.
+    pub(crate) tls: Option<crate::tls::ServerTls>,
 }
 
 impl Gateway {
@@ -96,8 +98,13 @@ impl Gateway {
             ),
             None => None,
         };
+        let tls = match &config.server.tls {
+            Some(files) => Some(crate::tls::ServerTls::load(files)?),
+            None => None,
+        };
         let send_timeouts = metrics.send_timeouts.clone();
         Ok(Arc::new(Gateway {
+            tls,
             load: Arc::default(),
             send_cut: Arc::new(move || send_timeouts.inc()),
             shared,
@@ -156,6 +163,15 @@ impl Gateway {
         *self.applied.write().unwrap_or_else(|e| e.into_inner()) = config;
         self.start_probes();
         Ok(())
+    }
+
+    /// Reads the public listener's certificate and key again (`by` names who asked, for the
+    /// audit event); on an error the pair in force stays. `Ok` without `server.tls`.
+    pub fn reload_tls(&self, by: &str) -> Result<(), ConfigError> {
+        let Some(tls) = &self.tls else { return Ok(()) };
+        let result = tls.reload();
+        crate::audit::certificate(by, tls.files(), result.as_ref().err());
+        result
     }
 
     /// Connects to Redis for shared limits, if configured; the work stops when the handles drop.

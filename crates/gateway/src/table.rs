@@ -28,9 +28,11 @@ impl Table {
         let routes: Vec<Arc<Route>> = config
             .routes
             .iter()
-            .map(|r| {
+            .enumerate()
+            .map(|(i, r)| {
                 let old = previous.and_then(|p| p.route(&r.model)).map(|a| a.as_ref());
-                Route::new(r.clone(), metrics, old, config.redis.as_ref()).map(Arc::new)
+                let trust = crate::tls::route_trust(r, i)?;
+                Route::new(r.clone(), metrics, old, config.redis.as_ref(), trust).map(Arc::new)
             })
             .collect::<Result<_, _>>()?;
         for r in &config.routes {

@@ -400,7 +400,8 @@ async fn write_all<S: AsyncWrite + Unpin>(stream: &mut S, mut a: &[u8], mut b: &
         a = &a[from_a..];
         b = &b[n - from_a..];
     }
-    Ok(())
+    // A stream that buffers (TLS) sends what it holds; TCP's flush does nothing.
+    stream.flush().await
 }
 
 /// Parses a complete head at the start of `buf`: its length, and the head (`None` for a 1xx).

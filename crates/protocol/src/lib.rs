@@ -1,8 +1,9 @@
 //! The wire formats every Spillway component speaks: serde types only, no I/O, no runtime.
 //!
 //! # Layout
-//! - [`openai`]: OpenAI-compatible request and response bodies (chat and legacy completions), parsed
-//!   leniently the way vLLM does: unknown fields are kept, not rejected, so a proxy can forward them.
+//! - [`openai`]: OpenAI-compatible request and response bodies (chat, legacy completions and
+//!   embeddings), parsed leniently the way vLLM does: unknown fields are kept, not rejected, so a
+//!   proxy can forward them.
 //! - [`error`]: the OpenAI error body `{"error":{"message","type","param","code"}}` and the parse
 //!   errors that map onto it, naming the offending field.
 //! - [`sse`]: Server-Sent Events framing for streamed completions.

@@ -267,6 +267,61 @@ pub enum Prompt {
     TokenBatches(Vec<Vec<u32>>),
 }
 
+/// `POST /v1/embeddings`: the input as one text, a batch of texts, token ids or a batch of
+/// token-id lists (the shapes of a completion's prompt).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EmbeddingRequest {
+    pub model: String,
+    pub input: Prompt,
+    /// `float` (the default) or `base64` (little-endian f32s; what the openai Python client asks).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub encoding_format: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<u32>,
+    #[serde(flatten)]
+    pub extra: Map<String, Value>,
+}
+
+typed_fields_and_extra!(EmbeddingRequest {
+    required: [model = "model", input = "input"],
+    optional: [encoding_format = "encoding_format", dimensions = "dimensions"]
+});
+
+/// A `/v1/embeddings` answer: one embedding per input, in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EmbeddingResponse {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    pub object: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created: Option<u64>,
+    pub model: String,
+    pub data: Vec<Embedding>,
+    pub usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Embedding {
+    pub object: String,
+    pub index: u32,
+    pub embedding: EmbeddingVector,
+}
+
+/// The numbers, or their little-endian f32 bytes in base64, as the request's `encoding_format` asked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingVector {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+/// An embedding's cost: its input, nothing generated.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbeddingUsage {
+    pub prompt_tokens: u32,
+    pub total_tokens: u32,
+}
+
 /// Token accounting, as in every OpenAI response and in the final streamed chunk.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Usage {

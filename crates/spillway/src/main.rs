@@ -76,7 +76,34 @@ impl std::fmt::Display for Exit {
 
 impl std::error::Error for Exit {}
 
+/// A reader that stops early (`spillway check … | head`) is no error: Unix tools end quietly when
+/// their output's reader has gone (SIGPIPE), while Rust ignores SIGPIPE and `println!` panics on
+/// the broken pipe instead. This hook turns that panic, on any thread, into a quiet exit 0, as
+/// [`broken_pipe`] does for an error a command returns; any other panic is reported as before.
+fn quiet_on_broken_pipe() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info.payload_as_str().unwrap_or_default();
+        let printing = message.starts_with("failed printing to stdout")
+            || message.starts_with("failed printing to stderr");
+        if printing && message.contains("Broken pipe") {
+            std::process::exit(0);
+        }
+        report(info);
+    }));
+}
+
+/// Whether a command's error is a write into a pipe whose reader has gone.
+fn broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = Cli::parse();
     // The demo tells its own story on stdout; its servers' routine logs would interleave with it.
     let default_level = if matches!(cli.command, Command::Demo(_)) {
@@ -100,6 +127,7 @@ fn main() -> ExitCode {
     if let Command::Key(args) = &cli.command {
         return match key_cmd::run(args) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("spillway: {e:#}");
                 ExitCode::from(2)
@@ -151,6 +179,7 @@ fn main() -> ExitCode {
                 runtime.shutdown_background();
                 ExitCode::from(code)
             }
+            None if broken_pipe(&e) => ExitCode::SUCCESS,
             None => {
                 eprintln!("spillway: {e:#}");
                 ExitCode::from(2)

@@ -43,6 +43,11 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
         if let Some(redis) = &config.redis {
             redis.url(&env).with_context(invalid)?;
         }
+        // The files a gateway reads at start: its certificate and key, the replicas' CA bundles.
+        if let Some(tls) = &config.server.tls {
+            gateway::tls::ServerTls::load(tls).with_context(invalid)?;
+        }
+        gateway::tls::check_ca_files(&config).with_context(invalid)?;
         Ok(config)
     });
     match loaded {
@@ -91,6 +96,14 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                     } else {
                         "public"
                     }
+                );
+            }
+            if let Some(tls) = &config.server.tls {
+                println!(
+                    "  TLS on {} (HTTP/1.1 and h2) with {}, key {}; read again on SIGHUP, a reload or a change of the files",
+                    config.listen,
+                    tls.cert.display(),
+                    tls.key.display()
                 );
             }
             println!(

@@ -4,14 +4,21 @@
 //! - [`tool`]: the path of an installed program, with a message that says how to get it;
 //! - [`promtool_check`]: runs the real `promtool check metrics` over an exposition;
 //! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
-//! - [`eventually`]: polls a condition on the runtime's clock;
+//! - [`eventually`], [`poll`]: poll a condition, or what a request reads, on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
 //! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
+//! - [`tls`]: certificates made on the spot, their PEM files, and a TLS front before a server;
 //! - [`serve_script`]: a replica that answers each request with scripted bytes;
 //! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
-//!   reading every crate's integration tests use.
+//!   reading every crate's integration tests use;
+//! - [`spawn`]: engines and gateways, in-process ([`Engine`], [`Gateway`]) or as `spillway`
+//!   processes ([`Process`]), ready when returned and stopped when dropped.
 
 pub mod crd;
+pub mod spawn;
+pub mod tls;
+
+pub use spawn::{Engine, Gateway, GatewayOptions, Process};
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -132,6 +139,24 @@ pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> boo
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     cond()
+}
+
+/// Calls `probe` every 20 ms until what it returns satisfies `done` or `within` passes (on the
+/// runtime's clock); returns the last value, for the test's assertion on it. For state a test
+/// reads through a request (a metric, an endpoint), where [`eventually`] takes a plain condition.
+pub async fn poll<T, F, Fut>(within: Duration, mut probe: F, done: impl Fn(&T) -> bool) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = T>,
+{
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let value = probe().await;
+        if done(&value) || tokio::time::Instant::now() >= deadline {
+            return value;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Saves a word-level Hugging Face tokenizer (whitespace pre-tokenizer, `[UNK]` for the rest) that

@@ -13,7 +13,7 @@ const STEP: Duration = Duration::from_millis(5);
 /// Runs `streams` closed-loop clients against an engine running at most `seqs` sequences and
 /// returns, sorted, client TTFT − engine TTFT (seconds) for every request after the warm-up.
 async fn ttft_differences(streams: u32, seqs: usize, stop: Stop, warmup: Duration) -> Vec<f64> {
-    let engine = engine::spawn_local(paused_engine(seqs, STEP)).await.unwrap();
+    let engine = testkit::Engine::start(paused_engine(seqs, STEP)).await;
     let mut opts = options(&engine.url(), 16, 4, "ttft_p99=60s");
     opts.phases = vec![Phase::Staircase];
     opts.loads = concurrency(&[streams]);

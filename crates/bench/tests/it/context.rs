@@ -12,7 +12,7 @@ use crate::support::{concurrency, options, paused_engine};
 async fn the_long_mix_fits_the_context_the_server_publishes() {
     let mut cfg = paused_engine(16, Duration::from_millis(2));
     cfg.max_model_len = 1024;
-    let engine = engine::spawn_local(cfg).await.unwrap();
+    let engine = testkit::Engine::start(cfg).await;
     let mut opts = options(&engine.url(), 16, 8, "ttft_p95=1s,error_rate=1%");
     opts.phases = vec![Phase::Baseline, Phase::LongMix];
     opts.loads = concurrency(&[2]);
@@ -93,7 +93,7 @@ async fn prompts_the_server_counts_longer_are_reported_and_the_long_mix_refitted
     let mut cfg = paused_engine(16, Duration::from_millis(2));
     cfg.max_model_len = 2048;
     cfg.tokenizer = Some(char_tokenizer());
-    let engine = engine::spawn_local(cfg).await.unwrap();
+    let engine = testkit::Engine::start(cfg).await;
     let mut opts = options(&engine.url(), 16, 8, "ttft_p95=1s,error_rate=1%");
     opts.phases = vec![Phase::Baseline, Phase::LongMix];
     opts.loads = concurrency(&[2]);

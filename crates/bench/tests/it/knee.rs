@@ -23,9 +23,7 @@ use crate::support::{options, paused_engine};
 /// knee, ~100 ms for the requests that wait above it.
 #[tokio::test(start_paused = true)]
 async fn safe_concurrency_lands_on_the_engines_knee() {
-    let engine = engine::spawn_local(paused_engine(16, Duration::from_millis(3)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(paused_engine(16, Duration::from_millis(3))).await;
     let mut opts = options(&engine.url(), 32, 32, "ttft_p95=30ms,error_rate=1%");
     opts.phases = vec![Phase::Baseline, Phase::Staircase, Phase::Burst];
     let report = bench::run(opts).await.unwrap();

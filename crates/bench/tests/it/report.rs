@@ -17,9 +17,7 @@ fn exact_percentile(mut v: Vec<f64>, p: f64) -> f64 {
 
 #[tokio::test(start_paused = true)]
 async fn json_and_html_reports_hold_every_phase() {
-    let engine = engine::spawn_local(paused_engine(8, Duration::from_millis(2)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(paused_engine(8, Duration::from_millis(2))).await;
     let mut opts = options(&engine.url(), 16, 8, "ttft_p95=500ms,itl_p95=200ms,error_rate=5%");
     opts.loads = concurrency(&[2, 4]);
     opts.stop = bench::load::Stop::After(Duration::from_millis(400));
@@ -160,9 +158,7 @@ async fn json_and_html_reports_hold_every_phase() {
 /// machine's.
 #[tokio::test(start_paused = true)]
 async fn open_loop_sends_on_schedule() {
-    let engine = engine::spawn_local(paused_engine(64, Duration::from_millis(2)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(paused_engine(64, Duration::from_millis(2))).await;
     for (arrivals, rate) in [
         (bench::spec::Arrivals::Constant, 200.0),
         (bench::spec::Arrivals::Poisson, 300.0),
@@ -210,9 +206,7 @@ async fn open_loop_sends_on_schedule() {
 /// The self-check: a client that cannot send what the schedule asks says so in the level itself.
 #[tokio::test(start_paused = true)]
 async fn a_client_that_falls_behind_flags_its_level() {
-    let engine = engine::spawn_local(paused_engine(64, Duration::from_millis(50)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(paused_engine(64, Duration::from_millis(50))).await;
     let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
     opts.phases = vec![Phase::Staircase];
     opts.loads = vec![bench::spec::Load::Rate(100.0)];
@@ -236,9 +230,7 @@ async fn a_client_that_falls_behind_flags_its_level() {
 /// A closed-loop level that saw only its first wave says so.
 #[tokio::test(start_paused = true)]
 async fn a_level_of_one_wave_is_marked_too_short() {
-    let engine = engine::spawn_local(paused_engine(64, Duration::from_millis(2)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(paused_engine(64, Duration::from_millis(2))).await;
     let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
     opts.phases = vec![Phase::Staircase];
     opts.loads = concurrency(&[8]);

@@ -47,9 +47,7 @@ async fn tls_front(upstream: std::net::SocketAddr) -> (std::net::SocketAddr, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn https_targets_with_a_private_ca() {
-    let engine = engine::spawn_local(fixed_step_engine(16, Duration::from_millis(2)))
-        .await
-        .unwrap();
+    let engine = testkit::Engine::start(fixed_step_engine(16, Duration::from_millis(2))).await;
     let (front, pem) = tls_front(engine.addr).await;
     let dir = std::env::temp_dir().join(format!("spillway-bench-tls-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

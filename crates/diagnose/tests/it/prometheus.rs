@@ -83,18 +83,48 @@ async fn prometheus(targets: &[String]) -> Option<Prometheus> {
     }
 }
 
+/// Waits until Prometheus at `base` has scraped every target after `at` (seconds since the epoch):
+/// the oldest of the targets' last scrapes, `min(timestamp(up))`, is later.
+async fn scraped_after(c: &reqwest::Client, base: &str, at: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let oldest = async {
+            let v: serde_json::Value = c
+                .get(format!("{base}/api/v1/query"))
+                .query(&[("query", "min(timestamp(up))")])
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            v["data"]["result"][0]["value"][1].as_str()?.parse::<f64>().ok()
+        };
+        let oldest = oldest.await;
+        if oldest.is_some_and(|t| t > at) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Prometheus did not scrape every target after {at} (oldest last scrape {oldest:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Diagnoses one window twice: from two direct scrapes, and from Prometheus at the same moments.
 async fn both_ways(targets: &[String]) -> Option<(Verdict, Verdict)> {
     let Some(p) = prometheus(targets).await else {
         println!("skipped: the prometheus binary is not installed (scripts/test.sh installs it)");
         return None;
     };
+    // Load for longer than the simulated DCGM's one-second activity window (see WARM_UP).
     tokio::time::sleep(WARM_UP).await;
     let c = source::client(Duration::from_secs(5)).unwrap();
     let (start, end, errors) = source::scrape_window(&c, targets, Duration::from_secs(2)).await;
     assert!(errors.is_empty(), "{errors:?}");
-    // Let Prometheus take the scrape that follows the window's end.
-    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Prometheus has every sample up to the window's end once it has scraped every target after it.
+    scraped_after(&c, &p.url, end.at).await;
     let from_prom_start = source::prometheus_at(&c, &p.url, "", start.at).await.unwrap();
     let from_prom_end = source::prometheus_at(&c, &p.url, "", end.at).await.unwrap();
     println!("== scraped directly");
@@ -112,7 +142,7 @@ fn suspects(v: &Verdict) -> Vec<Suspect> {
 async fn arrivals_above_throughput_through_prometheus() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
-    let e = engine::spawn_local(cfg).await.unwrap();
+    let e = crate::support::engine(cfg).await;
     let d = dcgm(&[&e]).await;
     let g = gateway(
         &[&e],

@@ -5,12 +5,13 @@
 //! docs/diagnose.md lists each shape with its verdicts.
 
 use crate::support::{
-    Load, Served, busy_but_healthy, closed, dcgm, gateway, open, thresholds, tiny, verdict,
+    Load, Served, busy_but_healthy, closed, dcgm, engine, gateway, open, thresholds, tiny, verdict,
 };
+use engine::EngineConfig;
 use engine::cost::CostModel;
-use engine::{EngineConfig, RunningEngine};
 use spillway_diagnose::{Snapshot, Status, Suspect, Verdict, source};
 use std::time::Duration;
+use testkit::{Engine, Gateway};
 use tokio::time::Instant;
 
 fn first(v: &Verdict) -> Option<Suspect> {
@@ -101,6 +102,7 @@ async fn judge(
         next += STEP;
     }
     let a = scrape(targets).await;
+    // The settled window itself: diagnose judges what moved between its two scrapes.
     tokio::time::sleep(SETTLED).await;
     let b = scrape(targets).await;
     println!("== {name}, settled:");
@@ -130,10 +132,6 @@ async fn judge(
     }
 }
 
-async fn engine_with(cfg: EngineConfig) -> RunningEngine {
-    engine::spawn_local(cfg).await.unwrap()
-}
-
 /// One engine, its DCGM listener, and a gateway in front when `gateway` gives its route
 /// timeouts and class (YAML flow maps, see [`gateway`]); all stopped when this is dropped.
 struct Stack {
@@ -141,13 +139,13 @@ struct Stack {
     url: String,
     /// What diagnose scrapes: the gateway (when there is one), the engine, its DCGM listener.
     targets: Vec<String>,
-    _engine: RunningEngine,
+    _engine: Engine,
     _dcgm: Served,
-    _gateway: Option<Served>,
+    _gateway: Option<Gateway>,
 }
 
 async fn stack(cfg: EngineConfig, gw: Option<(&str, &str)>) -> Stack {
-    let e = engine_with(cfg).await;
+    let e = engine(cfg).await;
     let d = dcgm(&[&e]).await;
     let g = match gw {
         Some((timeouts, class)) => Some(gateway(&[&e], timeouts, class).await),
@@ -521,7 +519,7 @@ async fn a_hung_engine_behind_the_gateway() {
 async fn one_hung_replica_among_healthy_ones_is_named() {
     let mut hung = tiny();
     hung.faults.stall_after_tokens = Some(0);
-    let (bad, good) = (engine_with(hung).await, engine_with(tiny()).await);
+    let (bad, good) = (engine(hung).await, engine(tiny()).await);
     let d = dcgm(&[&bad, &good]).await;
     let (bad_url, good_url) = (bad.url(), good.url());
     // Each replica behind a plain round-robin Service: half the load each. (Spillway's balancer
@@ -556,7 +554,7 @@ async fn a_slow_replica_among_healthy_ones_is_named() {
     let mut slow = tiny();
     // Every step 40 times longer: ~40 ms between tokens where the others take ~1 ms.
     slow.faults.slow_factor = 40.0;
-    let (bad, good) = (engine_with(slow).await, engine_with(tiny()).await);
+    let (bad, good) = (engine(slow).await, engine(tiny()).await);
     let d = dcgm(&[&bad, &good]).await;
     let (bad_url, good_url) = (bad.url(), good.url());
     let j = judge(
@@ -613,15 +611,34 @@ async fn queue_growing_behind_a_starved_api_server() {
 async fn a_stale_scrape_is_not_the_present() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
-    let e = engine_with(cfg).await;
+    let e = engine(cfg).await;
     let load = open(&e.url(), 120.0, 16, 32);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let frozen = reqwest::get(format!("{}/metrics", e.url()))
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    // The moment frozen is a busy one: both sequences running and a queue behind them.
+    let gauge = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let frozen = loop {
+        let text = reqwest::get(format!("{}/metrics", e.url()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let busy = gauge(&text, "vllm:num_requests_running") >= 2.0
+            && gauge(&text, "vllm:num_requests_waiting") >= 1.0;
+        assert!(
+            busy || Instant::now() < deadline,
+            "the engine never queued:\n{text}"
+        );
+        if busy {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     drop(load);
     let cache = testkit::serve_text(frozen).await;
     let j = judge(
@@ -641,11 +658,12 @@ async fn a_stale_scrape_is_not_the_present() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xid_and_ecc_with_a_restart() {
-    let e = engine::spawn_local(tiny()).await.unwrap();
+    let e = engine(tiny()).await;
     let addr = e.addr;
     let gpu = e.engine.clone();
     let d = dcgm(&[&e]).await;
     let load = closed(&e.url(), 4, 16, 16);
+    // Load for a window before the faults, so the counters have moved when the window opens.
     tokio::time::sleep(crate::support::WINDOW).await;
     let targets = [e.url(), d.url.clone()];
     let c = source::client(Duration::from_secs(5)).unwrap();
@@ -655,12 +673,13 @@ async fn xid_and_ecc_with_a_restart() {
     gpu.apply_faults(&serde_json::from_str(r#"{"xid": 79, "ecc_dbe": 2}"#).unwrap())
         .unwrap();
     drop(load);
-    e.shutdown().await;
+    e.into_inner().shutdown().await;
     let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
     let e2 = engine::spawn(listener, tiny()).unwrap();
     // Traffic mostly routed away: one client where there were four, so the counters, restarted
     // from zero, stay below where they were.
     let _load = closed(&e2.url(), 1, 16, 16);
+    // The window after the restart: longer than the simulated DCGM's one-second activity window.
     tokio::time::sleep(crate::support::WARM_UP).await;
     let (end, errors) = source::scrape(&c, &targets).await;
     assert!(errors.is_empty(), "{errors:?}");

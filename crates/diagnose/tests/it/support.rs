@@ -1,8 +1,9 @@
 //! A stack for one scenario: engines, their DCGM listener, a gateway, load, and the diagnosis.
 
-use engine::{EngineConfig, RunningEngine};
+use engine::EngineConfig;
 use spillway_diagnose::{Cluster, Snapshot, Thresholds, Verdict, diagnose};
 use std::time::Duration;
+use testkit::{Engine, Gateway};
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinSet;
@@ -27,6 +28,11 @@ pub(crate) fn tiny() -> EngineConfig {
     c
 }
 
+/// The simulator in-process (testkit's), stopped when dropped.
+pub(crate) async fn engine(config: EngineConfig) -> Engine {
+    Engine::start(config).await
+}
+
 /// A server task stopped when this is dropped.
 pub(crate) struct Served {
     pub(crate) url: String,
@@ -37,9 +43,9 @@ pub(crate) struct Served {
 /// and 20 closed-loop clients for its 16 slots. Judged the same by direct scraping and through
 /// Prometheus.
 pub(crate) struct Busy {
-    engine: RunningEngine,
+    engine: Engine,
     dcgm: Served,
-    gateway: Served,
+    gateway: Gateway,
     _load: Load,
 }
 
@@ -51,7 +57,7 @@ impl Busy {
 }
 
 pub(crate) async fn busy_but_healthy() -> Busy {
-    let engine = engine::spawn_local(tiny()).await.unwrap();
+    let engine = engine(tiny()).await;
     let dcgm = dcgm(&[&engine]).await;
     let gateway = gateway(
         &[&engine],
@@ -74,7 +80,7 @@ pub(crate) async fn busy_but_healthy() -> Busy {
 }
 
 /// dcgm-exporter's shape over the engines' GPUs, on a listener of its own.
-pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
+pub(crate) async fn dcgm(engines: &[&Engine]) -> Served {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = oneshot::channel();
@@ -92,26 +98,21 @@ pub(crate) async fn dcgm(engines: &[&RunningEngine]) -> Served {
 
 /// A gateway with one route, of [`MODEL`], to `engines`: the route's `timeouts` (a YAML flow map,
 /// or "" for the defaults) and one class (a YAML flow map).
-pub(crate) async fn gateway(engines: &[&RunningEngine], timeouts: &str, class: &str) -> Served {
+pub(crate) async fn gateway(engines: &[&Engine], timeouts: &str, class: &str) -> Gateway {
     let timeouts = if timeouts.is_empty() {
         String::new()
     } else {
         format!("    timeouts: {timeouts}\n")
     };
+    let replicas: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let list = (0..replicas.len())
+        .map(|i| format!("{{E{i}}}"))
+        .collect::<Vec<_>>()
+        .join(", ");
     let yaml = format!(
-        "listen: 127.0.0.1:0\nroutes:\n  - model: {MODEL}\n    replicas: [{}]\n{timeouts}    classes:\n      - {class}\n",
-        engines.iter().map(|e| e.url()).collect::<Vec<_>>().join(", ")
+        "listen: 127.0.0.1:0\nroutes:\n  - model: {MODEL}\n    replicas: [{list}]\n{timeouts}    classes:\n      - {class}\n"
     );
-    let config = gateway::Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-    let (access, _log) = gateway::access_log::AccessLog::memory();
-    let gw = gateway::Gateway::new(config, access).expect("gateway builds");
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let (stop, stopped) = oneshot::channel();
-    tokio::spawn(gateway::run(listener, gw, async move {
-        let _ = stopped.await;
-    }));
-    Served { url, _stop: stop }
+    Gateway::start(&yaml, &replicas).await
 }
 
 /// Requests in flight until dropped.

@@ -292,3 +292,54 @@ async fn a_client_that_leaves_a_non_streamed_request_is_aborted() {
         "hyper drops the handler when the connection closes, and the engine aborts"
     );
 }
+
+/// `/v1/embeddings` in OpenAI's shape: one vector per input (a text, texts, token ids or batches
+/// of them), in order, the usage counting the input alone; float or base64; bad input named.
+#[tokio::test]
+async fn embeddings_answer_each_input_in_order_with_its_usage() {
+    let e = start(tiny()).await;
+    let url = format!("{}/v1/embeddings", e.url());
+    let v: Value = post_json(&url, &json!({"model": MODEL, "input": [[1, 2, 3], [4, 5]]})).await;
+    assert_eq!(
+        (v["object"].as_str(), v["model"].as_str()),
+        (Some("list"), Some(MODEL))
+    );
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 2);
+    for (i, d) in data.iter().enumerate() {
+        assert_eq!(
+            (d["object"].as_str(), d["index"].as_u64()),
+            (Some("embedding"), Some(i as u64))
+        );
+        assert_eq!(d["embedding"].as_array().unwrap().len(), 32);
+    }
+    assert_eq!(v["usage"], json!({"prompt_tokens": 5, "total_tokens": 5}));
+    let one: Value = post_json(
+        &url,
+        &json!({"model": MODEL, "input": [1, 2, 3], "dimensions": 8}),
+    )
+    .await;
+    assert_eq!(one["data"][0]["embedding"].as_array().unwrap().len(), 8);
+    let text: Value = post_json(
+        &url,
+        &json!({"model": MODEL, "input": "hello there", "encoding_format": "base64"}),
+    )
+    .await;
+    let b64 = text["data"][0]["embedding"].as_str().unwrap();
+    // 32 little-endian f32s: 128 bytes, 172 characters of base64.
+    assert_eq!(b64.len(), 172, "{b64}");
+    for (body, status, param) in [
+        (json!({"model": MODEL, "input": []}), 400, "input"),
+        (
+            json!({"model": MODEL, "input": "x", "encoding_format": "hex"}),
+            400,
+            "encoding_format",
+        ),
+        (json!({"model": "other", "input": "x"}), 404, "model"),
+    ] {
+        let r = http().post(&url).json(&body).send().await.unwrap();
+        assert_eq!(r.status(), status, "{body}");
+        let err: Value = r.json().await.unwrap();
+        assert_eq!(err["error"]["param"], param, "{err}");
+    }
+}

@@ -1,4 +1,5 @@
-//! The official `openai` Python client against the engine: streamed and whole answers, and errors.
+//! The official `openai` Python client against the engine: streamed and whole answers, embeddings,
+//! and errors.
 
 use crate::support::{MODEL, start, tiny};
 
@@ -6,5 +7,5 @@ use crate::support::{MODEL, start, tiny};
 async fn the_official_openai_client_streams_and_non_streams() {
     let e = start(tiny()).await;
     let report = testkit::run_python("openai_engine.py", &[&format!("{}/v1", e.url()), MODEL]).await;
-    assert!(report.contains("ok: 5 checks"), "{report}");
+    assert!(report.contains("ok: 6 checks"), "{report}");
 }

@@ -132,8 +132,13 @@ async fn dcgm_metrics_follow_the_batch() {
     let idle = scrape(&e.url()).await;
     assert_eq!(value(&idle, "DCGM_FI_DEV_GPU_UTIL"), 0.0);
     let gens: Vec<_> = (0..32).map(|_| submit(&e.engine, 500, 3000)).collect();
-    tokio::time::sleep(Duration::from_millis(1200)).await;
-    let busy = scrape(&e.url()).await;
+    // The utilisation is a mean over the last second: waited for until it shows the batch.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut busy = scrape(&e.url()).await;
+    while value(&busy, "DCGM_FI_DEV_GPU_UTIL") <= 50.0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        busy = scrape(&e.url()).await;
+    }
     assert!(
         value(&busy, "DCGM_FI_DEV_GPU_UTIL") > 50.0,
         "{}",

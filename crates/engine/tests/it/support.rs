@@ -1,7 +1,7 @@
 //! Shared helpers: configs, engines in-process, HTTP and SSE reading.
 
 use spillway_engine::engine::Generation;
-use spillway_engine::{Engine, EngineConfig, GenerateParams, RunningEngine};
+use spillway_engine::{Engine, EngineConfig, GenerateParams};
 
 pub(crate) const MODEL: &str = "sim";
 
@@ -9,8 +9,9 @@ pub(crate) fn tiny() -> EngineConfig {
     testkit::tiny_engine(MODEL)
 }
 
-pub(crate) async fn start(config: EngineConfig) -> RunningEngine {
-    spillway_engine::spawn_local(config).await.expect("engine starts")
+/// The engine in-process on an ephemeral port (testkit's), ready and stopped when dropped.
+pub(crate) async fn start(config: EngineConfig) -> testkit::Engine {
+    testkit::Engine::start(config).await
 }
 
 pub(crate) fn submit(engine: &Engine, prompt_len: u32, max_tokens: u32) -> Generation {

@@ -17,8 +17,12 @@ pub struct RouteConfig {
     /// The model name sent upstream, when it differs.
     #[serde(default)]
     pub upstream_model: Option<String>,
-    /// Base URLs of the replicas (`http://host:port`), each serving `/v1/...`.
+    /// Base URLs of the replicas (`http://host:port` or `https://host:port`), each serving `/v1/...`.
     pub replicas: Vec<String>,
+    /// The CA certificates (a PEM bundle) that `https://` replicas' certificates must chain to;
+    /// absent: the Mozilla roots (webpki-roots).
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
     #[serde(default)]
     pub balance: Balance,
     #[serde(default)]
@@ -582,10 +586,10 @@ fn check_replicas(list: &mut [String], path: &str) -> Result<(), ConfigError> {
         let parsed: hyper::Uri = r
             .parse()
             .map_err(|e| err(format!("{path}[{j}]"), format!("'{r}' is not a URL: {e}")))?;
-        if parsed.scheme_str() != Some("http") || parsed.authority().is_none() {
+        if !matches!(parsed.scheme_str(), Some("http" | "https")) || parsed.host().is_none() {
             return Err(err(
                 format!("{path}[{j}]"),
-                format!("'{r}' must be http://host:port (TLS to replicas is not supported yet)"),
+                format!("'{r}' must be http://host:port or https://host:port"),
             ));
         }
         *r = r.trim_end_matches('/').to_owned();

@@ -181,6 +181,17 @@ pub enum Http1 {
     Hyper,
 }
 
+/// TLS on the public listener: a certificate chain and its private key, PEM files read at start
+/// and again on SIGHUP or a reload (a file that cannot be used then leaves the old pair in force).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    /// The certificate chain, leaf first (`tls.crt` of a Kubernetes TLS secret).
+    pub cert: std::path::PathBuf,
+    /// Its private key: PKCS#8, PKCS#1 (RSA) or SEC1 (EC) (`tls.key`).
+    pub key: std::path::PathBuf,
+}
+
 /// Limits of the HTTP server itself.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -225,6 +236,9 @@ pub struct ServerConfig {
     /// A replica's whole answer (not a stream: each event of those has its own bound) is read
     /// up to this many bytes; a larger one gets 502 `upstream_response_too_large`.
     pub max_response_bytes: usize,
+    /// TLS on the public listener (HTTP/1.1 and h2 by ALPN); absent: plain HTTP. The admin
+    /// listener stays plain HTTP.
+    pub tls: Option<TlsConfig>,
 }
 
 impl ServerConfig {
@@ -250,6 +264,7 @@ impl Default for ServerConfig {
             metrics: MetricsExposure::Public,
             http1: Http1::Fast,
             max_response_bytes: 16 * 1024 * 1024,
+            tls: None,
         }
     }
 }

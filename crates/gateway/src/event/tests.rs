@@ -99,7 +99,8 @@ fn usage_is_read_from_a_chunk_or_a_body() {
 }
 
 /// The short way (usage last) and the whole parse agree; a usage nested deeper, or not last,
-/// is read by the whole parse, which takes the top level's; a truncated body has none.
+/// is read by the whole parse, which takes the top level's; a truncated body has none, nor one
+/// without its prompt.
 #[test]
 fn usage_is_the_top_levels_wherever_it_stands() {
     let u = r#"{"prompt_tokens":3,"completion_tokens":5,"total_tokens":8}"#;
@@ -124,7 +125,12 @@ fn usage_is_the_top_levels_wherever_it_stands() {
         ),
         (format!(r#"{{"x":{{"usage":{nested}}}}}"#), None),
         (r#"{"id":"x","usage":null}"#.to_string(), None),
-        (r#"{"id":"x","usage":{"prompt_tokens":3}}"#.to_string(), None),
+        // An embedding's usage: its input, nothing generated.
+        (
+            r#"{"id":"x","usage":{"prompt_tokens":3,"total_tokens":3}}"#.to_string(),
+            Some((3, 0)),
+        ),
+        (r#"{"id":"x","usage":{"completion_tokens":3}}"#.to_string(), None),
         (format!(r#"{{"id":"x","usage":{u}"#), None),
     ] {
         assert_eq!(parse_usage(body.as_bytes()), expected, "{body}");

@@ -8,7 +8,7 @@
 -- back) leave the line, so that they do not hold it up until their places expire.
 --
 -- KEYS: 1 slots, 2 queue, 3 the live gateways (as in renew.lua), 4 attained service, 5 pushed out
---       (as in acquire.lua)
+--       (as in acquire.lua), 6 the picks of the last state seen (hash: version, picks)
 -- ARGV: 1 member, 2 C, 3 lease ttl ms, 4 Wq ms, 5 fair share (1) or fifo (0), 6 the half-life
 --       of attained service ms
 -- Returns 1 granted, 0 still waiting, -1 no longer queued (expired or removed), -2 pushed out of
@@ -59,70 +59,98 @@ if not fair then
   return 0
 end
 
--- Fair share: the waiters of each lane by team, oldest first.
-local lanes = {{}, {}}
-local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-for i = 1, #all, 2 do
-  local m = all[i]
-  local lane = 1
-  if tonumber(all[i + 1]) >= LANE then lane = 2 end
-  local name = string.match(m, '^%x+:%d+:%d+:(.*)$') or ''
-  local q = lanes[lane][name]
-  if not q then
-    q = {first = 1}
-    lanes[lane][name] = q
+-- Fair share. The picks the free slots would go to are computed once for a state of the class
+-- (its free slots and waiters) and kept briefly in KEYS 6, so that the other waiters asking
+-- after the same release read them instead of each reading the whole queue again.
+local waiting = redis.call('ZCARD', KEYS[2])
+local version = free .. ':' .. waiting
+local cached = redis.call('HMGET', KEYS[6], 'version', 'picks')
+local picks
+if cached[1] == version and cached[2] then
+  picks = {}
+  for m in string.gmatch(cached[2], '[^\n]+') do picks[#picks + 1] = m end
+else
+  -- The waiters of each lane by team, oldest first.
+  local lanes = {{}, {}}
+  local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+  for i = 1, #all, 2 do
+    local m = all[i]
+    local lane = 1
+    if tonumber(all[i + 1]) >= LANE then lane = 2 end
+    local name = string.match(m, '^%x+:%d+:%d+:(.*)$') or ''
+    local q = lanes[lane][name]
+    if not q then
+      q = {first = 1}
+      lanes[lane][name] = q
+    end
+    q[#q + 1] = {m, tonumber(all[i + 1])}
   end
-  q[#q + 1] = {m, tonumber(all[i + 1])}
-end
-local service = {}
-local function team_service(name)
-  local s = service[name]
-  if not s then
-    local v = redis.call('HMGET', KEYS[4], 's:' .. name, 't:' .. name, 'w:' .. name)
-    local at = tonumber(v[2]) or now
-    s = {
-      v = (tonumber(v[1]) or 0) * 0.5 ^ (math.max(now - at, 0) / half_life),
-      w = tonumber(v[3]) or 1,
-    }
-    service[name] = s
+  local service = {}
+  local function team_service(name)
+    local s = service[name]
+    if not s then
+      local v = redis.call('HMGET', KEYS[4], 's:' .. name, 't:' .. name, 'w:' .. name)
+      local at = tonumber(v[2]) or now
+      s = {
+        v = (tonumber(v[1]) or 0) * 0.5 ^ (math.max(now - at, 0) / half_life),
+        w = tonumber(v[3]) or 1,
+      }
+      service[name] = s
+    end
+    return s
   end
-  return s
-end
--- Picks as the free slots would go, until this member's turn or the slots run out.
-local picks = 0
-while picks < free do
-  local best, best_key, best_at, best_name
-  for lane = 1, 2 do
-    for name, q in pairs(lanes[lane]) do
-      local w = q[q.first]
-      if w then
-        local s = team_service(name)
-        local key = s.v / s.w
-        if not best or key < best_key or (key == best_key and w[2] < best_at) then
-          best, best_key, best_at, best_name = w[1], key, w[2], name
+  -- Picks as the free slots would go: each charges its team what the grant will.
+  picks = {}
+  while #picks < free do
+    local best, best_key, best_at, best_name
+    for lane = 1, 2 do
+      for name, q in pairs(lanes[lane]) do
+        local w = q[q.first]
+        if w then
+          local s = team_service(name)
+          local key = s.v / s.w
+          if not best or key < best_key or (key == best_key and w[2] < best_at) then
+            best, best_key, best_at, best_name = w[1], key, w[2], name
+          end
         end
       end
+      if best then
+        local q = lanes[lane][best_name]
+        q.first = q.first + 1
+        break
+      end
     end
-    if best then
-      local q = lanes[lane][best_name]
-      q.first = q.first + 1
-      break
+    if not best then break end
+    if live(best) then
+      picks[#picks + 1] = best
+      local s = team_service(best_name)
+      s.v = s.v + (tonumber(string.match(best, '^%x+:%d+:(%d+):')) or 0)
+    else
+      redis.call('ZREM', KEYS[2], best)
+      waiting = waiting - 1
     end
   end
-  if not best then return 0 end
-  local cost = tonumber(string.match(best, '^%x+:%d+:(%d+):')) or 0
-  if best == member then
-    grant(member)
-    local s = team_service(best_name)
-    redis.call('HSET', KEYS[4], 's:' .. best_name, s.v + cost, 't:' .. best_name, now)
-    return 1
-  end
-  if live(best) then
-    picks = picks + 1
-    local s = team_service(best_name)
-    s.v = s.v + cost
-  else
-    redis.call('ZREM', KEYS[2], best)
-  end
+  version = free .. ':' .. waiting
 end
-return 0
+
+local mine
+for k, m in ipairs(picks) do
+  if m == member then mine = k end
+end
+if not mine then
+  redis.call('HSET', KEYS[6], 'version', version, 'picks', table.concat(picks, '\n'))
+  redis.call('PEXPIRE', KEYS[6], 100)
+  return 0
+end
+grant(member)
+local name = string.match(member, '^%x+:%d+:%d+:(.*)$') or ''
+local cost = tonumber(string.match(member, '^%x+:%d+:(%d+):')) or 0
+local v = redis.call('HMGET', KEYS[4], 's:' .. name, 't:' .. name)
+local at = tonumber(v[2]) or now
+local s = (tonumber(v[1]) or 0) * 0.5 ^ (math.max(now - at, 0) / half_life)
+redis.call('HSET', KEYS[4], 's:' .. name, s + cost, 't:' .. name, now)
+-- The others keep their picks for the state this grant leaves.
+table.remove(picks, mine)
+redis.call('HSET', KEYS[6], 'version', (free - 1) .. ':' .. (waiting - 1), 'picks', table.concat(picks, '\n'))
+redis.call('PEXPIRE', KEYS[6], 100)
+return 1

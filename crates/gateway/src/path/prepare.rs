@@ -2,7 +2,7 @@
 //! class and priority. Pure functions over the request; nothing here waits.
 
 use crate::config::{OverCap, Priority};
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::route::Route;
 use crate::table::Table;
 use crate::tenant::Tenant;
@@ -10,7 +10,7 @@ use axum::http::{HeaderMap, HeaderName};
 use bytes::Bytes;
 use memchr::memmem;
 use protocol::error::parse_json;
-use protocol::openai::{ChatCompletionRequest, CompletionRequest, Prompt, StreamOptions};
+use protocol::openai::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Prompt, StreamOptions};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -39,6 +39,8 @@ const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 pub(crate) enum Api {
     Chat,
     Completions,
+    /// Admitted as the others are; its cost is its input, and its answer is never a stream.
+    Embeddings,
 }
 
 impl Api {
@@ -46,6 +48,7 @@ impl Api {
         match self {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
+            Api::Embeddings => "/v1/embeddings",
         }
     }
 }
@@ -54,21 +57,23 @@ impl Api {
 pub(crate) enum Parsed {
     Chat(ChatCompletionRequest),
     Completion(CompletionRequest),
+    Embedding(EmbeddingRequest),
 }
 
 impl Parsed {
     pub(crate) fn parse(api: Api, body: &[u8]) -> Result<Parsed, GatewayError> {
         let to_err =
-            |e: protocol::ApiError| GatewayError::bad_request("invalid_request", e.body.error.message, None);
+            |e: protocol::ApiError| GatewayError::bad_request(Invalid::Request, e.body.error.message, None);
         let parsed = match api {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
+            Api::Embeddings => Parsed::Embedding(parse_json(body).map_err(to_err)?),
         };
         if let Parsed::Chat(c) = &parsed
             && c.messages.is_empty()
         {
             return Err(GatewayError::bad_request(
-                "invalid_request",
+                Invalid::Request,
                 "'messages' must not be empty",
                 Some("messages"),
             ));
@@ -80,6 +85,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => &c.model,
             Parsed::Completion(c) => &c.model,
+            Parsed::Embedding(e) => &e.model,
         }
     }
 
@@ -87,6 +93,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.stream,
             Parsed::Completion(c) => c.stream,
+            Parsed::Embedding(_) => None,
         }
         .unwrap_or(false)
     }
@@ -95,6 +102,7 @@ impl Parsed {
         StreamOptions::wants_usage(match self {
             Parsed::Chat(c) => c.stream_options.as_ref(),
             Parsed::Completion(c) => c.stream_options.as_ref(),
+            Parsed::Embedding(_) => None,
         })
     }
 
@@ -102,6 +110,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.n,
             Parsed::Completion(c) => c.n,
+            Parsed::Embedding(_) => None,
         }
         .unwrap_or(1)
     }
@@ -111,6 +120,7 @@ impl Parsed {
         let extra = match self {
             Parsed::Chat(c) => &c.extra,
             Parsed::Completion(c) => &c.extra,
+            Parsed::Embedding(_) => return Ok(None),
         };
         match extra.get("best_of") {
             None | Some(serde_json::Value::Null) => Ok(None),
@@ -121,7 +131,7 @@ impl Parsed {
                 .map(Some)
                 .ok_or_else(|| {
                     GatewayError::bad_request(
-                        "invalid_request",
+                        Invalid::Request,
                         "'best_of' must be a whole number of at least 1",
                         Some("best_of"),
                     )
@@ -129,15 +139,27 @@ impl Parsed {
         }
     }
 
-    /// How many prompts the request holds: a `/v1/completions` prompt may be a list.
+    /// How many prompts the request holds: a `/v1/completions` prompt, or the input of
+    /// `/v1/embeddings`, may be a list.
     fn prompts(&self) -> usize {
+        let prompt = match self {
+            Parsed::Chat(_) => return 1,
+            Parsed::Completion(c) => &c.prompt,
+            Parsed::Embedding(e) => &e.input,
+        };
+        match prompt {
+            Prompt::Text(_) | Prompt::Tokens(_) => 1,
+            Prompt::Texts(t) => t.len(),
+            Prompt::TokenBatches(b) => b.len(),
+        }
+    }
+
+    /// The request's field that holds what it asks about, for errors to name.
+    fn input_param(&self) -> &'static str {
         match self {
-            Parsed::Chat(_) => 1,
-            Parsed::Completion(c) => match &c.prompt {
-                Prompt::Text(_) | Prompt::Tokens(_) => 1,
-                Prompt::Texts(t) => t.len(),
-                Prompt::TokenBatches(b) => b.len(),
-            },
+            Parsed::Chat(_) => "messages",
+            Parsed::Completion(_) => "prompt",
+            Parsed::Embedding(_) => "input",
         }
     }
 
@@ -145,6 +167,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.requested_max_tokens(),
             Parsed::Completion(c) => c.max_tokens,
+            Parsed::Embedding(_) => None,
         }
     }
 
@@ -169,7 +192,8 @@ impl Parsed {
                     }
                 }
             }
-            Parsed::Completion(c) => match &c.prompt {
+            Parsed::Completion(CompletionRequest { prompt, .. })
+            | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
                 Prompt::Text(t) => feed(t.as_bytes(), &mut budget),
                 Prompt::Texts(ts) => ts.iter().for_each(|t| feed(t.as_bytes(), &mut budget)),
                 Prompt::Tokens(ids) => ids.iter().for_each(|t| feed(&t.to_le_bytes(), &mut budget)),
@@ -193,7 +217,8 @@ impl Parsed {
                 }));
                 route.tokenizer.count(&text)
             }
-            Parsed::Completion(c) => match &c.prompt {
+            Parsed::Completion(CompletionRequest { prompt, .. })
+            | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
                 Prompt::Text(t) => route.tokenizer.count(t),
                 Prompt::Texts(ts) => ts.iter().map(|t| route.tokenizer.count(t)).sum(),
                 Prompt::Tokens(ids) => ids.len(),
@@ -245,7 +270,7 @@ pub(crate) fn prepare(
     let n = parsed.n();
     if n == 0 {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'n' must be at least 1",
             Some("n"),
         ));
@@ -253,23 +278,27 @@ pub(crate) fn prepare(
     let best_of = parsed.best_of()?;
     if best_of.is_some_and(|b| b < n) {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'best_of' must be at least 'n'",
             Some("best_of"),
         ));
     }
     let prompts = parsed.prompts();
     if prompts == 0 {
+        let param = parsed.input_param();
         return Err(GatewayError::bad_request(
-            "invalid_request",
-            "'prompt' must not be an empty list",
-            Some("prompt"),
+            Invalid::Request,
+            format!("'{param}' must not be an empty list"),
+            Some(param),
         ));
     }
+    let embedding = matches!(parsed, Parsed::Embedding(_));
     // Every prompt of a list generates n (or best_of) sequences: that is what the cap bounds.
+    // An embedding generates none, whatever the size of its batch.
     let per_prompt = best_of.unwrap_or(n);
     let sequences = u64::from(per_prompt) * prompts as u64;
     if let Some(max_n) = limits.max_n
+        && !embedding
         && sequences > u64::from(max_n.get())
     {
         let (asked, param) = match (prompts, best_of) {
@@ -282,7 +311,7 @@ pub(crate) fn prepare(
             ),
         };
         return Err(GatewayError::bad_request(
-            "n_over_cap",
+            Invalid::NOverCap,
             format!("{asked} exceeds this model's limit of {max_n} sequences per request (max_n)"),
             Some(param),
         ));
@@ -291,13 +320,9 @@ pub(crate) fn prepare(
     if let Some(cap) = limits.max_input_tokens
         && input_tokens > cap.get()
     {
-        let param = if matches!(parsed, Parsed::Chat(_)) {
-            "messages"
-        } else {
-            "prompt"
-        };
+        let param = parsed.input_param();
         return Err(GatewayError::bad_request(
-            "input_too_long",
+            Invalid::InputTooLong,
             format!(
                 "the input is {input_tokens} tokens, over this model's limit of {cap} (max_input_tokens)"
             ),
@@ -307,7 +332,7 @@ pub(crate) fn prepare(
     let mut max_tokens = parsed.max_tokens();
     if max_tokens == Some(0) {
         return Err(GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             "'max_tokens' must be at least 1",
             Some("max_tokens"),
         ));
@@ -318,7 +343,7 @@ pub(crate) fn prepare(
         match limits.over_cap {
             OverCap::Reject => {
                 return Err(GatewayError::bad_request(
-                    "max_tokens_over_cap",
+                    Invalid::MaxTokensOverCap,
                     format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
                     Some("max_tokens"),
                 ));
@@ -326,7 +351,7 @@ pub(crate) fn prepare(
             OverCap::Clamp => max_tokens = Some(cap.get()),
         }
     }
-    if max_tokens.is_none() {
+    if max_tokens.is_none() && !embedding {
         max_tokens = limits.max_tokens.default.map(|d| d.get());
     }
     let class = route.classify(max_tokens, input_tokens, headers);
@@ -382,7 +407,7 @@ fn objectives(headers: &HeaderMap, class: Option<crate::config::Slo>) -> Result<
         match ms {
             Some(ms) if ms > 0.0 && ms <= 3_600_000.0 => Ok(Some(Duration::from_secs_f64(ms / 1000.0))),
             _ => Err(GatewayError::bad_request(
-                "invalid_slo",
+                Invalid::Slo,
                 format!("{name} must be a number of milliseconds above 0 and at most 3600000"),
                 None,
             )),
@@ -427,10 +452,14 @@ fn rewritten(
             }
             serde_json::to_vec(&c)
         }
+        Parsed::Embedding(mut e) => {
+            e.model = model;
+            serde_json::to_vec(&e)
+        }
     }
     .map_err(|e| {
         GatewayError::bad_request(
-            "invalid_request",
+            Invalid::Request,
             format!("cannot re-encode the request: {e}"),
             None,
         )
@@ -469,7 +498,7 @@ fn priority(headers: &HeaderMap, tenant: &Tenant, open: bool) -> Result<Priority
     };
     let asked = value.to_str().ok().and_then(Priority::parse).ok_or_else(|| {
         GatewayError::bad_request(
-            "invalid_priority",
+            Invalid::Priority,
             format!("{PRIORITY_HEADER} must be critical, standard or sheddable"),
             None,
         )
@@ -491,7 +520,7 @@ pub(crate) fn caller_deadline(headers: &HeaderMap) -> Result<Option<Duration>, G
         .filter(|d| !d.is_zero());
     parsed.map(Some).ok_or_else(|| {
         GatewayError::bad_request(
-            "invalid_deadline",
+            Invalid::Deadline,
             format!(
                 "{DEADLINE_HEADER} must be a positive duration such as 5s, 1500ms or 1500 (milliseconds)"
             ),

@@ -6,6 +6,7 @@ use crate::error::GatewayError;
 use crate::path::ledger::Ledger;
 use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::path::relay::{self, Events, Opened};
+use crate::route::transport::Response;
 use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
@@ -54,7 +55,7 @@ pub(crate) enum UpstreamAnswer {
     /// A stream whose first token has arrived.
     Stream(Events),
     /// A whole answer (2xx), or the replica's own 4xx, still to be read.
-    Response(h1::Response),
+    Response(Response),
     /// The replica's own 4xx, sent as an error event in place of a stream's first token: its
     /// status and the event's JSON.
     Rejected(StatusCode, Bytes),
@@ -163,18 +164,22 @@ fn pick_by_slo(
         SloVerdict::Unattainable { .. } if prepared.priority != admission::Priority::Sheddable => {
             "unattainable_sent"
         }
-        SloVerdict::Unattainable { predicted_ttft } => {
+        SloVerdict::Unattainable {
+            what,
+            objective,
+            predicted,
+        } => {
             class.series.slo_routing("refused");
-            let objective = ask.ttft.unwrap_or_default();
-            let late = predicted_ttft.saturating_sub(objective);
+            let late = predicted.saturating_sub(objective);
             return Err(GatewayError::Overloaded {
                 status: route.config.overflow(),
                 route: route.config.model.clone(),
                 class: class.config.name.clone(),
                 limits: class.admission.limits(),
                 rejection: admission::Rejection::SloUnattainable {
-                    objective,
-                    predicted: predicted_ttft,
+                    what,
+                    objective_ms: objective.as_millis().min(u128::from(u32::MAX)) as u32,
+                    predicted_ms: predicted.as_millis().min(u128::from(u32::MAX)) as u32,
                     retry_after: late.max(Duration::from_secs(1)).min(Duration::from_secs(60)),
                 },
             });
@@ -194,7 +199,7 @@ async fn open(
     prepared: &Prepared,
     budgets: &Budgets,
     index: usize,
-    response: h1::Response,
+    response: Response,
     ex: &mut Ledger,
 ) -> Result<UpstreamAnswer, GatewayError> {
     let replica = &route.replicas[index];
@@ -261,7 +266,7 @@ async fn attempt(
     id: &str,
     index: usize,
     trace: Option<crate::traces::TraceHeaders>,
-) -> Result<h1::Response, GatewayError> {
+) -> Result<Response, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let (head_deadline, head_budget) = budgets.head(prepared.stream);
@@ -359,7 +364,7 @@ async fn attempt(
 /// (`server.max_response_bytes`) and by the time the head was due (`budgets.head`), since a
 /// stream's client would otherwise wait on a stalled body past its first-token budget.
 pub(crate) async fn error_body(
-    response: h1::Response,
+    response: Response,
     budgets: &Budgets,
     stream: bool,
     limit: usize,

@@ -4,6 +4,7 @@
 use super::predict::Features;
 use super::replica::Replica;
 use crate::config::Balance;
+use admission::Objective;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -90,8 +91,13 @@ pub(crate) struct SloAsk {
 pub(crate) enum SloVerdict {
     /// The replica picked is predicted to meet every objective.
     Meets,
-    /// No replica is: the one picked comes closest, predicted to give this TTFT.
-    Unattainable { predicted_ttft: Duration },
+    /// No replica is: the one picked comes closest; `what` it misses, its objective and what the
+    /// replica is predicted to give.
+    Unattainable {
+        what: admission::Objective,
+        objective: Duration,
+        predicted: Duration,
+    },
     /// No objective, or a replica's model is still warming up: picked by load.
     Unknown,
 }
@@ -121,18 +127,31 @@ pub(crate) fn pick_slo(
             .min_by_key(|(i, _, _)| replicas[*i].outstanding())
             .map(|(i, x, _)| (*i, *x, SloVerdict::Unknown))
     };
-    if (ask.ttft.is_none() && ask.tpot.is_none()) || predicted.iter().any(|(_, _, p)| p.is_none()) {
+    let cold = |p: &Option<super::predict::Prediction>| match p {
+        None => true,
+        // A TPOT objective alone says nothing until the TPOT model knows something.
+        Some(p) => ask.ttft.is_none() && p.tpot.is_none(),
+    };
+    if (ask.ttft.is_none() && ask.tpot.is_none()) || predicted.iter().any(|(_, _, p)| cold(p)) {
         return by_load();
     }
-    // Headroom: the smallest share of an objective left over (negative: missed by that share).
-    let headroom = |p: &super::predict::Prediction| {
-        let left = |objective: Duration, predicted: Duration| {
-            (objective.as_secs_f64() - predicted.as_secs_f64()) / objective.as_secs_f64().max(1e-3)
-        };
-        let ttft = ask.ttft.map(|o| left(o, p.ttft));
-        let tpot = ask.tpot.zip(p.tpot).map(|(o, t)| left(o, t));
-        ttft.into_iter().chain(tpot).fold(f64::INFINITY, f64::min)
+    // Each objective against its prediction, made larger by the model's own measured error (at
+    // most doubled), so that "predicted to meet" is not a coin toss at the line.
+    let misses = |p: &super::predict::Prediction| {
+        let ttft = ask
+            .ttft
+            .map(|o| (Objective::Ttft, o, p.ttft.mul_f64(1.0 + p.ttft_error.min(1.0))));
+        let tpot = ask
+            .tpot
+            .zip(p.tpot)
+            .map(|(o, t)| (Objective::Tpot, o, t.mul_f64(1.0 + p.tpot_error.min(1.0))));
+        ttft.into_iter().chain(tpot)
     };
+    // Headroom: the smallest share of an objective left over (negative: missed by that share).
+    let left = |(_, objective, predicted): &(Objective, Duration, Duration)| {
+        (objective.as_secs_f64() - predicted.as_secs_f64()) / objective.as_secs_f64().max(1e-6)
+    };
+    let headroom = |p: &super::predict::Prediction| misses(p).map(|m| left(&m)).fold(f64::INFINITY, f64::min);
     let scored = predicted
         .iter()
         .filter_map(|(i, x, p)| p.map(|p| (*i, *x, p, headroom(&p))));
@@ -143,11 +162,19 @@ pub(crate) fn pick_slo(
     match meets {
         Some((i, x, _, _)) => Some((i, x, SloVerdict::Meets)),
         None => scored.max_by(|a, b| a.3.total_cmp(&b.3)).map(|(i, x, p, _)| {
+            let worst = misses(&p).min_by(|a, b| left(a).total_cmp(&left(b))).unwrap_or((
+                Objective::Ttft,
+                Duration::ZERO,
+                p.ttft,
+            ));
+            let (what, objective, predicted) = worst;
             (
                 i,
                 x,
                 SloVerdict::Unattainable {
-                    predicted_ttft: p.ttft,
+                    what,
+                    objective,
+                    predicted,
                 },
             )
         }),

@@ -3,17 +3,18 @@
 //!
 //! Each replica has two linear models over the same features, taken when a request is sent: one,
 //! the prompt's length in thousands of tokens, the requests this gateway already has in flight to
-//! the replica, and the requests waiting in the engine (its last scrape, 0 without one). They are
+//! the replica, and from the engine's last scrape (0 without one) its waiting requests and its
+//! KV-cache usage (0 to 1). They are
 //! fitted by recursive least squares with a forgetting factor, so that a replica that slows down
 //! (or recovers) is followed within a few dozen requests, at a fixed cost of a few dozen
-//! multiplications per update and four per prediction: cheap enough for every request, where a
+//! multiplications per update and five per prediction: cheap enough for every request, where a
 //! gradient-boosted model (llm-d's latency predictor runs XGBoost in sidecars) is not. Linear in
 //! load holds while a replica is below its knee; past it, the error metric says how far to trust it.
 
 use std::time::Duration;
 
-/// Features: 1, prompt tokens / 1000, in flight here, waiting in the engine.
-pub(crate) const FEATURES: usize = 4;
+/// Features: 1, prompt tokens / 1000, in flight here, waiting in the engine, its KV-cache usage.
+pub(crate) const FEATURES: usize = 5;
 /// Samples before a model is used: until then the route balances by least outstanding.
 const WARM_UP: u32 = 8;
 /// The forgetting factor: a sample's weight halves after about 35 newer ones.
@@ -26,12 +27,13 @@ const ERROR_ALPHA: f64 = 0.05;
 pub(crate) type Features = [f64; FEATURES];
 
 /// The features of a request to a replica.
-pub(crate) fn features(input_tokens: u32, in_flight: u32, engine_waiting: f64) -> Features {
+pub(crate) fn features(input_tokens: u32, in_flight: u32, engine_waiting: f64, kv: f64) -> Features {
     [
         1.0,
         f64::from(input_tokens) / 1000.0,
         f64::from(in_flight),
         engine_waiting,
+        kv,
     ]
 }
 
@@ -122,6 +124,9 @@ pub(crate) struct Prediction {
     pub(crate) ttft: Duration,
     /// `None` until enough streams of several tokens were seen.
     pub(crate) tpot: Option<Duration>,
+    /// The models' mean relative errors so far (0 before any was measured).
+    pub(crate) ttft_error: f64,
+    pub(crate) tpot_error: f64,
 }
 
 fn ms(v: f64) -> Duration {
@@ -134,6 +139,8 @@ impl Predictor {
         (self.ttft.samples >= WARM_UP).then(|| Prediction {
             ttft: ms(self.ttft.predict(x)),
             tpot: (self.tpot.samples >= WARM_UP).then(|| ms(self.tpot.predict(x))),
+            ttft_error: self.ttft.error.unwrap_or(0.0),
+            tpot_error: self.tpot.error.unwrap_or(0.0),
         })
     }
 
@@ -171,16 +178,16 @@ mod tests {
             (seed >> 33) as u32
         };
         for _ in 0..200 {
-            let x = features(next() % 4000, next() % 12, 0.0);
+            let x = features(next() % 4000, next() % 12, 0.0, 0.0);
             p.learn_ttft(&x, Duration::from_secs_f64(truth(&x, 1.0) / 1000.0));
         }
-        let x = features(2000, 6, 0.0);
+        let x = features(2000, 6, 0.0, 0.0);
         let got = p.predict(&x).unwrap().ttft.as_secs_f64() * 1000.0;
         assert!((got - truth(&x, 1.0)).abs() < 1.0, "{got} vs {}", truth(&x, 1.0));
         assert!(p.quality()[0].1.unwrap() < 0.01);
         // The replica turns four times slower: the forgetting model follows it.
         for _ in 0..300 {
-            let x = features(next() % 4000, next() % 12, 0.0);
+            let x = features(next() % 4000, next() % 12, 0.0, 0.0);
             p.learn_ttft(&x, Duration::from_secs_f64(truth(&x, 4.0) / 1000.0));
         }
         let got = p.predict(&x).unwrap().ttft.as_secs_f64() * 1000.0;
@@ -191,7 +198,7 @@ mod tests {
     #[test]
     fn knows_nothing_before_its_warm_up() {
         let mut p = Predictor::default();
-        let x = features(100, 1, 0.0);
+        let x = features(100, 1, 0.0, 0.0);
         for _ in 0..WARM_UP - 1 {
             p.learn_ttft(&x, Duration::from_millis(50));
         }

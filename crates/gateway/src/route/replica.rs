@@ -47,7 +47,7 @@ pub(crate) struct Replica {
     /// An `Arc`, so that each request's access record shares it instead of copying it.
     pub(crate) url: Arc<str>,
     /// Its idle connections, for the request path (health checks and scrapes use their own).
-    pub(crate) conns: Arc<http1::client::Conns>,
+    pub(crate) conns: Arc<super::transport::Conns>,
     /// The last attempt to reach it failed to connect (cleared by any answer).
     unreachable: AtomicBool,
     /// Set by the active health checks; only healthy replicas are picked.
@@ -94,14 +94,19 @@ impl Drop for ReplicaGuard {
 }
 
 impl Replica {
-    pub(crate) fn new(route: &str, url: &str, metrics: &Metrics) -> Replica {
+    pub(crate) fn new(
+        route: &str,
+        url: &str,
+        metrics: &Metrics,
+        trust: Option<&crate::tls::ReplicaTrust>,
+    ) -> Replica {
         let labels = [route, url];
         let result = |r: &str| metrics.upstream.with_label_values(&[route, url, r]);
         let healthy = metrics.replica_healthy.with_label_values(&labels);
         healthy.set(1);
         Replica {
             url: url.into(),
-            conns: Arc::new(http1::client::Conns::new(url)),
+            conns: Arc::new(super::transport::Upstream::conns(url, trust)),
             unreachable: AtomicBool::new(false),
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),
@@ -186,10 +191,10 @@ impl Replica {
         input_tokens: u32,
         now: Instant,
     ) -> (super::predict::Features, Option<super::predict::Prediction>) {
-        let waiting = lock(&self.engine_load)
+        let (waiting, kv) = lock(&self.engine_load)
             .filter(|(at, _, _)| now.saturating_duration_since(*at) < Duration::from_secs(3))
-            .map_or(0.0, |(_, waiting, _)| waiting);
-        let x = super::predict::features(input_tokens, self.outstanding(), waiting);
+            .map_or((0.0, 0.0), |(_, waiting, kv)| (waiting, kv));
+        let x = super::predict::features(input_tokens, self.outstanding(), waiting, kv);
         let prediction = lock(&self.predictor).predict(&x);
         (x, prediction)
     }

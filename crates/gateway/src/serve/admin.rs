@@ -3,7 +3,7 @@
 //! configuration file. Every change is an audit event naming the token's holder.
 
 use crate::config::{Config, ConfigError, MetricsExposure};
-use crate::error::GatewayError;
+use crate::error::{AdminRefusal, GatewayError, Invalid};
 use crate::state::Gateway;
 use axum::Router;
 use axum::extract::State;
@@ -97,8 +97,9 @@ async fn state(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
 }
 
 /// Where the running state differs from the configuration file: drained replicas, adaptive limits
-/// away from their configured start, and a file that is not what runs (edited and not reloaded,
-/// or its reload refused). An emergency change shows here until it is written back to the file.
+/// away from their configured start, a file that is not what runs (edited and not reloaded, or
+/// its reload refused), and TLS files a reload refused. An emergency change shows here until it
+/// is written back to the file.
 fn drift(g: &Gateway) -> Vec<serde_json::Value> {
     let mut out = Vec::new();
     for r in &g.table().routes {
@@ -128,6 +129,13 @@ fn drift(g: &Gateway) -> Vec<serde_json::Value> {
                 }));
             }
         }
+    }
+    if let Some(refused) = g.tls.as_ref().and_then(|t| t.refused()) {
+        out.push(serde_json::json!({
+            "what": "tls_certificate",
+            "file": refused,
+            "running": "the certificate and key read before",
+        }));
     }
     if let Some(path) = g.config_path() {
         let file = std::fs::read_to_string(&path)
@@ -167,14 +175,13 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let target: ReplicaRef = match protocol::error::parse_json(body) {
         Ok(t) => t,
         Err(e) => {
-            return GatewayError::bad_request("invalid_request", e.body.error.message, None).into_response();
+            return GatewayError::bad_request(Invalid::Request, e.body.error.message, None).into_response();
         }
     };
     let table = g.table();
     let Some(route) = table.route(&target.route) else {
         return GatewayError::Admin {
-            status: StatusCode::NOT_FOUND,
-            code: "route_not_found",
+            refusal: AdminRefusal::RouteNotFound,
             message: format!("no route '{}'", target.route),
         }
         .into_response();
@@ -182,8 +189,7 @@ async fn set_drained(g: &Gateway, headers: &HeaderMap, body: &[u8], drained: boo
     let url = target.replica.trim_end_matches('/');
     let Some((index, replica)) = route.replicas.iter().enumerate().find(|(_, r)| &*r.url == url) else {
         return GatewayError::Admin {
-            status: StatusCode::NOT_FOUND,
-            code: "replica_not_found",
+            refusal: AdminRefusal::ReplicaNotFound,
             message: format!("route '{}' has no replica {url}", target.route),
         }
         .into_response();
@@ -208,8 +214,7 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     };
     let Some(path) = g.config_path() else {
         return GatewayError::Admin {
-            status: StatusCode::CONFLICT,
-            code: "no_config_file",
+            refusal: AdminRefusal::NoConfigFile,
             message: "this gateway was not started from a file".into(),
         }
         .into_response();
@@ -220,13 +225,25 @@ async fn reload(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
             axum::Json(serde_json::json!({ "reloaded": path })),
         )
             .into_response(),
-        Err(e) => GatewayError::bad_request("invalid_config", e.to_string(), None).into_response(),
+        Err(e) => GatewayError::bad_request(Invalid::Config, e.to_string(), None).into_response(),
     }
 }
 
-/// Reads, validates and applies the configuration file; on any error the running one stays.
-/// `by` names who asked (an admin token's name, `SIGHUP`, the file watch) for the audit event.
+/// Reads, validates and applies the configuration file, then reads the listener's TLS
+/// certificate and key again (`server.tls`); on any error the running ones stay, and the error
+/// says which. `by` names who asked (an admin token's name, `SIGHUP`, the file watch) for the
+/// audit events.
 pub fn reload_file(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError> {
+    let config = reload_config(g, path, by);
+    let tls = g.reload_tls(by);
+    config?;
+    tls.map_err(|mut e| {
+        e.message.push_str(" (the TLS certificate in force stays)");
+        e
+    })
+}
+
+fn reload_config(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError> {
     let before = g.applied_config();
     let result = std::fs::read_to_string(path)
         .map_err(|e| crate::config::err(path.display().to_string(), format!("cannot read it: {e}")))
@@ -246,17 +263,35 @@ pub fn reload_file(g: &Gateway, path: &Path, by: &str) -> Result<(), ConfigError
     result.map(|_| ())
 }
 
-/// Reloads whenever the file's contents change (polled, so it also sees ConfigMap symlink swaps).
+/// Reloads whenever the file's contents change, and the TLS certificate whenever its files do
+/// (polled, so it also sees the symlink swaps of a ConfigMap or a Secret being updated).
 pub async fn watch_file(g: Arc<Gateway>, path: std::path::PathBuf, every: Duration) {
     let mut last = std::fs::read(&path).ok();
+    let tls_files = g
+        .tls
+        .as_ref()
+        .map(|t| [t.files().cert.clone(), t.files().key.clone()]);
+    let read_tls = || {
+        tls_files
+            .as_ref()
+            .map(|files| files.each_ref().map(|f| std::fs::read(f).ok()))
+    };
+    let mut last_tls = read_tls();
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let now = std::fs::read(&path).ok();
+        let now_tls = read_tls();
         if now.is_some() && now != last {
             last = now;
+            last_tls = now_tls;
             let _ = reload_file(&g, &path, "file watch");
+        } else if now_tls != last_tls {
+            // A pair caught halfway through its update fails and stays as it was; the next
+            // tick reads it whole.
+            last_tls = now_tls;
+            let _ = g.reload_tls("file watch");
         }
     }
 }

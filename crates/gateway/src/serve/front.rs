@@ -1,5 +1,5 @@
 //! The public port's HTTP/1.1 for the requests that make up the hot path (a POST to one of the
-//! two completion endpoints, with a `Content-Length` body), served by `http1::server` on the
+//! two completion endpoints or to `/v1/embeddings`, with a `Content-Length` body), served by `http1::server` on the
 //! connection's own task. This is the glue: which heads the gateway serves there, the request as
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
@@ -189,6 +189,7 @@ impl FrontRequest {
         let api = match parsed.uri.path() {
             "/v1/chat/completions" => Api::Chat,
             "/v1/completions" => Api::Completions,
+            "/v1/embeddings" => Api::Embeddings,
             _ => return None,
         };
         Some(FrontRequest {
@@ -235,6 +236,8 @@ mod tests {
             head("POST /v1/completions?a=b HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nConnection: keep-alive, Close")
                 .unwrap();
         assert_eq!((r.api, r.content_length, r.close), (Api::Completions, 0, true));
+        let r = head("POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Length: 5").unwrap();
+        assert_eq!((r.api, r.content_length), (Api::Embeddings, 5));
         for other in [
             "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1",
             "POST /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: 1",

@@ -2,6 +2,7 @@
 //! a connection still gets `/health`, `/ready` and `/metrics`, and a 503 for anything else),
 //! deadlines for request heads and bodies, and the drain: refuse new requests, stop accepting, let
 //! streams finish, and cut with an SSE error whatever is still open when the drain time runs out.
+//! With `server.tls`, each connection's TLS handshake comes first, and hyper serves it whole.
 
 use crate::config::MetricsExposure;
 use crate::error::GatewayError;
@@ -10,6 +11,7 @@ use crate::state::{AbortOnDrop, Gateway, StopProbes};
 use axum::Router;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
+use http1::server::ClientIo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -138,12 +140,30 @@ pub async fn run(
             gauge: metrics.connections.clone(),
         };
         let watcher = graceful.watcher();
-        if count > max {
+        let over = count > max;
+        if over {
             metrics.connections_over_limit.inc();
             warn(
                 "over server.max_connections: answering 503 and closing",
                 format!("{count} open, limit {max}"),
             );
+        }
+        if let Some(tls) = &gateway.tls {
+            let (service, builder) = if over {
+                (overloaded.clone(), over_limit_builder.clone())
+            } else {
+                (app.clone(), builder.clone())
+            };
+            let io = crate::serve::front::client_io(tcp, &gateway);
+            let handshake = tls_handshake(tls.acceptor(), io, server.header_timeout);
+            tokio::spawn(async move {
+                let _conn = conn;
+                if let Some(io) = handshake.await {
+                    let serving = builder.serve_connection(TokioIo::new(io), service);
+                    let _ = Box::pin(watcher.watch(serving)).await;
+                }
+            });
+        } else if over {
             let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
             let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
             tokio::spawn(async move {
@@ -222,6 +242,26 @@ fn connection_builder(
         .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)));
     builder
+}
+
+/// A TLS connection's handshake, within the time its request head has (`server.header_timeout`):
+/// then hyper serves it, HTTP/1.1 or h2 as the client speaks (ALPN offers both).
+async fn tls_handshake(
+    acceptor: tokio_rustls::TlsAcceptor,
+    io: ClientIo<tokio::net::TcpStream>,
+    within: Duration,
+) -> Option<tokio_rustls::server::TlsStream<ClientIo<tokio::net::TcpStream>>> {
+    match tokio::time::timeout(within, acceptor.accept(io)).await {
+        Ok(Ok(tls)) => Some(tls),
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "TLS handshake failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("TLS handshake not done within server.header_timeout");
+            None
+        }
+    }
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -1,9 +1,9 @@
 //! The public port's router and the endpoints around the request path (`/v1/models`, `/health`,
-//! `/ready`, `/metrics`), and the hyper service that sends the two completion endpoints straight to
-//! [`crate::path`] and everything else through the router.
+//! `/ready`, `/metrics`), and the hyper service that sends the two completion endpoints and
+//! `/v1/embeddings` straight to [`crate::path`] and everything else through the router.
 
 use crate::config::MetricsExposure;
-use crate::error::GatewayError;
+use crate::error::{GatewayError, Invalid};
 use crate::path::prepare::{self, Api};
 use crate::path::respond::into_hyper;
 use crate::path::{auth, completion, handle, identified, stamp};
@@ -25,6 +25,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     let mut router = Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready));
@@ -34,7 +35,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
     router
         .fallback(|| async {
             GatewayError::NotFound(
-                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions and /v1/models"
+                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models"
                     .into(),
             )
         })
@@ -111,6 +112,11 @@ async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     into_hyper(handle(g, None, Api::Completions, id, req).await)
 }
 
+async fn embeddings(State(g): State<Arc<Gateway>>, req: Request) -> Response {
+    let id = settled_id(&req);
+    into_hyper(handle(g, None, Api::Embeddings, id, req).await)
+}
+
 /// The request ID the middleware settled (or a new one, for a router without it).
 fn settled_id(req: &Request) -> String {
     match req.extensions().get::<RequestId>() {
@@ -119,10 +125,11 @@ fn settled_id(req: &Request) -> String {
     }
 }
 
-/// The public listener's service. The two completion endpoints go straight to the request path:
-/// axum's routing, middleware and body boxing cost allocations and dynamic calls per request
-/// (bench/runs/2026-12-03-rust-2core-hand-written-readers.md), which the hot path does without. Every other request, and any other
-/// method on those paths, goes through the [`router`], which answers them as before.
+/// The public listener's service. The two completion endpoints and `/v1/embeddings` go straight
+/// to the request path: axum's routing, middleware and body boxing cost allocations and dynamic
+/// calls per request (bench/runs/2026-12-03-rust-2core-hand-written-readers.md), which the hot
+/// path does without. Every other request, and any other method on those paths, goes through the
+/// [`router`], which answers them as before.
 #[derive(Clone)]
 pub(crate) struct HyperService {
     /// `None` on connections over the limit: the router answers everything there.
@@ -153,6 +160,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
         let api = match (req.method(), req.uri().path()) {
             (&Method::POST, "/v1/chat/completions") => Some(Api::Chat),
             (&Method::POST, "/v1/completions") => Some(Api::Completions),
+            (&Method::POST, "/v1/embeddings") => Some(Api::Embeddings),
             _ => None,
         };
         match (api, &self.gateway) {
@@ -183,5 +191,5 @@ fn host_checked<B>(req: &axum::http::Request<B>) -> Result<(), GatewayError> {
         }
         (Some(_), None) => return Ok(()),
     };
-    Err(GatewayError::bad_request("invalid_host", message, None))
+    Err(GatewayError::bad_request(Invalid::Host, message, None))
 }

@@ -156,6 +156,7 @@ routes:
     let sample_until = async |until: f64, limits: &mut Vec<(f64, u32)>| {
         while epoch.elapsed().as_secs_f64() < until {
             limits.push((epoch.elapsed().as_secs_f64(), gate.limits().concurrency));
+            // The sampling interval of C over time, not a wait.
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };

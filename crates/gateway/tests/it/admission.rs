@@ -31,6 +31,7 @@ async fn overload_never_exceeds_c_or_q_and_rejects_fast_with_retry_after() {
         tokio::spawn(async move {
             loop {
                 max_queued.fetch_max(gate.queued(), Ordering::Relaxed);
+                // The sampling interval of the peak, not a wait.
                 tokio::time::sleep(Duration::from_micros(200)).await;
             }
         })
@@ -312,6 +313,7 @@ routes:
             })
         })
         .collect();
+    // The settling time is what this test measures: C is read after 6 s of load, not waited for.
     tokio::time::sleep(Duration::from_secs(6)).await;
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     let c = gate.limits().concurrency;

@@ -10,7 +10,7 @@ fn route(balance: &str) -> String {
     )
 }
 
-async fn three() -> Vec<engine::RunningEngine> {
+async fn three() -> Vec<testkit::Engine> {
     vec![engine(tiny()).await, engine(tiny()).await, engine(tiny()).await]
 }
 

@@ -368,12 +368,12 @@ async fn every_series_the_dashboard_and_rules_name_is_exposed() {
         r.chunk().await.expect("a chunk");
     }
     drop(r);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let mut gateway = stack.metrics().await;
-    while !gateway.contains("spillway_wasted_tokens_total{") && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        gateway = stack.metrics().await;
-    }
+    let gateway = testkit::poll(
+        Duration::from_secs(10),
+        || stack.metrics(),
+        |m| m.contains("spillway_wasted_tokens_total{"),
+    )
+    .await;
     let engine_text = http()
         .get(format!("{}/metrics", stack.engines[0].url()))
         .send()

@@ -112,14 +112,12 @@ routes:
     assert!(models.to_ascii_lowercase().contains("retry-after: 1"), "{models}");
     drop(held);
     // Back under the limit: served as usual as soon as the held connections are gone.
-    let mut served = false;
-    for _ in 0..100 {
-        if stack.stream("chat", 2).await.status() == 200 {
-            served = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let served = testkit::poll(
+        Duration::from_secs(2),
+        || async { stack.stream("chat", 2).await.status() == 200 },
+        |served| *served,
+    )
+    .await;
     assert!(served, "service recovers once connections close");
     let metrics = stack.metrics().await;
     let over = metrics

@@ -406,6 +406,12 @@ fn corpus() -> Vec<Vec<u8>> {
             "Host: x\r\n",
             r#"{"model":"chat","prompt":"hi","max_tokens":2}"#,
         ),
+        post(
+            "/v1/embeddings",
+            "Host: x\r\n",
+            r#"{"model":"chat","input":["hi","there"]}"#,
+        ),
+        post("/v1/embeddings", "Host: x\r\n", r#"{"model":"chat","input":[]}"#),
         post("/v1/chat/completions?x=1", "Host: x\r\n", &chat),
         post("/v1/chat/completions", "Host: x\r\nConnection: close\r\n", &chat),
         post("/v1/chat/completions", "Host: x\r\nX-Request-Id: abc\r\n", &chat),

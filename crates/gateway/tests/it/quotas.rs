@@ -79,15 +79,12 @@ async fn max_parallel_holds_a_slot_to_the_end_of_the_stream() {
     let v: Value = r.json().await.unwrap();
     testkit::assert_error_mentions(&v, "1 requests in flight (max_parallel)");
     drop(first);
-    let mut freed = false;
-    for _ in 0..100 {
-        let r = keyed(&stack.url, "other", 2, false).await;
-        if r.status() != 429 {
-            freed = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let freed = testkit::poll(
+        std::time::Duration::from_secs(2),
+        || async { keyed(&stack.url, "other", 2, false).await.status() != 429 },
+        |freed| *freed,
+    )
+    .await;
     assert!(freed, "the slot comes back when the client leaves");
 }
 

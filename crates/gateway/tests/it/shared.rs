@@ -5,8 +5,6 @@
 use crate::support::{chat, engine, header, http, keyed, read_stream, tiny};
 use engine::RunningEngine;
 use serde_json::Value;
-use spillway_gateway::access_log::AccessLog;
-use spillway_gateway::{Config, Gateway};
 use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -106,34 +104,17 @@ impl Redis {
 }
 
 /// One of several gateways on the same config and Redis.
-pub(crate) struct Gw {
-    pub(crate) gateway: Arc<Gateway>,
-    pub(crate) url: String,
-    server: tokio::task::JoinHandle<std::io::Result<()>>,
-}
-
-impl Drop for Gw {
-    fn drop(&mut self) {
-        self.server.abort();
-    }
-}
+pub(crate) type Gw = testkit::Gateway;
 
 pub(crate) async fn gateways(n: usize, yaml: &str, engine: &RunningEngine, redis: &Redis) -> Vec<Gw> {
-    let yaml = yaml.replace("{E0}", &engine.url());
     let mut out = Vec::new();
     for _ in 0..n {
-        let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"));
-        let url = redis.url();
-        let env = move |name: &str| (name == "SPILLWAY_REDIS_URL").then(|| url.clone());
-        let gateway = Gateway::with_env(config, AccessLog::discard(), &env).expect("gateway builds");
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let server = tokio::spawn(spillway_gateway::run(
-            listener,
-            gateway.clone(),
-            std::future::pending(),
-        ));
-        out.push(Gw { gateway, url, server });
+        let options = testkit::GatewayOptions {
+            replicas: vec![engine.url()],
+            env: vec![("SPILLWAY_REDIS_URL".into(), redis.url())],
+            ..testkit::GatewayOptions::default()
+        };
+        out.push(testkit::Gateway::start_with(yaml, options).await);
     }
     for g in &out {
         assert!(
@@ -239,6 +220,7 @@ fn closed_loop(
                     let refused = status != 200;
                     statuses.lock().unwrap().push((status, body));
                     if refused {
+                        // A refused client pauses before its next request: the load's shape.
                         tokio::time::sleep(Duration::from_millis(20)).await;
                     }
                 }
@@ -273,6 +255,7 @@ async fn one_c_and_one_q_hold_across_three_gateways_under_overload() {
                     .unwrap();
                 max_queued.fetch_max(q, Ordering::Relaxed);
                 max_slots.fetch_max(s, Ordering::Relaxed);
+                // The sampling interval of the peaks, not a wait.
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
         })
@@ -357,6 +340,7 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
                     let mut k = peaks.lock().unwrap();
                     k[p] = k[p].max(running);
                 }
+                // The sampling interval of the peak, not a wait.
                 tokio::time::sleep(Duration::from_micros(500)).await;
             }
         })
@@ -380,12 +364,14 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
     }
     let noticed = killed.elapsed();
     // Requests admitted before Redis went finish within ~100 ms; from then on, only shares count.
+    // A fixed window on purpose: the peaks are measured per phase, and this phase is 300 ms.
     tokio::time::sleep(Duration::from_millis(300)).await;
     phase.store(2, Ordering::Relaxed);
     for g in &gws {
         assert_eq!(mode_of(g).await, (0, 1), "spillway_limits_mode says local");
     }
     let served_before = statuses.lock().unwrap().iter().filter(|(s, _)| *s == 200).count();
+    // The window the throughput below is counted in.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let served_during = statuses.lock().unwrap().iter().filter(|(s, _)| *s == 200).count() - served_before;
     assert!(
@@ -404,6 +390,8 @@ async fn without_redis_each_gateway_keeps_its_share_and_shares_again_when_it_is_
         );
     }
     let resumed = back.elapsed();
+    // Fixed windows on purpose: the first 300 ms of sharing again, then 700 ms shared, each a
+    // phase whose peak is asserted.
     tokio::time::sleep(Duration::from_millis(300)).await;
     phase.store(5, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -497,20 +485,23 @@ async fn team_quotas_are_exact_across_gateways_and_tokens_are_settled() {
     );
     // The window holds exactly what the requests cost once settled: the reservation of prompt +
     // max_tokens is replaced by the usage each response reported.
-    let mut conn = redis.conn().await;
-    let mut counted = 0;
-    for _ in 0..100 {
-        let buckets: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
-            .arg("spillway:{teams}:team:search:tokens")
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        counted = buckets.values().sum::<u64>();
-        if counted == total_tokens {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let conn = redis.conn().await;
+    let counted = testkit::poll(
+        Duration::from_secs(2),
+        || {
+            let mut conn = conn.clone();
+            async move {
+                let buckets: std::collections::HashMap<String, u64> = redis::cmd("HGETALL")
+                    .arg("spillway:{teams}:team:search:tokens")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                buckets.values().sum::<u64>()
+            }
+        },
+        |counted| *counted == total_tokens,
+    )
+    .await;
     assert_eq!(
         counted, total_tokens,
         "the tpm window holds exactly the tokens used"
@@ -535,14 +526,12 @@ async fn team_quotas_are_exact_across_gateways_and_tokens_are_settled() {
     assert_eq!(c.status(), 429);
     assert!(header(&c, "retry-after").parse::<u64>().unwrap() >= 1);
     drop((a, b));
-    let mut status = 0;
-    for _ in 0..100 {
-        status = keyed(&gws[2].url, "other", 4, false).await.status().as_u16();
-        if status == 200 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let status = testkit::poll(
+        Duration::from_secs(5),
+        || async { keyed(&gws[2].url, "other", 4, false).await.status().as_u16() },
+        |status| *status == 200,
+    )
+    .await;
     assert_eq!(status, 200, "the team's slots come back when its streams end");
 }
 
@@ -593,7 +582,11 @@ async fn a_flooding_team_does_not_slow_another() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The flood is on once it meets its quota.
+    assert!(
+        crate::support::eventually(Duration::from_secs(5), || refused.load(Ordering::Relaxed) > 0).await,
+        "the flood meets its quota"
+    );
     let (loud, loud_ok) = ttfts(&gws, 40).await;
     stop.store(true, Ordering::Relaxed);
     for f in flood {
@@ -645,6 +638,7 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
             "a gateway notices Redis does not answer"
         );
     }
+    // The stall itself: Redis stays frozen for this long, under a lease's ttl.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let peak = Arc::new(AtomicUsize::new(0));
     let watcher = {
@@ -652,6 +646,7 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
         tokio::spawn(async move {
             loop {
                 peak.fetch_max(e.snapshot().running, Ordering::Relaxed);
+                // The sampling interval of the peak, not a wait.
                 tokio::time::sleep(Duration::from_micros(500)).await;
             }
         })
@@ -664,6 +659,7 @@ async fn a_redis_stall_shorter_than_a_lease_keeps_c_when_sharing_resumes() {
             "shared again once Redis answers"
         );
     }
+    // The window whose peak of running requests is asserted.
     tokio::time::sleep(Duration::from_millis(700)).await;
     stop.store(true, Ordering::Relaxed);
     for l in load {

@@ -1,12 +1,8 @@
-//! Engines and a gateway in-process on ephemeral loopback ports, and HTTP helpers.
+//! Engines and a gateway in-process on ephemeral loopback ports (testkit's), and HTTP helpers.
 
-use engine::{EngineConfig, RunningEngine};
-use spillway_gateway::access_log::{AccessLog, AccessRecord};
-use spillway_gateway::{Config, Gateway};
-use std::sync::{Arc, Mutex};
+use engine::EngineConfig;
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use testkit::{Engine, GatewayOptions};
 
 pub(crate) const UPSTREAM_MODEL: &str = "sim";
 
@@ -43,66 +39,40 @@ pub(crate) fn stalling(tokens: u32) -> EngineConfig {
     c
 }
 
-pub(crate) async fn engine(config: EngineConfig) -> RunningEngine {
-    engine::spawn_local(config).await.expect("engine starts")
+pub(crate) async fn engine(config: EngineConfig) -> Engine {
+    Engine::start(config).await
 }
 
-/// A gateway serving `yaml`, in which `{E0}`, `{E1}`… stand for the engines' URLs.
+/// Engines and a gateway serving `yaml`, in which `{E0}`, `{E1}`… stand for the engines' URLs
+/// (testkit's in-process gateway, whose fields it derefs to: `url`, `gateway`, `server`…).
 pub(crate) struct Stack {
-    pub engines: Vec<RunningEngine>,
-    pub gateway: Arc<Gateway>,
-    pub url: String,
-    pub log: Arc<Mutex<Vec<AccessRecord>>>,
-    stop: Option<oneshot::Sender<()>>,
-    pub server: Option<tokio::task::JoinHandle<std::io::Result<()>>>,
+    pub engines: Vec<Engine>,
+    gateway: testkit::Gateway,
 }
 
 impl Stack {
-    pub(crate) async fn start(engines: Vec<RunningEngine>, yaml: &str) -> Stack {
-        let mut yaml = yaml.to_owned();
-        for (i, e) in engines.iter().enumerate() {
-            yaml = yaml.replace(&format!("{{E{i}}}"), &e.url());
-        }
-        let config = Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("test config: {e}\n{yaml}"));
-        let (access, log) = AccessLog::memory();
-        // Tests cannot set the process environment (no unsafe): secrets come from here.
-        let env =
-            |name: &str| (name == "SPILLWAY_TEST_ADMIN_TOKEN").then(|| crate::operations::TOKEN.to_owned());
-        let gateway = Gateway::with_env(config, access, &env).expect("gateway builds");
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let (stop, stopped) = oneshot::channel::<()>();
-        let server = tokio::spawn(spillway_gateway::run(listener, gateway.clone(), async move {
-            let _ = stopped.await;
-        }));
-        Stack {
-            engines,
-            gateway,
-            url,
-            log,
-            stop: Some(stop),
-            server: Some(server),
-        }
+    pub(crate) async fn start(engines: Vec<Engine>, yaml: &str) -> Stack {
+        let replicas: Vec<String> = engines.iter().map(|e| e.url()).collect();
+        let gateway = testkit::Gateway::start_with(
+            yaml,
+            GatewayOptions {
+                replicas,
+                // Tests cannot set the process environment (no unsafe): secrets come from here.
+                env: vec![(
+                    "SPILLWAY_TEST_ADMIN_TOKEN".into(),
+                    crate::operations::TOKEN.into(),
+                )],
+                ..GatewayOptions::default()
+            },
+        )
+        .await;
+        Stack { engines, gateway }
     }
 
     /// `yaml` with `{E0}`, `{E1}`… replaced by this stack's engine URLs, as `start` does.
     pub(crate) fn fill(&self, yaml: &str) -> String {
-        let mut text = yaml.to_owned();
-        for (i, e) in self.engines.iter().enumerate() {
-            text = text.replace(&format!("{{E{i}}}"), &e.url());
-        }
-        text
-    }
-
-    /// Sends the shutdown signal (as SIGTERM does).
-    pub(crate) fn shutdown(&mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-    }
-
-    pub(crate) fn records(&self) -> Vec<AccessRecord> {
-        self.log.lock().unwrap().clone()
+        let replicas: Vec<String> = self.engines.iter().map(|e| e.url()).collect();
+        testkit::spawn::fill(yaml, &replicas)
     }
 
     /// POSTs a streamed chat completion for `model` to the gateway.
@@ -127,11 +97,17 @@ impl Stack {
     }
 }
 
-impl Drop for Stack {
-    fn drop(&mut self) {
-        if let Some(s) = self.server.take() {
-            s.abort();
-        }
+impl std::ops::Deref for Stack {
+    type Target = testkit::Gateway;
+
+    fn deref(&self) -> &testkit::Gateway {
+        &self.gateway
+    }
+}
+
+impl std::ops::DerefMut for Stack {
+    fn deref_mut(&mut self) -> &mut testkit::Gateway {
+        &mut self.gateway
     }
 }
 

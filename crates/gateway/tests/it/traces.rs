@@ -289,16 +289,12 @@ routes:
 
     // The exporter counts a batch once the collector has answered, which can be just after the
     // receiver has its spans: the count is waited for, within seconds.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let metrics = loop {
-        let metrics = stack.metrics().await;
-        if series(&metrics, "spillway_trace_spans_exported_total") >= 7.0
-            || tokio::time::Instant::now() >= deadline
-        {
-            break metrics;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let metrics = testkit::poll(
+        Duration::from_secs(5),
+        || stack.metrics(),
+        |m| series(m, "spillway_trace_spans_exported_total") >= 7.0,
+    )
+    .await;
     assert_eq!(
         series(
             &metrics,
@@ -355,12 +351,12 @@ routes:
             assert_eq!(r.await.unwrap(), 200, "{reason}: requests are served");
         }
         let dropped = format!("spillway_trace_spans_dropped_total{{reason=\"{reason}\"}}");
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
-        let mut metrics = stack.metrics().await;
-        while series(&metrics, &dropped) == 0.0 && tokio::time::Instant::now() < give_up {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            metrics = stack.metrics().await;
-        }
+        let metrics = testkit::poll(
+            Duration::from_secs(10),
+            || stack.metrics(),
+            |m| series(m, &dropped) > 0.0,
+        )
+        .await;
         assert!(
             series(&metrics, &dropped) > 0.0,
             "{reason}: drops counted\n{metrics}"

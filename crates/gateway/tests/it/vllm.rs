@@ -305,14 +305,12 @@ async fn models_carry_the_smallest_context_of_the_routes_replicas() {
             .get("max_model_len")
             .cloned()
     };
-    let mut v = cards(&stack.url).await;
-    for _ in 0..200 {
-        if len(&v, "chat").is_some() && len(&v, "sim").is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        v = cards(&stack.url).await;
-    }
+    let v = testkit::poll(
+        Duration::from_secs(4),
+        || cards(&stack.url),
+        |v| len(v, "chat").is_some() && len(v, "sim").is_some(),
+    )
+    .await;
     assert_eq!(len(&v, "chat"), Some(2048.into()), "{v}");
     let engine_len = stack.engines[0].engine.config().max_model_len;
     assert_eq!(
@@ -430,6 +428,7 @@ async fn paced(writes: Vec<Vec<&'static str>>, hang: bool) -> String {
                 let _ = s.write_all(head).await;
                 for (i, events) in writes.iter().enumerate() {
                     if i > 0 {
+                        // The replica's pacing is the behaviour under test.
                         tokio::time::sleep(Duration::from_millis(200)).await;
                     }
                     for e in events {
@@ -438,6 +437,7 @@ async fn paced(writes: Vec<Vec<&'static str>>, hang: bool) -> String {
                     }
                 }
                 if hang {
+                    // A replica that hangs: the behaviour under test.
                     tokio::time::sleep(Duration::from_secs(30)).await;
                 }
                 let _ = s.write_all(b"0\r\n\r\n").await;

@@ -357,6 +357,7 @@ async fn a_request_sent_a_byte_at_a_time_is_served(http1: &str) {
     raw.extend(format!("{}\n\n{body}", body.len()).as_bytes());
     for b in raw {
         c.get_mut().write_all(&[b]).await.unwrap();
+        // The pacing is the behaviour under test: each byte its own segment.
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
     for which in ["CRLF", "LF"] {
@@ -436,6 +437,7 @@ async fn a_client_that_reads_slowly_gets_the_whole_stream(http1: &str) {
             let n = c.read(&mut piece).await.unwrap();
             assert!(n > 0, "the connection closed before the stream's end");
             got.extend_from_slice(&piece[..n]);
+            // The slow reader is the behaviour under test.
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
     };
@@ -740,6 +742,7 @@ async fn a_rules_header_counts_when_a_reload_brings_the_rule_between_head_and_bo
     );
     c.get_mut().write_all(head.as_bytes()).await.unwrap();
     // Time for the gateway to read the head; if it has not, the rule is in force when it does.
+    // Kept fixed: nothing the gateway exposes says that a head without its body has been read.
     tokio::time::sleep(Duration::from_millis(300)).await;
     // ONE, with a class that a header puts requests in.
     let with_rule = format!(

@@ -104,6 +104,8 @@ async fn a_chunk_ready_while_a_write_waits_goes_out_after_it() {
     // Not alone: the path where the source is asked again after a write, not the process's
     // count of streams, decides what this test sees.
     let writer = tokio::spawn(async move { conn.write_stream(Fed(rx), false).await });
+    // A window for what must not happen (the write ending while nobody reads): no state shows it,
+    // and the paused clock would not do, its jumps racing the loopback's real socket buffers.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(!writer.is_finished(), "the write waits for the client");
     tx.send(b"late".to_vec()).unwrap();

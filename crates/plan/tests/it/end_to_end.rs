@@ -117,14 +117,14 @@ fn gauge(metrics: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
-    let measured = engine::spawn_local(engine_config()).await.unwrap();
+    let measured = testkit::Engine::start(engine_config()).await;
     let report = bench::run(bench_options(&measured.url())).await.unwrap();
     let table = bench::report::table(&report);
     drop(measured);
     let json = serde_json::to_string_pretty(&report).unwrap();
     let m = Measurement::from_bench_json(&json, "bench.json", 1).unwrap_or_else(|e| panic!("{e}\n{table}"));
 
-    let served = engine::spawn_local(engine_config()).await.unwrap();
+    let served = testkit::Engine::start(engine_config()).await;
     let d = Deployment {
         replicas: 1,
         gateway_replicas: 1,
@@ -159,14 +159,8 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
     assert!(c >= 2, "a plan worth driving:\n{shown}");
 
     let yaml = render(&p, Target::Spillway).unwrap().text;
-    let config = gateway::Config::from_yaml(&yaml).unwrap_or_else(|e| panic!("{e}\n{yaml}"));
-    let gw = gateway::Gateway::new(config, gateway::access_log::AccessLog::discard()).unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(gateway::run(listener, gw, async move {
-        let _ = stopped.await;
-    }));
+    let mut gw = testkit::Gateway::start(&yaml, &[]).await;
+    let addr = gw.url.trim_start_matches("http://").to_owned();
 
     let running = Arc::new(AtomicBool::new(true));
     let sampler = tokio::spawn({
@@ -175,6 +169,7 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
             let mut most_queued = 0.0f64;
             while running.load(Ordering::Relaxed) {
                 most_queued = most_queued.max(gauge(&get(&addr, "/metrics").await, "spillway_queued"));
+                // The sampling interval of the peak, not a wait.
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             most_queued
@@ -218,8 +213,8 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
     running.store(false, Ordering::Relaxed);
     let most_queued = sampler.await.unwrap();
     let metrics = get(&addr, "/metrics").await;
-    let _ = stop.send(());
-    let _ = server.await;
+    gw.shutdown();
+    let _ = gw.server.take().expect("the server task").await;
 
     let engine = served.engine.snapshot();
     let admitted: Vec<&Record> = records.iter().filter(|r| r.ok()).collect();

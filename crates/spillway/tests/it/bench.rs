@@ -1,34 +1,16 @@
 //! `spillway bench` from the command line: a short run writes its table, JSON and HTML; a target
 //! that is down, a wrong model, a bad dataset or SLO each get one clear line and exit code 2.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, try_get, wait_until};
+use crate::support::BIN;
+use testkit::Process;
 
 /// An engine on free ports (the next port stays free: nothing listens there).
-pub(crate) fn engine() -> (Kill, u16) {
-    let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
-    let child = Command::new(BIN)
-        .args([
-            "engine",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--model",
-            "m",
-            "--max-num-seqs",
-            "4",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = Kill(child);
-    let up = wait_until(1000, || {
-        try_get(port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
-    assert!(up, "engine did not start");
-    (child, port)
+pub(crate) fn engine() -> (Process, u16) {
+    let engine = Process::engine(BIN, &["--model", "m", "--max-num-seqs", "4"]);
+    let port = engine.port;
+    (engine, port)
 }
 
 pub(crate) fn bench(args: &[&str]) -> (Option<i32>, String, String) {

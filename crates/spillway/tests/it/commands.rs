@@ -4,44 +4,29 @@
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, get, try_get, wait_until};
+use crate::support::{BIN, get, wait_until};
 use std::time::Duration;
+use testkit::Process;
 
 #[test]
 fn replicas_listen_on_consecutive_ports_and_stop_on_sigterm() {
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
-    let mut child = Kill(
-        Command::new(BIN)
-            .args([
-                "engine",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--replicas",
-                "2",
-                "--model",
-                "m",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    // testkit's port and the next, free when it chose them.
+    let mut engine = Process::engine(BIN, &["--replicas", "2", "--model", "m"]);
+    let port = engine.port;
     for p in [port, port + 1] {
         let up = wait_until(1000, || TcpStream::connect(("127.0.0.1", p)).is_ok());
         assert!(up, "replica on {p} did not start");
         assert!(get(p, "/health").starts_with("HTTP/1.1 200"));
         assert!(get(p, "/v1/models").contains("\"id\":\"m\""));
     }
-    drop(ports);
     let status = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
+        .args(["-TERM", &engine.child.id().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
     let mut exit = None;
     let exited = wait_until(500, || {
-        exit = child.0.try_wait().unwrap();
+        exit = engine.child.try_wait().unwrap();
         exit.is_some()
     });
     assert!(exited, "did not exit on SIGTERM");
@@ -221,53 +206,17 @@ fn check_validates_the_admin_section_and_names_allowed_values() {
 #[test]
 fn a_stuck_access_log_reader_does_not_stop_the_gateway() {
     use std::io::{Read, Write};
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let engine_port = free_port_pair();
-    let _engine = Kill(
-        Command::new(BIN)
-            .args([
-                "engine",
-                "--listen",
-                &format!("127.0.0.1:{engine_port}"),
-                "--preset",
-                "zero",
-                "--model",
-                "m",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let engine_up = wait_until(1000, || {
-        try_get(engine_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
-    assert!(engine_up, "the engine starts");
-    let gateway_port = free_port_pair();
-    let dir = std::env::temp_dir().join(format!("spillway-stuck-log-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("gw.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: 127.0.0.1:{gateway_port}\nroutes:\n  - model: m\n    replicas: [http://127.0.0.1:{engine_port}]\n    health: {{ enabled: false }}\n"
-        ),
-    )
-    .unwrap();
+    let engine = Process::engine(BIN, &["--preset", "zero", "--model", "m"]);
     // stdout is a pipe this test never reads.
-    let gateway = Kill(
-        Command::new(BIN)
-            .args(["serve", "--config", config.to_str().unwrap()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let gateway = Process::gateway(
+        BIN,
+        "routes:\n  - model: m\n    replicas: [{E0}]\n    health: { enabled: false }\n",
+        &[engine.url()],
+        |cmd| {
+            cmd.stdout(Stdio::piped());
+        },
     );
-    let up = wait_until(1000, || {
-        try_get(gateway_port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-    });
-    assert!(up, "the gateway starts");
-    drop(ports);
+    let gateway_port = gateway.port;
     let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
     for i in 0..2000 {
         let mut s = TcpStream::connect(("127.0.0.1", gateway_port)).unwrap();
@@ -286,7 +235,6 @@ fn a_stuck_access_log_reader_does_not_stop_the_gateway() {
         );
     }
     drop(gateway);
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -351,4 +299,27 @@ fn completions_cover_every_command_and_a_flag() {
         "{:?}: {stderr}",
         gone.status
     );
+}
+
+/// `spillway check … | head`: a reader that has gone before the output is written ends every
+/// command quietly with status 0, as `completions` does, instead of a broken-pipe panic (101).
+#[test]
+fn a_reader_that_has_gone_ends_a_command_quietly() {
+    let config = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/spillway.yaml");
+    for args in [
+        vec!["check", config],
+        vec!["key"],
+        vec!["--help"],
+        vec!["completions", "zsh"],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(BIN).args(&args).stdout(writer).output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.code() == Some(0) && !stderr.contains("panicked"),
+            "{args:?}: {:?}: {stderr}",
+            out.status
+        );
+    }
 }

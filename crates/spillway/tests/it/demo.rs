@@ -2,7 +2,6 @@
 
 use crate::support::BIN;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 /// The numbers of one row of the side-by-side: admission off, then the planned limits.
 fn row(out: &str, name: &str) -> (u64, u64) {
@@ -92,8 +91,30 @@ fn ctrl_c_stops_the_demo_and_its_servers() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spillway demo starts");
-    // Into the staircase: the engines and the gateway are serving.
-    std::thread::sleep(Duration::from_secs(2));
+    // Into the staircase: the engines and the gateway are serving once its heading is out.
+    let printed = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (printed, stdout) = (printed.clone(), child.stdout.take().expect("piped stdout"));
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let mut p = printed.lock().unwrap();
+                p.push_str(&line);
+                p.push('\n');
+            }
+        })
+    };
+    let staircase = crate::support::wait_until(3000, || {
+        printed
+            .lock()
+            .unwrap()
+            .contains("== 2. staircase through the gateway")
+    });
+    assert!(
+        staircase,
+        "the demo never reached its staircase:\n{}",
+        printed.lock().unwrap()
+    );
     let sent = Command::new("kill")
         .args(["-INT", &child.id().to_string()])
         .status()
@@ -104,6 +125,7 @@ fn ctrl_c_stops_the_demo_and_its_servers() {
         let _ = child.kill();
     }
     let out = child.wait_with_output().expect("the demo ends");
+    reader.join().expect("stdout read to its end");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(waited, "the demo did not stop within 10 s of Ctrl-C");
     assert_eq!(out.status.code(), Some(130), "{stderr}");

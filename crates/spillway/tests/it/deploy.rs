@@ -3,13 +3,14 @@
 //! period outlasts the drain.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, try_get, wait_until};
+use crate::support::{BIN, try_get};
+use testkit::Process;
 
 /// Long enough for `spillway check`; the token itself is never used against a server.
 const TOKEN: &str = "deploy-test-admin-token-0123456789";
@@ -245,29 +246,18 @@ fn the_probes_name_endpoints_the_gateway_serves_on_its_listen_port() {
         admin_port
     );
 
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
     let mut yaml: serde_yaml_ng::Value = serde_yaml_ng::from_str(&config_text()).unwrap();
-    yaml["listen"] = format!("127.0.0.1:{port}").into();
-    yaml["admin"]["listen"] = format!("127.0.0.1:{}", port + 1).into();
-    let path = temp_file("probes", &serde_yaml_ng::to_string(&yaml).unwrap());
-    let _gateway = Kill(
-        Command::new(BIN)
-            .args(["serve", "--config", path.to_str().unwrap()])
-            .env("SPILLWAY_ADMIN_TOKEN", TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    yaml["listen"] = "127.0.0.1:{PORT}".into();
+    yaml["admin"]["listen"] = "127.0.0.1:{PORT1}".into();
+    let gateway = Process::gateway(BIN, &serde_yaml_ng::to_string(&yaml).unwrap(), &[], |cmd| {
+        cmd.env("SPILLWAY_ADMIN_TOKEN", TOKEN);
+    });
+    let port = gateway.port;
     let status = |path: &str| {
         try_get(port, path)
             .ok()
             .and_then(|r| r.get(9..12).map(str::to_owned))
     };
-    let up = wait_until(1000, || status("/health").is_some());
-    drop(ports);
-    assert!(up, "the gateway starts from the ConfigMap's config");
     let health = liveness["path"].as_str().unwrap();
     let ready = readiness["path"].as_str().unwrap();
     assert_eq!(status(health).as_deref(), Some("200"));
@@ -277,7 +267,6 @@ fn the_probes_name_endpoints_the_gateway_serves_on_its_listen_port() {
         "{ready} answered {ready_status}"
     );
     assert_eq!(status("/no-such-probe").as_deref(), Some("404"));
-    let _ = std::fs::remove_dir_all(path.parent().unwrap());
 }
 
 #[test]

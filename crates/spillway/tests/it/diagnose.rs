@@ -2,9 +2,10 @@
 //! listener, with the exit code carrying the verdict.
 
 use std::net::TcpStream;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 
-use crate::support::{BIN, Kill, PORTS, free_port_pair, wait_until};
+use crate::support::{BIN, wait_until};
+use testkit::Process;
 
 fn diagnose(args: &[&str]) -> Output {
     Command::new(BIN).arg("diagnose").args(args).output().unwrap()
@@ -12,35 +13,19 @@ fn diagnose(args: &[&str]) -> Output {
 
 #[test]
 fn exit_codes_follow_the_verdict_across_three_endpoints() {
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
     let dcgm_port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
         .unwrap()
         .port();
-    let _engine = Kill(
-        Command::new(BIN)
-            .args([
-                "engine",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--replicas",
-                "2",
-            ])
-            .args(["--dcgm-listen", &format!("127.0.0.1:{dcgm_port}")])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let dcgm_listen = format!("127.0.0.1:{dcgm_port}");
+    // Two replicas, on testkit's port and the next, both up when it returns.
+    let engine = Process::engine(BIN, &["--replicas", "2", "--dcgm-listen", &dcgm_listen]);
+    let port = engine.port;
+    assert!(
+        wait_until(1000, || TcpStream::connect(("127.0.0.1", dcgm_port)).is_ok()),
+        "the DCGM listener on {dcgm_port} is not up"
     );
-    for p in [port, port + 1, dcgm_port] {
-        assert!(
-            wait_until(1000, || TcpStream::connect(("127.0.0.1", p)).is_ok()),
-            "{p} not up"
-        );
-    }
-    drop(ports);
     let targets = [
         format!("127.0.0.1:{port}"),
         format!("http://127.0.0.1:{}/metrics", port + 1),

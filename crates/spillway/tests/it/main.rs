@@ -10,4 +10,5 @@ mod shared;
 mod slo_mix;
 mod support;
 mod tenants;
+mod tls;
 mod vllm;

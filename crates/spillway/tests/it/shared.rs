@@ -6,6 +6,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+use testkit::Process;
 use tokio::time::Instant;
 
 fn redis_cli(port: u16, args: &[&str]) -> String {
@@ -37,20 +38,18 @@ fn slots_held(redis_port: u16) -> u32 {
     .unwrap_or(u32::MAX)
 }
 
-/// Starts a gateway on `config`, sharing limits through the Redis on `redis_port`.
-fn gateway(config: &std::path::Path, port: u16, redis_port: u16) -> Kill {
-    let child = Command::new(BIN)
-        .args(["serve", "--config", config.to_str().unwrap()])
-        .env("SPILLWAY_REDIS_URL", format!("redis://127.0.0.1:{redis_port}/"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let up = wait_until(1000, || {
-        try_get(port, "/metrics").is_ok_and(|r| r.contains("spillway_limits_mode{mode=\"shared\"} 1"))
+/// Starts a gateway on `yaml` in front of `engine`, sharing limits through the Redis on
+/// `redis_port`, once it has reached Redis.
+fn gateway(yaml: &str, engine: &Process, redis_port: u16) -> Process {
+    let redis = format!("redis://127.0.0.1:{redis_port}/");
+    let gw = Process::gateway(BIN, yaml, &[engine.url()], |cmd| {
+        cmd.env("SPILLWAY_REDIS_URL", &redis);
     });
-    assert!(up, "the gateway starts and reaches Redis");
-    Kill(child)
+    let up = wait_until(1000, || {
+        try_get(gw.port, "/metrics").is_ok_and(|r| r.contains("spillway_limits_mode{mode=\"shared\"} 1"))
+    });
+    assert!(up, "the gateway reaches Redis");
+    gw
 }
 
 /// Opens a streamed request and leaves it running (the connection is returned, unread).
@@ -90,47 +89,29 @@ fn slots_of_a_killed_gateway_are_free_again_within_the_lease_ttl() {
         wait_until(500, || redis_cli(redis_port, &["PING"]) == "PONG"),
         "redis-server starts"
     );
-    let engine_port = free_port_pair();
-    let _engine = Kill(
-        Command::new(BIN)
-            .args(["engine", "--listen", &format!("127.0.0.1:{engine_port}")])
-            .args(["--preset", "tiny", "--model", "m", "--fault-stall-after", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    drop(ports);
+    let engine = Process::engine(
+        BIN,
+        &["--preset", "tiny", "--model", "m", "--fault-stall-after", "2"],
     );
-    assert!(wait_until(1000, || try_get(engine_port, "/health")
-        .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))));
-    let gateway_port = free_port_pair();
-    let dir = tempfile_dir();
-    let config = dir.join("gw.yaml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen: 127.0.0.1:{gateway_port}
-redis: {{ gateways: 2, lease_ttl: 2s, namespace: killed }}
+    let yaml = "redis: { gateways: 2, lease_ttl: 2s, namespace: killed }
 routes:
   - model: m
-    replicas: [http://127.0.0.1:{engine_port}]
-    health: {{ enabled: false }}
-    timeouts: {{ connect: 1s, first_token: 10s, stream_idle: 60s, total: 120s }}
+    replicas: [{E0}]
+    health: { enabled: false }
+    timeouts: { connect: 1s, first_token: 10s, stream_idle: 60s, total: 120s }
     classes:
-      - {{ name: default, concurrency: 3, queue: 0, queue_wait: 1s }}
-"
-        ),
-    )
-    .unwrap();
-    let mut first = gateway(&config, gateway_port, redis_port);
-    drop(ports);
+      - { name: default, concurrency: 3, queue: 0, queue_wait: 1s }
+";
+    let mut first = gateway(yaml, &engine, redis_port);
+    let gateway_port = first.port;
     let streams: Vec<TcpStream> = (0..3).map(|_| open_stream(gateway_port)).collect();
     assert!(
         wait_until(500, || slots_held(redis_port) == 3),
         "three slots taken"
     );
     // SIGKILL: no drain, no release.
-    let _ = first.0.kill();
-    let _ = first.0.wait();
+    first.kill();
     let killed = Instant::now();
     drop(streams);
     assert_eq!(
@@ -149,7 +130,8 @@ routes:
         "freed after {freed:?}"
     );
     // A new gateway gets the whole C again.
-    let _second = gateway(&config, gateway_port, redis_port);
+    let second = gateway(yaml, &engine, redis_port);
+    let gateway_port = second.port;
     let again: Vec<TcpStream> = (0..3).map(|_| open_stream(gateway_port)).collect();
     assert!(wait_until(500, || slots_held(redis_port) == 3));
     let mut refused = open_stream(gateway_port);
@@ -158,11 +140,4 @@ routes:
     refused.read_exact(&mut head).unwrap();
     assert_eq!(&head, b"HTTP/1.1 503", "C = 3 is full: the fourth is refused");
     drop(again);
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-fn tempfile_dir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("spillway-killed-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

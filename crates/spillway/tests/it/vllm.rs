@@ -386,63 +386,33 @@ pub(crate) fn open_stream(port: u16, body: &serde_json::Value) -> (TcpStream, St
     (s, String::from_utf8_lossy(&seen).into_owned())
 }
 
-/// A gateway in front of vLLM replicas, its access log in a file.
+/// A gateway in front of vLLM replicas (testkit's `spillway serve` process), its access log in a
+/// file.
 pub(crate) struct Gateway {
     pub(crate) port: u16,
-    log: PathBuf,
-    _child: crate::support::Kill,
-    _dir: TempDir,
+    process: testkit::Process,
 }
 
 impl Gateway {
     /// `spillway serve` with one route, `tiny`, to `replicas`; `route_extra` is YAML added to the
     /// route (indented for it, e.g. `"    balance: engine_aware\n"`).
     pub(crate) fn start(replicas: &[u16], route_extra: &str) -> Gateway {
-        let dir = TempDir::new("gw");
-        let port = {
-            let _ports = crate::support::PORTS.lock().unwrap_or_else(|e| e.into_inner());
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-                .port()
-        };
         let replicas: Vec<String> = replicas.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
         let config = format!(
-            "listen: 127.0.0.1:{port}\nroutes:\n  - model: {MODEL}\n    replicas: [{}]\n{route_extra}",
+            "routes:\n  - model: {MODEL}\n    replicas: [{}]\n{route_extra}",
             replicas.join(", ")
         );
-        let path = dir.0.join("spillway.yaml");
-        std::fs::write(&path, &config).unwrap();
-        let log = dir.0.join("access.log");
-        let errors = dir.0.join("stderr.log");
-        let child = Command::new(BIN)
-            .args(["serve", "--config", path.to_str().unwrap()])
-            .stdout(std::fs::File::create(&log).unwrap())
-            .stderr(std::fs::File::create(&errors).unwrap())
-            .spawn()
-            .unwrap();
-        let child = crate::support::Kill(child);
-        let up = crate::support::wait_until(1000, || {
-            try_get(port, "/health").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-        });
-        assert!(
-            up,
-            "the gateway did not start on:\n{config}\n{}",
-            std::fs::read_to_string(&errors).unwrap_or_default()
-        );
+        let process = testkit::Process::gateway(BIN, &config, &[], |_| {});
         Gateway {
-            port,
-            log,
-            _child: child,
-            _dir: dir,
+            port: process.port,
+            process,
         }
     }
 
     /// The access log's lines so far, parsed (each request's line is written when it ends).
     pub(crate) fn access_log(&self) -> Vec<serde_json::Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
+        self.process
+            .stdout()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())
             .collect()

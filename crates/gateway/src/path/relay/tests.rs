@@ -1,8 +1,9 @@
 use super::*;
+use crate::route::transport::{Conns, Response, Upstream};
 use std::sync::Arc;
 
 /// One POST of `{}` on `conns`, as the gateway sends them.
-async fn call(conns: &Arc<h1::Conns>) -> Result<h1::Response, h1::Error> {
+async fn call(conns: &Arc<Conns>) -> Result<Response, h1::Error> {
     let body = Bytes::from_static(b"{}");
     let request = h1::Request {
         path: "/v1/chat/completions",
@@ -30,7 +31,7 @@ async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
     wire.extend_from_slice(b"0\r\n\r\n");
     // One write: the whole answer reaches the gateway's first read.
     let (url, _replica) = testkit::serve_script(vec![wire], false).await;
-    let conns = Arc::new(h1::Conns::new(&url));
+    let conns = Arc::new(Upstream::conns(&url, None));
     let answer = call(&conns).await.unwrap();
     let mut ex = Ledger::new(
         Arc::new(crate::metrics::Metrics::new()),
@@ -77,7 +78,7 @@ async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Ledger) 
     }
     wire.extend_from_slice(b"0\r\n\r\n");
     let (url, _replica) = testkit::serve_script(vec![wire], false).await;
-    let conns = Arc::new(h1::Conns::new(&url));
+    let conns = Arc::new(Upstream::conns(&url, None));
     let answer = call(&conns).await.unwrap();
     let mut ex = Ledger::new(
         Arc::new(crate::metrics::Metrics::new()),
