@@ -4,32 +4,9 @@
 //! hopeless class exactly as often as the bench counts `slo_unattainable`), the classes add up to
 //! the level, and each class's goodput is its own records' within its own objectives.
 
-use std::process::{Command, Stdio};
-
 use crate::bench::bench;
-use crate::support::{BIN, Kill, PORTS, free_port_pair, get, try_get, wait_until};
-
-/// An engine modelled on an 8B model on an H100 (milliseconds of prefill, not microseconds), with
-/// `extra` flags; on free ports.
-fn engine(extra: &[&str]) -> (Kill, u16) {
-    let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
-    let child = Command::new(BIN)
-        .args(["engine", "--listen", &format!("127.0.0.1:{port}"), "--model", "m"])
-        .args(["--preset", "llama-3.1-8b-h100"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let child = Kill(child);
-    assert!(
-        wait_until(1000, || try_get(port, "/health")
-            .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))),
-        "engine did not start"
-    );
-    (child, port)
-}
+use crate::support::{BIN, get};
+use testkit::Process;
 
 /// The gateway's `spillway_slo_routing_total` by verdict, summed over its other labels.
 fn verdicts(metrics: &str) -> std::collections::BTreeMap<String, f64> {
@@ -53,42 +30,27 @@ fn verdicts(metrics: &str) -> std::collections::BTreeMap<String, f64> {
 
 #[test]
 fn each_class_sends_its_objectives_and_is_judged_by_them() {
-    let (_fast, fast) = engine(&[]);
-    let (_slow, slow) = engine(&["--fault-slow", "4"]);
-    let dir = std::env::temp_dir().join(format!("spillway-bench-slo-mix-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let (config, json, html) = (dir.join("gw.yaml"), dir.join("r.json"), dir.join("r.html"));
-    let ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
-    let port = free_port_pair();
-    std::fs::write(
-        &config,
-        format!(
-            "listen: 127.0.0.1:{port}
-routes:
+    // An 8B model on an H100 as the simulator models it (milliseconds of prefill), and one four
+    // times slower.
+    let preset = ["--model", "m", "--preset", "llama-3.1-8b-h100"];
+    let fast = Process::engine(BIN, &preset);
+    let slow = Process::engine(BIN, &[&preset[..], &["--fault-slow", "4"]].concat());
+    let gateway = Process::gateway(
+        BIN,
+        "routes:
   - model: m
-    replicas: [http://127.0.0.1:{fast}, http://127.0.0.1:{slow}]
+    replicas: [{E0}, {E1}]
     balance: slo
     classes:
-      - {{ name: default, concurrency: 64, queue: 64, queue_wait: 2s }}
-"
-        ),
-    )
-    .unwrap();
-    let gateway = Kill(
-        Command::new(BIN)
-            .args(["serve", "--config", config.to_str().unwrap()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+      - { name: default, concurrency: 64, queue: 64, queue_wait: 2s }
+",
+        &[fast.url(), slow.url()],
+        |_| {},
     );
-    assert!(
-        wait_until(1000, || try_get(port, "/ready")
-            .is_ok_and(|r| r.starts_with("HTTP/1.1 200"))),
-        "the gateway starts"
-    );
-    drop(ports);
-    let url = format!("http://127.0.0.1:{port}");
+    let dir = std::env::temp_dir().join(format!("spillway-bench-slo-mix-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (json, html) = (dir.join("r.json"), dir.join("r.html"));
+    let (url, port) = (gateway.url(), gateway.port);
     // Tight and loose objectives, and a sheddable class no replica can meet (a first token within
     // a microsecond): once the models have seen their first streams, the gateway refuses it.
     let mix = "tight:0.3:ttft=100ms:tpot=50ms,loose:0.5:ttft=2s,hopeless:0.2:ttft=1us:priority=sheddable";
@@ -118,7 +80,7 @@ routes:
         html.to_str().unwrap(),
         "--quiet",
     ]);
-    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert_eq!(code, Some(0), "{stdout}{stderr}\ngateway: {}", gateway.stderr());
     assert!(
         stdout.contains("objectives (--slo-mix)") && stdout.contains("hopeless"),
         "{stdout}"
