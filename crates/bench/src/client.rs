@@ -125,6 +125,12 @@ pub struct Record {
     /// The tenant that sent it, in a run of several (`--tenant`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tenant: Option<std::sync::Arc<str>>,
+    /// The objective class it drew, in a run with `--slo-mix`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub slo_class: Option<std::sync::Arc<str>>,
+    /// A refusal's machine-readable `error.code` (a string, as the gateway's `slo_unattainable`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error_code: Option<String>,
     #[serde(skip)]
     pub error: Option<String>,
 }
@@ -170,6 +176,8 @@ impl Record {
             retry_after: None,
             retry_wait: None,
             tenant: None,
+            slo_class: None,
+            error_code: None,
             error: None,
         }
     }
@@ -236,6 +244,8 @@ pub struct Client {
     uri: hyper::Uri,
     honor_retry_after: bool,
     tenant: Option<std::sync::Arc<str>>,
+    /// Objective classes each request of a load draws from (`--slo-mix`).
+    slo_mix: Option<std::sync::Arc<crate::slo_mix::SloMix>>,
 }
 
 impl Client {
@@ -268,6 +278,7 @@ impl Client {
             uri,
             honor_retry_after: false,
             tenant: None,
+            slo_mix: None,
         })
     }
 
@@ -276,6 +287,17 @@ impl Client {
     pub fn honoring_retry_after(mut self, honor: bool) -> Client {
         self.honor_retry_after = honor;
         self
+    }
+
+    /// A client whose load draws each request's objectives from `mix` (see [`crate::load`]).
+    pub fn with_slo_mix(mut self, mix: Option<crate::slo_mix::SloMix>) -> Client {
+        self.slo_mix = mix.map(std::sync::Arc::new);
+        self
+    }
+
+    /// The objective classes a load draws from, if any.
+    pub fn slo_mix(&self) -> Option<&crate::slo_mix::SloMix> {
+        self.slo_mix.as_deref()
     }
 
     /// The same connections, sending as `tenant` with its key, its records tagged with its name.
@@ -370,11 +392,26 @@ impl Client {
     /// Sends `prompt` now and measures it; `scheduled` is when it should have gone, `epoch` the start
     /// of its level.
     pub async fn send(&self, prompt: &Prompt, scheduled: Instant, epoch: Instant) -> Record {
+        self.send_as(prompt, None, scheduled, epoch).await
+    }
+
+    /// [`Client::send`], the request carrying `class`'s objectives in its headers and its record
+    /// tagged with the class.
+    pub async fn send_as(
+        &self,
+        prompt: &Prompt,
+        class: Option<&crate::slo_mix::SloClass>,
+        scheduled: Instant,
+        epoch: Instant,
+    ) -> Record {
         let body = self.body(prompt);
         let sent = Instant::now();
         let mut req = hyper::Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/json");
         if let Some(key) = &self.target.api_key {
             req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+        }
+        for (name, value) in class.map(crate::slo_mix::SloClass::headers).unwrap_or_default() {
+            req = req.header(name, value);
         }
         let mut rec = Record::unanswered(
             scheduled.saturating_duration_since(epoch),
@@ -383,6 +420,7 @@ impl Client {
         );
         rec.asked_input_tokens = prompt.input_tokens;
         rec.tenant = self.tenant.clone();
+        rec.slo_class = class.map(|c| c.name.clone());
         let req = match req.body(Full::new(body)) {
             Ok(r) => r,
             Err(e) => {
@@ -413,7 +451,11 @@ impl Client {
                     .and_then(retry_after);
                 let body = Limited::new(resp.into_body(), 64 << 10).collect().await;
                 rec.error = Some(match body {
-                    Ok(b) => error_message(&b.to_bytes()),
+                    Ok(b) => {
+                        let b = b.to_bytes();
+                        rec.error_code = error_code(&b);
+                        error_message(&b)
+                    }
                     Err(_) => status.to_string(),
                 });
                 return;
@@ -454,6 +496,14 @@ pub fn error_message(body: &[u8]) -> String {
             .trim()
             .to_owned()
     })
+}
+
+/// An OpenAI-shaped error's `error.code` when it is a short string (the gateway's
+/// `slo_unattainable`, `queue_full`, …); numbers and long text are no code to count by.
+pub fn error_code(body: &[u8]) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let code = v.pointer("/error/code")?.as_str()?;
+    (!code.is_empty() && code.len() <= 64).then(|| code.to_owned())
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {
@@ -774,5 +824,10 @@ mod tests {
             "The model `x` does not exist."
         );
         assert_eq!(error_message(b"upstream connect error"), "upstream connect error");
+        let refused =
+            br#"{"error":{"message":"cannot meet","type":"rate_limit_error","code":"slo_unattainable"}}"#;
+        assert_eq!(error_code(refused).as_deref(), Some("slo_unattainable"));
+        assert_eq!(error_code(br#"{"error":{"message":"busy","code":503}}"#), None);
+        assert_eq!(error_code(b"upstream connect error"), None);
     }
 }

@@ -588,6 +588,7 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
         let _ = writeln!(h, "<td class=\"v\">{}</td></tr>", verdict_cell(l));
     }
     h.push_str("</table>\n");
+    slo_classes(r, h)?;
     tenants(r, h);
     if !r.bursts.is_empty() {
         h.push_str(
@@ -608,6 +609,94 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
             esc(&crate::report::burst_line(b))
         );
         h.push_str(&burst_chart(r, b)?);
+        h.push('\n');
+    }
+    Ok(())
+}
+
+/// Each level's objective classes (`--slo-mix`): one row per level and class, and, over two or
+/// more levels, each class's goodput against load.
+fn slo_classes(r: &Report, h: &mut String) -> Result<(), String> {
+    use crate::report::{SLO_COUNTS, SLO_LATENCIES, slo_class_cells};
+    let levels: Vec<&LevelReport> = r
+        .levels
+        .iter()
+        .chain(r.bursts.iter().map(|b| &b.level))
+        .filter(|l| !l.slo_classes.is_empty())
+        .collect();
+    if levels.is_empty() {
+        return Ok(());
+    }
+    h.push_str("<h2>Objectives (--slo-mix)</h2>\n<table>\n<tr><th class=\"l\">level</th>");
+    for (i, c) in SLO_COUNTS.iter().chain(&SLO_LATENCIES).enumerate() {
+        let class = if i < 1 { " class=\"l\"" } else { "" };
+        let _ = write!(h, "<th{class}>{}</th>", esc(c));
+    }
+    h.push_str("</tr>\n");
+    for l in &levels {
+        for c in &l.slo_classes {
+            let (counts, latencies) = slo_class_cells(c);
+            let _ = write!(
+                h,
+                "<tr><td class=\"l\">{} {}</td>",
+                esc(l.phase.name()),
+                esc(&l.load.to_string())
+            );
+            for (i, cell) in counts.iter().chain(&latencies).enumerate() {
+                let class = if i < 1 { " class=\"l\"" } else { "" };
+                let _ = write!(h, "<td{class}>{}</td>", esc(cell));
+            }
+            h.push_str("</tr>\n");
+            if !c.error_kinds.is_empty() {
+                let kinds: Vec<String> = c.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                let _ = writeln!(
+                    h,
+                    "<tr><td></td><td class=\"l w\" colspan=\"14\">{} errors: {}</td></tr>",
+                    esc(&c.name),
+                    esc(&kinds.join(", "))
+                );
+            }
+        }
+    }
+    h.push_str("</table>\n");
+    let _ = writeln!(h, "<p>{}</p>", esc(crate::report::SLO_LEGEND));
+    let curve: Vec<&LevelReport> = curve(r)
+        .into_iter()
+        .filter(|l| !l.slo_classes.is_empty())
+        .collect();
+    if curve.len() >= 2 {
+        let axis = curve[0].load.axis();
+        let series = curve[0]
+            .slo_classes
+            .iter()
+            .enumerate()
+            .map(|(k, c)| Series {
+                name: format!("{}: goodput within its own objectives", c.name),
+                points: curve
+                    .iter()
+                    .map(|l| {
+                        let share = l.slo_classes.get(k).map(|c| c.goodput_share * 100.0);
+                        (l.load.value(), share)
+                    })
+                    .collect(),
+            })
+            .collect();
+        let figure = Figure {
+            x_desc: axis,
+            x_min: None,
+            x_pad: 0.03,
+            panels: vec![Panel {
+                title: "Goodput of each objective class against load".into(),
+                y_desc: "% of the class's requests",
+                series,
+                dots: true,
+                hlines: Vec::new(),
+                vlines: markers(r),
+                shade: None,
+                gaps: None,
+            }],
+        };
+        h.push_str(&figure.html()?);
         h.push('\n');
     }
     Ok(())
@@ -762,6 +851,31 @@ fn parameters(r: &Report, h: &mut String) {
         ),
         ("most in flight (open loop)", Some(p.max_in_flight.to_string())),
         ("honour Retry-After", Some(yes(p.honor_retry_after))),
+        (
+            "objective classes (--slo-mix)",
+            (!p.slo_mix.is_empty()).then(|| {
+                list(
+                    p.slo_mix
+                        .iter()
+                        .map(|c| {
+                            let mut tpot = c
+                                .tpot
+                                .map(|t| format!(", TPOT ≤ {}", duration(t)))
+                                .unwrap_or_default();
+                            if let Some(p) = c.priority {
+                                tpot.push_str(&format!(", priority {p}"));
+                            }
+                            format!(
+                                "{} ({:.1}% of requests: TTFT ≤ {}{tpot})",
+                                c.name,
+                                c.share * 100.0,
+                                duration(c.ttft)
+                            )
+                        })
+                        .collect(),
+                )
+            }),
+        ),
         ("seed", Some(p.seed.to_string())),
     ];
     h.push_str("<h2>Parameters</h2>\n<table>\n");

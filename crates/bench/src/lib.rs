@@ -11,6 +11,8 @@
 //! - [`machine`]: the host, cores and processor the run ran on, for the reports.
 //! - [`tenants`]: several tenants at once, each with its own key and load; their shares and Jain's
 //!   fairness index.
+//! - [`slo_mix`]: mixed per-request objectives (`--slo-mix`), sent as headers; each class's
+//!   goodput against its own objectives.
 //! - [`run`]: the phases (baseline, staircase + bisection, long mix, burst) and the safe load.
 //! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`run::Report`];
 //!   `progress` is the live line on stderr.
@@ -22,6 +24,7 @@ pub mod machine;
 mod progress;
 pub mod report;
 pub mod run;
+pub mod slo_mix;
 pub mod spec;
 pub mod stats;
 pub mod tenants;

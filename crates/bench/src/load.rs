@@ -204,7 +204,10 @@ impl Driver {
                         break;
                     }
                     let prompt = workload.next(&mut rng);
-                    let mut rec = client.send(&prompt, free_at, level_start).await;
+                    let class = client.slo_mix().map(|m| m.draw(&mut rng).clone());
+                    let mut rec = client
+                        .send_as(&prompt, class.as_ref(), free_at, level_start)
+                        .await;
                     if let Some(wait) = rec.retry_after.filter(|_| client.honors_retry_after()) {
                         // As a well-behaved client would, but not past the level's end nor the
                         // request timeout, whatever the server asks.
@@ -260,9 +263,12 @@ impl Driver {
             sent += 1;
             in_flight.fetch_add(1, Ordering::Relaxed);
             let prompt = workload.next(&mut rng);
+            let class = self.client.slo_mix().map(|m| m.draw(&mut rng).clone());
             let (client, sink, in_flight) = (self.client.clone(), sink.clone(), in_flight.clone());
             tasks.spawn(async move {
-                let rec = client.send(&prompt, scheduled, level_start).await;
+                let rec = client
+                    .send_as(&prompt, class.as_ref(), scheduled, level_start)
+                    .await;
                 in_flight.fetch_sub(1, Ordering::Relaxed);
                 sink.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
             });

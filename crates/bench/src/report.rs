@@ -461,6 +461,10 @@ pub fn table_for(r: &Report, width: Width) -> String {
     for l in r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)) {
         out.push_str(&table_level(l, width));
     }
+    out.push_str(&slo_classes_table(
+        r.levels.iter().chain(r.bursts.iter().map(|b| &b.level)),
+        width,
+    ));
     out.push_str(&tenants_table(&r.tenants, r.fairness.as_ref(), width));
     out.push_str(&table_tail(r, width));
     out
@@ -609,6 +613,125 @@ pub fn tenants_table(
     out
 }
 
+/// The counts of an objective class's row (`--slo-mix`), as the terminal and the HTML show them.
+pub(crate) const SLO_COUNTS: [&str; 9] = [
+    "class", "ttft≤", "tpot≤", "sent", "served", "429", "503", "unatt", "err",
+];
+/// Its goodput and latencies, after the class's name.
+pub(crate) const SLO_LATENCIES: [&str; 5] = ["goodput", "ttft50", "ttft99", "tpot50", "tpot99"];
+
+/// One class's values for [`SLO_COUNTS`] and [`SLO_LATENCIES`] (its name not repeated).
+pub(crate) fn slo_class_cells(c: &crate::slo_mix::SloClassReport) -> ([String; 9], [String; 5]) {
+    let objective = |d: Option<std::time::Duration>| d.map_or("-".to_owned(), |d| secs(d.as_secs_f64()));
+    (
+        [
+            c.name.to_string(),
+            objective(Some(c.ttft_objective)),
+            objective(c.tpot_objective),
+            c.sent.to_string(),
+            c.served.to_string(),
+            c.refused_429.to_string(),
+            c.refused_503.to_string(),
+            c.slo_unattainable.to_string(),
+            c.errors.to_string(),
+        ],
+        [
+            format!("{:.1}%", c.goodput_share * 100.0),
+            opt(c.ttft.map(|p| p.p50)),
+            opt(c.ttft.map(|p| p.p99)),
+            opt(c.tpot.map(|p| p.p50)),
+            opt(c.tpot.map(|p| p.p99)),
+        ],
+    )
+}
+
+/// What the objectives' table's short headers mean.
+pub const SLO_LEGEND: &str = "ttft≤, tpot≤: the class's objectives, sent with each of its requests; sent = served + 429 + \
+     503 + err; unatt: refusals whose error code was slo_unattainable (no replica predicted to meet \
+     the objectives); goodput: share of the class's sent requests served within its own objectives; \
+     latencies over served requests";
+
+/// Under this many columns the objectives' table is split in two (counts, then goodput and
+/// latencies) so that each fits 80; from it, one row per class fits.
+const SLO_ONE_TABLE_FROM: usize = 120;
+
+/// Each level's objective classes (`--slo-mix`): for every level, a row per class with its counts,
+/// its goodput against its own objectives and its TTFT/TPOT; empty for a run without a mix.
+pub fn slo_classes_table<'a>(levels: impl Iterator<Item = &'a LevelReport>, width: Width) -> String {
+    let levels: Vec<&LevelReport> = levels.filter(|l| !l.slo_classes.is_empty()).collect();
+    let mut out = String::new();
+    let Some(first) = levels.first() else {
+        return out;
+    };
+    let name_width = first
+        .slo_classes
+        .iter()
+        .map(|c| c.name.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(5, crate::slo_mix::MAX_NAME);
+    // With a name of MAX_NAME, the counts are 69 columns and one whole row 114.
+    let count_widths = [name_width, 7, 7, 6, 6, 5, 5, 5, 5];
+    let latency_widths = [8; 5];
+    let one_table = match width {
+        Width::Full => true,
+        Width::Narrow(columns) => columns >= SLO_ONE_TABLE_FROM,
+    };
+    out.push('\n');
+    line(
+        &mut out,
+        "objectives (--slo-mix): each class against its own objectives",
+        width,
+    );
+    for l in levels {
+        let _ = writeln!(out, "{} {}", l.phase.name(), l.load);
+        let cells: Vec<_> = l.slo_classes.iter().map(slo_class_cells).collect();
+        if one_table {
+            let header: Vec<String> = SLO_COUNTS
+                .iter()
+                .chain(&SLO_LATENCIES)
+                .map(|h| (*h).to_owned())
+                .collect();
+            let widths: Vec<usize> = count_widths.iter().chain(&latency_widths).copied().collect();
+            let _ = writeln!(out, "{}", row_one_left(&header, &widths).trim_end());
+            for (counts, latencies) in &cells {
+                let all: Vec<String> = counts.iter().chain(latencies).cloned().collect();
+                let _ = writeln!(out, "{}", row_one_left(&all, &widths).trim_end());
+            }
+        } else {
+            let header = SLO_COUNTS.map(str::to_owned);
+            let _ = writeln!(out, "{}", row_one_left(&header, &count_widths).trim_end());
+            for (counts, _) in &cells {
+                let _ = writeln!(out, "{}", row_one_left(counts, &count_widths).trim_end());
+            }
+            let widths: Vec<usize> = std::iter::once(name_width).chain(latency_widths).collect();
+            let header: Vec<String> = std::iter::once("class")
+                .chain(SLO_LATENCIES)
+                .map(str::to_owned)
+                .collect();
+            let _ = writeln!(out, "{}", row_one_left(&header, &widths).trim_end());
+            for (c, (_, latencies)) in l.slo_classes.iter().zip(&cells) {
+                let all: Vec<String> = std::iter::once(c.name.to_string())
+                    .chain(latencies.iter().cloned())
+                    .collect();
+                let _ = writeln!(out, "{}", row_one_left(&all, &widths).trim_end());
+            }
+        }
+        for c in &l.slo_classes {
+            if !c.error_kinds.is_empty() {
+                let kinds: Vec<String> = c.error_kinds.iter().map(|(k, v)| format!("{k} {v}")).collect();
+                line(
+                    &mut out,
+                    &format!("{} errors: {}", c.name, kinds.join(", ")),
+                    width,
+                );
+            }
+        }
+    }
+    line(&mut out, SLO_LEGEND, width);
+    out
+}
+
 /// A row whose first cell alone is left-aligned.
 fn row_one_left(cells: &[String], widths: &[usize]) -> String {
     let mut out = String::new();
@@ -693,6 +816,90 @@ mod tests {
             "{full}"
         );
         assert_eq!(tenants_table(&[], None, Width::Full), "");
+    }
+
+    /// Two classes, one with the longest name allowed and large counts: under 120 columns two
+    /// tables that each fit 80; from 120, one row per class that fits 120.
+    #[test]
+    fn the_objectives_table_fits_80_columns_when_narrow() {
+        use crate::client::{Outcome, Record};
+        use crate::run::LevelReport;
+        use crate::slo_mix::{SloMix, reports};
+        use crate::spec::{Load, Phase};
+        use std::time::Duration;
+        let mix: SloMix = "sixteen-chars-ab:0.3:ttft=100ms:tpot=20ms,loose:0.7:ttft=1500ms"
+            .parse()
+            .unwrap();
+        let rec = |class: &str, outcome: Outcome| {
+            let mut r = Record::unanswered(Duration::ZERO, Duration::ZERO, false);
+            r.slo_class = Some(class.into());
+            if outcome == Outcome::Ok {
+                // TPOT (90 − 50) / 2 = 20 ms: within the tight class's objective, just.
+                (r.ttft, r.e2e, r.output_tokens) =
+                    (Some(Duration::from_millis(50)), Duration::from_millis(90), 3);
+            } else {
+                r.error_code = Some("slo_unattainable".into());
+            }
+            r.outcome = outcome;
+            r
+        };
+        let mut recs: Vec<Record> = (0..99_999)
+            .map(|_| rec("sixteen-chars-ab", Outcome::Ok))
+            .collect();
+        recs.extend((0..12_345).map(|_| rec("sixteen-chars-ab", Outcome::Status { code: 429 })));
+        recs.push(rec("loose", Outcome::Ok));
+        recs.push(rec("loose", Outcome::Timeout));
+        let refs: Vec<&Record> = recs.iter().collect();
+        let wall = Duration::from_secs(30);
+        let slo: crate::spec::Slo = "ttft_p95=1s".parse().unwrap();
+        let level = LevelReport {
+            phase: Phase::Staircase,
+            load: Load::Concurrency(1024),
+            start: Duration::ZERO,
+            end: wall,
+            stats: crate::stats::LevelStats::compute(&refs, wall, &slo),
+            short: None,
+            long: None,
+            queue: None,
+            client_loop_lag: None,
+            unsent: 0,
+            warmup_requests: 0,
+            distorted: None,
+            too_short: None,
+            pass: true,
+            reasons: Vec::new(),
+            error_examples: Default::default(),
+            slo_classes: reports(&mix, &refs, wall),
+            records: None,
+        };
+        let narrow = slo_classes_table(std::iter::once(&level), Width::Narrow(80));
+        for l in narrow.lines() {
+            assert!(
+                l.chars().count() <= 80,
+                "{} columns: {l}\n{narrow}",
+                l.chars().count()
+            );
+        }
+        assert!(narrow.contains("staircase C=1024"), "{narrow}");
+        let counts = narrow
+            .lines()
+            .find(|l| l.starts_with("sixteen-chars-ab "))
+            .unwrap();
+        assert!(
+            counts.contains("100.0ms") && counts.contains("20.0ms") && counts.contains("12345"),
+            "{narrow}"
+        );
+        assert!(narrow.contains("loose errors: timeout 1"), "{narrow}");
+        let words = narrow.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words.contains("unatt: refusals whose error code was slo_unattainable"),
+            "{narrow}"
+        );
+        let wide = slo_classes_table(std::iter::once(&level), Width::Narrow(120));
+        let row = wide.lines().find(|l| l.starts_with("sixteen-chars-ab ")).unwrap();
+        assert!(row.chars().count() <= 120, "{wide}");
+        assert!(row.contains("12345") && row.contains("89.0%"), "{wide}");
+        assert_eq!(slo_classes_table(std::iter::empty(), Width::Full), "");
     }
 
     #[test]

@@ -101,6 +101,8 @@ pub struct Parameters {
     pub seed: u64,
     /// Closed-loop clients waited what `Retry-After` said before sending again.
     pub honor_retry_after: bool,
+    /// The objective classes requests drew from (`--slo-mix`); empty without.
+    pub slo_mix: Vec<crate::slo_mix::SloClass>,
 }
 
 /// One level's results and its judgement.
@@ -132,6 +134,9 @@ pub struct LevelReport {
     pub reasons: Vec<String>,
     /// The first error message of each kind, as the server worded it.
     pub error_examples: std::collections::BTreeMap<&'static str, String>,
+    /// With `--slo-mix`: each objective class's requests against its own objectives, in the mix's
+    /// order; empty without.
+    pub slo_classes: Vec<crate::slo_mix::SloClassReport>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub records: Option<Vec<Record>>,
 }
@@ -320,6 +325,10 @@ pub struct Extras {
     /// of the phases (`loads`, `phases` and the target's key are not used). With
     /// [`Stop::Requests`], each tenant sends that many.
     pub tenants: Vec<crate::tenants::Tenant>,
+    /// Each request draws an objective class by share and sends its objectives as
+    /// `x-spillway-slo-ttft-ms` / `x-spillway-slo-tpot-ms`; each level reports every class
+    /// against its own objectives ([`LevelReport::slo_classes`]).
+    pub slo_mix: Option<crate::slo_mix::SloMix>,
 }
 
 /// See [`Extras::on_level`].
@@ -339,7 +348,9 @@ pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, Bench
     }
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
-    let client = Client::new(opts.target.clone())?.honoring_retry_after(extras.honor_retry_after);
+    let client = Client::new(opts.target.clone())?
+        .honoring_retry_after(extras.honor_retry_after)
+        .with_slo_mix(extras.slo_mix.clone());
     let tenant_clients = tenants::clients(&client, &extras.tenants)?;
     let template_tokens = match tenant_clients.first() {
         None => preflight(&client).await?,
@@ -494,6 +505,12 @@ impl Ctx {
         let warmup_requests = run.records.len() - all.len();
         let wall = run.end.saturating_sub(run.start + warm);
         let stats = LevelStats::compute(&all, wall, slo);
+        let slo_classes = self
+            .extras
+            .slo_mix
+            .as_ref()
+            .map(|mix| crate::slo_mix::reports(mix, &all, wall))
+            .unwrap_or_default();
         let (short, long) = if split {
             let (l, s): (Vec<&Record>, Vec<&Record>) = all.iter().partition(|r| r.long);
             (
@@ -566,6 +583,7 @@ impl Ctx {
         }
         LevelReport {
             error_examples,
+            slo_classes,
             phase,
             load,
             start: run.start,
@@ -748,6 +766,12 @@ impl Ctx {
                 max_in_flight: o.max_in_flight,
                 seed: o.seed,
                 honor_retry_after: self.extras.honor_retry_after,
+                slo_mix: self
+                    .extras
+                    .slo_mix
+                    .as_ref()
+                    .map(|m| m.classes.clone())
+                    .unwrap_or_default(),
             },
             started_at,
             finished_at: humantime::format_rfc3339_seconds(SystemTime::now()).to_string(),

@@ -376,6 +376,8 @@ mod tests {
             retry_after: None,
             retry_wait: None,
             tenant: None,
+            slo_class: None,
+            error_code: None,
             error: None,
         }
     }

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use bench::load::Stop;
+use bench::slo_mix::SloMix;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::tenants::{Tenant, TenantSpec};
 use bench::workload::{Source, Workload, load_dataset};
@@ -83,6 +84,16 @@ pub(crate) struct BenchArgs {
     /// --concurrency, --rate, --requests, --phases or --api-key-env.
     #[arg(long, value_name = "NAME=KEY_ENV:clients=N|rate=R", value_parser = TenantSpec::parse_flag)]
     tenant: Vec<TenantSpec>,
+    /// Mixed per-request objectives, NAME:SHARE:ttft=DURATION[:tpot=DURATION],... (e.g.
+    /// tight:0.3:ttft=100ms,loose:0.7:ttft=2s): each request draws a class by its share (from
+    /// --seed) and sends its objectives in milliseconds as x-spillway-slo-ttft-ms and
+    /// x-spillway-slo-tpot-ms, as a gateway with `balance: slo` reads them; every level then
+    /// reports each class against its own objectives (sent, served, refused, slo_unattainable,
+    /// goodput, TTFT and TPOT). Shares add up to 1; works with the staircase and with --tenant.
+    /// A class may add :priority=sheddable (or critical, standard), sent as x-spillway-priority:
+    /// the gateway refuses only sheddable requests it predicts it cannot serve in time.
+    #[arg(long, value_name = "NAME:SHARE:ttft=DUR[:tpot=DUR][:priority=P],...", value_parser = slo_mix)]
+    slo_mix: Option<SloMix>,
     /// Tenants from a YAML file, a list of {name, api_key_env, clients: N | rate: R}; with any
     /// --tenant, both are run.
     #[arg(long, value_name = "FILE")]
@@ -155,6 +166,10 @@ fn length_dist(s: &str) -> Result<LengthDist, String> {
         eprintln!("spillway: note: {hint}");
     }
     Ok(d)
+}
+
+fn slo_mix(s: &str) -> Result<SloMix, String> {
+    s.parse()
 }
 
 /// `N,L`: N prefixes (at least 1) of L tokens (at least 1).
@@ -336,6 +351,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
         honor_retry_after: a.honor_retry_after,
         on_level: None,
         tenants,
+        slo_mix: a.slo_mix,
     };
     Ok((opts, extras, a.json, a.html))
 }

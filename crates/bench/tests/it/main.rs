@@ -7,6 +7,7 @@ mod context;
 mod knee;
 mod report;
 mod retry_after;
+mod slo_mix;
 mod support;
 mod tenants;
 mod tls;

@@ -7,6 +7,7 @@ mod deploy;
 mod diagnose;
 mod plan;
 mod shared;
+mod slo_mix;
 mod support;
 mod tenants;
 mod tls;
