@@ -4,8 +4,9 @@
 -- weight first (ties by arrival), each pick charging its team as the grant will (acquire.lua
 -- has the service hash).
 --
--- Waiters ahead whose gateway is no longer live (it died, or lost Redis and cannot take its place
--- back) leave the line, so that they do not hold it up until their places expire.
+-- Waiters among those the free slots would go to whose gateway is no longer live (it died, or
+-- lost Redis and cannot take its place back) leave the line, so that they do not hold it up
+-- until their places expire.
 --
 -- KEYS: 1 slots, 2 queue, 3 the live gateways (as in renew.lua), 4 attained service, 5 pushed out
 --       (as in acquire.lua), 6 the picks of the last state seen (hash: version, picks)
@@ -44,8 +45,10 @@ local function grant(m)
 end
 
 if not fair then
+  -- Only the waiters the free slots would go to: a dead one further back leaves when it gets
+  -- there, and no call reads the whole line.
   if rank >= free then
-    for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, rank - 1)) do
+    for _, m in ipairs(redis.call('ZRANGE', KEYS[2], 0, free - 1)) do
       if not live(m) then
         redis.call('ZREM', KEYS[2], m)
         rank = rank - 1
