@@ -63,6 +63,9 @@ pub struct Claim {
     pub weight: f64,
     /// Weighted tokens charged when the slot is granted (see [`service_cost`]).
     pub cost: u64,
+    /// Its own time-to-first-token objective, if it carries one: the queue serves the earliest
+    /// deadline first (a request without one is due when Wq runs out).
+    pub objective: Option<Duration>,
 }
 
 impl Claim {
@@ -72,6 +75,7 @@ impl Claim {
             team: Arc::from("anonymous"),
             weight: 1.0,
             cost: 0,
+            objective: None,
         }
     }
 }
@@ -108,6 +112,8 @@ pub(crate) struct Waiter {
     pub(crate) tx: oneshot::Sender<Verdict>,
     /// When it joined the queue: the age of what waits, which no completion histogram shows.
     pub(crate) since: Instant,
+    /// When it is due: the queue serves the earliest first (its objective, at most Wq away).
+    pub(crate) due: Instant,
     pub(crate) cost: u64,
 }
 
@@ -272,20 +278,22 @@ impl Flows {
         }
         let f = &mut self.list[i];
         f.backlogged_at = Some(now);
-        f.lanes[lane].push_back(waiter);
+        // Earliest deadline first; an equal one after those already waiting (arrival order).
+        let at = f.lanes[lane].partition_point(|w| w.due <= waiter.due);
+        f.lanes[lane].insert(at, waiter);
         self.lane_len[lane] += 1;
     }
 
     /// The flow whose waiter in `lane` gets the next slot: the least normalized service under
-    /// `teams` (ties by arrival), the earliest arrival under `fifo`.
+    /// `teams` (ties by deadline, then arrival), the earliest deadline (then arrival) under `fifo`.
     fn pick(&self, lane: usize, now: Instant) -> Option<usize> {
         let waiting = self
             .list
             .iter()
             .enumerate()
-            .filter_map(|(i, f)| f.lanes[lane].front().map(|w| (i, f, w.id)));
+            .filter_map(|(i, f)| f.lanes[lane].front().map(|w| (i, f, (w.due, w.id))));
         match self.fairness {
-            Fairness::Fifo => waiting.min_by_key(|(_, _, id)| *id).map(|(i, _, _)| i),
+            Fairness::Fifo => waiting.min_by_key(|(_, _, key)| *key).map(|(i, _, _)| i),
             Fairness::Teams => waiting
                 .min_by(|a, b| {
                     a.1.normalized(now)
@@ -383,11 +391,11 @@ impl Flows {
         Some(w)
     }
 
-    /// The oldest waiter's arrival.
+    /// The oldest waiter's arrival (a lane is in deadline order, so any of its waiters).
     pub(crate) fn oldest(&self) -> Option<Instant> {
         self.list
             .iter()
-            .flat_map(|f| f.lanes.iter().filter_map(|l| l.front().map(|w| w.since)))
+            .flat_map(|f| f.lanes.iter().flatten().map(|w| w.since))
             .min()
     }
 

@@ -641,10 +641,12 @@ impl Admission {
             let (tx, rx) = oneshot::channel();
             let id = s.next_id;
             s.next_id += 1;
+            let wq = s.limits.queue_wait;
             let waiter = Waiter {
                 id,
                 tx,
                 since: start,
+                due: start + claim.objective.map_or(wq, |o| o.min(wq)),
                 cost: claim.cost,
             };
             s.flows.push(flow, lane, waiter, start);

@@ -51,6 +51,7 @@ fn clients(
         team: Arc::from(team),
         weight,
         cost: COST,
+        objective: None,
     };
     (0..clients)
         .map(|_| {
@@ -197,6 +198,7 @@ async fn a_full_queue_makes_room_by_pushing_out_the_team_holding_most_of_it() {
             team: Arc::from(team),
             weight: 1.0,
             cost: COST,
+            objective: None,
         };
         tokio::spawn(async move {
             let permit = g.acquire(Priority::Standard, far, &claim).await?;
@@ -235,6 +237,7 @@ async fn a_full_queue_makes_room_by_pushing_out_the_team_holding_most_of_it() {
         team: Arc::from(team),
         weight: 1.0,
         cost: COST,
+        objective: None,
     };
     let _busy = f.acquire(Priority::Standard, far, &claim("a")).await.unwrap();
     let _w = {
@@ -255,6 +258,7 @@ async fn a_long_request_settles_against_its_decayed_charge() {
         team: Arc::from(team),
         weight: 1.0,
         cost,
+        objective: None,
     };
     let far = Instant::now() + Duration::from_secs(3600);
     // a attains 1,000 in short requests, then holds one charged 1,000 for a half-life.
@@ -286,6 +290,7 @@ async fn nobody_is_pushed_out_for_a_newcomer_refused_anyway() {
         team: Arc::from(team),
         weight: 1.0,
         cost: COST,
+        objective: None,
     };
     let far = Instant::now() + Duration::from_secs(3600);
     let busy = g.acquire(Priority::Standard, far, &claim("a")).await.unwrap();
@@ -307,5 +312,50 @@ async fn nobody_is_pushed_out_for_a_newcomer_refused_anyway() {
     drop(busy);
     for w in waiting {
         w.await.unwrap().expect("a's waiters are served");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_queue_serves_the_earliest_deadline_first() {
+    for fairness in [Fairness::Fifo, Fairness::Teams] {
+        let g = gate(1, 8, fairness);
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let far = Instant::now() + Duration::from_secs(3600);
+        let ask = |name: &'static str, objective: Option<Duration>| {
+            let (g, order) = (g.clone(), order.clone());
+            let claim = Claim {
+                team: Arc::from("a"),
+                weight: 1.0,
+                cost: COST,
+                objective,
+            };
+            tokio::spawn(async move {
+                let permit = g.acquire(Priority::Standard, far, &claim).await.unwrap();
+                order.lock().unwrap().push(name);
+                tokio::time::sleep(HOLD).await;
+                drop(permit);
+            })
+        };
+        let busy = ask("busy", None);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        // Waiting in this order: no objective (due when Wq, 30 s, runs out), 2 s, 100 ms, 2 s.
+        let mut tasks = vec![busy];
+        for (name, objective) in [
+            ("none", None),
+            ("loose", Some(Duration::from_secs(2))),
+            ("tight", Some(Duration::from_millis(100))),
+            ("loose again", Some(Duration::from_secs(2))),
+        ] {
+            tasks.push(ask(name, objective));
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(
+            *order.lock().unwrap(),
+            ["busy", "tight", "loose", "loose again", "none"],
+            "{fairness:?}"
+        );
     }
 }

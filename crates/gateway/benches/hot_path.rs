@@ -22,6 +22,7 @@ fn admission(c: &mut Criterion) {
         team: "team-b".into(),
         weight: 1.0,
         cost: 600,
+        objective: None,
     };
     // Teams attained service before: the claim's team is found among several.
     for team in ["team-a", "team-c", "team-d", "team-b"] {

@@ -478,7 +478,13 @@ impl SharedLimits {
             .arg(ask.claim.weight)
             .arg(ask.claim.cost)
             .arg(u8::from(fair))
-            .arg(half_life_ms());
+            .arg(half_life_ms())
+            .arg(
+                ask.claim
+                    .objective
+                    .map_or(ask.limits.queue_wait, |o| o.min(ask.limits.queue_wait))
+                    .as_millis() as u64,
+            );
         // Armed before the call: if it times out (or this future is dropped) after Redis ran the
         // script, the drop gives back whatever it took instead of leaving it for the lease ttl.
         let mut lease = Lease {

@@ -9,7 +9,7 @@
 -- the team holding the most of it for its weight, if that is more than this team would.
 -- Members are 'gateway:n:cost:team' (see limits.rs), so that every script can read them.
 --
--- KEYS: 1 slots (zset member -> lease expiry ms), 2 queue (zset member -> lane * 1e13 + enqueued
+-- KEYS: 1 slots (zset member -> lease expiry ms), 2 queue (zset member -> lane * 1e13 + due
 --       ms), 3 team in flight (zset member -> lease expiry ms), 4 team requests (hash second ->
 --       count), 5 team tokens (hash second -> tokens), 6 attained service (hash), 7 pushed out
 --       (zset member -> expiry ms)
@@ -17,7 +17,10 @@
 --       before the predicted wait is too long ('': no prediction), 6 lease ttl ms, 7 Wq ms,
 --       8 team max_parallel (0: none), 9 rpm (0: none), 10 tpm (0: none), 11 tokens to reserve,
 --       12 team, 13 its weight, 14 its cost in weighted tokens, 15 fair share (1) or fifo (0),
---       16 the half-life of attained service ms
+--       16 the half-life of attained service ms, 17 ms until it is due (its TTFT objective, at
+--       most Wq): a queued member scores lane * 1e13 + when it is due, so the queue serves the
+--       earliest deadline first (a member waits at most Wq, so a score is never more than Wq
+--       past its arrival and the trimming below still only takes the lost)
 -- Returns {outcome, n, rpm used, tpm used, rpm reset ms, tpm reset ms, second}:
 --   outcome 1 granted, 2 queued (n waiters ahead), 3 queue full (n waiting), 4 shed,
 --   5 predicted wait too long (n ahead), 10 over max_parallel, 11 over rpm (n ms to wait),
@@ -33,6 +36,7 @@ local max_parallel, rpm, tpm, tokens =
 local LANE = 1e13
 local team, weight, cost = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
 local fair, half_life = ARGV[15] == '1', tonumber(ARGV[16])
+local due_in = tonumber(ARGV[17]) or wq
 
 -- A team's attained service now (decayed), and its weight.
 local function service(name)
@@ -185,7 +189,7 @@ if busy + ahead >= c then
     end
     if floor and floor * weight > service(team) then set_service(team, floor * weight) end
   end
-  redis.call('ZADD', KEYS[2], math.min(lane, 1) * LANE + now, member)
+  redis.call('ZADD', KEYS[2], math.min(lane, 1) * LANE + now + due_in, member)
 else
   redis.call('ZADD', KEYS[1], now + ttl, member)
   ahead = 0

@@ -1,8 +1,8 @@
 -- A queued request takes a freed slot if it is among the first waiters that the free slots can
--- serve, so gateways hand slots out in one order: critical before standard, then by arrival, or
--- under fair share between teams (ARGV 5 = 1), the team with the least attained service per
--- weight first (ties by arrival), each pick charging its team as the grant will (acquire.lua
--- has the service hash).
+-- serve, so gateways hand slots out in one order: critical before standard, then by deadline
+-- (the queue's score: see acquire.lua), or under fair share between teams (ARGV 5 = 1), the team
+-- with the least attained service per weight first (ties by deadline), each pick charging its
+-- team as the grant will (acquire.lua has the service hash).
 --
 -- Waiters among those the free slots would go to whose gateway is no longer live (it died, or
 -- lost Redis and cannot take its place back) leave the line, so that they do not hold it up

@@ -26,6 +26,7 @@ fn claim(tenant: &Tenant, prepared: &Prepared) -> admission::Claim {
         team: tenant.team.clone(),
         weight: tenant.weight,
         cost: admission::fair::service_cost(u64::from(prepared.input_tokens), output),
+        objective: prepared.slo.ttft,
     }
 }
 

@@ -297,3 +297,49 @@ async fn a_full_shared_queue_pushes_out_the_newest_waiter_of_the_team_holding_it
         assert_eq!(status, 200, "{what}: {body}");
     }
 }
+
+/// With objectives (`balance: slo` reads them), the queue shared through Redis serves the
+/// earliest deadline first: a tight request that came last goes before a loose one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shared_queue_serves_the_earliest_deadline_first() {
+    let Some(redis) = Redis::start().await else {
+        return;
+    };
+    let engine = engine(tiny()).await;
+    let redis_section = "redis: { gateways: 1, lease_ttl: 3s, timeout: 200ms, namespace: edf }";
+    let yaml = config("fifo", 1.0, redis_section)
+        .replace("concurrency: 4", "concurrency: 1")
+        .replace("    timeouts:", "    balance: slo\n    timeouts:");
+    let gws = gateways(1, &yaml, &engine, &redis).await;
+    let url = format!("{}/v1/chat/completions", gws[0].url);
+    let gate = gws[0].gateway.admission("chat", "shared").unwrap();
+    let send = |objective_ms: &'static str, max_tokens: u32| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let r = http()
+                .post(url)
+                .bearer_auth("key-a")
+                .header("x-spillway-slo-ttft-ms", objective_ms)
+                .json(&chat("chat", max_tokens, true))
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            let _ = r.text().await;
+            (status, tokio::time::Instant::now())
+        })
+    };
+    let holder = send("20000", 1500);
+    assert!(eventually(Duration::from_secs(5), || gate.in_flight() == 1).await);
+    let loose = send("15000", 8);
+    assert!(eventually(Duration::from_secs(5), || gate.queued() == 1).await);
+    let tight = send("3000", 8);
+    assert!(eventually(Duration::from_secs(5), || gate.queued() == 2).await);
+    holder.await.unwrap();
+    let (loose, tight) = (loose.await.unwrap(), tight.await.unwrap());
+    assert_eq!((loose.0, tight.0), (200, 200));
+    assert!(
+        tight.1 < loose.1,
+        "the tight request, queued last, was served first"
+    );
+}
