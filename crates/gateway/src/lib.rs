@@ -61,7 +61,7 @@ pub use tenant::{key_sha256, new_key};
 /// The per-replica latency model of `balance: slo`, for its benchmark in `benches/`.
 #[doc(hidden)]
 pub mod benching {
-    use crate::route::predict::{Predictor, features};
+    use crate::route::predict::{Predictor, State, features};
     use std::time::Duration;
 
     #[derive(Default)]
@@ -76,7 +76,12 @@ pub mod benching {
             ttft: Duration,
             tpot: Duration,
         ) {
-            let x = features(input_tokens, in_flight, waiting, 0.0);
+            let x = features(State {
+                input_tokens,
+                in_flight,
+                engine_waiting: waiting,
+                ..State::default()
+            });
             self.0.learn_ttft(&x, ttft);
             self.0.learn_tpot(&x, tpot);
         }
@@ -84,7 +89,12 @@ pub mod benching {
         /// The predicted TTFT, if the model has warmed up.
         pub fn predict(&self, input_tokens: u32, in_flight: u32, waiting: f64) -> Option<Duration> {
             self.0
-                .predict(&features(input_tokens, in_flight, waiting, 0.0))
+                .predict(&features(State {
+                    input_tokens,
+                    in_flight,
+                    engine_waiting: waiting,
+                    ..State::default()
+                }))
                 .map(|p| p.ttft)
         }
     }

@@ -246,7 +246,11 @@ impl Route {
     ) -> Option<(ReplicaGuard, predict::Features, balance::SloVerdict)> {
         let candidates = &self.candidates(pool, tried, now);
         let (index, x, verdict) = balance::pick_slo(&self.replicas, candidates, ask, now)?;
-        Some((self.replicas[index].hold(index), x, verdict))
+        Some((
+            self.replicas[index].hold_tokens(index, ask.input_tokens),
+            x,
+            verdict,
+        ))
     }
 
     /// Whether an eligible replica not in `tried` is left.

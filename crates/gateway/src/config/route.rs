@@ -25,6 +25,10 @@ pub struct RouteConfig {
     pub ca_file: Option<PathBuf>,
     #[serde(default)]
     pub balance: Balance,
+    /// Under `balance: slo`, how to pick while no prediction helps (no objective, a model
+    /// warming up); any balancer but `slo`.
+    #[serde(default)]
+    pub slo_fallback: Balance,
     #[serde(default)]
     pub limits: CostLimits,
     #[serde(default)]
@@ -429,6 +433,12 @@ pub(super) fn validate_route(i: usize, route: &mut RouteConfig) -> Result<(), Co
         return Err(err(at("replicas"), "at least one replica is needed"));
     }
     check_replicas(&mut route.replicas, &format!("routes[{i}].replicas"))?;
+    if route.slo_fallback == Balance::Slo {
+        return Err(err(
+            at("slo_fallback"),
+            "must be another balancer: least_outstanding, p2c, prefix_affinity or engine_aware",
+        ));
+    }
     for (k, class) in route.classes.iter_mut().enumerate() {
         if let Some(list) = class.replicas.as_mut() {
             if list.is_empty() {

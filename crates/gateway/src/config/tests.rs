@@ -51,6 +51,14 @@ fn bad(edit: impl Fn(&str) -> String) -> ConfigError {
 fn errors_name_the_path_and_the_reason() {
     let cases: Vec<(String, &str, &str)> = vec![
         (
+            GOOD.replace(
+                "balance: least_outstanding",
+                "balance: slo\n    slo_fallback: slo",
+            ),
+            "routes[0].slo_fallback",
+            "must be another balancer",
+        ),
+        (
             GOOD.replace("first_token: 8s", "first_token: 500ms"),
             "routes[0].timeouts",
             "connect (1s) must be less than first_token",

@@ -154,6 +154,8 @@ fn pick_by_slo(
         ttft: prepared.slo.ttft.map(|t| t.saturating_sub(waited)),
         tpot: prepared.slo.tpot,
         input_tokens: prepared.input_tokens,
+        prefix_key: prepared.prefix_key,
+        fallback: route.config.slo_fallback,
     };
     let Some((replica, x, verdict)) = route.pick_slo(&class.pool, tried, &ask, now) else {
         return Ok(None);

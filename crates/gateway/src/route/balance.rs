@@ -84,6 +84,10 @@ pub(crate) struct SloAsk {
     pub(crate) ttft: Option<Duration>,
     pub(crate) tpot: Option<Duration>,
     pub(crate) input_tokens: u32,
+    /// The prompt prefix's hash: which replica prefix affinity would pick is a feature.
+    pub(crate) prefix_key: u64,
+    /// How to pick while no prediction helps (`slo_fallback`).
+    pub(crate) fallback: Balance,
 }
 
 /// What `balance: slo` concluded for a request.
@@ -122,18 +126,22 @@ pub(crate) fn pick_slo(
 ) -> Option<(usize, Features, SloVerdict)> {
     let n = candidates.len();
     let start = rand::random_range(0..n.max(1));
+    let home = candidates
+        .iter()
+        .max_by_key(|i| rendezvous(ask.prefix_key, &replicas[**i].url))
+        .copied();
     let predicted: Vec<_> = (0..n)
         .map(|k| {
             let i = candidates[(start + k) % n];
-            let (x, p) = replicas[i].predict(ask.input_tokens, now);
+            let (x, p) = replicas[i].predict(ask.input_tokens, home == Some(i), now);
             (i, x, p)
         })
         .collect();
+    // Nothing predicted helps: the route's other balancer picks, and the stream is learned.
     let by_load = || {
-        predicted
-            .iter()
-            .min_by_key(|(i, _, _)| replicas[*i].outstanding())
-            .map(|(i, x, _)| (*i, *x, SloVerdict::Unknown))
+        let i = pick(ask.fallback, replicas, candidates, ask.prefix_key, now)?;
+        let x = predicted.iter().find(|(j, _, _)| *j == i)?.1;
+        Some((i, x, SloVerdict::Unknown))
     };
     let cold = |p: &Option<super::predict::Prediction>| match p {
         None => true,
@@ -199,7 +207,7 @@ pub(crate) fn pick_slo(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::route::predict::features;
+    use crate::route::predict::{State, features};
 
     fn replicas() -> Vec<Arc<Replica>> {
         let metrics = crate::metrics::Metrics::new();
@@ -211,7 +219,12 @@ mod tests {
 
     fn teach(r: &Replica, ttft_ms: u64) {
         for k in 0..12u32 {
-            let x = features(100 + 10 * k, k % 3, 0.0, 0.0);
+            let x = features(State {
+                input_tokens: 100 + 10 * k,
+                in_flight: k % 3,
+                engine_waiting: 0.0,
+                ..State::default()
+            });
             r.learn_ttft(&x, Duration::from_millis(ttft_ms));
         }
     }
@@ -223,6 +236,8 @@ mod tests {
             ttft: Some(Duration::from_millis(100)),
             tpot: None,
             input_tokens: 120,
+            prefix_key: 7,
+            fallback: Balance::LeastOutstanding,
         };
         // Replica 0 looked slow (in a burst); replica 1 is fast and busy being learned.
         teach(&r[0], 500);
@@ -238,5 +253,29 @@ mod tests {
         teach(&r[0], 15);
         let pick = pick_slo(&r, &[0, 1], &ask, Instant::now()).unwrap();
         assert_eq!(pick.2, SloVerdict::Meets);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_nothing_predicted_the_routes_other_balancer_picks() {
+        let r = replicas();
+        let home = if rendezvous(7, &r[0].url) > rendezvous(7, &r[1].url) {
+            0
+        } else {
+            1
+        };
+        // No objective: prefix affinity, the fallback here, sends the prefix to its home.
+        let ask = SloAsk {
+            ttft: None,
+            tpot: None,
+            input_tokens: 120,
+            prefix_key: 7,
+            fallback: Balance::PrefixAffinity,
+        };
+        for _ in 0..8 {
+            let pick = pick_slo(&r, &[0, 1], &ask, Instant::now()).unwrap();
+            assert_eq!((pick.0, pick.2), (home, SloVerdict::Unknown));
+            // The home replica's feature says so.
+            assert_eq!(pick.1[7], 1.0);
+        }
     }
 }

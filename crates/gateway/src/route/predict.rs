@@ -1,20 +1,22 @@
 //! Per-replica predictions of a request's time to first token and time per output token, learned
 //! online from the gateway's own streams, for `balance: slo`.
 //!
-//! Each replica has two linear models over the same features, taken when a request is sent: one,
-//! the prompt's length in thousands of tokens, the requests this gateway already has in flight to
-//! the replica, and from the engine's last scrape (0 without one) its waiting requests and its
-//! KV-cache usage (0 to 1). They are
+//! Each replica has two linear models over the same features, taken when a request is sent (see
+//! [`State`]): one, the prompt's length, the requests this gateway already has in flight to the
+//! replica and their prompt tokens, from the engine's last scrape (0 without one) its waiting and
+//! running requests and its KV-cache usage, and whether prefix affinity would pick this replica
+//! for the prompt (its prefix cache may hold it). They are
 //! fitted by recursive least squares with a forgetting factor, so that a replica that slows down
 //! (or recovers) is followed within a few dozen requests, at a fixed cost of a few dozen
-//! multiplications per update and five per prediction: cheap enough for every request, where a
+//! multiplications per update and eight per prediction: cheap enough for every request, where a
 //! gradient-boosted model (llm-d's latency predictor runs XGBoost in sidecars) is not. Linear in
 //! load holds while a replica is below its knee; past it, the error metric says how far to trust it.
 
 use std::time::Duration;
 
-/// Features: 1, prompt tokens / 1000, in flight here, waiting in the engine, its KV-cache usage.
-pub(crate) const FEATURES: usize = 5;
+/// Features: 1, prompt tokens / 1000, in flight here, their prompt tokens / 1000, waiting and
+/// running in the engine, its KV-cache usage, and whether the replica is the prompt prefix's home.
+pub(crate) const FEATURES: usize = 8;
 /// Samples before a model is used: until then the route balances by least outstanding.
 const WARM_UP: u32 = 8;
 /// The forgetting factor: a sample's weight halves after about 35 newer ones.
@@ -27,13 +29,31 @@ const ERROR_ALPHA: f64 = 0.05;
 pub(crate) type Features = [f64; FEATURES];
 
 /// The features of a request to a replica.
-pub(crate) fn features(input_tokens: u32, in_flight: u32, engine_waiting: f64, kv: f64) -> Features {
+/// What a replica's state is when a request is sent to it.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct State {
+    pub(crate) input_tokens: u32,
+    /// Requests this gateway has in flight to it, and their prompt tokens.
+    pub(crate) in_flight: u32,
+    pub(crate) tokens_in_flight: u64,
+    /// From the engine's last scrape (0 without one).
+    pub(crate) engine_waiting: f64,
+    pub(crate) engine_running: f64,
+    pub(crate) kv: f64,
+    /// The replica prefix affinity would send the prompt to (its prefix cache may hold it).
+    pub(crate) prefix_home: bool,
+}
+
+pub(crate) fn features(s: State) -> Features {
     [
         1.0,
-        f64::from(input_tokens) / 1000.0,
-        f64::from(in_flight),
-        engine_waiting,
-        kv,
+        f64::from(s.input_tokens) / 1000.0,
+        f64::from(s.in_flight),
+        s.tokens_in_flight as f64 / 1000.0,
+        s.engine_waiting,
+        s.engine_running,
+        s.kv,
+        if s.prefix_home { 1.0 } else { 0.0 },
     ]
 }
 
@@ -187,16 +207,29 @@ mod tests {
             (seed >> 33) as u32
         };
         for _ in 0..200 {
-            let x = features(next() % 4000, next() % 12, 0.0, 0.0);
+            let x = features(State {
+                input_tokens: next() % 4000,
+                in_flight: next() % 12,
+                ..State::default()
+            });
             p.learn_ttft(&x, Duration::from_secs_f64(truth(&x, 1.0) / 1000.0));
         }
-        let x = features(2000, 6, 0.0, 0.0);
+        let x = features(State {
+            input_tokens: 2000,
+            in_flight: 6,
+            engine_waiting: 0.0,
+            ..State::default()
+        });
         let got = p.predict(&x).unwrap().ttft.as_secs_f64() * 1000.0;
         assert!((got - truth(&x, 1.0)).abs() < 1.0, "{got} vs {}", truth(&x, 1.0));
         assert!(p.quality()[0].1.unwrap() < 0.01);
         // The replica turns four times slower: the forgetting model follows it.
         for _ in 0..300 {
-            let x = features(next() % 4000, next() % 12, 0.0, 0.0);
+            let x = features(State {
+                input_tokens: next() % 4000,
+                in_flight: next() % 12,
+                ..State::default()
+            });
             p.learn_ttft(&x, Duration::from_secs_f64(truth(&x, 4.0) / 1000.0));
         }
         let got = p.predict(&x).unwrap().ttft.as_secs_f64() * 1000.0;
@@ -207,7 +240,12 @@ mod tests {
     #[test]
     fn knows_nothing_before_its_warm_up() {
         let mut p = Predictor::default();
-        let x = features(100, 1, 0.0, 0.0);
+        let x = features(State {
+            input_tokens: 100,
+            in_flight: 1,
+            engine_waiting: 0.0,
+            ..State::default()
+        });
         for _ in 0..WARM_UP - 1 {
             p.learn_ttft(&x, Duration::from_millis(50));
         }

@@ -31,7 +31,7 @@ pub(crate) enum Observation {
     /// An active health check passed (true) or failed (false) enough times in a row.
     Health(bool),
     /// The engine's own metrics: requests waiting and KV-cache usage.
-    EngineLoad { waiting: f64, kv: f64 },
+    EngineLoad { waiting: f64, running: f64, kv: f64 },
 }
 
 /// Outlier-ejection state, under one lock so a decision sees one consistent picture.
@@ -56,6 +56,10 @@ pub(crate) struct Replica {
     drained: AtomicBool,
     /// The last scrape of the engine's own metrics: (when, waiting requests, KV-cache usage).
     engine_load: Mutex<Option<(Instant, f64, f64)>>,
+    /// The engine's running requests at the last scrape (for `balance: slo`'s models).
+    engine_running: Mutex<f64>,
+    /// The prompt tokens of the requests in flight through this gateway (`balance: slo` only).
+    outstanding_tokens: std::sync::atomic::AtomicU64,
     ejection: Mutex<Ejection>,
     busy_until: Mutex<Option<Instant>>,
     outstanding: AtomicU32,
@@ -84,12 +88,19 @@ pub(crate) struct ReplicaGuard {
     pub(crate) replica: Arc<Replica>,
     /// Its position in the route: what clients and the access log are told instead of its URL.
     pub(crate) index: usize,
+    /// Prompt tokens counted in the replica's tokens in flight.
+    tokens: u32,
 }
 
 impl Drop for ReplicaGuard {
     fn drop(&mut self) {
         self.replica.outstanding.fetch_sub(1, Ordering::Relaxed);
         self.replica.gauges.outstanding.dec();
+        if self.tokens > 0 {
+            self.replica
+                .outstanding_tokens
+                .fetch_sub(u64::from(self.tokens), Ordering::Relaxed);
+        }
     }
 }
 
@@ -111,6 +122,8 @@ impl Replica {
             healthy: AtomicBool::new(true),
             drained: AtomicBool::new(false),
             engine_load: Mutex::new(None),
+            engine_running: Mutex::new(0.0),
+            outstanding_tokens: std::sync::atomic::AtomicU64::new(0),
             ejection: Mutex::new(Ejection::default()),
             busy_until: Mutex::new(None),
             outstanding: AtomicU32::new(0),
@@ -136,7 +149,17 @@ impl Replica {
         ReplicaGuard {
             replica: self.clone(),
             index,
+            tokens: 0,
         }
+    }
+
+    /// [`Replica::hold`] counting the request's prompt tokens in flight too.
+    pub(crate) fn hold_tokens(self: &Arc<Self>, index: usize, tokens: u32) -> ReplicaGuard {
+        self.outstanding_tokens
+            .fetch_add(u64::from(tokens), Ordering::Relaxed);
+        let mut guard = self.hold(index);
+        guard.tokens = tokens;
+        guard
     }
 
     pub(crate) fn outstanding(&self) -> u32 {
@@ -189,12 +212,26 @@ impl Replica {
     pub(crate) fn predict(
         &self,
         input_tokens: u32,
+        prefix_home: bool,
         now: Instant,
     ) -> (super::predict::Features, Option<super::predict::Prediction>) {
-        let (waiting, kv) = lock(&self.engine_load)
-            .filter(|(at, _, _)| now.saturating_duration_since(*at) < Duration::from_secs(3))
-            .map_or((0.0, 0.0), |(_, waiting, kv)| (waiting, kv));
-        let x = super::predict::features(input_tokens, self.outstanding(), waiting, kv);
+        let fresh = lock(&self.engine_load)
+            .filter(|(at, _, _)| now.saturating_duration_since(*at) < Duration::from_secs(3));
+        let (waiting, kv) = fresh.map_or((0.0, 0.0), |(_, waiting, kv)| (waiting, kv));
+        let running = if fresh.is_some() {
+            *lock(&self.engine_running)
+        } else {
+            0.0
+        };
+        let x = super::predict::features(super::predict::State {
+            input_tokens,
+            in_flight: self.outstanding(),
+            tokens_in_flight: self.outstanding_tokens.load(Ordering::Relaxed),
+            engine_waiting: waiting,
+            engine_running: running,
+            kv,
+            prefix_home,
+        });
         let prediction = lock(&self.predictor).predict(&x);
         (x, prediction)
     }
@@ -267,8 +304,9 @@ impl Replica {
                 g.healthy.set(i64::from(healthy));
                 None
             }
-            Observation::EngineLoad { waiting, kv } => {
+            Observation::EngineLoad { waiting, running, kv } => {
                 *lock(&self.engine_load) = Some((now, waiting, kv));
+                *lock(&self.engine_running) = running;
                 None
             }
         }

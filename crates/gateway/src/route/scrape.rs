@@ -8,15 +8,17 @@ use http_body_util::Full;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// `vllm:num_requests_waiting` (summed over engines) and `vllm:kv_cache_usage_perc` (the highest)
-/// from a Prometheus text exposition; `None` if the waiting count is missing.
-pub(crate) fn parse_engine_load(text: &str) -> Option<(f64, f64)> {
+/// `vllm:num_requests_waiting` (summed over engines), `vllm:num_requests_running` (summed; 0 if
+/// absent) and `vllm:kv_cache_usage_perc` (the highest) from a Prometheus text exposition; `None`
+/// if the waiting count is missing.
+pub(crate) fn parse_engine_load(text: &str) -> Option<(f64, f64, f64)> {
     let waiting = protocol::prom::sum(text, "vllm:num_requests_waiting")?;
+    let running = protocol::prom::sum(text, "vllm:num_requests_running").unwrap_or(0.0);
     let kv = ["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"]
         .into_iter()
         .filter_map(|name| protocol::prom::max(text, name))
         .fold(0.0, f64::max);
-    Some((waiting, kv))
+    Some((waiting, running, kv))
 }
 
 impl Route {
@@ -54,8 +56,8 @@ impl Route {
             });
             let results = futures::future::join_all(scrapes).await;
             for (r, load) in self.replicas.iter().zip(results) {
-                if let Some((waiting, kv)) = load {
-                    self.observe(r, Observation::EngineLoad { waiting, kv });
+                if let Some((waiting, running, kv)) = load {
+                    self.observe(r, Observation::EngineLoad { waiting, running, kv });
                 }
             }
         }
@@ -69,7 +71,7 @@ mod tests {
     #[test]
     fn engine_load_reads_current_and_old_names() {
         let text = "vllm:num_requests_waiting{engine=\"0\"} 3\nvllm:num_requests_waiting{engine=\"1\"} 2\nvllm:gpu_cache_usage_perc 0.5\n";
-        assert_eq!(parse_engine_load(text), Some((5.0, 0.5)));
+        assert_eq!(parse_engine_load(text), Some((5.0, 0.0, 0.5)));
         assert_eq!(parse_engine_load("vllm:kv_cache_usage_perc 0.2\n"), None);
     }
 }
