@@ -194,16 +194,14 @@ async fn one(url: &str, headers: &[(&str, &str)]) -> (u16, Option<String>, Strin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sheddable_request_no_replica_can_serve_in_time_is_refused_at_once() {
+    // One replica, so that every warm-up stream teaches its model (with two, the split between
+    // them is the balancer's, and one may still be warming up).
     let stack = Stack::start(
-        vec![
-            engine(crate::support::tiny()).await,
-            engine(crate::support::tiny()).await,
-        ],
-        &config("slo"),
+        vec![engine(crate::support::tiny()).await],
+        &config("slo").replace(", {E1}", ""),
     )
     .await;
-    // Warm both replicas' models up (each needs a few streams).
-    for _ in 0..24 {
+    for _ in 0..12 {
         assert_eq!(one(&stack.url, &[]).await.0, 200);
     }
     let before = stack
