@@ -140,7 +140,10 @@ fn line(what: &str, tight: &Tally, loose: &Tally) -> String {
     )
 }
 
+/// Timing-bound: the engines' steps are in this process, and a CPU shared with other tests delays
+/// them (under a second copy of the suite the tight requests met 92%).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn tight_requests_keep_the_fast_replica() {
     let run = Duration::from_secs(8);
     let (lo_tight, lo_loose, _lo) = mixed("least_outstanding", run).await;
