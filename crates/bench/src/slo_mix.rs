@@ -23,8 +23,7 @@ pub const TPOT_HEADER: &str = "x-spillway-slo-tpot-ms";
 /// when no replica is predicted to meet their objectives.
 pub const PRIORITY_HEADER: &str = "x-spillway-priority";
 const PRIORITIES: [&str; 3] = ["critical", "standard", "sheddable"];
-/// Table labels: a longer name would push the tables past 80 columns.
-pub const MAX_NAME: usize = 16;
+pub use crate::tenants::MAX_NAME;
 /// The largest objective a gateway takes (an hour); above it Spillway answers 400 `invalid_slo`.
 pub const MAX_OBJECTIVE: Duration = Duration::from_secs(3600);
 /// The error code of a refusal because no replica is predicted to meet the objectives.
@@ -111,12 +110,7 @@ impl FromStr for SloMix {
             }
             let mut fields = part.split(':').map(str::trim);
             let name = fields.next().unwrap_or_default();
-            if name.is_empty()
-                || name.chars().count() > MAX_NAME
-                || !name
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            {
+            if !crate::tenants::valid_name(name) {
                 return Err(format!(
                     "class {part:?}: the name {name:?} must be 1 to {MAX_NAME} letters, digits, '-', '_' or '.'"
                 ));

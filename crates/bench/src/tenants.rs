@@ -14,6 +14,16 @@ use crate::stats::{Percentiles, RetryWaits, values, within_slo};
 /// Table labels: long names would push the tenant tables past 80 columns.
 pub const MAX_NAME: usize = 16;
 
+/// A name a report's narrow table can show: 1 to [`MAX_NAME`] letters, digits, `-`, `_` or `.`
+/// (tenants, and the classes of an SLO mix).
+pub(crate) fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.chars().count() <= MAX_NAME
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 /// A tenant as `--tenants FILE` lists it (YAML), or as `--tenant NAME=KEY_ENV:clients=N` says it.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,12 +77,7 @@ impl TenantSpec {
     /// The tenant's load: exactly one of `clients` (at least 1) and `rate` (above zero).
     pub fn load(&self) -> Result<Load, String> {
         let name = &self.name;
-        if name.is_empty()
-            || name.chars().count() > MAX_NAME
-            || !name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-        {
+        if !valid_name(name) {
             return Err(format!(
                 "tenant name {name:?}: 1 to {MAX_NAME} letters, digits, '-', '_' or '.'"
             ));

@@ -106,3 +106,24 @@ pub async fn front(upstream: SocketAddr, cert: &Cert) -> SocketAddr {
     });
     addr
 }
+
+/// `GET /health` on an open connection, kept open for what the test does next: the answer's
+/// status line.
+pub async fn health<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: &mut S) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    conn.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = conn.read(&mut buf).await.unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
+        answer.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answer)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}

@@ -190,27 +190,6 @@ routes:
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "upstream_connect", "{v}");
 }
-
-/// `GET /health` on an open TLS connection, kept open: the answer's status line.
-async fn health<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: &mut S) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    conn.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
-        answer.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&answer)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// `POST /admin/reload` reads the certificate again: a key that cannot be used is refused with
 /// the reason (400, and `drift` says so) while the pair in force keeps serving; a good pair then
 /// serves new connections, and a connection opened before goes on.
@@ -233,7 +212,7 @@ async fn an_admin_reload_rereads_the_certificate_and_keeps_it_when_the_key_is_ba
     let admin = admin_url(&stack).await;
     let addr: std::net::SocketAddr = stack.url.trim_start_matches("https://").parse().unwrap();
     let mut open = testkit::tls::connect(addr, &first, &[b"http/1.1"]).await.unwrap();
-    assert_eq!(health(&mut open).await, "HTTP/1.1 200 OK");
+    assert_eq!(testkit::tls::health(&mut open).await, "HTTP/1.1 200 OK");
     let reload = || async {
         testkit::http()
             .post(format!("{admin}/admin/reload"))
@@ -279,7 +258,7 @@ async fn an_admin_reload_rereads_the_certificate_and_keeps_it_when_the_key_is_ba
     assert!(testkit::tls::connect(addr, &second, &[]).await.is_ok());
     assert!(testkit::tls::connect(addr, &first, &[]).await.is_err());
     assert_eq!(
-        health(&mut open).await,
+        testkit::tls::health(&mut open).await,
         "HTTP/1.1 200 OK",
         "the connection opened before goes on"
     );

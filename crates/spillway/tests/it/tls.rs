@@ -5,27 +5,6 @@ use crate::support::{BIN, Kill, PORTS, free_port_pair, wait_until};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 use testkit::tls::{Cert, connect};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// `GET /health` on an open connection, kept open: the answer's status line.
-async fn health<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(conn: &mut S) -> String {
-    conn.write_all(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
-        .await
-        .unwrap();
-    let mut answer = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = conn.read(&mut buf).await.unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&answer));
-        answer.extend_from_slice(&buf[..n]);
-    }
-    String::from_utf8_lossy(&answer)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_owned()
-}
-
 /// Polls `cond` every 20 ms for up to 10 s.
 async fn within_10s<F: std::future::Future<Output = bool>>(mut cond: impl FnMut() -> F) -> bool {
     for _ in 0..500 {
@@ -72,7 +51,7 @@ async fn sighup_reloads_the_certificate_and_keeps_open_connections() {
     let up = within_10s(|| async { connect(addr, &first, &[]).await.is_ok() }).await;
     assert!(up, "the gateway serves TLS with the first certificate");
     let mut open = connect(addr, &first, &[b"http/1.1"]).await.unwrap();
-    assert_eq!(health(&mut open).await, "HTTP/1.1 200 OK");
+    assert_eq!(testkit::tls::health(&mut open).await, "HTTP/1.1 200 OK");
 
     let hup = || {
         let status = Command::new("kill")
@@ -101,7 +80,7 @@ async fn sighup_reloads_the_certificate_and_keeps_open_connections() {
     // New connections get the second certificate; the one opened before goes on with the first.
     assert!(connect(addr, &second, &[]).await.is_ok());
     assert!(connect(addr, &first, &[]).await.is_err());
-    assert_eq!(health(&mut open).await, "HTTP/1.1 200 OK");
+    assert_eq!(testkit::tls::health(&mut open).await, "HTTP/1.1 200 OK");
 
     // A key that cannot be used: the second pair stays, and the log says why.
     std::fs::write(&key, "not a key\n").unwrap();
