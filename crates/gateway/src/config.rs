@@ -39,6 +39,10 @@ pub struct Config {
     /// caller's `traceparent` is still passed on to the replica).
     #[serde(default)]
     pub tracing: Option<TracingConfig>,
+    /// The Gateway API Inference Extension's endpoint picker (Envoy's `ext_proc` over gRPC),
+    /// served beside the HTTP listener; absent: not served.
+    #[serde(default)]
+    pub endpoint_picker: Option<EndpointPickerConfig>,
 }
 
 /// A team and its API keys (stored as SHA-256 hex digests, never in clear).
@@ -307,7 +311,23 @@ impl Config {
                     "name the environment variable holding the token",
                 ));
             }
-        } else if self.server.metrics == MetricsExposure::Admin {
+        }
+        if let Some(p) = &self.endpoint_picker {
+            let taken = [Some(self.listen), self.admin.as_ref().map(|a| a.listen)];
+            if p.listen.port() != 0 && taken.contains(&Some(p.listen)) {
+                return Err(err(
+                    "endpoint_picker.listen",
+                    format!("{} is taken by another listener: the picker needs its own", p.listen),
+                ));
+            }
+            if p.fallbacks > MAX_FALLBACKS {
+                return Err(err(
+                    "endpoint_picker.fallbacks",
+                    format!("must be at most {MAX_FALLBACKS}"),
+                ));
+            }
+        }
+        if self.admin.is_none() && self.server.metrics == MetricsExposure::Admin {
             return Err(err(
                 "server.metrics",
                 "'admin' serves /metrics on the admin listener, but there is no admin section",

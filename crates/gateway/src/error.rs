@@ -460,22 +460,24 @@ impl GatewayError {
     }
 }
 
+impl GatewayError {
+    /// The answer's status, headers (its type, `Retry-After`) and OpenAI-shaped body, for the
+    /// proxy's response and the endpoint picker's immediate answer alike.
+    pub(crate) fn render(&self) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(after) = self.retry_after() {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+        }
+        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
+        (self.status(), headers, body)
+    }
+}
+
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let status = self.status();
-        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
-        let mut response = (
-            status,
-            [(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-            body,
-        )
-            .into_response();
-        if let Some(after) = self.retry_after() {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
-        }
-        response
+        let (status, headers, body) = self.render();
+        (status, headers, body).into_response()
     }
 }
 

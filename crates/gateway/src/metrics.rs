@@ -42,6 +42,7 @@ pub(crate) struct Metrics {
     pub oldest_wait: prometheus::GaugeVec,
     pub team_service: IntCounterVec,
     pub slo_routing: IntCounterVec,
+    pub picker_requests: IntCounterVec,
     pub slo_prediction_error: prometheus::GaugeVec,
     pub team_queue_wait: HistogramVec,
     pub attained_service: prometheus::GaugeVec,
@@ -251,6 +252,11 @@ impl Metrics {
                 "spillway_slo_routing_total",
                 "balance: slo picks, by verdict: meets (a replica is predicted to meet the request's objectives), unattainable_sent (none is; sent to the closest), refused (none is and the request was sheddable), unknown (no objective, or a model still warming up), explore (sent to an idle replica whose model learned nothing for a second).",
                 &["route", "class", "verdict"],
+            ),
+            picker_requests: counter(
+                "spillway_endpoint_picker_requests_total",
+                "Requests Envoy asked the endpoint picker about, by result: picked (admitted and given endpoints), refused (answered 4xx/5xx in Envoy's place), passed_through (not an inference path: any replica, no admission).",
+                &["result"],
             ),
             slo_prediction_error: float_gauge(
                 "spillway_slo_prediction_error_ratio",

@@ -141,7 +141,33 @@ where
         return Err(GatewayError::Draining);
     }
     let body = read_body(body, &g.config.server).await?;
-    let parsed = Parsed::parse(api, &body)?;
+    let Admitted {
+        route,
+        prepared,
+        budgets,
+    } = admitted(g, table, api, headers, &body, ex).await?;
+    let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
+    answer(g, &route, answered, prepared.stream, &budgets).await
+}
+
+/// A request past stages 1–6: its route, what goes to the replica, and its budgets.
+pub(crate) struct Admitted {
+    pub(crate) route: Arc<crate::route::Route>,
+    pub(crate) prepared: prepare::Prepared,
+    pub(crate) budgets: Budgets,
+}
+
+/// Stages 1–6, on a body read whole: parse, authenticate, route, caps and class, quota, a slot.
+/// The proxy and the endpoint picker share them, so a request is admitted alike on either path.
+pub(crate) async fn admitted(
+    g: &Gateway,
+    table: Option<Arc<Table>>,
+    api: Api,
+    headers: &HeaderMap,
+    body: &Bytes,
+    ex: &mut Ledger,
+) -> Result<Admitted, GatewayError> {
+    let parsed = Parsed::parse(api, body)?;
     ex.record.stream = parsed.stream();
     ex.trace.request(
         api == Api::Chat,
@@ -160,14 +186,17 @@ where
         prepare::caller_deadline(headers)?,
         ex.arrival,
     );
-    let prepared = prepare::prepare(parsed, &body, &route, &tenant, table.tenants.is_open(), headers)?;
+    let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
     ex.trace.admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
-    let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
-    answer(g, &route, answered, prepared.stream, &budgets).await
+    Ok(Admitted {
+        route,
+        prepared,
+        budgets,
+    })
 }
 
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).

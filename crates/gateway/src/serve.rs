@@ -1,8 +1,10 @@
 //! Serving connections: the listener (accept, connection limits, the drain), the public port's own
 //! HTTP/1.1 for the hot path (`front`), the router for everything else, and the admin API on its
-//! own port. Each hands a completion request to [`crate::path`].
+//! own port, and the endpoint picker Envoy asks over gRPC. Each hands a completion request to
+//! [`crate::path`].
 
 pub mod admin;
 pub(crate) mod front;
 pub(crate) mod listener;
+pub(crate) mod picker;
 pub(crate) mod router;

@@ -42,6 +42,10 @@ pub struct Gateway {
     config_path: Mutex<Option<std::path::PathBuf>>,
     /// Where the admin API listens, once it does.
     pub admin_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// Where the endpoint picker listens, once it does.
+    pub picker_addr: std::sync::OnceLock<std::net::SocketAddr>,
+    /// The endpoint picker's streams open now: the drain waits for them as for connections.
+    pub(crate) picker_streams: std::sync::atomic::AtomicUsize,
     /// Limits shared with the other gateways through Redis, when configured.
     pub(crate) shared: Option<Arc<crate::limits::SharedLimits>>,
     /// OpenTelemetry traces, when configured.
@@ -121,6 +125,8 @@ impl Gateway {
             admin_token,
             config_path: Mutex::new(None),
             admin_addr: std::sync::OnceLock::new(),
+            picker_addr: std::sync::OnceLock::new(),
+            picker_streams: std::sync::atomic::AtomicUsize::new(0),
         }))
     }
 

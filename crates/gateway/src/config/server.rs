@@ -54,6 +54,23 @@ impl TracingConfig {
     }
 }
 
+/// The endpoint picker's gRPC listener (`ext_proc` and `grpc.health.v1`, plaintext HTTP/2).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EndpointPickerConfig {
+    pub listen: SocketAddr,
+    /// Endpoints named after the first, for Envoy to retry on in order.
+    #[serde(default = "one_fallback")]
+    pub fallbacks: u8,
+}
+
+fn one_fallback() -> u8 {
+    1
+}
+
+/// More fallbacks than this only lengthen every answer: Envoy's retries stop well before.
+pub const MAX_FALLBACKS: u8 = 8;
+
 /// One set of limits for every gateway of a deployment: C, Q and team quotas are kept in Redis,
 /// and each gateway falls back to its share of them (limit ÷ `gateways`) while Redis is out.
 #[derive(Debug, Clone, PartialEq, Deserialize)]

@@ -173,6 +173,11 @@ impl Ledger {
         }
     }
 
+    /// The status the client was sent, once it was.
+    pub(crate) fn status(&self) -> Option<StatusCode> {
+        self.status
+    }
+
     pub(crate) fn ended(&self) -> bool {
         self.ending.is_some()
     }

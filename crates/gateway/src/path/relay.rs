@@ -34,7 +34,7 @@ const OUT_CAPACITY: usize = 2 * 1024;
 
 /// One SSE event from a replica may be at most this large (a token's event with 20 top logprobs
 /// is a few KiB): past it, the stream ends rather than hold an event that never ends.
-const MAX_EVENT: usize = 1024 * 1024;
+pub(crate) const MAX_EVENT: usize = 1024 * 1024;
 
 /// After `[DONE]`, how long the replica has to end its body before the stream is ended for it:
 /// the client has its whole answer, and its slot is not held for `stream_idle` meanwhile.
@@ -204,7 +204,7 @@ pub(crate) async fn open(
 
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
 /// gets of it to `out`. Returns what kind of event it was.
-fn pass_on(
+pub(crate) fn pass_on(
     ex: &mut Ledger,
     event: &[u8],
     now: Instant,
@@ -234,7 +234,7 @@ fn pass_on(
     kind
 }
 
-fn too_large_message() -> String {
+pub(crate) fn too_large_message() -> String {
     format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 

@@ -60,7 +60,7 @@ pub(crate) fn stream_fields(ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8]
 
 /// What every answer of the request path says of its request: `Server-Timing` (`timing`), the
 /// team's rate limits, the request's ID.
-fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
+pub(crate) fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&SERVER_TIMING, timing.as_bytes());
     for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
         each(&HeaderName::from_static(name), value.as_bytes());
@@ -189,7 +189,7 @@ fn relayed(status: StatusCode, body: Bytes) -> Response {
 
 /// `Server-Timing`: milliseconds in Spillway's queue, the upstream's time to its first byte
 /// (retries included), and how many retries it took.
-fn server_timing(ex: &Ledger) -> String {
+pub(crate) fn server_timing(ex: &Ledger) -> String {
     let mut out = String::with_capacity(64);
     out.push_str("queue;dur=");
     millis(&mut out, ex.queue_wait().unwrap_or_default());

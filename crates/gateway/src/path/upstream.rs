@@ -81,12 +81,7 @@ pub(crate) async fn call(
     route.budget.request(now);
     ex.upstream_start = Some(now);
     loop {
-        let picked = if route.config.balance == crate::config::Balance::Slo {
-            pick_by_slo(route, prepared, &tried, now, ex)?
-        } else {
-            route.pick(pool, &tried, prepared.prefix_key, now)
-        };
-        let Some(replica) = picked else {
+        let Some(replica) = pick(route, prepared, &tried, now, ex)? else {
             return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
         };
         tried.push(replica.index);
@@ -133,6 +128,23 @@ pub(crate) async fn call(
         route.retries.inc();
         ex.record.retries += 1;
         now = Instant::now();
+    }
+}
+
+/// A replica of the request's class not in `tried`, by the route's balancer; `None` when none is
+/// left. Under `balance: slo`, a sheddable request no replica can serve in time is refused here.
+pub(crate) fn pick(
+    route: &Route,
+    prepared: &Prepared,
+    tried: &[usize],
+    now: Instant,
+    ex: &mut Ledger,
+) -> Result<Option<crate::route::ReplicaGuard>, GatewayError> {
+    if route.config.balance == crate::config::Balance::Slo {
+        pick_by_slo(route, prepared, tried, now, ex)
+    } else {
+        let pool = &route.classes[prepared.class].pool;
+        Ok(route.pick(pool, tried, prepared.prefix_key, now))
     }
 }
 

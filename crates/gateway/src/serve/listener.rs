@@ -82,6 +82,18 @@ pub async fn run(
         }
         None => None,
     };
+    let _picker = match &gateway.config.endpoint_picker {
+        Some(p) => {
+            let listener = bind(p.listen)?;
+            let _ = gateway.picker_addr.set(listener.local_addr()?);
+            let fallbacks = p.fallbacks;
+            let g = gateway.clone();
+            Some(AbortOnDrop(tokio::spawn(async move {
+                crate::serve::picker::serve(listener, g, fallbacks).await;
+            })))
+        }
+        None => None,
+    };
     let app = HyperService::new(
         Some(gateway.clone()),
         crate::serve::router::router(gateway.clone()),
@@ -201,7 +213,7 @@ pub async fn run(
     );
     closing.send_replace(true);
     let drain = async {
-        tokio::join!(graceful.shutdown(), closing.closed());
+        tokio::join!(graceful.shutdown(), closing.closed(), picker_streams(&gateway));
     };
     let mut drain = std::pin::pin!(drain);
     if tokio::time::timeout(server.drain_timeout, &mut drain)
@@ -223,6 +235,13 @@ pub async fn run(
         let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
     }
     Ok(())
+}
+
+/// Resolves once no endpoint picker stream is open (Envoy's requests end as the clients' do).
+async fn picker_streams(gateway: &Gateway) {
+    while gateway.picker_streams.load(Ordering::Acquire) > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// HTTP/1 and HTTP/2 on one port, with the server's limits on heads.

@@ -1,0 +1,228 @@
+//! The endpoint picker of the Gateway API Inference Extension: Envoy's `ext_proc` over gRPC, with
+//! `grpc.health.v1` on the same port. Envoy (Envoy Gateway, Istio, kgateway, GKE …) stays the
+//! proxy; per request it asks here where to send it, and this gateway's admission decides — the
+//! same stages, gates and limits as its own HTTP path, which it keeps serving beside.
+
+mod envoy;
+mod exchange;
+
+use crate::error::GatewayError;
+use crate::route::{ReplicaGuard, Route};
+use crate::state::Gateway;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use futures::Stream;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+use tonic_health::ServingStatus;
+
+/// Replies waiting to go to Envoy, per stream: a full-duplex body arrives faster than a slow
+/// Envoy may read, and the stream waits rather than hold more.
+const REPLIES: usize = 16;
+
+/// How often replica host names are looked up again (a pod that restarts gets a new address).
+const RESOLVE_EVERY: Duration = Duration::from_secs(5);
+
+/// The services a probe may name: the protocol's liveness and readiness, and the processor's own.
+const EXT_PROC: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// What every stream shares: the gateway, the replicas' addresses, the fallbacks to name.
+pub(crate) struct Picker {
+    g: Arc<Gateway>,
+    /// Each replica URL's `ip:port`, as Envoy knows the endpoint.
+    addresses: RwLock<HashMap<Arc<str>, SocketAddr>>,
+    fallbacks: usize,
+}
+
+impl Picker {
+    fn requests(&self, result: &str) {
+        self.g.metrics.picker_requests.with_label_values(&[result]).inc();
+    }
+
+    /// A replica's address, as Envoy will be told it; `None` until its host name resolves.
+    fn address(&self, url: &str) -> Option<SocketAddr> {
+        self.addresses.read().ok()?.get(url).copied()
+    }
+
+    /// The first replica `pick` chooses (holding it) and up to `fallbacks` more from `pool` by the
+    /// route's balancer, as a comma-separated `ip:port` list. Replicas whose address is unknown,
+    /// or outside the data plane's `subset`, are never named. `Err(None)`: no replica is left.
+    fn endpoints(
+        &self,
+        route: &Route,
+        pool: &[usize],
+        prefix: Option<&crate::path::prepare::Prepared>,
+        subset: Option<&[String]>,
+        mut pick: impl FnMut(&[usize]) -> Result<Option<ReplicaGuard>, GatewayError>,
+    ) -> Result<(String, ReplicaGuard), Option<GatewayError>> {
+        let addresses = self.addresses.read().map(|a| a.clone()).unwrap_or_default();
+        let address = |i: usize| addresses.get(&route.replicas[i].url).copied();
+        let allowed = |a: SocketAddr| {
+            subset.is_none_or(|s| {
+                s.iter().any(|e| match e.parse::<SocketAddr>() {
+                    Ok(x) => x == a,
+                    // The protocol lets a subset name a bare IP: any port of it.
+                    Err(_) => e.parse::<IpAddr>() == Ok(a.ip()),
+                })
+            })
+        };
+        let mut tried: Vec<usize> = pool
+            .iter()
+            .copied()
+            .filter(|i| !address(*i).is_some_and(allowed))
+            .collect();
+        let first = pick(&tried).map_err(Some)?.ok_or(None)?;
+        let mut list = address(first.index).map(|a| a.to_string()).unwrap_or_default();
+        tried.push(first.index);
+        let now = Instant::now();
+        let key = prefix.map_or(0, |p| p.prefix_key);
+        for _ in 0..self.fallbacks {
+            // Held only while chosen: the request is counted on the replica that serves it.
+            let Some(next) = route.pick(pool, &tried, key, now) else {
+                break;
+            };
+            tried.push(next.index);
+            if let Some(a) = address(next.index) {
+                list.push(',');
+                list.push_str(&a.to_string());
+            }
+        }
+        Ok((list, first))
+    }
+
+    /// Looks up every replica's host now; an address that does not resolve keeps its last one.
+    async fn resolve(&self) {
+        let table = self.g.table();
+        let urls: Vec<Arc<str>> = table
+            .routes
+            .iter()
+            .flat_map(|r| r.replicas.iter().map(|x| x.url.clone()))
+            .collect();
+        let mut found = HashMap::new();
+        for url in urls {
+            if let Some(a) = lookup(&url).await {
+                found.insert(url, a);
+            } else if let Some(old) = self.address(&url) {
+                found.insert(url, old);
+            }
+        }
+        if let Ok(mut a) = self.addresses.write() {
+            *a = found;
+        }
+    }
+}
+
+/// A replica URL's address: its IP and port, or the first address its host name resolves to.
+async fn lookup(url: &str) -> Option<SocketAddr> {
+    let uri: hyper::Uri = url.parse().ok()?;
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let port = uri
+        .port_u16()
+        .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Some(SocketAddr::new(ip, port));
+    }
+    let found = tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host((host, port)));
+    let mut addrs: Vec<SocketAddr> = found.await.ok()?.ok()?.collect();
+    // IPv4 first, where a name has both: Envoy's pod endpoints are IPv4 in most clusters.
+    addrs.sort_by_key(|a| !a.is_ipv4());
+    addrs.first().copied()
+}
+
+struct Service(Arc<Picker>);
+
+type Replies = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl ExternalProcessor for Service {
+    type ProcessStream = Replies;
+
+    async fn process(
+        &self,
+        request: Request<Streaming<ProcessingRequest>>,
+    ) -> Result<Response<Replies>, Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(REPLIES);
+        let picker = self.0.clone();
+        let g = picker.g.clone();
+        let open = OpenStream::new(&g);
+        tokio::spawn(async move {
+            let _open = open;
+            exchange::run(g, picker, request.into_inner(), tx).await;
+        });
+        let replies = futures::stream::unfold(rx, |mut rx| async move {
+            rx.recv().await.map(|r| (r, rx))
+        });
+        Ok(Response::new(Box::pin(replies)))
+    }
+}
+
+/// Counts a picker stream open until dropped, so that the drain waits for it.
+struct OpenStream(Arc<Gateway>);
+
+impl OpenStream {
+    fn new(g: &Arc<Gateway>) -> OpenStream {
+        g.picker_streams.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        OpenStream(g.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0
+            .picker_streams
+            .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Serves the picker on `listener` until the process ends; its health turns `NOT_SERVING`
+/// (but liveness) once the gateway drains.
+pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8) {
+    let picker = Arc::new(Picker {
+        g: g.clone(),
+        addresses: RwLock::default(),
+        fallbacks: usize::from(fallbacks),
+    });
+    picker.resolve().await;
+    let resolver = picker.clone();
+    let _resolving = crate::state::AbortOnDrop(tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(RESOLVE_EVERY).await;
+            resolver.resolve().await;
+        }
+    }));
+    let (reporter, health) = tonic_health::server::health_reporter();
+    for service in ["", "liveness", "readiness", EXT_PROC] {
+        reporter
+            .set_service_status(service, ServingStatus::Serving)
+            .await;
+    }
+    let draining = g.clone();
+    let _health = crate::state::AbortOnDrop(tokio::spawn(async move {
+        while !draining.is_draining() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        for service in ["", "readiness", EXT_PROC] {
+            reporter
+                .set_service_status(service, ServingStatus::NotServing)
+                .await;
+        }
+    }));
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let result = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .add_service(health)
+        .add_service(ExternalProcessorServer::new(Service(picker)))
+        .serve_with_incoming(incoming)
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "the endpoint picker stopped");
+    }
+}

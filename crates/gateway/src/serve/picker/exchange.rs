@@ -1,0 +1,553 @@
+//! One request through Envoy, as one `ext_proc` stream in full-duplex mode: the request's headers
+//! and body come in, the same stages as the proxy's run on them, and the answer is an endpoint
+//! list (the body sent back, rewritten as the proxy would send it) or an immediate refusal; then
+//! the response passes through, read as the proxy's relay reads it, and its end (or the stream's
+//! reset, when the client leaves) settles the request's ledger, which gives back its slot.
+
+use super::Picker;
+use super::envoy;
+use crate::error::{Cut, GatewayError, Invalid};
+use crate::event::parse_usage;
+use crate::path::ledger::{Ending, Ledger};
+use crate::path::prepare::{self, Api};
+use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
+use crate::path::respond::{request_fields, server_timing};
+use crate::path::upstream;
+use crate::route::{Observation, Route};
+use crate::state::Gateway;
+use axum::http::{HeaderMap, StatusCode, header};
+use bytes::{Bytes, BytesMut};
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
+use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use protocol::sse::EventSplitter;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tonic::{Status, Streaming};
+
+pub(super) type Out = mpsc::Sender<Result<ProcessingResponse, Status>>;
+
+/// What came in on the stream, and where answers go.
+struct Stream {
+    inbound: Streaming<ProcessingRequest>,
+    out: Out,
+}
+
+impl Stream {
+    /// The next message; `None` once Envoy has closed or reset the stream.
+    async fn next(&mut self) -> Option<ProcessingRequest> {
+        self.inbound.message().await.ok().flatten()
+    }
+
+    /// False once Envoy no longer listens.
+    async fn send(&self, r: ProcessingResponse) -> bool {
+        self.out.send(Ok(r)).await.is_ok()
+    }
+
+    async fn send_all(&self, rs: Vec<ProcessingResponse>) -> bool {
+        for r in rs {
+            if !self.send(r).await {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// Serves one `ext_proc` stream to its end.
+pub(super) async fn run(g: Arc<Gateway>, picker: Arc<Picker>, inbound: Streaming<ProcessingRequest>, out: Out) {
+    let mut s = Stream { inbound, out };
+    let Some(first) = s.next().await else { return };
+    let Some(Msg::RequestHeaders(h)) = &first.request else {
+        let _ = s
+            .out
+            .send(Err(Status::invalid_argument(
+                "the first message of a stream must be the request's headers",
+            )))
+            .await;
+        return;
+    };
+    let path = envoy::pseudo(Some(h), ":path").unwrap_or("/");
+    let path = path.split('?').next().unwrap_or(path);
+    let method = envoy::pseudo(Some(h), ":method").unwrap_or("GET");
+    let api = match (method, path) {
+        ("POST", "/v1/chat/completions") => Some(Api::Chat),
+        ("POST", "/v1/completions") => Some(Api::Completions),
+        ("POST", "/v1/embeddings") => Some(Api::Embeddings),
+        _ => None,
+    };
+    let subset = envoy::subset(&first);
+    let headers = envoy::headers(Some(h));
+    let ends = h.end_of_stream;
+    match api {
+        Some(api) => inference(&g, &picker, &mut s, api, headers, subset, ends).await,
+        None => passthrough(&g, &picker, &mut s, subset).await,
+    }
+}
+
+/// A request the gateway does not admit (`/v1/models`, `/tokenize`, …): any eligible replica of
+/// the first route, by its balancer, and everything passed on unchanged.
+async fn passthrough(g: &Gateway, picker: &Picker, s: &mut Stream, subset: Option<Vec<String>>) {
+    let table = g.table();
+    let Some(route) = table.routes.first() else { return };
+    let pool: Vec<usize> = (0..route.replicas.len()).collect();
+    let Ok(endpoints) = picker.endpoints(route, &pool, None, subset.as_deref(), |tried| {
+        Ok(route.pick(&pool, tried, 0, Instant::now()))
+    }) else {
+        let e = GatewayError::NoHealthyReplica(route.config.model.clone());
+        picker.requests("refused");
+        let _ = s.send(refusal(&e, None)).await;
+        return;
+    };
+    picker.requests("passed_through");
+    let (list, _guard) = endpoints;
+    if !s.send(envoy::destination(&list, envoy::mutation(&[], &[]))).await {
+        return;
+    }
+    while let Some(m) = s.next().await {
+        let mut replies = Vec::new();
+        match m.request {
+            Some(Msg::RequestBody(b)) => envoy::body(true, &b.body, b.end_of_stream, &mut replies),
+            Some(Msg::ResponseHeaders(_)) => replies.push(envoy::response_headers(envoy::mutation(&[], &[]))),
+            Some(Msg::ResponseBody(b)) => envoy::body(false, &b.body, b.end_of_stream, &mut replies),
+            Some(Msg::RequestTrailers(_)) => replies.push(envoy::trailers(true)),
+            Some(Msg::ResponseTrailers(_)) => replies.push(envoy::trailers(false)),
+            _ => {}
+        }
+        if !s.send_all(replies).await {
+            return;
+        }
+    }
+}
+
+/// An inference request: stages 1–6 and a replica, as on the proxy's path, then its response.
+async fn inference(
+    g: &Gateway,
+    picker: &Picker,
+    s: &mut Stream,
+    api: Api,
+    headers: HeaderMap,
+    subset: Option<Vec<String>>,
+    ends: bool,
+) {
+    let id = prepare::request_id(&headers);
+    let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
+    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &headers, ex.arrival);
+    let mut trailers = false;
+    let picked = if g.is_draining() {
+        Err(GatewayError::Draining)
+    } else {
+        match read_body(g, s, ends, &mut trailers).await {
+            Some(Ok(body)) => {
+                // While it waits in the queue, a reset (the client left) ends it: dropping the
+                // stages gives its queue place back.
+                let stages = pick(g, picker, api, &headers, &body, subset.as_deref(), &mut ex);
+                tokio::select! {
+                    r = stages => r,
+                    () = gone(s, &mut trailers) => return,
+                }
+            }
+            Some(Err(e)) => Err(e),
+            None => return,
+        }
+    };
+    let picked = match picked {
+        Ok(p) => p,
+        Err(e) => {
+            picker.requests("refused");
+            ex.fail(&e);
+            let timing = server_timing(&ex);
+            let _ = s.send(refusal(&e, Some((&timing, &ex)))).await;
+            return;
+        }
+    };
+    picker.requests("picked");
+    let Picked {
+        route,
+        endpoints,
+        body,
+        strip_usage,
+    } = picked;
+    let length = body.len().to_string();
+    let mutation = envoy::mutation(
+        &[
+            (prepare::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
+            (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
+        ],
+        &[],
+    );
+    let mut replies = vec![envoy::destination(&endpoints, mutation)];
+    envoy::body(true, &body, !trailers, &mut replies);
+    if trailers {
+        replies.push(envoy::trailers(true));
+    }
+    ex.upstream_start = Some(Instant::now());
+    if !s.send_all(replies).await {
+        return;
+    }
+    let relay = Response {
+        g,
+        picker,
+        route: &route,
+        strip_usage,
+        mode: Mode::Head,
+    };
+    relay.run(s, ex).await;
+}
+
+/// What the stages decided for a request that goes on.
+struct Picked {
+    route: Arc<Route>,
+    /// `ip:port`, the first picked, then the fallbacks, comma-separated.
+    endpoints: String,
+    body: Bytes,
+    strip_usage: bool,
+}
+
+async fn pick(
+    g: &Gateway,
+    picker: &Picker,
+    api: Api,
+    headers: &HeaderMap,
+    body: &Bytes,
+    subset: Option<&[String]>,
+    ex: &mut Ledger,
+) -> Result<Picked, GatewayError> {
+    let admitted = crate::path::admitted(g, None, api, headers, body, ex).await?;
+    let route = admitted.route;
+    let prepared = admitted.prepared;
+    let pool = &route.classes[prepared.class].pool;
+    let (endpoints, guard) = picker
+        .endpoints(&route, pool, Some(&prepared), subset, |tried| {
+            upstream::pick(&route, &prepared, tried, Instant::now(), ex)
+        })
+        .map_err(|e| e.unwrap_or_else(|| GatewayError::NoHealthyReplica(route.config.model.clone())))?;
+    ex.replica = Some(guard);
+    Ok(Picked {
+        endpoints,
+        body: prepared.body,
+        strip_usage: !prepared.client_wants_usage,
+        route,
+    })
+}
+
+/// The request's body, whole, within `server.max_body_bytes` (413) and `server.body_timeout`
+/// (408); `None` if the stream ended first. `trailers` learns whether trailers followed it.
+async fn read_body(
+    g: &Gateway,
+    s: &mut Stream,
+    ends: bool,
+    trailers: &mut bool,
+) -> Option<Result<Bytes, GatewayError>> {
+    if ends {
+        return Some(Ok(Bytes::new()));
+    }
+    let server = &g.config.server;
+    let limit = server.max_body_bytes;
+    let mut body = BytesMut::new();
+    let reading = async {
+        loop {
+            match s.next().await?.request {
+                Some(Msg::RequestBody(b)) => {
+                    if body.len() + b.body.len() > limit {
+                        return Some(Err(GatewayError::BodyTooLarge { limit }));
+                    }
+                    body.extend_from_slice(&b.body);
+                    if b.end_of_stream {
+                        return Some(Ok(()));
+                    }
+                }
+                Some(Msg::RequestTrailers(_)) => {
+                    *trailers = true;
+                    return Some(Ok(()));
+                }
+                _ => {
+                    return Some(Err(GatewayError::bad_request(
+                        Invalid::Request,
+                        "the request's body did not end before its response began",
+                        None,
+                    )));
+                }
+            }
+        }
+    };
+    match tokio::time::timeout(server.body_timeout, reading).await {
+        Ok(Some(Ok(()))) => Some(Ok(body.freeze())),
+        Ok(Some(Err(e))) => Some(Err(e)),
+        Ok(None) => None,
+        Err(_) => Some(Err(GatewayError::BodyTimeout(server.body_timeout))),
+    }
+}
+
+/// Resolves once Envoy closes or resets the stream; notes request trailers that come meanwhile.
+async fn gone(s: &mut Stream, trailers: &mut bool) {
+    while let Some(m) = s.next().await {
+        if matches!(m.request, Some(Msg::RequestTrailers(_))) {
+            *trailers = true;
+        }
+    }
+}
+
+/// The gateway's refusal as Envoy's immediate answer: the status, the OpenAI-shaped body and
+/// every header the proxy would send with it (`Retry-After`, the rate limits, the request ID).
+fn refusal(e: &GatewayError, ex: Option<(&str, &Ledger)>) -> ProcessingResponse {
+    let (status, mut headers, body) = e.render();
+    if let Some((timing, ex)) = ex {
+        request_fields(timing, ex, &mut |name, value| {
+            if let Ok(v) = axum::http::HeaderValue::from_bytes(value) {
+                headers.insert(name.clone(), v);
+            }
+        });
+    }
+    envoy::immediate(status, &headers, &body, e.code())
+}
+
+/// How the response's body is read.
+enum Mode {
+    /// Its headers have not come yet.
+    Head,
+    /// A stream of SSE events: each timed, its usage read (and dropped if the client did not ask
+    /// for it), the model renamed back.
+    Events(EventSplitter),
+    /// A whole answer, held until its end to read its usage and rename its model, within
+    /// `server.max_response_bytes`; past it, passed on as it comes.
+    Whole(BytesMut),
+    /// Passed on unchanged: an error, or an answer too large to hold.
+    Plain,
+}
+
+struct Response<'a> {
+    g: &'a Gateway,
+    picker: &'a Picker,
+    route: &'a Route,
+    strip_usage: bool,
+    mode: Mode,
+}
+
+impl Response<'_> {
+    /// Follows the response to its end or the stream's; the ledger settles when dropped here.
+    async fn run(mut self, s: &mut Stream, mut ex: Ledger) {
+        while let Some(m) = s.next().await {
+            let mut replies = Vec::new();
+            let end = match m.request {
+                Some(Msg::ResponseHeaders(ref h)) => {
+                    let status = envoy::pseudo(Some(h), ":status")
+                        .and_then(|s| s.parse::<u16>().ok())
+                        .and_then(|s| StatusCode::from_u16(s).ok())
+                        .unwrap_or(StatusCode::BAD_GATEWAY);
+                    let served = envoy::served(&m);
+                    let headers = envoy::headers(Some(h));
+                    replies.push(self.head(&mut ex, status, served.as_deref(), &headers));
+                    if h.end_of_stream {
+                        self.finish(&mut ex);
+                    }
+                    h.end_of_stream
+                }
+                Some(Msg::ResponseBody(ref b)) => {
+                    self.chunk(&mut ex, &b.body, b.end_of_stream, &mut replies);
+                    b.end_of_stream
+                }
+                Some(Msg::ResponseTrailers(_)) => {
+                    // The body's end came with the trailers rather than its last chunk.
+                    let rest = self.tail(&mut ex);
+                    if !rest.is_empty() {
+                        envoy::body(false, &rest, false, &mut replies);
+                    }
+                    self.finish(&mut ex);
+                    replies.push(envoy::trailers(false));
+                    true
+                }
+                Some(Msg::RequestTrailers(_)) => {
+                    replies.push(envoy::trailers(true));
+                    false
+                }
+                _ => false,
+            };
+            if !s.send_all(replies).await || end {
+                return;
+            }
+        }
+        // Envoy reset the stream before the response ended: the client left (the ledger's
+        // default ending, 499), or Envoy gave up on the replica.
+    }
+
+    /// The response's head: which replica served it (Envoy may have retried down the list), what
+    /// its status says of that replica, and how its body will be read.
+    fn head(&mut self, ex: &mut Ledger, status: StatusCode, served: Option<&str>, headers: &HeaderMap) -> ProcessingResponse {
+        ex.upstream_first_byte = Some(Instant::now());
+        ex.answering(status);
+        if let Some(served) = served.and_then(|s| s.parse::<SocketAddr>().ok()) {
+            self.moved_to(ex, served);
+        }
+        let event_stream = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if let Some(r) = &ex.replica {
+            let seen = match status {
+                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Some(Observation::Busy {
+                    retry_after: retry_after(headers),
+                }),
+                s if s.is_server_error() => Some(Observation::Failed),
+                s if s.is_client_error() => Some(Observation::ClientError),
+                // A stream works once its first token comes.
+                _ if event_stream => None,
+                _ => Some(Observation::Served),
+            };
+            if let Some(seen) = seen {
+                self.route.observe(&r.replica, seen);
+            }
+        }
+        self.mode = if !status.is_success() {
+            Mode::Plain
+        } else if event_stream {
+            Mode::Events(EventSplitter::default())
+        } else {
+            Mode::Whole(BytesMut::new())
+        };
+        let timing = server_timing(ex);
+        let mut setting: Vec<(axum::http::HeaderName, Vec<u8>)> = Vec::new();
+        request_fields(&timing, ex, &mut |n, v| setting.push((n.clone(), v.to_vec())));
+        let setting: Vec<(&str, &[u8])> = setting.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
+        // A body the picker changes (a model renamed, usage dropped) is no longer that long.
+        let remove: &[&str] = if status.is_success() { &["content-length"] } else { &[] };
+        envoy::response_headers(envoy::mutation(&setting, remove))
+    }
+
+    /// Envoy served the request from another endpoint of the list than the first: the request's
+    /// in-flight count moves to that replica.
+    fn moved_to(&self, ex: &mut Ledger, served: SocketAddr) {
+        let Some(r) = &ex.replica else { return };
+        if self.picker.address(&r.replica.url) == Some(served) {
+            return;
+        }
+        let Some(index) = self
+            .route
+            .replicas
+            .iter()
+            .position(|x| self.picker.address(&x.url) == Some(served))
+        else {
+            return;
+        };
+        self.route.observe(&r.replica, Observation::Failed);
+        ex.record.retries += 1;
+        ex.slo_sample = None;
+        ex.replica = Some(self.route.replicas[index].hold(index));
+    }
+
+    fn chunk(&mut self, ex: &mut Ledger, data: &[u8], end: bool, replies: &mut Vec<ProcessingResponse>) {
+        let limit = self.g.config.server.max_response_bytes;
+        let mut out = BytesMut::new();
+        match &mut self.mode {
+            Mode::Events(splitter) => {
+                let now = Instant::now();
+                let first = ex.record.ttft_ms.is_none() && !ex.ended();
+                let rename = self.route.rename.as_deref();
+                let strip = self.strip_usage;
+                splitter.feed_slices(data, |e| {
+                    pass_on(ex, e, now, rename, strip, &mut out);
+                });
+                if first
+                    && let Some(r) = &ex.replica
+                {
+                    // Its first event with tokens: the replica works.
+                    self.route.observe(&r.replica, Observation::Served);
+                }
+                if splitter.held() > MAX_EVENT {
+                    out.extend_from_slice(&splitter.rest());
+                    ex.end(Ending::Cut(Cut::Upstream), StatusCode::OK);
+                    out.extend_from_slice(&GatewayError::stream_cut(Cut::Upstream, too_large_message()));
+                    self.mode = Mode::Plain;
+                }
+            }
+            Mode::Whole(held) => {
+                if held.len() + data.len() > limit {
+                    // Too large to hold: what is held, and the rest, goes on as it is.
+                    out.extend_from_slice(held);
+                    out.extend_from_slice(data);
+                    ex.record.note = Some("response_not_read");
+                    self.mode = Mode::Plain;
+                } else {
+                    held.extend_from_slice(data);
+                }
+            }
+            Mode::Plain | Mode::Head => out.extend_from_slice(data),
+        }
+        if end {
+            out.extend_from_slice(&self.tail(ex));
+            self.finish(ex);
+        }
+        envoy::body(false, &out, end, replies);
+    }
+
+    /// What goes out at the body's end besides what came: a whole answer held till now (usage
+    /// read, model renamed), or a stream's error event if it ended before `[DONE]`.
+    fn tail(&mut self, ex: &mut Ledger) -> Bytes {
+        match std::mem::replace(&mut self.mode, Mode::Plain) {
+            Mode::Whole(held) => {
+                let body = held.freeze();
+                ex.trace.finish_reasons(&body);
+                ex.whole_answer(Instant::now(), parse_usage(&body));
+                ex.end(Ending::Finished, StatusCode::OK);
+                match self.route.rename.as_deref() {
+                    Some(r) => r.apply(body),
+                    None => body,
+                }
+            }
+            Mode::Events(mut splitter) => {
+                let mut out = BytesMut::from(&splitter.rest()[..]);
+                if !ex.ended() {
+                    if !out.is_empty() && !out.ends_with(b"\n\n") {
+                        out.extend_from_slice(b"\n\n");
+                    }
+                    ex.end(Ending::Cut(Cut::Upstream), StatusCode::OK);
+                    out.extend_from_slice(&GatewayError::stream_cut(
+                        Cut::Upstream,
+                        "the replica ended the stream early",
+                    ));
+                }
+                out.freeze()
+            }
+            Mode::Plain | Mode::Head => Bytes::new(),
+        }
+    }
+
+    /// The response ended: how, for the ledger, if its body has not said already.
+    fn finish(&mut self, ex: &mut Ledger) {
+        if ex.ended() {
+            return;
+        }
+        let Some(status) = ex.status() else { return };
+        if status.is_success() {
+            // A whole answer too large to read, or one without a body.
+            ex.end(Ending::Finished, status);
+            return;
+        }
+        let e = if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
+            GatewayError::UpstreamBusy {
+                route: self.route.config.model.clone(),
+                replica: ex.replica.as_ref().map_or(0, |r| r.index),
+                status,
+                retry_after: std::time::Duration::from_secs(1),
+            }
+        } else if status.is_client_error() {
+            ex.end(Ending::UpstreamRejected, status);
+            return;
+        } else {
+            GatewayError::upstream(format!("the replica answered {status}"))
+        };
+        ex.end(Ending::Failed(e.reason()), status);
+    }
+}
+
+/// A busy replica's `Retry-After` in seconds, else one second.
+fn retry_after(headers: &HeaderMap) -> std::time::Duration {
+    let secs = headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(1);
+    std::time::Duration::from_secs(secs.clamp(1, 60))
+}
+
