@@ -7,6 +7,8 @@
 //! - [`eventually`], [`poll`]: poll a condition, or what a request reads, on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
 //! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
+//! - [`envoy`]: a real Envoy asking an endpoint picker over `ext_proc`, as the Gateway API
+//!   Inference Extension sets it up;
 //! - [`tls`]: certificates made on the spot, their PEM files, and a TLS front before a server;
 //! - [`serve_script`]: a replica that answers each request with scripted bytes;
 //! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
@@ -15,6 +17,7 @@
 //!   processes ([`Process`]), ready when returned and stopped when dropped.
 
 pub mod crd;
+pub mod envoy;
 pub mod spawn;
 pub mod tls;
 

@@ -14,6 +14,7 @@ mod hostile;
 mod http1;
 mod observability;
 mod operations;
+mod picker;
 mod quotas;
 mod resilience;
 mod shared;
