@@ -11,8 +11,9 @@ use std::time::Duration;
 /// How an [`Envoy`] is set up.
 #[derive(Debug, Clone)]
 pub struct EnvoyOptions {
-    /// Where the endpoint picker listens.
-    pub picker: SocketAddr,
+    /// Where the endpoint picker listens; `None`: its cluster has no endpoint (in Kubernetes, its
+    /// Service with no ready pod).
+    pub picker: Option<SocketAddr>,
     /// The pool's endpoints (the InferencePool's pods).
     pub endpoints: Vec<SocketAddr>,
     /// `failure_mode_allow`: with the picker unreachable, requests go on by round robin (the
@@ -47,11 +48,13 @@ fn socket(a: SocketAddr) -> String {
 /// The bootstrap: one listener on `port`, the ext_proc filter, the router, the picker's cluster
 /// (HTTP/2) and the pool's.
 pub fn bootstrap(o: &EnvoyOptions, port: u16, admin: u16) -> String {
-    let endpoints: String = o
-        .endpoints
-        .iter()
-        .map(|e| format!("\n        - endpoint: {{ address: {} }}", socket(*e)))
-        .collect();
+    let lb_endpoints = |list: &[SocketAddr]| -> String {
+        list.iter()
+            .map(|e| format!("\n        - endpoint: {{ address: {} }}", socket(*e)))
+            .collect()
+    };
+    let endpoints = lb_endpoints(&o.endpoints);
+    let picker = lb_endpoints(o.picker.as_slice());
     format!(
         r#"admin:
   address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
@@ -110,8 +113,7 @@ static_resources:
     load_assignment:
       cluster_name: picker
       endpoints:
-      - lb_endpoints:
-        - endpoint: {{ address: {picker} }}
+      - lb_endpoints:{picker}
   - name: pool
     type: STATIC
     connect_timeout: 1s
@@ -137,7 +139,6 @@ static_resources:
 "#,
         retries = o.retries,
         fail_open = o.fail_open,
-        picker = socket(o.picker),
     )
 }
 
@@ -166,10 +167,12 @@ impl Envoy {
         };
         let config = std::env::temp_dir().join(format!("spillway-envoy-{}-{port}.yaml", std::process::id()));
         std::fs::write(&config, bootstrap(o, port, admin)).expect("the bootstrap is written");
+        // SPILLWAY_ENVOY_LOG=debug shows why Envoy answered what it did.
+        let level = std::env::var("SPILLWAY_ENVOY_LOG").unwrap_or_else(|_| "error".into());
         let child = tokio::process::Command::new(envoy_bin())
             .arg("-c")
             .arg(&config)
-            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", "error"])
+            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", &level])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

@@ -6,20 +6,27 @@ use std::net::SocketAddr;
 use std::time::Duration;
 use testkit::envoy::{Envoy, EnvoyOptions};
 
-const PICKED: &str = r#"
+/// The gateway's configuration for `engines` replicas: C = 2, Q = 2, Wq = 300 ms.
+fn config(engines: usize) -> String {
+    let replicas: Vec<String> = (0..engines).map(|i| format!("{{E{i}}}")).collect();
+    format!(
+        r#"
 listen: 127.0.0.1:0
-endpoint_picker: { listen: 127.0.0.1:0, fallbacks: 1 }
+endpoint_picker: {{ listen: 127.0.0.1:0, fallbacks: 1 }}
 routes:
   - model: chat
     upstream_model: sim
-    replicas: [{E0}, {E1}, {E2}]
+    replicas: [{}]
     balance: least_outstanding
     classes:
       - name: interactive
         concurrency: 2
         queue: 2
         queue_wait: 300ms
-"#;
+"#,
+        replicas.join(", ")
+    )
+}
 
 /// The engines, a gateway serving `yaml` with its picker, and Envoy asking it.
 struct Picked {
@@ -27,7 +34,8 @@ struct Picked {
     envoy: Envoy,
 }
 
-async fn picked(engines: usize, yaml: &str, fail_open: bool) -> Picked {
+async fn picked(engines: usize, fail_open: bool) -> Picked {
+    let yaml = &config(engines);
     let mut es = Vec::new();
     for _ in 0..engines {
         es.push(engine(tiny()).await);
@@ -39,7 +47,7 @@ async fn picked(engines: usize, yaml: &str, fail_open: bool) -> Picked {
         .get()
         .expect("the picker listens once the gateway serves");
     let envoy = Envoy::start(&EnvoyOptions {
-        picker,
+        picker: Some(picker),
         endpoints: stack.engines.iter().map(|e| e.addr).collect(),
         fail_open,
         retries: 1,
@@ -68,7 +76,7 @@ fn replica_of(url: &str, engines: &[SocketAddr]) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_through_envoy_reach_every_replica_and_are_accounted_as_the_proxys() {
-    let p = picked(3, PICKED, false).await;
+    let p = picked(3, false).await;
     let mut answered = Vec::new();
     for i in 0..12 {
         let stream = i % 2 == 0;
@@ -127,4 +135,173 @@ async fn requests_through_envoy_reach_every_replica_and_are_accounted_as_the_pro
         m.contains("spillway_endpoint_picker_requests_total{result=\"picked\"} 12"),
         "{m}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_reach_the_client_through_envoy_in_the_openai_shape() {
+    let p = picked(1, false).await;
+    let r = p.post(&chat("no-such-model", 8, false)).await;
+    assert_eq!(r.status(), 404);
+    assert!(r.headers().contains_key("x-request-id"));
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "model_not_found", "{v}");
+    let r = http()
+        .post(format!("{}/v1/chat/completions", p.envoy.url))
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    // Not an inference path: passed on to a replica, without admission.
+    let r = http()
+        .get(format!("{}/v1/models", p.envoy.url))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["data"][0]["id"], "sim", "{v}");
+    let m = p.stack.metrics().await;
+    assert!(m.contains("spillway_endpoint_picker_requests_total{result=\"refused\"} 2"), "{m}");
+    assert!(m.contains("spillway_endpoint_picker_requests_total{result=\"passed_through\"} 1"), "{m}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_through_envoy_holds_c_across_the_engines_and_refuses_the_overflow() {
+    let p = std::sync::Arc::new(picked(3, false).await);
+    let watch = p.clone();
+    let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+    // The most requests the engines ran at once, summed over them, sampled through the flood.
+    let peak = tokio::spawn(async move {
+        let mut peak = 0;
+        loop {
+            let running: usize = watch
+                .stack
+                .engines
+                .iter()
+                .map(|e| e.engine.snapshot().running)
+                .sum();
+            peak = peak.max(running);
+            tokio::select! {
+                _ = &mut stopped => return peak,
+                () = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
+        }
+    });
+    let mut flood = Vec::new();
+    for _ in 0..16 {
+        let p = p.clone();
+        flood.push(tokio::spawn(async move {
+            let r = p.post(&chat("chat", 400, true)).await;
+            let status = r.status().as_u16();
+            let retry_after = r
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_owned());
+            let (body, _, _) = read_stream(r).await;
+            (status, retry_after, body)
+        }));
+    }
+    let mut served = 0;
+    let mut refused = Vec::new();
+    for f in flood {
+        let (status, retry_after, body) = f.await.unwrap();
+        if status == 200 {
+            assert!(body.contains("[DONE]"), "{body}");
+            served += 1;
+        } else {
+            refused.push((status, retry_after, body));
+        }
+    }
+    let _ = stop.send(());
+    let peak = peak.await.unwrap();
+    println!(
+        "flood of 16 through Envoy: {served} served, {} refused, peak running on the engines {peak}",
+        refused.len()
+    );
+    assert!(peak <= 2, "C = 2 held across the engines: peak {peak}");
+    assert!(served >= 2, "{served}");
+    assert!(!refused.is_empty());
+    for (status, retry_after, body) in &refused {
+        assert_eq!(*status, 503, "{body}");
+        let secs: u64 = retry_after
+            .as_deref()
+            .expect("Retry-After on a refusal")
+            .parse()
+            .expect("whole seconds");
+        assert!((1..=60).contains(&secs), "{secs}");
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        let code = v["error"]["code"].as_str().unwrap();
+        assert!(["queue_full", "queue_timeout"].contains(&code), "{v}");
+    }
+    let gate = p.stack.gateway.admission("chat", "interactive").unwrap();
+    assert!(eventually(Duration::from_secs(2), || gate.in_flight() == 0).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_leaves_through_envoy_frees_its_slot_and_the_engine_stops() {
+    let p = picked(1, false).await;
+    let mut r = p.post(&chat("chat", 3000, true)).await;
+    assert_eq!(r.status(), 200);
+    for _ in 0..3 {
+        r.chunk().await.unwrap();
+    }
+    let gate = p.stack.gateway.admission("chat", "interactive").unwrap();
+    assert_eq!(gate.in_flight(), 1);
+    drop(r);
+    assert!(
+        eventually(Duration::from_secs(5), || gate.in_flight() == 0).await,
+        "the slot is given back when Envoy resets the stream"
+    );
+    let truth = &p.stack.engines[0].engine;
+    assert!(
+        eventually(Duration::from_secs(5), || truth.snapshot().aborts == 1).await,
+        "Envoy closes the replica's request"
+    );
+    assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == 1).await);
+    let rec = &p.stack.records()[0];
+    assert_eq!(rec.outcome, "client_disconnect", "{rec:?}");
+    assert!(rec.tokens_out.unwrap_or(0) > 0, "{rec:?}");
+}
+
+/// An address where nothing listens: the picker's process is gone.
+fn nobody() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// What Envoy answers a request when the picker is down: with no endpoint for it (in Kubernetes,
+/// its Service without a ready pod), `failure_mode_allow` decides (FailOpen: Envoy balances by
+/// itself; FailClose: 500); with an endpoint that refuses connections (the process gone before
+/// its readiness says so), Envoy has already streamed the body to the picker in full-duplex mode
+/// and answers 500 either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
+    let e = engine(tiny()).await;
+    for (picker, fail_open, expected) in [
+        (None, false, 500),
+        (None, true, 200),
+        (Some(nobody()), false, 500),
+        (Some(nobody()), true, 500),
+    ] {
+        let envoy = Envoy::start(&EnvoyOptions {
+            picker,
+            endpoints: vec![e.addr],
+            fail_open,
+            retries: 0,
+        })
+        .await;
+        let r = http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("sim", 4, false))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        println!("picker {picker:?}, fail_open {fail_open}: {status}");
+        assert_eq!(status, expected, "picker {picker:?}, fail_open {fail_open}");
+    }
 }
