@@ -162,7 +162,10 @@ fn the_pool_selects_the_pods_the_configs_replicas_name_on_their_port() {
         let (pod, namespace) = (labels[0], labels[2]);
         assert_eq!(pool["metadata"]["namespace"], namespace, "{url}");
         let (set, ordinal) = pod.rsplit_once('-').unwrap();
-        assert!(ordinal.parse::<u32>().is_ok(), "{url}: {pod} is not a StatefulSet pod");
+        assert!(
+            ordinal.parse::<u32>().is_ok(),
+            "{url}: {pod} is not a StatefulSet pod"
+        );
         assert_eq!(labels[1], set, "{url}: the pod's headless Service");
         sets.insert(set.to_owned());
         ports.insert(port.parse::<u64>().unwrap());
@@ -172,7 +175,10 @@ fn the_pool_selects_the_pods_the_configs_replicas_name_on_their_port() {
     let selector = pool["spec"]["selector"]["matchLabels"].as_object().unwrap();
     assert_eq!(selector.len(), 1, "{selector:?}");
     assert_eq!(selector["app.kubernetes.io/name"], set.as_str());
-    assert_eq!(target_ports, ports, "the pool's targetPorts are the replicas' ports");
+    assert_eq!(
+        target_ports, ports,
+        "the pool's targetPorts are the replicas' ports"
+    );
     // The picker's own pods are not in the pool.
     let picker_labels = &m.the("Deployment")["spec"]["template"]["metadata"]["labels"];
     assert_ne!(picker_labels["app.kubernetes.io/name"], set.as_str());
@@ -191,10 +197,7 @@ fn the_httproute_sends_to_the_pool_and_fits_the_gateway_api_crd() {
             assert_eq!(backend["group"], "inference.networking.k8s.io");
             assert_eq!(backend["kind"], "InferencePool");
             assert_eq!(backend["name"], pool["metadata"]["name"]);
-            assert!(
-                backend["namespace"].is_null()
-                    || backend["namespace"] == pool["metadata"]["namespace"]
-            );
+            assert!(backend["namespace"].is_null() || backend["namespace"] == pool["metadata"]["namespace"]);
         }
     }
     assert!(backends > 0);

@@ -117,7 +117,10 @@ impl Manifests {
     /// kustomization lists every other file, so that `kubectl apply -k` applies them all.
     pub(crate) fn assert_complete(&self, kinds: &[&str]) {
         for (file, doc) in &self.docs {
-            assert!(doc["apiVersion"].is_string(), "{file}: a document without apiVersion");
+            assert!(
+                doc["apiVersion"].is_string(),
+                "{file}: a document without apiVersion"
+            );
             assert!(doc["kind"].is_string(), "{file}: a document without kind");
         }
         for kind in kinds {
@@ -135,7 +138,10 @@ impl Manifests {
             .collect();
         for (file, doc) in &self.docs {
             if doc["kind"] != "Kustomization" {
-                assert!(listed.contains(&file.as_str()), "{file} is not in kustomization.yaml");
+                assert!(
+                    listed.contains(&file.as_str()),
+                    "{file} is not in kustomization.yaml"
+                );
             }
         }
     }
@@ -158,7 +164,10 @@ impl Manifests {
             .iter()
             .find(|m| config_path.starts_with(m["mountPath"].as_str().unwrap()))
             .expect("the config path is under a volume mount");
-        assert!(mount["subPath"].is_null(), "a subPath mount never sees ConfigMap updates");
+        assert!(
+            mount["subPath"].is_null(),
+            "a subPath mount never sees ConfigMap updates"
+        );
         let volume = pod["volumes"]
             .as_array()
             .unwrap()
@@ -215,10 +224,7 @@ impl Manifests {
 
     /// The grace period outlasts the preStop sleep and the drain, the drain outlasts the longest
     /// stream budget, and the HTTPRoute in front never cuts a stream inside that budget.
-    pub(crate) fn assert_grace_outlasts_the_drain_and_the_longest_stream(
-        &self,
-        config: &gateway::Config,
-    ) {
+    pub(crate) fn assert_grace_outlasts_the_drain_and_the_longest_stream(&self, config: &gateway::Config) {
         let pod = &self.the("Deployment")["spec"]["template"]["spec"];
         let grace = Duration::from_secs(pod["terminationGracePeriodSeconds"].as_u64().unwrap());
         let pre_stop = Duration::from_secs(
@@ -272,12 +278,7 @@ fn temp_file(text: &str) -> PathBuf {
 
 /// The object validates strictly against the CRD, and the check is not vacuous: the same object
 /// with `misspell` applied (a field renamed) fails it, naming the field.
-pub(crate) fn assert_fits_crd(
-    crd: &Path,
-    object: &Value,
-    misspelt: &str,
-    misspell: impl FnOnce(&mut Value),
-) {
+pub(crate) fn assert_fits_crd(crd: &Path, object: &Value, misspelt: &str, misspell: impl FnOnce(&mut Value)) {
     let errors = testkit::crd::violations(crd, object);
     assert!(errors.is_empty(), "{}", errors.join("\n"));
     let mut typo = object.clone();
