@@ -305,3 +305,45 @@ async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
         assert_eq!(status, expected, "picker {picker:?}, fail_open {fail_open}");
     }
 }
+
+/// In full-duplex mode Envoy sets no `message_timeout` on the picker's answers (its default is
+/// 200 ms in the other modes): a request waits in the class's queue past it, and is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
+    let yaml = config(1)
+        .replace("concurrency: 2", "concurrency: 1")
+        .replace("queue_wait: 300ms", "queue_wait: 5s");
+    let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let envoy = Envoy::start(&EnvoyOptions {
+        picker: p.gateway.picker_addr.get().copied(),
+        endpoints: vec![p.engines[0].addr],
+        fail_open: false,
+        retries: 0,
+    })
+    .await;
+    let send = |tokens: u32| {
+        http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("chat", tokens, true))
+            .send()
+    };
+    let first = send(2000).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let gate = p.gateway.admission("chat", "interactive").unwrap();
+    let second = tokio::spawn(send(4));
+    assert!(eventually(Duration::from_secs(2), || gate.queued() == 1).await);
+    tokio::time::sleep(Duration::from_millis(600)).await; // past Envoy's 200 ms default
+    drop(first);
+    let second = second.await.unwrap().unwrap();
+    assert_eq!(second.status(), 200);
+    let (body, _, _) = read_stream(second).await;
+    assert!(body.contains("[DONE]"), "{body}");
+    assert!(eventually(Duration::from_secs(2), || p.records().len() == 2).await);
+    let waited = p
+        .records()
+        .iter()
+        .filter_map(|r| r.queue_ms)
+        .fold(0.0, f64::max);
+    println!("queued through Envoy for {waited} ms, then served");
+    assert!(waited >= 600.0, "{waited}");
+}
