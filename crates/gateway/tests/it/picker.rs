@@ -347,3 +347,84 @@ async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
     println!("queued through Envoy for {waited} ms, then served");
     assert!(waited >= 600.0, "{waited}");
 }
+
+/// A replica that cannot be reached: Envoy retries on the fallback the picker named, and the
+/// request is counted on the replica that served it (Envoy's `upstream.address`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
+    let live = engine(tiny()).await;
+    let dead = nobody();
+    let yaml = config(2);
+    let gateway = testkit::Gateway::start(&yaml, &[live.url(), format!("http://{dead}")]).await;
+    let envoy = Envoy::start(&EnvoyOptions {
+        picker: gateway.gateway.picker_addr.get().copied(),
+        endpoints: vec![live.addr, dead],
+        fail_open: false,
+        retries: 1,
+    })
+    .await;
+    for _ in 0..8 {
+        let r = http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("chat", 4, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{:?}", r.text().await);
+    }
+    assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 8).await);
+    let records = gateway.records();
+    let retried = records.iter().filter(|r| r.retries > 0).count();
+    println!("8 requests, {retried} first sent to the unreachable replica and retried by Envoy");
+    for r in &records {
+        assert_eq!(r.replica.as_deref(), Some(&*live.url()), "{r:?}");
+        assert_eq!(r.outcome, "ok");
+    }
+    assert!(retried > 0, "least_outstanding picks the unreachable one first now and then");
+    assert!(envoy.stat("cluster.pool.upstream_rq_retry").await >= retried as u64);
+}
+
+/// The protocol's health services over gRPC on the picker's port: all serving, then readiness
+/// and the processor's own not serving once the gateway drains (liveness still serving).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_health_says_serving_then_not_ready_while_draining() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let yaml = format!("{}server: {{ drain_delay: 3s }}\n", config(1));
+    let mut p = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let addr = *p.gateway.picker_addr.get().unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut status = async |service: &str| {
+        let r = client
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap();
+        ServingStatus::try_from(r.into_inner().status).unwrap()
+    };
+    let services = ["", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"];
+    for s in services {
+        assert_eq!(status(s).await, ServingStatus::Serving, "{s:?}");
+    }
+    p.shutdown();
+    let mut drained = false;
+    for _ in 0..100 {
+        if status("readiness").await == ServingStatus::NotServing {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(drained, "readiness turns NOT_SERVING in the drain");
+    assert_eq!(status("liveness").await, ServingStatus::Serving);
+    assert_eq!(
+        status("envoy.service.ext_proc.v3.ExternalProcessor").await,
+        ServingStatus::NotServing
+    );
+}
