@@ -82,6 +82,14 @@ static_resources:
                     retriable_status_codes: [503]
                     num_retries: {retries}
           http_filters:
+          # A data plane's subset hint, from a test's request header.
+          - name: envoy.filters.http.header_to_metadata
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.header_to_metadata.v3.Config
+              request_rules:
+              - header: x-test-subset
+                on_header_present: {{ metadata_namespace: envoy.lb.subset_hint, key: x-gateway-destination-endpoint-subset, type: STRING }}
+                remove: true
           - name: envoy.filters.http.ext_proc
             typed_config:
               "@type": type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor

@@ -428,3 +428,37 @@ async fn grpc_health_says_serving_then_not_ready_while_draining() {
         ServingStatus::NotServing
     );
 }
+
+/// The data plane's subset hint (`envoy.lb.subset_hint`, here set from a header by Envoy's
+/// header-to-metadata filter) confines the pick; a subset with no replica of the pool is a 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_subset_hint_confines_the_pick() {
+    let p = picked(3, false).await;
+    let only = p.stack.engines[1].addr;
+    for subset in [only.to_string(), format!("10.255.0.1:80, {only}")] {
+        for _ in 0..4 {
+            let r = http()
+                .post(format!("{}/v1/chat/completions", p.envoy.url))
+                .header("x-test-subset", &subset)
+                .json(&chat("chat", 4, false))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 200);
+        }
+    }
+    assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == 8).await);
+    for r in p.stack.records() {
+        assert_eq!(r.replica.as_deref(), Some(&*format!("http://{only}")), "{r:?}");
+    }
+    let r = http()
+        .post(format!("{}/v1/chat/completions", p.envoy.url))
+        .header("x-test-subset", "10.255.0.1:80")
+        .json(&chat("chat", 4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "no_healthy_replica", "{v}");
+}
