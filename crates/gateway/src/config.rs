@@ -317,7 +317,10 @@ impl Config {
             if p.listen.port() != 0 && taken.contains(&Some(p.listen)) {
                 return Err(err(
                     "endpoint_picker.listen",
-                    format!("{} is taken by another listener: the picker needs its own", p.listen),
+                    format!(
+                        "{} is taken by another listener: the picker needs its own",
+                        p.listen
+                    ),
                 ));
             }
             if p.fallbacks > MAX_FALLBACKS {

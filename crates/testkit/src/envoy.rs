@@ -180,7 +180,13 @@ impl Envoy {
         let child = tokio::process::Command::new(envoy_bin())
             .arg("-c")
             .arg(&config)
-            .args(["--concurrency", "1", "--disable-hot-restart", "--log-level", &level])
+            .args([
+                "--concurrency",
+                "1",
+                "--disable-hot-restart",
+                "--log-level",
+                &level,
+            ])
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -209,12 +215,16 @@ impl Envoy {
 
     /// One counter or gauge of Envoy's `/stats`, 0 if absent.
     pub async fn stat(&self, name: &str) -> u64 {
-        let text = reqwest::get(format!("{}/stats?filter=^{}$", self.admin, name.replace('.', "\\.")))
-            .await
-            .expect("Envoy's admin answers")
-            .text()
-            .await
-            .unwrap_or_default();
+        let text = reqwest::get(format!(
+            "{}/stats?filter=^{}$",
+            self.admin,
+            name.replace('.', "\\.")
+        ))
+        .await
+        .expect("Envoy's admin answers")
+        .text()
+        .await
+        .unwrap_or_default();
         text.lines()
             .find_map(|l| l.strip_prefix(&format!("{name}: ")))
             .and_then(|v| v.trim().parse().ok())

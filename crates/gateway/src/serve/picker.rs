@@ -124,9 +124,11 @@ impl Picker {
 async fn lookup(url: &str) -> Option<SocketAddr> {
     let uri: hyper::Uri = url.parse().ok()?;
     let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
-    let port = uri
-        .port_u16()
-        .unwrap_or(if uri.scheme_str() == Some("https") { 443 } else { 80 });
+    let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    });
     if let Ok(ip) = host.parse::<IpAddr>() {
         return Some(SocketAddr::new(ip, port));
     }
@@ -157,9 +159,7 @@ impl ExternalProcessor for Service {
             let _open = open;
             exchange::run(g, picker, request.into_inner(), tx).await;
         });
-        let replies = futures::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|r| (r, rx))
-        });
+        let replies = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         Ok(Response::new(Box::pin(replies)))
     }
 }
@@ -200,9 +200,7 @@ pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8)
     }));
     let (reporter, health) = tonic_health::server::health_reporter();
     for service in ["", "liveness", "readiness", EXT_PROC] {
-        reporter
-            .set_service_status(service, ServingStatus::Serving)
-            .await;
+        reporter.set_service_status(service, ServingStatus::Serving).await;
     }
     let draining = g.clone();
     let _health = crate::state::AbortOnDrop(tokio::spawn(async move {

@@ -126,7 +126,10 @@ async fn requests_through_envoy_reach_every_replica_and_are_accounted_as_the_pro
     println!("requests per replica through Envoy: {per:?}");
     assert!(per.iter().all(|n| *n > 0), "{per:?}");
     for (i, e) in stack.engines.iter().enumerate() {
-        assert!(e.engine.snapshot().generated_tokens > 0, "engine {i} served nothing");
+        assert!(
+            e.engine.snapshot().generated_tokens > 0,
+            "engine {i} served nothing"
+        );
     }
     let gate = stack.gateway.admission("chat", "interactive").unwrap();
     assert_eq!(gate.in_flight(), 0);
@@ -165,8 +168,14 @@ async fn refusals_reach_the_client_through_envoy_in_the_openai_shape() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["data"][0]["id"], "sim", "{v}");
     let m = p.stack.metrics().await;
-    assert!(m.contains("spillway_endpoint_picker_requests_total{result=\"refused\"} 2"), "{m}");
-    assert!(m.contains("spillway_endpoint_picker_requests_total{result=\"passed_through\"} 1"), "{m}");
+    assert!(
+        m.contains("spillway_endpoint_picker_requests_total{result=\"refused\"} 2"),
+        "{m}"
+    );
+    assert!(
+        m.contains("spillway_endpoint_picker_requests_total{result=\"passed_through\"} 1"),
+        "{m}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,11 +348,7 @@ async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
     let (body, _, _) = read_stream(second).await;
     assert!(body.contains("[DONE]"), "{body}");
     assert!(eventually(Duration::from_secs(2), || p.records().len() == 2).await);
-    let waited = p
-        .records()
-        .iter()
-        .filter_map(|r| r.queue_ms)
-        .fold(0.0, f64::max);
+    let waited = p.records().iter().filter_map(|r| r.queue_ms).fold(0.0, f64::max);
     println!("queued through Envoy for {waited} ms, then served");
     assert!(waited >= 600.0, "{waited}");
 }
@@ -380,7 +385,10 @@ async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
         assert_eq!(r.replica.as_deref(), Some(&*live.url()), "{r:?}");
         assert_eq!(r.outcome, "ok");
     }
-    assert!(retried > 0, "least_outstanding picks the unreachable one first now and then");
+    assert!(
+        retried > 0,
+        "least_outstanding picks the unreachable one first now and then"
+    );
     assert!(envoy.stat("cluster.pool.upstream_rq_retry").await >= retried as u64);
 }
 
@@ -408,7 +416,12 @@ async fn grpc_health_says_serving_then_not_ready_while_draining() {
             .unwrap();
         ServingStatus::try_from(r.into_inner().status).unwrap()
     };
-    let services = ["", "liveness", "readiness", "envoy.service.ext_proc.v3.ExternalProcessor"];
+    let services = [
+        "",
+        "liveness",
+        "readiness",
+        "envoy.service.ext_proc.v3.ExternalProcessor",
+    ];
     for s in services {
         assert_eq!(status(s).await, ServingStatus::Serving, "{s:?}");
     }

@@ -226,7 +226,12 @@ pub(super) fn trailers(request: bool) -> ext::ProcessingResponse {
 
 /// An answer Envoy sends the client in place of the request: `status`, `headers` and `body` (the
 /// gateway's own OpenAI-shaped error, `Retry-After` and all).
-pub(super) fn immediate(status: StatusCode, headers: &HeaderMap, body: &[u8], details: &str) -> ext::ProcessingResponse {
+pub(super) fn immediate(
+    status: StatusCode,
+    headers: &HeaderMap,
+    body: &[u8],
+    details: &str,
+) -> ext::ProcessingResponse {
     let setting: Vec<(&str, &[u8])> = headers
         .iter()
         .filter(|(n, _)| *n != axum::http::header::CONTENT_LENGTH)
@@ -308,7 +313,9 @@ mod tests {
         assert_eq!(header.key, DESTINATION);
         assert_eq!(header.raw_value, b"10.0.0.1:8000,10.0.0.2:8000");
         let lb = &r.dynamic_metadata.as_ref().unwrap().fields[NAMESPACE];
-        let Some(Kind::StructValue(lb)) = &lb.kind else { panic!() };
+        let Some(Kind::StructValue(lb)) = &lb.kind else {
+            panic!()
+        };
         assert_eq!(lb.fields[DESTINATION], string("10.0.0.1:8000,10.0.0.2:8000"));
     }
 

@@ -17,8 +17,8 @@ use crate::route::{Observation, Route};
 use crate::state::Gateway;
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::{Bytes, BytesMut};
-use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
+use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use protocol::sse::EventSplitter;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -56,7 +56,12 @@ impl Stream {
 }
 
 /// Serves one `ext_proc` stream to its end.
-pub(super) async fn run(g: Arc<Gateway>, picker: Arc<Picker>, inbound: Streaming<ProcessingRequest>, out: Out) {
+pub(super) async fn run(
+    g: Arc<Gateway>,
+    picker: Arc<Picker>,
+    inbound: Streaming<ProcessingRequest>,
+    out: Out,
+) {
     let mut s = Stream { inbound, out };
     let Some(first) = s.next().await else { return };
     let Some(Msg::RequestHeaders(h)) = &first.request else {
@@ -374,7 +379,13 @@ impl Response<'_> {
 
     /// The response's head: which replica served it (Envoy may have retried down the list), what
     /// its status says of that replica, and how its body will be read.
-    fn head(&mut self, ex: &mut Ledger, status: StatusCode, served: Option<&str>, headers: &HeaderMap) -> ProcessingResponse {
+    fn head(
+        &mut self,
+        ex: &mut Ledger,
+        status: StatusCode,
+        served: Option<&str>,
+        headers: &HeaderMap,
+    ) -> ProcessingResponse {
         ex.upstream_first_byte = Some(Instant::now());
         ex.answering(status);
         if let Some(served) = served.and_then(|s| s.parse::<SocketAddr>().ok()) {
@@ -411,7 +422,11 @@ impl Response<'_> {
         request_fields(&timing, ex, &mut |n, v| setting.push((n.clone(), v.to_vec())));
         let setting: Vec<(&str, &[u8])> = setting.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
         // A body the picker changes (a model renamed, usage dropped) is no longer that long.
-        let remove: &[&str] = if status.is_success() { &["content-length"] } else { &[] };
+        let remove: &[&str] = if status.is_success() {
+            &["content-length"]
+        } else {
+            &[]
+        };
         envoy::response_headers(envoy::mutation(&setting, remove))
     }
 
@@ -448,9 +463,7 @@ impl Response<'_> {
                 splitter.feed_slices(data, |e| {
                     pass_on(ex, e, now, rename, strip, &mut out);
                 });
-                if first
-                    && let Some(r) = &ex.replica
-                {
+                if first && let Some(r) = &ex.replica {
                     // Its first event with tokens: the replica works.
                     self.route.observe(&r.replica, Observation::Served);
                 }
@@ -550,4 +563,3 @@ fn retry_after(headers: &HeaderMap) -> std::time::Duration {
         .unwrap_or(1);
     std::time::Duration::from_secs(secs.clamp(1, 60))
 }
-
