@@ -63,7 +63,8 @@ impl Picker {
         subset: Option<&[String]>,
         mut pick: impl FnMut(&[usize]) -> Result<Option<ReplicaGuard>, GatewayError>,
     ) -> Result<(String, ReplicaGuard), Option<GatewayError>> {
-        let addresses = self.addresses.read().map(|a| a.clone()).unwrap_or_default();
+        // Read in place: nothing below waits, and a copy would cost every request an allocation.
+        let addresses = self.addresses.read().unwrap_or_else(|e| e.into_inner());
         let address = |i: usize| addresses.get(&route.replicas[i].url).copied();
         let allowed = |a: SocketAddr| {
             subset.is_none_or(|s| {

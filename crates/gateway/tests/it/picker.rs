@@ -475,3 +475,48 @@ async fn the_subset_hint_confines_the_pick() {
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["code"], "no_healthy_replica", "{v}");
 }
+
+/// A team over its quota is shed through Envoy as the proxy sheds it: 429, `Retry-After`, the
+/// `x-ratelimit-*` headers, OpenAI's body; a request without a key never names a replica.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_over_its_quota_gets_429_with_retry_after_through_envoy() {
+    let yaml = format!(
+        "endpoint_picker: {{ listen: 127.0.0.1:0 }}\n{}",
+        crate::support::TEAMS
+    );
+    let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let envoy = Envoy::start(&EnvoyOptions {
+        picker: p.gateway.picker_addr.get().copied(),
+        endpoints: vec![p.engines[0].addr],
+        fail_open: false,
+        retries: 0,
+    })
+    .await;
+    let send = |key: Option<&'static str>| {
+        let mut r = http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("chat", 4, false));
+        if let Some(k) = key {
+            r = r.bearer_auth(k);
+        }
+        r.send()
+    };
+    let r = send(None).await.unwrap();
+    assert_eq!(r.status(), 401);
+    for _ in 0..3 {
+        let r = send(Some("test")).await.unwrap();
+        assert_eq!(r.status(), 200);
+        assert!(
+            r.headers().contains_key("x-ratelimit-remaining-requests"),
+            "{:?}",
+            r.headers()
+        );
+    }
+    let r = send(Some("test")).await.unwrap();
+    assert_eq!(r.status(), 429);
+    let secs: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&secs), "{secs}");
+    assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+}

@@ -7,7 +7,7 @@
 use super::Picker;
 use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
-use crate::event::parse_usage;
+use crate::event::{EventKind, parse_usage};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
 use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
@@ -197,6 +197,7 @@ async fn inference(
         route: &route,
         strip_usage,
         mode: Mode::Head,
+        served: false,
     };
     relay.run(s, ex).await;
 }
@@ -320,6 +321,8 @@ enum Mode {
     Whole(BytesMut),
     /// Passed on unchanged: an error, or an answer too large to hold.
     Plain,
+    /// Ended by the gateway (an event too large): nothing more is passed on.
+    Cut,
 }
 
 struct Response<'a> {
@@ -328,6 +331,8 @@ struct Response<'a> {
     route: &'a Route,
     strip_usage: bool,
     mode: Mode,
+    /// The replica's first token came (and was counted as its working).
+    served: bool,
 }
 
 impl Response<'_> {
@@ -457,21 +462,25 @@ impl Response<'_> {
         match &mut self.mode {
             Mode::Events(splitter) => {
                 let now = Instant::now();
-                let first = ex.record.ttft_ms.is_none() && !ex.ended();
                 let rename = self.route.rename.as_deref();
                 let strip = self.strip_usage;
+                let mut tokens = false;
                 splitter.feed_slices(data, |e| {
-                    pass_on(ex, e, now, rename, strip, &mut out);
+                    tokens |= pass_on(ex, e, now, rename, strip, &mut out) == EventKind::Tokens;
                 });
-                if first && let Some(r) = &ex.replica {
+                if tokens
+                    && !self.served
+                    && let Some(r) = &ex.replica
+                {
                     // Its first event with tokens: the replica works.
+                    self.served = true;
                     self.route.observe(&r.replica, Observation::Served);
                 }
                 if splitter.held() > MAX_EVENT {
                     out.extend_from_slice(&splitter.rest());
                     ex.end(Ending::Cut(Cut::Upstream), StatusCode::OK);
                     out.extend_from_slice(&GatewayError::stream_cut(Cut::Upstream, too_large_message()));
-                    self.mode = Mode::Plain;
+                    self.mode = Mode::Cut;
                 }
             }
             Mode::Whole(held) => {
@@ -486,6 +495,8 @@ impl Response<'_> {
                 }
             }
             Mode::Plain | Mode::Head => out.extend_from_slice(data),
+            // The client has had the stream's error event: what follows it is not passed on.
+            Mode::Cut => {}
         }
         if end {
             out.extend_from_slice(&self.tail(ex));
@@ -522,7 +533,7 @@ impl Response<'_> {
                 }
                 out.freeze()
             }
-            Mode::Plain | Mode::Head => Bytes::new(),
+            Mode::Plain | Mode::Head | Mode::Cut => Bytes::new(),
         }
     }
 
