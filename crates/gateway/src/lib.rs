@@ -5,7 +5,9 @@
 //! - `serve/` — the connections: `listener` (accept, connection limits, header and idle
 //!   timeouts, the drain), `front` (the public port's own HTTP/1.1 for the hot path), `router`
 //!   (everything else, and hyper's service), [`admin`] (the operator's API, whose changes
-//!   [`audit`] logs). Each hands a completion request to `path`.
+//!   [`audit`] logs), `picker` (the endpoint picker Envoy asks over `ext_proc`: stages 1–7 by
+//!   `path::admitted` and `upstream::pick`, the response followed to settle the ledger). Each
+//!   hands a completion request to `path`.
 //! - `path/` — the request path; `path::serve()` is one call per stage, in this order:
 //!   1. read the body (413/408) and parse it — `prepare` (400);
 //!   2. who is asking — `tenant` (401), before any model is named;
