@@ -9,7 +9,7 @@
 #   bench/endpoint-picker.sh target/release/spillway [TAG]
 # Results: target/picker-bench-TAG/*.json and a table on stdout.
 set -u
-BIN=$(realpath "$1"); TAG=${2:-run}
+SPILLWAY=$(realpath "$1"); TAG=${2:-run}   # not BIN: lib.sh names its own
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PEERS_DIR=${PEERS_DIR:-$ROOT/target/peers}
 [ -x "$PEERS_DIR/target/release/loadc" ] || { echo "no $PEERS_DIR built: cp -r ../shared/peers target/peers && target/peers/run-all.sh"; exit 2; }
@@ -102,16 +102,16 @@ YAML
 # Envoy and the picker as one target: the picker is Envoy's process's child, so the harness's
 # proc_usage counts both, and both run on the proxy core.
 cat >"$RUN/picker-launch.sh" <<SH
-"$BIN" serve --workers 1 --config "$RUN/picker.yaml" >"$RUN/picker.log" 2>&1 &
+"$SPILLWAY" serve --workers 1 --config "$RUN/picker.yaml" >"$RUN/picker.log" 2>&1 &
 exec "$VENV/bin/envoy" -c "$RUN/envoy-picker.yaml" --concurrency 1 --disable-hot-restart -l warn
 SH
 
 start_mock 18000 $MOCK_ARGS; MOCK=$LAST_PID
 declare -A PORT=([direct]=18000) PID=([direct]=$MOCK)
 start_envoy 18082 18000 19901; PORT[envoy]=18082; PID[envoy]=$LAST_PID
-start_cmd 18084 18000 "$BIN serve --workers 1 --config $RUN/proxy.yaml"; PORT[proxy]=18084; PID[proxy]=$LAST_PID
+start_cmd 18084 18000 "$SPILLWAY serve --workers 1 --config $RUN/proxy.yaml"; PORT[proxy]=18084; PID[proxy]=$LAST_PID
 start_cmd 18085 18000 "bash $RUN/picker-launch.sh"; PORT[picker]=18085; PID[picker]=$LAST_PID
-wait_port 19002
+wait_port 19002 || exit 1
 PICKER_PID=$(children "${PID[picker]}" | head -1)
 url() { echo "http://127.0.0.1:${PORT[$1]}/v1/chat/completions"; }
 TARGETS="direct envoy picker proxy"
