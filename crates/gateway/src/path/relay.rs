@@ -203,9 +203,7 @@ pub(crate) async fn open(
 }
 
 /// Handles one complete event at `now`: times it, reads its usage, and appends what the client
-/// gets of it to `out`. Returns what kind of event it was. Inlined into the relay's read, where it
-/// runs once per event, as it was while that was its only caller (the picker's is the other).
-#[inline(always)]
+/// gets of it to `out`. Returns what kind of event it was.
 pub(crate) fn pass_on(
     ex: &mut Ledger,
     event: &[u8],
