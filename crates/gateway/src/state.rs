@@ -60,6 +60,8 @@ pub struct Gateway {
     pub(crate) send_cut: Arc<dyn Fn() + Send + Sync>,
     /// TLS on the public listener, when `server.tls` is configured.
     pub(crate) tls: Option<crate::tls::ServerTls>,
+    /// TLS on the endpoint picker's port, when `endpoint_picker.tls` is configured.
+    pub(crate) picker_tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 impl Gateway {
@@ -106,9 +108,14 @@ impl Gateway {
             Some(files) => Some(crate::tls::ServerTls::load(files)?),
             None => None,
         };
+        let picker_tls = match config.endpoint_picker.as_ref().and_then(|p| p.tls.as_ref()) {
+            Some(t) => Some(crate::tls::picker_config(t)?),
+            None => None,
+        };
         let send_timeouts = metrics.send_timeouts.clone();
         Ok(Arc::new(Gateway {
             tls,
+            picker_tls,
             load: Arc::default(),
             send_cut: Arc::new(move || send_timeouts.inc()),
             shared,

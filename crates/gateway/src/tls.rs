@@ -62,25 +62,60 @@ impl ServerTls {
 }
 
 fn server_config(files: &TlsConfig) -> Result<rustls::ServerConfig, ConfigError> {
-    let chain = certificates(&files.cert, "server.tls.cert")?;
-    let key = private_key(&files.key, "server.tls.key")?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| err("server.tls", e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| {
-            err(
-                "server.tls.key",
-                format!(
-                    "{} cannot serve the certificate in {}: {e}",
-                    files.key.display(),
-                    files.cert.display()
-                ),
-            )
-        })?;
+    let mut config = server_config_at(files, "server.tls")?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
     Ok(config)
+}
+
+/// A server configuration for the pair in `files`, errors naming the fields under `at`.
+fn server_config_at(files: &TlsConfig, at: &str) -> Result<rustls::ServerConfig, ConfigError> {
+    let chain = certificates(&files.cert, &format!("{at}.cert"))?;
+    let key = private_key(&files.key, &format!("{at}.key"))?;
+    with_pair(chain, key, at).map_err(|e| {
+        err(
+            format!("{at}.key"),
+            format!(
+                "{} cannot serve the certificate in {}: {}",
+                files.key.display(),
+                files.cert.display(),
+                e.message
+            ),
+        )
+    })
+}
+
+fn with_pair(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+    at: &str,
+) -> Result<rustls::ServerConfig, ConfigError> {
+    rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| err(at, e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| err(at, e.to_string()))
+}
+
+/// The endpoint picker's TLS, HTTP/2 only (gRPC): the pair in the files, or one made at start —
+/// the Gateways that speak TLS to a picker do not check its certificate (the protocol's own
+/// reference picker makes one the same way). Read once: a new pair takes a restart.
+pub(crate) fn picker_config(
+    tls: &crate::config::PickerTls,
+) -> Result<Arc<rustls::ServerConfig>, ConfigError> {
+    let at = "endpoint_picker.tls";
+    let mut config = match tls {
+        crate::config::PickerTls::Files(files) => server_config_at(files, at)?,
+        crate::config::PickerTls::Made(_) => {
+            let made = rcgen::generate_simple_self_signed(vec!["spillway-endpoint-picker".to_owned()])
+                .map_err(|e| err(at, format!("cannot make a certificate: {e}")))?;
+            let key = PrivateKeyDer::try_from(made.signing_key.serialize_der())
+                .map_err(|e| err(at, format!("cannot use the key made: {e}")))?;
+            with_pair(vec![made.cert.der().clone()], key, at)?
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
 }
 
 fn read(path: &Path, field: &str) -> Result<Vec<u8>, ConfigError> {

@@ -1,6 +1,6 @@
 //! A real Envoy in front of replicas, asking an endpoint picker over `ext_proc` as the Gateway API
 //! Inference Extension configures it: the filter in full-duplex streamed mode, the destination
-//! read from the `envoy.lb` metadata (or the header) by the `override_host` load-balancing policy,
+//! read from the `envoy.lb` metadata by the `override_host` load-balancing policy,
 //! and round robin over the pool when neither is there (what a fail-open gateway does).
 
 use std::net::SocketAddr;
@@ -21,6 +21,8 @@ pub struct EnvoyOptions {
     pub fail_open: bool,
     /// Retries on another endpoint of the picker's list (connect failures, resets, 503).
     pub retries: u32,
+    /// TLS to the picker, its certificate unchecked (as kgateway and NGINX Gateway Fabric connect).
+    pub picker_tls: bool,
 }
 
 /// The `envoy` binary: `SPILLWAY_ENVOY`, else the one scripts/test.sh installs in target/venv.
@@ -55,6 +57,16 @@ pub fn bootstrap(o: &EnvoyOptions, port: u16, admin: u16) -> String {
     };
     let endpoints = lb_endpoints(&o.endpoints);
     let picker = lb_endpoints(o.picker.as_slice());
+    let picker_tls = if o.picker_tls {
+        r#"
+    transport_socket:
+      name: envoy.transport_sockets.tls
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.transport_sockets.tls.v3.UpstreamTlsContext
+        common_tls_context: { alpn_protocols: ["h2"] }"#
+    } else {
+        ""
+    };
     format!(
         r#"admin:
   address: {{ socket_address: {{ address: 127.0.0.1, port_value: {admin} }} }}
@@ -117,7 +129,7 @@ static_resources:
     typed_extension_protocol_options:
       envoy.extensions.upstreams.http.v3.HttpProtocolOptions:
         "@type": type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions
-        explicit_http_config: {{ http2_protocol_options: {{}} }}
+        explicit_http_config: {{ http2_protocol_options: {{}} }}{picker_tls}
     load_assignment:
       cluster_name: picker
       endpoints:
@@ -133,7 +145,6 @@ static_resources:
             "@type": type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost
             override_host_sources:
             - metadata: {{ key: envoy.lb, path: [{{ key: x-gateway-destination-endpoint }}] }}
-            - header: x-gateway-destination-endpoint
             fallback_policy:
               policies:
               - typed_extension_config:

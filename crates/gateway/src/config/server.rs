@@ -62,6 +62,25 @@ pub struct EndpointPickerConfig {
     /// Endpoints named after the first, for Envoy to retry on in order.
     #[serde(default = "one_fallback")]
     pub fallbacks: u8,
+    /// TLS on the picker's port (several Gateways connect to a picker only over TLS, without
+    /// checking its certificate); absent: plaintext HTTP/2.
+    #[serde(default)]
+    pub tls: Option<PickerTls>,
+}
+
+/// The picker's certificate: files, or `self_signed` (one made at start).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum PickerTls {
+    Files(TlsConfig),
+    Made(SelfSigned),
+}
+
+/// `tls: self_signed`.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SelfSigned {
+    SelfSigned,
 }
 
 fn one_fallback() -> u8 {

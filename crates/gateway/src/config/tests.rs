@@ -206,3 +206,32 @@ fn redis_shares_and_refusals_name_the_field() {
     let e = Config::from_yaml(&adaptive).unwrap_err().to_string();
     assert!(e.contains("classes[0].concurrency") && e.contains("redis"), "{e}");
 }
+
+#[test]
+fn the_endpoint_picker_section_parses_and_its_mistakes_name_the_field() {
+    let with = |section: &str| Config::from_yaml(&format!("{GOOD}endpoint_picker: {section}\n"));
+    let p = with("{ listen: 127.0.0.1:9002 }")
+        .unwrap()
+        .endpoint_picker
+        .unwrap();
+    assert_eq!((p.fallbacks, p.tls), (1, None));
+    let p = with("{ listen: 127.0.0.1:9002, fallbacks: 0, tls: self_signed }")
+        .unwrap()
+        .endpoint_picker
+        .unwrap();
+    assert_eq!(p.tls, Some(PickerTls::Made(SelfSigned::SelfSigned)));
+    let p = with("{ listen: 127.0.0.1:9002, tls: { cert: a.crt, key: a.key } }")
+        .unwrap()
+        .endpoint_picker
+        .unwrap();
+    assert!(matches!(p.tls, Some(PickerTls::Files(_))));
+    let e = with("{ listen: 127.0.0.1:8080 }").unwrap_err();
+    assert_eq!(e.path, "endpoint_picker.listen", "{e}");
+    let e = with("{ listen: 127.0.0.1:9002, fallbacks: 9 }").unwrap_err();
+    assert_eq!(e.path, "endpoint_picker.fallbacks", "{e}");
+    assert!(
+        with("{ listen: 127.0.0.1:9002, fallback: 1 }").is_err(),
+        "unknown fields refused"
+    );
+    assert!(with("{ listen: 127.0.0.1:9002, tls: self-made }").is_err());
+}

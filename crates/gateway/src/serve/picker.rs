@@ -183,6 +183,78 @@ impl Drop for OpenStream {
     }
 }
 
+/// A connection to the picker over TLS, as tonic takes one.
+struct TlsConn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+
+impl tonic::transport::server::Connected for TlsConn {
+    type ConnectInfo = ();
+    fn connect_info(&self) {}
+}
+
+impl tokio::io::AsyncRead for TlsConn {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for TlsConn {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// Connections accepted on `listener`, each after its TLS handshake (within `timeout`, on a task of
+/// its own, so that a slow one holds up no other); a failed handshake is dropped.
+fn tls_incoming(
+    listener: TcpListener,
+    tls: Arc<rustls::ServerConfig>,
+    timeout: Duration,
+) -> impl Stream<Item = std::io::Result<TlsConn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<TlsConn>(64);
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    tokio::spawn(async move {
+        loop {
+            // The server gone (the receiver dropped), the listener goes with this task.
+            let accepted = tokio::select! {
+                a = listener.accept() => a,
+                () = tx.closed() => return,
+            };
+            let Ok((tcp, _)) = accepted else {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            };
+            let _ = tcp.set_nodelay(true);
+            let (handshake, sender) = (acceptor.clone(), tx.clone());
+            tokio::spawn(async move {
+                if let Ok(Ok(conn)) = tokio::time::timeout(timeout, handshake.accept(tcp)).await {
+                    let _ = sender.send(TlsConn(conn)).await;
+                }
+            });
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|c| (Ok(c), rx)) })
+}
+
 /// Serves the picker on `listener` until the process ends; its health turns `NOT_SERVING`
 /// (but liveness) once the gateway drains.
 pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8) {
@@ -214,13 +286,22 @@ pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8)
                 .await;
         }
     }));
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    let result = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health)
-        .add_service(ExternalProcessorServer::new(Service(picker)))
-        .serve_with_incoming(incoming)
-        .await;
+        .add_service(ExternalProcessorServer::new(Service(picker)));
+    let result = match g.picker_tls.clone() {
+        None => {
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+            router.serve_with_incoming(incoming).await
+        }
+        Some(tls) => {
+            let timeout = g.config.server.header_timeout;
+            router
+                .serve_with_incoming(tls_incoming(listener, tls, timeout))
+                .await
+        }
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "the endpoint picker stopped");
     }

@@ -51,6 +51,7 @@ async fn picked(engines: usize, fail_open: bool) -> Picked {
         endpoints: stack.engines.iter().map(|e| e.addr).collect(),
         fail_open,
         retries: 1,
+        picker_tls: false,
     })
     .await;
     Picked { stack, envoy }
@@ -301,6 +302,7 @@ async fn with_the_picker_down_envoy_fails_closed_or_open_as_configured() {
             endpoints: vec![e.addr],
             fail_open,
             retries: 0,
+            picker_tls: false,
         })
         .await;
         let r = http()
@@ -328,6 +330,7 @@ async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
         endpoints: vec![p.engines[0].addr],
         fail_open: false,
         retries: 0,
+        picker_tls: false,
     })
     .await;
     let send = |tokens: u32| {
@@ -366,6 +369,7 @@ async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
         endpoints: vec![live.addr, dead],
         fail_open: false,
         retries: 1,
+        picker_tls: false,
     })
     .await;
     for _ in 0..8 {
@@ -490,6 +494,7 @@ async fn a_team_over_its_quota_gets_429_with_retry_after_through_envoy() {
         endpoints: vec![p.engines[0].addr],
         fail_open: false,
         retries: 0,
+        picker_tls: false,
     })
     .await;
     let send = |key: Option<&'static str>| {
@@ -519,4 +524,42 @@ async fn a_team_over_its_quota_gets_429_with_retry_after_through_envoy() {
     assert_eq!(r.headers()["x-ratelimit-remaining-requests"], "0");
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "rate_limit_error", "{v}");
+}
+
+/// Several Gateways reach a picker only over TLS, without checking its certificate (the
+/// reference picker makes its own): `tls: self_signed`, and Envoy connecting so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_picker_serves_over_tls_with_a_certificate_of_its_own() {
+    let yaml = config(1).replace("fallbacks: 1 }", "fallbacks: 1, tls: self_signed }");
+    let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
+    let envoy = Envoy::start(&EnvoyOptions {
+        picker: p.gateway.picker_addr.get().copied(),
+        endpoints: vec![p.engines[0].addr],
+        fail_open: false,
+        retries: 0,
+        picker_tls: true,
+    })
+    .await;
+    let r = http()
+        .post(format!("{}/v1/chat/completions", envoy.url))
+        .json(&chat("chat", 4, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (body, _, _) = read_stream(r).await;
+    assert!(body.contains("[DONE]"), "{body}");
+    assert!(eventually(Duration::from_secs(2), || p.records().len() == 1).await);
+    // A plaintext client gets no gRPC answer from a TLS port.
+    let plain =
+        tonic::transport::Channel::from_shared(format!("http://{}", p.gateway.picker_addr.get().unwrap()))
+            .unwrap()
+            .connect()
+            .await;
+    if let Ok(channel) = plain {
+        let answer = tonic_health::pb::health_client::HealthClient::new(channel)
+            .check(tonic_health::pb::HealthCheckRequest::default())
+            .await;
+        assert!(answer.is_err(), "{answer:?}");
+    }
 }
