@@ -49,7 +49,8 @@ impl Picker {
 
     /// A replica's address, as Envoy will be told it; `None` until its host name resolves.
     fn address(&self, url: &str) -> Option<SocketAddr> {
-        self.addresses.read().ok()?.get(url).copied()
+        let found = self.addresses.read().ok()?.get(url).copied();
+        found.or_else(|| literal(url))
     }
 
     /// The first replica `pick` chooses (holding it) and up to `fallbacks` more from `pool` by the
@@ -65,7 +66,11 @@ impl Picker {
     ) -> Result<(String, ReplicaGuard), Option<GatewayError>> {
         // Read in place: nothing below waits, and a copy would cost every request an allocation.
         let addresses = self.addresses.read().unwrap_or_else(|e| e.into_inner());
-        let address = |i: usize| addresses.get(&route.replicas[i].url).copied();
+        // An IP literal needs no lookup: a replica a reload just added is named at once.
+        let address = |i: usize| {
+            let url = &route.replicas[i].url;
+            addresses.get(url).copied().or_else(|| literal(url))
+        };
         let allowed = |a: SocketAddr| {
             subset.is_none_or(|s| {
                 s.iter().any(|e| match e.parse::<SocketAddr>() {
@@ -121,18 +126,32 @@ impl Picker {
     }
 }
 
+/// A replica URL's host and port (the scheme's default if none).
+fn host_port(url: &str) -> Option<(String, u16)> {
+    let uri: hyper::Uri = url.parse().ok()?;
+    let host = uri
+        .host()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let https = uri.scheme_str() == Some("https");
+    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
+    Some((host, port))
+}
+
+/// A replica URL's address when its host is an IP.
+fn literal(url: &str) -> Option<SocketAddr> {
+    let (host, port) = host_port(url)?;
+    Some(SocketAddr::new(host.parse::<IpAddr>().ok()?, port))
+}
+
 /// A replica URL's address: its IP and port, or the first address its host name resolves to.
 async fn lookup(url: &str) -> Option<SocketAddr> {
-    let uri: hyper::Uri = url.parse().ok()?;
-    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
-    let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") {
-        443
-    } else {
-        80
-    });
-    if let Ok(ip) = host.parse::<IpAddr>() {
-        return Some(SocketAddr::new(ip, port));
+    if let Some(a) = literal(url) {
+        return Some(a);
     }
+    let (host, port) = host_port(url)?;
+    let host = host.as_str();
     let found = tokio::time::timeout(Duration::from_secs(2), tokio::net::lookup_host((host, port)));
     let mut addrs: Vec<SocketAddr> = found.await.ok()?.ok()?.collect();
     // IPv4 first, where a name has both: Envoy's pod endpoints are IPv4 in most clusters.
@@ -158,7 +177,17 @@ impl ExternalProcessor for Service {
         let open = OpenStream::new(&g);
         tokio::spawn(async move {
             let _open = open;
-            exchange::run(g, picker, request.into_inner(), tx).await;
+            // A stream whose handler failed must not end as if answered: Envoy would then send
+            // the request on unpicked, FailClose or not.
+            let failed = tx.clone();
+            let handler = tokio::spawn(exchange::run(g, picker, request.into_inner(), tx));
+            if handler.await.is_err() {
+                let _ = failed
+                    .send(Err(Status::internal(
+                        "the endpoint picker failed on this request",
+                    )))
+                    .await;
+            }
         });
         let replies = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|r| (r, rx)) });
         Ok(Response::new(Box::pin(replies)))

@@ -81,11 +81,20 @@ pub(crate) async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
+    match model_list(&g, &headers) {
+        Ok(list) => axum::Json(list).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `/v1/models`: the public models the caller's key may use, as OpenAI lists them (the proxy's
+/// route and the endpoint picker's answer alike).
+pub(crate) fn model_list(
+    g: &Gateway,
+    headers: &HeaderMap,
+) -> Result<serde_json::Value, crate::error::GatewayError> {
     let table = g.table();
-    let tenant = match table.tenants.identify(auth(&headers)) {
-        Ok(t) => t,
-        Err(e) => return e.into_response(),
-    };
+    let tenant = table.tenants.identify(auth(headers))?;
     let data: Vec<_> = table
         .routes
         .iter()
@@ -99,7 +108,7 @@ async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
             card
         })
         .collect();
-    axum::Json(serde_json::json!({"object": "list", "data": data})).into_response()
+    Ok(serde_json::json!({"object": "list", "data": data}))
 }
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {

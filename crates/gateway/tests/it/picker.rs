@@ -72,45 +72,55 @@ fn replica_of(url: &str, engines: &[SocketAddr]) -> usize {
     engines
         .iter()
         .position(|a| url.ends_with(&a.to_string()))
-        .unwrap_or(usize::MAX)
+        .unwrap_or_else(|| panic!("{url} is none of the engines {engines:?}"))
+}
+
+/// One request through Envoy, streamed or not, checked as a client would see it.
+async fn check(p: &Picked, stream: bool) {
+    let r = p.post(&chat("chat", 8, stream)).await;
+    assert_eq!(r.status(), 200);
+    assert!(r.headers().contains_key("x-request-id"));
+    assert!(
+        r.headers()
+            .get("server-timing")
+            .is_some_and(|v| v.to_str().unwrap().starts_with("queue;dur=")),
+        "{:?}",
+        r.headers()
+    );
+    if stream {
+        let (body, _, clean) = read_stream(r).await;
+        assert!(clean);
+        let events = sse_data(&body);
+        assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
+        let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(first["model"], "chat", "the model is renamed back: {body}");
+        assert!(
+            !body.contains("\"usage\""),
+            "the usage chunk the client did not ask for is dropped: {body}"
+        );
+    } else {
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["model"], "chat", "{v}");
+        assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_through_envoy_reach_every_replica_and_are_accounted_as_the_proxys() {
-    let p = picked(3, false).await;
-    let mut answered = Vec::new();
-    for i in 0..12 {
-        let stream = i % 2 == 0;
-        let r = p.post(&chat("chat", 8, stream)).await;
-        assert_eq!(r.status(), 200, "{:?}", r.text().await);
-        assert!(r.headers().contains_key("x-request-id"));
-        assert!(
-            r.headers()
-                .get("server-timing")
-                .is_some_and(|v| v.to_str().unwrap().starts_with("queue;dur=")),
-            "{:?}",
-            r.headers()
-        );
-        if stream {
-            let (body, _, clean) = read_stream(r).await;
-            assert!(clean);
-            let events = sse_data(&body);
-            assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "{body}");
-            let first: serde_json::Value = serde_json::from_str(&events[0]).unwrap();
-            assert_eq!(first["model"], "chat", "the model is renamed back: {body}");
-            assert!(
-                !body.contains("\"usage\""),
-                "the usage chunk the client did not ask for is dropped: {body}"
-            );
-        } else {
-            let v: serde_json::Value = r.json().await.unwrap();
-            assert_eq!(v["model"], "chat", "{v}");
-            assert!(v["usage"]["completion_tokens"].as_u64().unwrap() > 0);
+    let p = std::sync::Arc::new(picked(3, false).await);
+    // Four at a time (C + Q): 30 picks leave no replica out but by a chance of about 1e-5.
+    for round in 0..8 {
+        let mut batch = Vec::new();
+        for i in 0..(if round < 7 { 4 } else { 2 }) {
+            let p = p.clone();
+            batch.push(tokio::spawn(async move { check(&p, (round + i) % 2 == 0).await }));
         }
-        answered.push(i);
+        for b in batch {
+            b.await.unwrap();
+        }
     }
     let stack = &p.stack;
-    assert!(eventually(Duration::from_secs(3), || stack.records().len() == 12).await);
+    assert!(eventually(Duration::from_secs(3), || stack.records().len() == 30).await);
     let addrs: Vec<SocketAddr> = stack.engines.iter().map(|e| e.addr).collect();
     let mut per = [0usize; 3];
     for rec in stack.records() {
@@ -136,7 +146,7 @@ async fn requests_through_envoy_reach_every_replica_and_are_accounted_as_the_pro
     assert_eq!(gate.in_flight(), 0);
     let m = stack.metrics().await;
     assert!(
-        m.contains("spillway_endpoint_picker_requests_total{result=\"picked\"} 12"),
+        m.contains("spillway_endpoint_picker_requests_total{result=\"picked\"} 30"),
         "{m}"
     );
 }
@@ -159,7 +169,7 @@ async fn refusals_reach_the_client_through_envoy_in_the_openai_shape() {
     assert_eq!(r.status(), 400);
     let v: serde_json::Value = r.json().await.unwrap();
     assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
-    // Not an inference path: passed on to a replica, without admission.
+    // `/v1/models` is answered by the picker itself, with the public names.
     let r = http()
         .get(format!("{}/v1/models", p.envoy.url))
         .send()
@@ -167,14 +177,36 @@ async fn refusals_reach_the_client_through_envoy_in_the_openai_shape() {
         .unwrap();
     assert_eq!(r.status(), 200);
     let v: serde_json::Value = r.json().await.unwrap();
-    assert_eq!(v["data"][0]["id"], "sim", "{v}");
+    assert_eq!(v["data"][0]["id"], "chat", "{v}");
+    // Any other path is refused, never passed on unadmitted: a `%`-encoded completion path a
+    // replica would decode, and vLLM's other endpoints.
+    for (method, path) in [
+        (reqwest::Method::POST, "/v1/chat%2Fcompletions"),
+        (reqwest::Method::POST, "/tokenize"),
+        (reqwest::Method::GET, "/v1/chat/completions"),
+    ] {
+        let r = http()
+            .request(method.clone(), format!("{}{path}", p.envoy.url))
+            .json(&chat("chat", 4, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 404, "{method} {path}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"]["code"], "not_found", "{v}");
+    }
+    assert_eq!(
+        p.stack.engines[0].engine.snapshot().steps,
+        0,
+        "nothing reached the replica"
+    );
     let m = p.stack.metrics().await;
     assert!(
-        m.contains("spillway_endpoint_picker_requests_total{result=\"refused\"} 2"),
+        m.contains("spillway_endpoint_picker_requests_total{result=\"refused\"} 5"),
         "{m}"
     );
     assert!(
-        m.contains("spillway_endpoint_picker_requests_total{result=\"passed_through\"} 1"),
+        m.contains("spillway_endpoint_picker_requests_total{result=\"answered\"} 1"),
         "{m}"
     );
 }
@@ -362,7 +394,11 @@ async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
 async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
     let live = engine(tiny()).await;
     let dead = nobody();
-    let yaml = config(2);
+    // No health checks: the unreachable replica stays a candidate, as between two checks.
+    let yaml = config(2).replace(
+        "    balance: least_outstanding",
+        "    balance: least_outstanding\n    health: { enabled: false }",
+    );
     let gateway = testkit::Gateway::start(&yaml, &[live.url(), format!("http://{dead}")]).await;
     let envoy = Envoy::start(&EnvoyOptions {
         picker: gateway.gateway.picker_addr.get().copied(),
@@ -372,7 +408,7 @@ async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
         picker_tls: false,
     })
     .await;
-    for _ in 0..8 {
+    for _ in 0..16 {
         let r = http()
             .post(format!("{}/v1/chat/completions", envoy.url))
             .json(&chat("chat", 4, false))
@@ -381,10 +417,10 @@ async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
             .unwrap();
         assert_eq!(r.status(), 200, "{:?}", r.text().await);
     }
-    assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 8).await);
+    assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 16).await);
     let records = gateway.records();
     let retried = records.iter().filter(|r| r.retries > 0).count();
-    println!("8 requests, {retried} first sent to the unreachable replica and retried by Envoy");
+    println!("16 requests, {retried} first sent to the unreachable replica and retried by Envoy");
     for r in &records {
         assert_eq!(r.replica.as_deref(), Some(&*live.url()), "{r:?}");
         assert_eq!(r.outcome, "ok");

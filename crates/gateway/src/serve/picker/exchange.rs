@@ -85,43 +85,37 @@ pub(super) async fn run(
     let subset = envoy::subset(&first);
     let headers = envoy::headers(Some(h));
     let ends = h.end_of_stream;
-    match api {
-        Some(api) => inference(&g, &picker, &mut s, api, headers, subset, ends).await,
-        None => passthrough(&g, &picker, &mut s, subset).await,
-    }
-}
-
-/// A request the gateway does not admit (`/v1/models`, `/tokenize`, …): any eligible replica of
-/// the first route, by its balancer, and everything passed on unchanged.
-async fn passthrough(g: &Gateway, picker: &Picker, s: &mut Stream, subset: Option<Vec<String>>) {
-    let table = g.table();
-    let Some(route) = table.routes.first() else { return };
-    let pool: Vec<usize> = (0..route.replicas.len()).collect();
-    let Ok(endpoints) = picker.endpoints(route, &pool, None, subset.as_deref(), |tried| {
-        Ok(route.pick(&pool, tried, 0, Instant::now()))
-    }) else {
-        let e = GatewayError::NoHealthyReplica(route.config.model.clone());
-        picker.requests("refused");
-        let _ = s.send(refusal(&e, None)).await;
-        return;
-    };
-    picker.requests("passed_through");
-    let (list, _guard) = endpoints;
-    if !s.send(envoy::destination(&list, envoy::mutation(&[], &[]))).await {
-        return;
-    }
-    while let Some(m) = s.next().await {
-        let mut replies = Vec::new();
-        match m.request {
-            Some(Msg::RequestBody(b)) => envoy::body(true, &b.body, b.end_of_stream, &mut replies),
-            Some(Msg::ResponseHeaders(_)) => replies.push(envoy::response_headers(envoy::mutation(&[], &[]))),
-            Some(Msg::ResponseBody(b)) => envoy::body(false, &b.body, b.end_of_stream, &mut replies),
-            Some(Msg::RequestTrailers(_)) => replies.push(envoy::trailers(true)),
-            Some(Msg::ResponseTrailers(_)) => replies.push(envoy::trailers(false)),
-            _ => {}
+    match (api, method, path) {
+        (Some(api), ..) => inference(&g, &picker, &mut s, api, headers, subset, ends).await,
+        (None, "GET", "/v1/models") => {
+            // Answered here, as the proxy answers it: the public names, for the caller's key.
+            let reply = match crate::serve::router::model_list(&g, &headers) {
+                Ok(list) => {
+                    let body = serde_json::to_vec(&list).unwrap_or_default();
+                    let mut h = HeaderMap::new();
+                    h.insert(
+                        header::CONTENT_TYPE,
+                        axum::http::HeaderValue::from_static("application/json"),
+                    );
+                    picker.requests("answered");
+                    envoy::immediate(StatusCode::OK, &h, &body, "spillway_models")
+                }
+                Err(e) => {
+                    picker.requests("refused");
+                    refusal(&e, None)
+                }
+            };
+            let _ = s.send(reply).await;
         }
-        if !s.send_all(replies).await {
-            return;
+        // Nothing else reaches a replica through the picker: as on the proxy's port, an unknown
+        // path (a `%`-encoded one among them) is a 404, never passed on unadmitted.
+        _ => {
+            picker.requests("refused");
+            let e = GatewayError::NotFound(
+                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models"
+                    .into(),
+            );
+            let _ = s.send(refusal(&e, None)).await;
         }
     }
 }
@@ -175,12 +169,13 @@ async fn inference(
         strip_usage,
     } = picked;
     let length = body.len().to_string();
+    // The tenant's key is Spillway's, not the replica's: the proxy does not pass it on either.
     let mutation = envoy::mutation(
         &[
             (prepare::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
             (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
         ],
-        &[],
+        &[header::AUTHORIZATION.as_str()],
     );
     let mut replies = vec![envoy::destination(&endpoints, mutation)];
     envoy::body(true, &body, !trailers, &mut replies);
@@ -436,7 +431,9 @@ impl Response<'_> {
     }
 
     /// Envoy served the request from another endpoint of the list than the first: the request's
-    /// in-flight count moves to that replica.
+    /// in-flight count moves to that replica. Why Envoy moved on (a refused connection, or a 503
+    /// that is only backpressure) is not known here, so the first is not marked failed: its
+    /// health checks judge it.
     fn moved_to(&self, ex: &mut Ledger, served: SocketAddr) {
         let Some(r) = &ex.replica else { return };
         if self.picker.address(&r.replica.url) == Some(served) {
@@ -450,7 +447,6 @@ impl Response<'_> {
         else {
             return;
         };
-        self.route.observe(&r.replica, Observation::Failed);
         ex.record.retries += 1;
         ex.slo_sample = None;
         ex.replica = Some(self.route.replicas[index].hold(index));
