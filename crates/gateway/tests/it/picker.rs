@@ -599,3 +599,56 @@ async fn the_picker_serves_over_tls_with_a_certificate_of_its_own() {
         assert!(answer.is_err(), "{answer:?}");
     }
 }
+
+/// The route's budgets hold through Envoy too (Envoy's own timeouts may be longer, or none): a
+/// replica that stalls mid-stream is cut at `stream_idle` with the proxy's SSE error event, and
+/// one that never sends a token gets a 504 at `first_token`; either way its slot comes back and
+/// Envoy closes the replica's request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_replicas_are_cut_at_the_routes_budgets_through_envoy() {
+    for (tokens, expected) in [(3, "stream_idle_timeout"), (0, "first_token_timeout")] {
+        let yaml = config(1).replace(
+            "    balance: least_outstanding",
+            "    balance: least_outstanding\n    timeouts: { connect: 200ms, first_token: 1s, stream_idle: 400ms, total: 20s }",
+        );
+        let p = Stack::start(vec![engine(crate::support::stalling(tokens)).await], &yaml).await;
+        let envoy = Envoy::start(&EnvoyOptions {
+            picker: p.gateway.picker_addr.get().copied(),
+            endpoints: vec![p.engines[0].addr],
+            fail_open: false,
+            retries: 0,
+            picker_tls: false,
+        })
+        .await;
+        let started = tokio::time::Instant::now();
+        let r = http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("chat", 50, true))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let (body, _, _) = read_stream(r).await;
+        let took = started.elapsed();
+        println!("stalled after {tokens} tokens: {status} in {took:?}: {body}");
+        let error: serde_json::Value = if tokens == 0 {
+            assert_eq!(status, 504, "{body}");
+            serde_json::from_str(&body).unwrap()
+        } else {
+            assert_eq!(status, 200);
+            let last = sse_data(&body).pop().unwrap();
+            serde_json::from_str(&last).unwrap()
+        };
+        assert_eq!(error["error"]["code"], expected, "{body}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        let gate = p.gateway.admission("chat", "interactive").unwrap();
+        assert!(eventually(Duration::from_secs(2), || gate.in_flight() == 0).await);
+        let truth = &p.engines[0].engine;
+        assert!(
+            eventually(Duration::from_secs(5), || truth.snapshot().aborts == 1).await,
+            "Envoy closes the replica's request"
+        );
+        assert!(eventually(Duration::from_secs(2), || p.records().len() == 1).await);
+        assert_eq!(p.records()[0].outcome, expected);
+    }
+}

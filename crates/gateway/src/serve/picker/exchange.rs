@@ -167,6 +167,8 @@ async fn inference(
         endpoints,
         body,
         strip_usage,
+        stream,
+        budgets,
     } = picked;
     let length = body.len().to_string();
     // The tenant's key is Spillway's, not the replica's: the proxy does not pass it on either.
@@ -193,6 +195,10 @@ async fn inference(
         strip_usage,
         mode: Mode::Head,
         served: false,
+        stream,
+        budgets,
+        last_data: Instant::now(),
+        held: None,
     };
     relay.run(s, ex).await;
 }
@@ -204,6 +210,8 @@ struct Picked {
     endpoints: String,
     body: Bytes,
     strip_usage: bool,
+    stream: bool,
+    budgets: upstream::Budgets,
 }
 
 async fn pick(
@@ -229,6 +237,8 @@ async fn pick(
         endpoints,
         body: prepared.body,
         strip_usage: !prepared.client_wants_usage,
+        stream: prepared.stream,
+        budgets: admitted.budgets,
         route,
     })
 }
@@ -328,12 +338,56 @@ struct Response<'a> {
     mode: Mode,
     /// The replica's first token came (and was counted as its working).
     served: bool,
+    stream: bool,
+    /// The route's budgets, which the picker keeps as the proxy does: Envoy's own timeouts may
+    /// be longer, or none, and a stalled replica would hold its slot until they end.
+    budgets: upstream::Budgets,
+    /// When the replica last sent anything (`stream_idle` counts from it).
+    last_data: Instant,
+    /// A stream's head, and the events before its first token, until that token.
+    held: Option<(ProcessingResponse, BytesMut)>,
 }
 
 impl Response<'_> {
     /// Follows the response to its end or the stream's; the ledger settles when dropped here.
     async fn run(mut self, s: &mut Stream, mut ex: Ledger) {
-        while let Some(m) = s.next().await {
+        let mut stop = self.g.stop.subscribe();
+        // One timer for the stream, moved only when it rings early (data came since it was set)
+        // or the budget moved earlier: not re-armed for every chunk.
+        let mut armed = self.due();
+        let timer = tokio::time::sleep_until(armed);
+        tokio::pin!(timer);
+        loop {
+            let due = self.due();
+            if due < armed {
+                armed = due;
+                timer.as_mut().reset(due);
+            }
+            let cut = tokio::select! {
+                m = s.next() => match m {
+                    Some(m) => Ok(m),
+                    None => break,
+                },
+                () = &mut timer => {
+                    if Instant::now() < due {
+                        armed = due;
+                        timer.as_mut().reset(due);
+                        continue;
+                    }
+                    Err(self.expired())
+                }
+                _ = stop.wait_for(|stop| *stop) => Err(Cut::Drain),
+            };
+            let m = match cut {
+                Ok(m) => m,
+                Err(cut) => {
+                    self.cut(s, &mut ex, cut).await;
+                    return;
+                }
+            };
+            if !matches!(m.request, Some(Msg::RequestTrailers(_))) {
+                self.last_data = Instant::now();
+            }
             let mut replies = Vec::new();
             let end = match m.request {
                 Some(Msg::ResponseHeaders(ref h)) => {
@@ -343,7 +397,14 @@ impl Response<'_> {
                         .unwrap_or(StatusCode::BAD_GATEWAY);
                     let served = envoy::served(&m);
                     let headers = envoy::headers(Some(h));
-                    replies.push(self.head(&mut ex, status, served.as_deref(), &headers));
+                    let head = self.head(&mut ex, status, served.as_deref(), &headers);
+                    if matches!(self.mode, Mode::Events(_)) && !h.end_of_stream {
+                        // As the proxy does, a stream's head waits for its first token, so that
+                        // a replica that never sends one still gets the client a clean 504.
+                        self.held = Some((head, BytesMut::new()));
+                    } else {
+                        replies.push(head);
+                    }
                     if h.end_of_stream {
                         self.finish(&mut ex);
                     }
@@ -355,6 +416,10 @@ impl Response<'_> {
                 }
                 Some(Msg::ResponseTrailers(_)) => {
                     // The body's end came with the trailers rather than its last chunk.
+                    if let Some((head, body)) = self.held.take() {
+                        replies.push(head);
+                        envoy::body(false, &body, false, &mut replies);
+                    }
                     let rest = self.tail(&mut ex);
                     if !rest.is_empty() {
                         envoy::body(false, &rest, false, &mut replies);
@@ -375,6 +440,75 @@ impl Response<'_> {
         }
         // Envoy reset the stream before the response ended: the client left (the ledger's
         // default ending, 499), or Envoy gave up on the replica.
+    }
+
+    /// When the next budget runs out: the first token's (or a whole answer's total) until the
+    /// first token, then `stream_idle` since the last data, never past the total.
+    fn due(&self) -> Instant {
+        let b = &self.budgets;
+        if !self.served && self.stream {
+            return b.first_token_deadline;
+        }
+        if !self.stream {
+            return b.deadline;
+        }
+        (self.last_data + self.route.config.timeouts.stream_idle).min(b.deadline)
+    }
+
+    /// Which budget [`Response::due`] was.
+    fn expired(&self) -> Cut {
+        let now = Instant::now();
+        if now >= self.budgets.deadline {
+            Cut::Deadline
+        } else if self.stream && !self.served {
+            Cut::FirstToken
+        } else {
+            Cut::Idle
+        }
+    }
+
+    /// Ends the request as the proxy would: before the response's head, a 504 (or 503 in the
+    /// drain) in Envoy's place; in a stream, an SSE error event that ends its body; in a whole
+    /// answer whose head went out, a failed gRPC stream, which makes Envoy reset it. Envoy then
+    /// closes the replica's request.
+    async fn cut(&mut self, s: &mut Stream, ex: &mut Ledger, cut: Cut) {
+        if let Some(r) = &ex.replica
+            && matches!(cut, Cut::FirstToken | Cut::Idle | Cut::Deadline)
+        {
+            self.route.observe(&r.replica, Observation::TimedOut);
+        }
+        let message = match cut {
+            Cut::FirstToken => format!(
+                "no first token within {:?} (first_token)",
+                self.budgets.first_token
+            ),
+            Cut::Idle => format!(
+                "no chunk from the replica for {:?} (stream_idle)",
+                self.route.config.timeouts.stream_idle
+            ),
+            Cut::Deadline => "the request's total time budget ran out".to_owned(),
+            _ => "the gateway is shutting down and its drain time ran out".to_owned(),
+        };
+        let before_head = self.held.take().is_some() || matches!(self.mode, Mode::Head);
+        if before_head {
+            let e = match cut {
+                Cut::FirstToken => GatewayError::FirstTokenTimeout(self.budgets.first_token),
+                Cut::Deadline => GatewayError::DeadlineExceeded(self.budgets.total),
+                _ => GatewayError::Draining,
+            };
+            ex.end(Ending::Cut(cut), e.status());
+            let timing = server_timing(ex);
+            let _ = s.send(refusal(&e, Some((&timing, ex)))).await;
+        } else if matches!(self.mode, Mode::Events(_)) {
+            ex.end(Ending::Cut(cut), StatusCode::OK);
+            let mut replies = Vec::new();
+            envoy::body(false, &GatewayError::stream_cut(cut, message), true, &mut replies);
+            let _ = s.send_all(replies).await;
+        } else {
+            ex.end(Ending::Cut(cut), StatusCode::OK);
+            let _ = s.out.send(Err(Status::deadline_exceeded(message))).await;
+        }
+        self.mode = Mode::Cut;
     }
 
     /// The response's head: which replica served it (Envoy may have retried down the list), what
@@ -461,9 +595,27 @@ impl Response<'_> {
                 let rename = self.route.rename.as_deref();
                 let strip = self.strip_usage;
                 let mut tokens = false;
+                let mut first = false;
                 splitter.feed_slices(data, |e| {
-                    tokens |= pass_on(ex, e, now, rename, strip, &mut out) == EventKind::Tokens;
+                    let kind = pass_on(ex, e, now, rename, strip, &mut out);
+                    tokens |= kind == EventKind::Tokens;
+                    first |= kind != EventKind::Other;
                 });
+                if let Some((_, body)) = &mut self.held
+                    && !first
+                    && !end
+                    && splitter.held() <= MAX_EVENT
+                {
+                    // Still before the first token: held with the head.
+                    body.extend_from_slice(&out);
+                    return;
+                }
+                if let Some((head, body)) = self.held.take() {
+                    replies.push(head);
+                    let mut all = body;
+                    all.extend_from_slice(&out);
+                    out = all;
+                }
                 if tokens
                     && !self.served
                     && let Some(r) = &ex.replica
