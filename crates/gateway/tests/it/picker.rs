@@ -652,3 +652,52 @@ async fn stalled_replicas_are_cut_at_the_routes_budgets_through_envoy() {
         assert_eq!(p.records()[0].outcome, expected);
     }
 }
+
+/// An error event in place of the first token (vLLM's full queue answers so inside a 200) is
+/// answered as the proxy answers it: the head was held, so the client gets a 503 with
+/// `Retry-After` rather than a 200 whose stream says it failed. The replica never sees the
+/// client's key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_event_before_the_first_token_becomes_a_503_through_envoy() {
+    let event =
+        r#"data: {"error":{"message":"the queue is full","type":"ServiceUnavailableError","code":503}}"#;
+    let answer =
+        format!("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n{event}\n\n");
+    let (replica, seen) = testkit::serve_script(vec![answer], true).await;
+    let yaml = config(1).replace(
+        "    balance: least_outstanding",
+        "    balance: least_outstanding\n    health: { enabled: false }",
+    );
+    let gateway = testkit::Gateway::start(&yaml, &[replica.clone()]).await;
+    let addr: SocketAddr = replica.trim_start_matches("http://").parse().unwrap();
+    let envoy = Envoy::start(&EnvoyOptions {
+        picker: gateway.gateway.picker_addr.get().copied(),
+        endpoints: vec![addr],
+        fail_open: false,
+        retries: 0,
+        picker_tls: false,
+    })
+    .await;
+    let r = http()
+        .post(format!("{}/v1/chat/completions", envoy.url))
+        .bearer_auth("sk-the-clients-own-key")
+        .json(&chat("chat", 8, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    assert!(r.headers().contains_key("retry-after"), "{:?}", r.headers());
+    let v: serde_json::Value = r.json().await.unwrap();
+    assert_eq!(v["error"]["code"], "upstream_busy", "{v}");
+    let seen = seen.await.unwrap();
+    assert_eq!(seen.len(), 1, "{seen:?}");
+    let head = seen[0].to_ascii_lowercase();
+    assert!(
+        !head.contains("authorization"),
+        "the key reached the replica: {head}"
+    );
+    assert!(!head.contains("sk-the-clients-own-key"), "{head}");
+    assert!(head.contains("x-request-id"), "{head}");
+    assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
+    assert_eq!(gateway.records()[0].outcome, "upstream_busy");
+}

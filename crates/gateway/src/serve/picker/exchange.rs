@@ -7,7 +7,7 @@
 use super::Picker;
 use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
-use crate::event::{EventKind, parse_usage};
+use crate::event::{EarlyError, EventKind, is_error_event, parse_usage};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
 use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
@@ -411,8 +411,8 @@ impl Response<'_> {
                     h.end_of_stream
                 }
                 Some(Msg::ResponseBody(ref b)) => {
-                    self.chunk(&mut ex, &b.body, b.end_of_stream, &mut replies);
-                    b.end_of_stream
+                    let answered = self.chunk(&mut ex, &b.body, b.end_of_stream, &mut replies);
+                    b.end_of_stream || answered
                 }
                 Some(Msg::ResponseTrailers(_)) => {
                     // The body's end came with the trailers rather than its last chunk.
@@ -586,7 +586,15 @@ impl Response<'_> {
         ex.replica = Some(self.route.replicas[index].hold(index));
     }
 
-    fn chunk(&mut self, ex: &mut Ledger, data: &[u8], end: bool, replies: &mut Vec<ProcessingResponse>) {
+    /// One chunk of the response's body; true when the picker answered in Envoy's place and the
+    /// stream is over for it.
+    fn chunk(
+        &mut self,
+        ex: &mut Ledger,
+        data: &[u8],
+        end: bool,
+        replies: &mut Vec<ProcessingResponse>,
+    ) -> bool {
         let limit = self.g.config.server.max_response_bytes;
         let mut out = BytesMut::new();
         match &mut self.mode {
@@ -596,11 +604,28 @@ impl Response<'_> {
                 let strip = self.strip_usage;
                 let mut tokens = false;
                 let mut first = false;
+                let holding = self.held.is_some();
+                let mut early = None;
                 splitter.feed_slices(data, |e| {
+                    if early.is_some() {
+                        return;
+                    }
+                    // An error in place of the first token is answered as the status it names,
+                    // as the proxy answers it: the head has not gone out.
+                    if holding && !first && is_error_event(e) {
+                        early = Some(EarlyError::parse(e));
+                        return;
+                    }
                     let kind = pass_on(ex, e, now, rename, strip, &mut out);
                     tokens |= kind == EventKind::Tokens;
                     first |= kind != EventKind::Other;
                 });
+                if let Some(early) = early {
+                    self.held = None;
+                    self.mode = Mode::Cut;
+                    replies.push(self.early_error(ex, early));
+                    return true;
+                }
                 if let Some((_, body)) = &mut self.held
                     && !first
                     && !end
@@ -608,7 +633,7 @@ impl Response<'_> {
                 {
                     // Still before the first token: held with the head.
                     body.extend_from_slice(&out);
-                    return;
+                    return false;
                 }
                 if let Some((head, body)) = self.held.take() {
                     replies.push(head);
@@ -651,6 +676,60 @@ impl Response<'_> {
             self.finish(ex);
         }
         envoy::body(false, &out, end, replies);
+        false
+    }
+
+    /// The answer to an error event that came before the first token: a busy replica's 429/503
+    /// becomes the gateway's 503 with `Retry-After` (the proxy would have tried another replica;
+    /// here Envoy has sent the request already), the replica's other 4xx goes to the client as it
+    /// was, anything else is a 502.
+    fn early_error(&self, ex: &mut Ledger, early: EarlyError) -> ProcessingResponse {
+        let replica = ex.replica.as_ref().map(|r| (r.replica.clone(), r.index));
+        let observe = |seen| {
+            if let Some((r, _)) = &replica {
+                self.route.observe(r, seen);
+            }
+        };
+        let timing = server_timing(ex);
+        match early.status {
+            Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
+                let retry_after = std::time::Duration::from_secs(1);
+                observe(Observation::Busy { retry_after });
+                let e = GatewayError::UpstreamBusy {
+                    route: self.route.config.model.clone(),
+                    replica: replica.map_or(0, |(_, i)| i),
+                    status,
+                    retry_after,
+                };
+                ex.fail(&e);
+                refusal(&e, Some((&timing, ex)))
+            }
+            Some(status) if status.is_client_error() => {
+                observe(Observation::ClientError);
+                ex.end(Ending::UpstreamRejected, status);
+                let mut headers = HeaderMap::new();
+                headers.insert(
+                    header::CONTENT_TYPE,
+                    axum::http::HeaderValue::from_static("application/json"),
+                );
+                request_fields(&timing, ex, &mut |name, value| {
+                    if let Ok(v) = axum::http::HeaderValue::from_bytes(value) {
+                        headers.insert(name.clone(), v);
+                    }
+                });
+                envoy::immediate(status, &headers, &early.body, "upstream_rejected")
+            }
+            status => {
+                observe(Observation::Failed);
+                let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
+                let e = GatewayError::upstream(format!(
+                    "route '{}' replica answered {named} in its stream before the first token",
+                    self.route.config.model
+                ));
+                ex.fail(&e);
+                refusal(&e, Some((&timing, ex)))
+            }
+        }
     }
 
     /// What goes out at the body's end besides what came: a whole answer held till now (usage
