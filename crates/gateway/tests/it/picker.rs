@@ -668,7 +668,7 @@ async fn an_error_event_before_the_first_token_becomes_a_503_through_envoy() {
         "    balance: least_outstanding",
         "    balance: least_outstanding\n    health: { enabled: false }",
     );
-    let gateway = testkit::Gateway::start(&yaml, &[replica.clone()]).await;
+    let gateway = testkit::Gateway::start(&yaml, std::slice::from_ref(&replica)).await;
     let addr: SocketAddr = replica.trim_start_matches("http://").parse().unwrap();
     let envoy = Envoy::start(&EnvoyOptions {
         picker: gateway.gateway.picker_addr.get().copied(),
