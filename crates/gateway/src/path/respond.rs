@@ -70,7 +70,7 @@ pub(crate) fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&He
 }
 
 /// Fields as headers, for hyper's paths and answers that are not streams.
-fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8]) + '_ {
+pub(crate) fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8]) + '_ {
     |name, value| {
         if let Ok(v) = HeaderValue::from_bytes(value) {
             headers.insert(name.clone(), v);

@@ -60,7 +60,7 @@ impl Picker {
         &self,
         route: &Route,
         pool: &[usize],
-        prefix: Option<&crate::path::prepare::Prepared>,
+        prefix_key: u64,
         subset: Option<&[String]>,
         mut pick: impl FnMut(&[usize]) -> Result<Option<ReplicaGuard>, GatewayError>,
     ) -> Result<(String, ReplicaGuard), Option<GatewayError>> {
@@ -89,10 +89,9 @@ impl Picker {
         let mut list = address(first.index).map(|a| a.to_string()).unwrap_or_default();
         tried.push(first.index);
         let now = Instant::now();
-        let key = prefix.map_or(0, |p| p.prefix_key);
         for _ in 0..self.fallbacks {
             // Held only while chosen: the request is counted on the replica that serves it.
-            let Some(next) = route.pick(pool, &tried, key, now) else {
+            let Some(next) = route.pick(pool, &tried, prefix_key, now) else {
                 break;
             };
             tried.push(next.index);

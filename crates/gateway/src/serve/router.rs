@@ -33,12 +33,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         router = router.route("/metrics", get(metrics));
     }
     router
-        .fallback(|| async {
-            GatewayError::NotFound(
-                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models"
-                    .into(),
-            )
-        })
+        .fallback(|| async { GatewayError::NotFound(UNKNOWN_PATH.into()) })
         .method_not_allowed_fallback(|| async {
             GatewayError::MethodNotAllowed("this endpoint does not take that method")
         })
@@ -79,6 +74,9 @@ pub(crate) async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
     )
         .into_response()
 }
+
+/// The 404's message for a path the gateway does not serve (here, and through the endpoint picker).
+pub(crate) const UNKNOWN_PATH: &str = "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models";
 
 async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
     match model_list(&g, &headers) {

@@ -28,6 +28,17 @@ routes:
     )
 }
 
+/// Envoy asking `gateway`'s picker about `endpoints`: FailClose, no retries, plaintext.
+fn asking(gateway: &testkit::Gateway, endpoints: Vec<SocketAddr>) -> EnvoyOptions {
+    EnvoyOptions {
+        picker: gateway.gateway.picker_addr.get().copied(),
+        endpoints,
+        fail_open: false,
+        retries: 0,
+        picker_tls: false,
+    }
+}
+
 /// The engines, a gateway serving `yaml` with its picker, and Envoy asking it.
 struct Picked {
     stack: Stack,
@@ -41,17 +52,15 @@ async fn picked(engines: usize, fail_open: bool) -> Picked {
         es.push(engine(tiny()).await);
     }
     let stack = Stack::start(es, yaml).await;
-    let picker = *stack
-        .gateway
-        .picker_addr
-        .get()
-        .expect("the picker listens once the gateway serves");
+    assert!(
+        stack.gateway.picker_addr.get().is_some(),
+        "the picker listens once the gateway serves"
+    );
+    let endpoints = stack.engines.iter().map(|e| e.addr).collect();
     let envoy = Envoy::start(&EnvoyOptions {
-        picker: Some(picker),
-        endpoints: stack.engines.iter().map(|e| e.addr).collect(),
         fail_open,
         retries: 1,
-        picker_tls: false,
+        ..asking(&stack, endpoints)
     })
     .await;
     Picked { stack, envoy }
@@ -357,14 +366,7 @@ async fn a_request_queued_longer_than_envoys_message_timeout_is_served() {
         .replace("concurrency: 2", "concurrency: 1")
         .replace("queue_wait: 300ms", "queue_wait: 5s");
     let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
-    let envoy = Envoy::start(&EnvoyOptions {
-        picker: p.gateway.picker_addr.get().copied(),
-        endpoints: vec![p.engines[0].addr],
-        fail_open: false,
-        retries: 0,
-        picker_tls: false,
-    })
-    .await;
+    let envoy = Envoy::start(&asking(&p, vec![p.engines[0].addr])).await;
     let send = |tokens: u32| {
         http()
             .post(format!("{}/v1/chat/completions", envoy.url))
@@ -401,11 +403,8 @@ async fn envoy_retries_on_the_fallback_endpoint_and_the_picker_follows() {
     );
     let gateway = testkit::Gateway::start(&yaml, &[live.url(), format!("http://{dead}")]).await;
     let envoy = Envoy::start(&EnvoyOptions {
-        picker: gateway.gateway.picker_addr.get().copied(),
-        endpoints: vec![live.addr, dead],
-        fail_open: false,
         retries: 1,
-        picker_tls: false,
+        ..asking(&gateway, vec![live.addr, dead])
     })
     .await;
     for _ in 0..16 {
@@ -525,14 +524,7 @@ async fn a_team_over_its_quota_gets_429_with_retry_after_through_envoy() {
         crate::support::TEAMS
     );
     let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
-    let envoy = Envoy::start(&EnvoyOptions {
-        picker: p.gateway.picker_addr.get().copied(),
-        endpoints: vec![p.engines[0].addr],
-        fail_open: false,
-        retries: 0,
-        picker_tls: false,
-    })
-    .await;
+    let envoy = Envoy::start(&asking(&p, vec![p.engines[0].addr])).await;
     let send = |key: Option<&'static str>| {
         let mut r = http()
             .post(format!("{}/v1/chat/completions", envoy.url))
@@ -569,11 +561,8 @@ async fn the_picker_serves_over_tls_with_a_certificate_of_its_own() {
     let yaml = config(1).replace("fallbacks: 1 }", "fallbacks: 1, tls: self_signed }");
     let p = Stack::start(vec![engine(tiny()).await], &yaml).await;
     let envoy = Envoy::start(&EnvoyOptions {
-        picker: p.gateway.picker_addr.get().copied(),
-        endpoints: vec![p.engines[0].addr],
-        fail_open: false,
-        retries: 0,
         picker_tls: true,
+        ..asking(&p, vec![p.engines[0].addr])
     })
     .await;
     let r = http()
@@ -612,14 +601,7 @@ async fn stalled_replicas_are_cut_at_the_routes_budgets_through_envoy() {
             "    balance: least_outstanding\n    timeouts: { connect: 200ms, first_token: 1s, stream_idle: 400ms, total: 20s }",
         );
         let p = Stack::start(vec![engine(crate::support::stalling(tokens)).await], &yaml).await;
-        let envoy = Envoy::start(&EnvoyOptions {
-            picker: p.gateway.picker_addr.get().copied(),
-            endpoints: vec![p.engines[0].addr],
-            fail_open: false,
-            retries: 0,
-            picker_tls: false,
-        })
-        .await;
+        let envoy = Envoy::start(&asking(&p, vec![p.engines[0].addr])).await;
         let started = tokio::time::Instant::now();
         let r = http()
             .post(format!("{}/v1/chat/completions", envoy.url))
@@ -670,14 +652,7 @@ async fn an_error_event_before_the_first_token_becomes_a_503_through_envoy() {
     );
     let gateway = testkit::Gateway::start(&yaml, std::slice::from_ref(&replica)).await;
     let addr: SocketAddr = replica.trim_start_matches("http://").parse().unwrap();
-    let envoy = Envoy::start(&EnvoyOptions {
-        picker: gateway.gateway.picker_addr.get().copied(),
-        endpoints: vec![addr],
-        fail_open: false,
-        retries: 0,
-        picker_tls: false,
-    })
-    .await;
+    let envoy = Envoy::start(&asking(&gateway, vec![addr])).await;
     let r = http()
         .post(format!("{}/v1/chat/completions", envoy.url))
         .bearer_auth("sk-the-clients-own-key")

@@ -25,9 +25,9 @@ const OVERWRITE: i32 = 2;
 /// A request's or response's headers as a map (pseudo-headers such as `:path` kept by name), the
 /// values from `raw_value` (what Envoy sends) or `value`; a field that is not a valid header is
 /// left out.
-pub(super) fn headers(h: Option<&ext::HttpHeaders>) -> HeaderMap {
+pub(super) fn headers(h: &ext::HttpHeaders) -> HeaderMap {
     let mut map = HeaderMap::new();
-    let fields = h.and_then(|h| h.headers.as_ref()).map(|m| &m.headers[..]);
+    let fields = h.headers.as_ref().map(|m| &m.headers[..]);
     for field in fields.unwrap_or_default() {
         let Ok(name) = HeaderName::from_bytes(field.key.as_bytes()) else {
             // `:path` and the other pseudo-headers are not header names to `http`.
@@ -46,8 +46,8 @@ pub(super) fn headers(h: Option<&ext::HttpHeaders>) -> HeaderMap {
 }
 
 /// One pseudo-header (`:path`, `:method`, `:status`), which [`headers`] leaves out.
-pub(super) fn pseudo<'a>(h: Option<&'a ext::HttpHeaders>, name: &str) -> Option<&'a str> {
-    let fields = h?.headers.as_ref()?;
+pub(super) fn pseudo<'a>(h: &'a ext::HttpHeaders, name: &str) -> Option<&'a str> {
+    let fields = h.headers.as_ref()?;
     let field = fields.headers.iter().find(|f| f.key == name)?;
     if field.raw_value.is_empty() {
         Some(field.value.as_str())
@@ -165,6 +165,16 @@ fn string(s: &str) -> Value {
     }
 }
 
+/// `headers` set (all but `content-length`, which Envoy frames itself), `remove` removed.
+pub(super) fn mutation_of(headers: &HeaderMap, remove: &[&str]) -> ext::HeaderMutation {
+    let setting: Vec<(&str, &[u8])> = headers
+        .iter()
+        .filter(|(n, _)| *n != axum::http::header::CONTENT_LENGTH)
+        .map(|(n, v)| (n.as_str(), v.as_bytes()))
+        .collect();
+    mutation(&setting, remove)
+}
+
 /// The response headers passed on, with `headers` changed.
 pub(super) fn response_headers(headers: ext::HeaderMutation) -> ext::ProcessingResponse {
     ext::ProcessingResponse {
@@ -232,17 +242,12 @@ pub(super) fn immediate(
     body: &[u8],
     details: &str,
 ) -> ext::ProcessingResponse {
-    let setting: Vec<(&str, &[u8])> = headers
-        .iter()
-        .filter(|(n, _)| *n != axum::http::header::CONTENT_LENGTH)
-        .map(|(n, v)| (n.as_str(), v.as_bytes()))
-        .collect();
     ext::ProcessingResponse {
         response: Some(Reply::ImmediateResponse(ext::ImmediateResponse {
             status: Some(envoy_types::pb::envoy::r#type::v3::HttpStatus {
                 code: i32::from(status.as_u16()),
             }),
-            headers: Some(mutation(&setting, &[])),
+            headers: Some(mutation_of(headers, &[])),
             body: body.to_vec(),
             details: details.to_owned(),
             ..Default::default()

@@ -11,7 +11,7 @@ use crate::event::{EarlyError, EventKind, is_error_event, parse_usage};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
 use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
-use crate::path::respond::{request_fields, server_timing};
+use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
 use crate::route::{Observation, Route};
 use crate::state::Gateway;
@@ -73,9 +73,9 @@ pub(super) async fn run(
             .await;
         return;
     };
-    let path = envoy::pseudo(Some(h), ":path").unwrap_or("/");
+    let path = envoy::pseudo(h, ":path").unwrap_or("/");
     let path = path.split('?').next().unwrap_or(path);
-    let method = envoy::pseudo(Some(h), ":method").unwrap_or("GET");
+    let method = envoy::pseudo(h, ":method").unwrap_or("GET");
     let api = match (method, path) {
         ("POST", "/v1/chat/completions") => Some(Api::Chat),
         ("POST", "/v1/completions") => Some(Api::Completions),
@@ -83,7 +83,7 @@ pub(super) async fn run(
         _ => None,
     };
     let subset = envoy::subset(&first);
-    let headers = envoy::headers(Some(h));
+    let headers = envoy::headers(h);
     let ends = h.end_of_stream;
     match (api, method, path) {
         (Some(api), ..) => inference(&g, &picker, &mut s, api, headers, subset, ends).await,
@@ -92,13 +92,8 @@ pub(super) async fn run(
             let reply = match crate::serve::router::model_list(&g, &headers) {
                 Ok(list) => {
                     let body = serde_json::to_vec(&list).unwrap_or_default();
-                    let mut h = HeaderMap::new();
-                    h.insert(
-                        header::CONTENT_TYPE,
-                        axum::http::HeaderValue::from_static("application/json"),
-                    );
                     picker.requests("answered");
-                    envoy::immediate(StatusCode::OK, &h, &body, "spillway_models")
+                    envoy::immediate(StatusCode::OK, &json(), &body, "spillway_models")
                 }
                 Err(e) => {
                     picker.requests("refused");
@@ -111,10 +106,7 @@ pub(super) async fn run(
         // path (a `%`-encoded one among them) is a 404, never passed on unadmitted.
         _ => {
             picker.requests("refused");
-            let e = GatewayError::NotFound(
-                "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models"
-                    .into(),
-            );
+            let e = GatewayError::NotFound(crate::serve::router::UNKNOWN_PATH.into());
             let _ = s.send(refusal(&e, None)).await;
         }
     }
@@ -228,7 +220,7 @@ async fn pick(
     let prepared = admitted.prepared;
     let pool = &route.classes[prepared.class].pool;
     let (endpoints, guard) = picker
-        .endpoints(&route, pool, Some(&prepared), subset, |tried| {
+        .endpoints(&route, pool, prepared.prefix_key, subset, |tried| {
             upstream::pick(&route, &prepared, tried, Instant::now(), ex)
         })
         .map_err(|e| e.unwrap_or_else(|| GatewayError::NoHealthyReplica(route.config.model.clone())))?;
@@ -305,13 +297,17 @@ async fn gone(s: &mut Stream, trailers: &mut bool) {
 fn refusal(e: &GatewayError, ex: Option<(&str, &Ledger)>) -> ProcessingResponse {
     let (status, mut headers, body) = e.render();
     if let Some((timing, ex)) = ex {
-        request_fields(timing, ex, &mut |name, value| {
-            if let Ok(v) = axum::http::HeaderValue::from_bytes(value) {
-                headers.insert(name.clone(), v);
-            }
-        });
+        request_fields(timing, ex, &mut inserting(&mut headers));
     }
     envoy::immediate(status, &headers, &body, e.code())
+}
+
+/// Headers of a JSON answer the picker makes itself.
+fn json() -> HeaderMap {
+    HeaderMap::from_iter([(
+        header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    )])
 }
 
 /// How the response's body is read.
@@ -391,12 +387,12 @@ impl Response<'_> {
             let mut replies = Vec::new();
             let end = match m.request {
                 Some(Msg::ResponseHeaders(ref h)) => {
-                    let status = envoy::pseudo(Some(h), ":status")
+                    let status = envoy::pseudo(h, ":status")
                         .and_then(|s| s.parse::<u16>().ok())
                         .and_then(|s| StatusCode::from_u16(s).ok())
                         .unwrap_or(StatusCode::BAD_GATEWAY);
                     let served = envoy::served(&m);
-                    let headers = envoy::headers(Some(h));
+                    let headers = envoy::headers(h);
                     let head = self.head(&mut ex, status, served.as_deref(), &headers);
                     if matches!(self.mode, Mode::Events(_)) && !h.end_of_stream {
                         // As the proxy does, a stream's head waits for its first token, so that
@@ -552,16 +548,15 @@ impl Response<'_> {
             Mode::Whole(BytesMut::new())
         };
         let timing = server_timing(ex);
-        let mut setting: Vec<(axum::http::HeaderName, Vec<u8>)> = Vec::new();
-        request_fields(&timing, ex, &mut |n, v| setting.push((n.clone(), v.to_vec())));
-        let setting: Vec<(&str, &[u8])> = setting.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
+        let mut fields = HeaderMap::new();
+        request_fields(&timing, ex, &mut inserting(&mut fields));
         // A body the picker changes (a model renamed, usage dropped) is no longer that long.
         let remove: &[&str] = if status.is_success() {
             &["content-length"]
         } else {
             &[]
         };
-        envoy::response_headers(envoy::mutation(&setting, remove))
+        envoy::response_headers(envoy::mutation_of(&fields, remove))
     }
 
     /// Envoy served the request from another endpoint of the list than the first: the request's
@@ -707,16 +702,8 @@ impl Response<'_> {
             Some(status) if status.is_client_error() => {
                 observe(Observation::ClientError);
                 ex.end(Ending::UpstreamRejected, status);
-                let mut headers = HeaderMap::new();
-                headers.insert(
-                    header::CONTENT_TYPE,
-                    axum::http::HeaderValue::from_static("application/json"),
-                );
-                request_fields(&timing, ex, &mut |name, value| {
-                    if let Ok(v) = axum::http::HeaderValue::from_bytes(value) {
-                        headers.insert(name.clone(), v);
-                    }
-                });
+                let mut headers = json();
+                request_fields(&timing, ex, &mut inserting(&mut headers));
                 envoy::immediate(status, &headers, &early.body, "upstream_rejected")
             }
             status => {
