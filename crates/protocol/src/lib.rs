@@ -7,9 +7,12 @@
 //! - [`error`]: the OpenAI error body `{"error":{"message","type","param","code"}}` and the parse
 //!   errors that map onto it, naming the offending field.
 //! - [`sse`]: Server-Sent Events framing for streamed completions.
+//! - [`judge`]: what one event of a stream says (tokens, usage, the end, an error), read as a JSON
+//!   parse reads it, for the gateway and the load tester alike.
 //! - [`prom`]: values read out of a Prometheus text exposition (an engine's or a gateway's `/metrics`).
 
 pub mod error;
+pub mod judge;
 pub mod openai;
 pub mod prom;
 pub mod sse;
