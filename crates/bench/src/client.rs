@@ -2,7 +2,7 @@
 //! how it ended (success, a status counted by code, a transport error, a broken stream).
 
 use crate::run::BenchError;
-use std::borrow::Cow;
+use protocol::judge::{self, Kind};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +12,7 @@ use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::spec::{ser_opt_secs, ser_secs};
@@ -542,65 +542,6 @@ struct StreamOptions {
     include_usage: bool,
 }
 
-#[derive(Deserialize)]
-struct Chunk<'a> {
-    #[serde(borrow, default)]
-    id: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    choices: Vec<Choice<'a>>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde_json::Value>,
-}
-
-#[derive(Deserialize)]
-struct Choice<'a> {
-    #[serde(borrow, default)]
-    delta: Option<Delta<'a>>,
-    #[serde(borrow, default)]
-    text: Option<Cow<'a, str>>,
-}
-
-/// The fields of a delta that carry generated tokens: text, reasoning (vLLM 0.32's `reasoning`,
-/// older releases' `reasoning_content`) and tool calls.
-#[derive(Deserialize)]
-struct Delta<'a> {
-    #[serde(borrow, default)]
-    content: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning: Option<Cow<'a, str>>,
-    #[serde(borrow, default)]
-    reasoning_content: Option<Cow<'a, str>>,
-    #[serde(default)]
-    tool_calls: Option<Vec<serde::de::IgnoredAny>>,
-}
-
-impl Delta<'_> {
-    fn has_tokens(&self) -> bool {
-        [&self.content, &self.reasoning, &self.reasoning_content]
-            .into_iter()
-            .flatten()
-            .any(|t| !t.is_empty())
-            || self.tool_calls.as_ref().is_some_and(|c| !c.is_empty())
-    }
-}
-
-/// The status an error event's `code` names (vLLM sends an integer; digits in a string too).
-fn error_status(err: &serde_json::Value) -> Option<u16> {
-    let code = err.get("code")?;
-    let n = code
-        .as_u64()
-        .or_else(|| code.as_str().and_then(|s| s.parse().ok()))?;
-    u16::try_from(n).ok().filter(|s| (400..600).contains(s))
-}
-
-#[derive(Deserialize)]
-struct Usage {
-    prompt_tokens: Option<u32>,
-    completion_tokens: Option<u32>,
-}
-
 /// Reads an SSE body to its end, timing every chunk that carries output text. A chunk of only a role
 /// or only usage is not a token; comments and keep-alives are skipped by the SSE parser.
 pub async fn read_stream<S, E>(body: S, sent: Instant, rec: &mut Record)
@@ -628,49 +569,43 @@ where
         };
         splitter.feed(&piece, |e| events.push(e));
         for event in events.drain(..) {
-            let Some(data) = protocol::sse::data(&event) else {
+            // The gateway's own reading of an event (protocol::judge), so that the two agree on
+            // which event is the first token.
+            let (judged, data) = judge::judge(&event);
+            let Some(data) = data else {
                 continue;
             };
-            let data = data.trim();
-            if data == "[DONE]" {
-                done = true;
-                rec.e2e = now.saturating_duration_since(sent);
-                // Read on to the end of the body: a connection dropped mid-body cannot go back to
-                // the pool, and the next request would pay for a new one.
-                while let Some(Ok(_)) = body.next().await {}
-                break 'read;
-            }
-            let Ok(chunk) = serde_json::from_str::<Chunk<'_>>(data) else {
-                continue;
-            };
-            if let Some(err) = chunk.error {
-                // Before any token, an error event is the server's answer, as vLLM refuses a
-                // request its full queue cannot take (a 503 inside a 200 stream).
-                rec.outcome = match error_status(&err) {
-                    Some(code) if last.is_none() => Outcome::Status { code },
-                    _ => Outcome::StreamError,
-                };
-                rec.error = Some(
-                    err.get("message")
-                        .and_then(|m| m.as_str())
-                        .unwrap_or("error event")
-                        .to_owned(),
-                );
-                rec.output_tokens = usage_tokens.unwrap_or(chunks);
-                return;
+            match judged.kind {
+                Kind::Done => {
+                    done = true;
+                    rec.e2e = now.saturating_duration_since(sent);
+                    // Read on to the end of the body: a connection dropped mid-body cannot go back
+                    // to the pool, and the next request would pay for a new one.
+                    while let Some(Ok(_)) = body.next().await {}
+                    break 'read;
+                }
+                Kind::Error => {
+                    let err = judged.error.unwrap_or_default();
+                    // Before any token, an error event is the server's answer, as vLLM refuses a
+                    // request its full queue cannot take (a 503 inside a 200 stream).
+                    rec.outcome = match err.status {
+                        Some(code) if last.is_none() => Outcome::Status { code },
+                        _ => Outcome::StreamError,
+                    };
+                    rec.error = Some(err.message.unwrap_or_else(|| "error event".to_owned()));
+                    rec.output_tokens = usage_tokens.unwrap_or(chunks);
+                    return;
+                }
+                Kind::Tokens | Kind::Usage | Kind::Other => {}
             }
             if rec.id.is_none() {
-                rec.id = chunk.id.map(Cow::into_owned);
+                rec.id = judged.id(data.bytes());
             }
-            if let Some(u) = chunk.usage {
+            if let Some(u) = judged.usage {
                 rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
                 usage_tokens = u.completion_tokens.or(usage_tokens);
             }
-            let has_text = chunk.choices.iter().any(|c| {
-                c.text.as_deref().is_some_and(|t| !t.is_empty())
-                    || c.delta.as_ref().is_some_and(Delta::has_tokens)
-            });
-            if !has_text {
+            if judged.kind != Kind::Tokens {
                 continue;
             }
             chunks += 1;
@@ -753,6 +688,24 @@ mod tests {
         }
         let one_byte_at_a_time = bytes.iter().map(|b| vec![*b]).collect();
         assert_eq!(parse_split(one_byte_at_a_time).await.itl_us.len(), 2);
+    }
+
+    /// The same stream as a Python server writes it (json.dumps' spaces, pretty JSON over several
+    /// `data:` lines, CR line ends): read alike, as the gateway reads it.
+    #[tokio::test]
+    async fn every_json_and_line_style_reads_the_same() {
+        let styles = [
+            STREAM.replace("\":", "\": ").replace("\",\"", "\", \""),
+            STREAM.replace("\n\n", "\r\r").replace("\r\n\r\n", "\r\r"),
+            STREAM.replace("data: {\"id\"", "data: {\ndata:  \"id\""),
+        ];
+        for style in styles {
+            let rec = parse_split(vec![style.as_bytes().to_vec()]).await;
+            assert_eq!(rec.outcome, Outcome::Ok, "{style}");
+            assert_eq!((rec.output_tokens, rec.input_tokens), (3, Some(12)), "{style}");
+            assert_eq!(rec.itl_us.len(), 2, "{style}");
+            assert_eq!(rec.id.as_deref(), Some("chatcmpl-7"), "{style}");
+        }
     }
 
     #[tokio::test]

@@ -8,7 +8,6 @@
 
 use crate::config::TracingConfig;
 use axum::http::{HeaderMap, HeaderValue};
-use memchr::memmem;
 use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{SpanContext, SpanId, SpanKind, TraceContextExt, TraceId, TraceState};
 use opentelemetry::{Context, KeyValue};
@@ -360,17 +359,23 @@ fn headers_for(propagator: &TraceContextPropagator, context: SpanContext) -> Tra
     }
 }
 
-static FINISH_REASON: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"finish_reason\":\""));
-
-/// The string values of `"finish_reason"` in `json`, found without parsing it (an SSE event or a
-/// whole answer); `null` ones are not strings and are skipped.
-fn finish_reasons(json: &[u8]) -> impl Iterator<Item = String> + '_ {
-    FINISH_REASON.find_iter(json).filter_map(move |at| {
-        let rest = &json[at + FINISH_REASON.needle().len()..];
-        let end = memchr::memchr(b'"', rest)?;
-        std::str::from_utf8(&rest[..end]).ok().map(str::to_owned)
-    })
+/// The string values of `finish_reason` in the choices of `json` (an SSE event's data or a whole
+/// answer), as a parse reads them; `null` ones are not strings and are skipped. Only a traced
+/// request pays for this parse.
+fn finish_reasons(json: &[u8]) -> impl Iterator<Item = String> + use<> {
+    let choices = serde_json::from_slice::<serde_json::Value>(json)
+        .ok()
+        .and_then(|mut v| match v.get_mut("choices").map(serde_json::Value::take) {
+            Some(serde_json::Value::Array(choices)) => Some(choices),
+            _ => None,
+        })
+        .unwrap_or_default();
+    choices.into_iter().filter_map(
+        |mut c| match c.get_mut("finish_reason").map(serde_json::Value::take) {
+            Some(serde_json::Value::String(s)) => Some(s),
+            _ => None,
+        },
+    )
 }
 
 impl Recording {
@@ -701,11 +706,12 @@ mod tests {
 
     #[test]
     fn finish_reasons_are_read_from_events_and_bodies() {
-        let event = br#"data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}"#;
+        // As the relay hands it over: the event's data, here in json.dumps' style.
+        let event = br#"{"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}"#;
         assert_eq!(finish_reasons(event).collect::<Vec<_>>(), ["length"]);
         let body = br#"{"choices":[{"finish_reason":"stop"},{"finish_reason":"length"}]}"#;
         assert_eq!(finish_reasons(body).collect::<Vec<_>>(), ["stop", "length"]);
-        let none = br#"data: {"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#;
+        let none = br#"{"choices":[{"delta":{"content":"x"},"finish_reason":null}]}"#;
         assert_eq!(finish_reasons(none).count(), 0);
     }
 

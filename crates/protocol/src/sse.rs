@@ -33,6 +33,8 @@ pub struct EventSplitter {
     /// How much of `partial` is known to hold no whole terminator: a long event arriving in many
     /// pieces is searched once, not again from its start with every piece.
     searched: usize,
+    /// An event has ended with CR LF: a CR that ends what has come waits for its LF.
+    crlf: bool,
 }
 
 impl EventSplitter {
@@ -40,10 +42,16 @@ impl EventSplitter {
     pub fn feed(&mut self, data: &[u8], mut each: impl FnMut(Bytes)) {
         self.partial.extend_from_slice(data);
         while let Some(end) = self.next_end(0) {
+            self.note_end(end);
             each(self.partial.split_to(end).freeze());
             self.searched = 0;
         }
         self.searched = self.partial.len();
+    }
+
+    /// Notes how the event that ends at `end` of `partial` (or of `data`) ended.
+    fn note_end(&mut self, end: usize) {
+        self.crlf |= self.partial[..end].ends_with(b"\r\n");
     }
 
     /// As [`EventSplitter::feed`], but each event is lent as a slice, without a copy or a
@@ -52,7 +60,8 @@ impl EventSplitter {
     pub fn feed_slices(&mut self, data: &[u8], mut each: impl FnMut(&[u8])) {
         if self.partial.is_empty() {
             let mut rest = data;
-            while let Some(end) = event_end(rest) {
+            while let Some(end) = ends(rest, !self.crlf) {
+                self.crlf |= rest[..end].ends_with(b"\r\n");
                 each(&rest[..end]);
                 rest = &rest[end..];
             }
@@ -63,6 +72,7 @@ impl EventSplitter {
         self.partial.extend_from_slice(data);
         let mut start = 0;
         while let Some(end) = self.next_end(start) {
+            self.note_end(end);
             each(&self.partial[start..end]);
             start = end;
             self.searched = end;
@@ -75,7 +85,7 @@ impl EventSplitter {
     /// before (less three bytes, where a terminator may have begun).
     fn next_end(&self, start: usize) -> Option<usize> {
         let from = self.searched.saturating_sub(3).max(start);
-        event_end(&self.partial[from..]).map(|end| from + end)
+        ends(&self.partial[from..], !self.crlf).map(|end| from + end)
     }
 
     /// Bytes held for an event not yet complete: a relay bounds this, as nothing else does.
@@ -93,44 +103,50 @@ impl EventSplitter {
     }
 }
 
-/// The index just past the first blank line, if there is one: a line feed followed by an empty
-/// line, ended by a line feed (`\n\n`) or by CR LF (`\r\n\r\n`, or the two mixed). One scan
-/// for line feeds: an event is usually a single line, so this is one `memchr` per event.
+/// The index just past the first blank line, if there is one: a line ending (CR LF, LF or CR, as
+/// the SSE specification allows) followed by another. One scan for CR and LF: an event is usually
+/// a single line, so this is one `memchr2` per event. A CR that ends what has come may be the
+/// first half of a CR LF; as the second line ending it ends the event at once (a replica that
+/// ends its lines with CR alone would otherwise have each event held until the next arrives),
+/// and an LF after it then starts the next event as a stray blank line, which dispatches nothing.
+/// It waits for that LF instead when the line before ended with CR LF, and [`EventSplitter`]
+/// does once the stream has shown that it writes CR LF.
 pub fn event_end(buf: &[u8]) -> Option<usize> {
-    memchr::memchr_iter(b'\n', buf).find_map(|i| match buf.get(i + 1..) {
-        Some([b'\n', ..]) => Some(i + 2),
-        Some([b'\r', b'\n', ..]) => Some(i + 3),
-        _ => None,
+    ends(buf, true)
+}
+
+/// [`event_end`], where a CR that ends `buf` as the blank line's ends the event only if
+/// `lone_cr_ends` and the line before it did not end with CR LF.
+fn ends(buf: &[u8], lone_cr_ends: bool) -> Option<usize> {
+    memchr::memchr2_iter(b'\n', b'\r', buf).find_map(|i| {
+        // The LF of a CR LF was read with its CR.
+        if buf[i] == b'\n' && i > 0 && buf[i - 1] == b'\r' {
+            return None;
+        }
+        let crlf = buf[i] == b'\r' && buf.get(i + 1) == Some(&b'\n');
+        let next = match (buf[i], buf.get(i + 1)) {
+            (b'\r', Some(b'\n')) => i + 2,
+            (b'\r', None) => return None,
+            _ => i + 1,
+        };
+        match (buf.get(next), buf.get(next + 1)) {
+            (Some(b'\n'), _) => Some(next + 1),
+            (Some(b'\r'), Some(b'\n')) => Some(next + 2),
+            (Some(b'\r'), None) if crlf || !lone_cr_ends => None,
+            (Some(b'\r'), _) => Some(next + 1),
+            _ => None,
+        }
     })
 }
 
 /// The data of one event: its `data:` lines joined by newlines (one optional space after the colon
-/// dropped, as the SSE specification says); `None` for an event without data (a comment, a
-/// keep-alive, only an `event:` or `id:` line).
+/// dropped, lines ended by CR LF, LF or CR, as the SSE specification says); `None` for an event
+/// without data (a comment, a keep-alive, only an `event:` or `id:` line).
 pub fn data(event: &[u8]) -> Option<Cow<'_, str>> {
-    let mut lines = event
-        .split(|b| *b == b'\n')
-        .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
-        .filter_map(|l| {
-            let rest = l.strip_prefix(b"data")?;
-            match rest.first() {
-                None => Some(&rest[..0]),
-                Some(b':') => Some(rest[1..].strip_prefix(b" ").unwrap_or(&rest[1..])),
-                Some(_) => None,
-            }
-        });
-    let first = lines.next()?;
-    match lines.next() {
-        None => Some(String::from_utf8_lossy(first)),
-        Some(second) => {
-            let mut joined = String::from_utf8_lossy(first).into_owned();
-            for l in std::iter::once(second).chain(lines) {
-                joined.push('\n');
-                joined.push_str(&String::from_utf8_lossy(l));
-            }
-            Some(Cow::Owned(joined))
-        }
-    }
+    Some(match crate::judge::data(event)? {
+        crate::judge::Data::Line { value, .. } => String::from_utf8_lossy(value),
+        crate::judge::Data::Joined(v) => Cow::Owned(String::from_utf8_lossy(&v).into_owned()),
+    })
 }
 
 #[cfg(test)]
@@ -199,9 +215,14 @@ mod tests {
             (b"data: x\r\ndata: y\r\n\r\n", Some(20)),
             (b"data: x\r\n\n\n", Some(10)),
             (b"data: x\n", None),
-            (b"data: x\n\r", None),
+            // A CR alone ends a line too; one that ends what came ends the event at once.
+            (b"data: x\n\r", Some(9)),
             (b"data: x\r\n\r", None),
-            (b"data: x\r\r", None),
+            (b"data: x\r\r", Some(9)),
+            (b"data: x\r\rdata: y\r\r", Some(9)),
+            (b"data: x\rdata: y\r\r", Some(17)),
+            (b"data: x\r", None),
+            (b"data: x\r\n", None),
             (b"", None),
         ] {
             assert_eq!(event_end(stream), end, "{:?}", String::from_utf8_lossy(stream));
@@ -218,6 +239,7 @@ mod tests {
         assert_eq!(data(b": ping\n\n"), None);
         assert_eq!(data(b"id: 3\n\n"), None);
         assert_eq!(data(b"dataset: no\n\n"), None);
+        assert_eq!(data(b"data: a\rdata: b\r\r").as_deref(), Some("a\nb"));
     }
 
     #[test]

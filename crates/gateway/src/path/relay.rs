@@ -14,7 +14,7 @@ pub(crate) use detached::detached;
 
 use crate::error::Cut;
 use crate::error::GatewayError;
-use crate::event::{EarlyError, EventKind, Rename, classify, is_error_event, parse_usage};
+use crate::event::{EarlyError, Event, EventKind, Rename};
 use crate::path::ledger::{Ending, Ledger};
 use crate::route::transport::Body;
 use alarms::Alarms;
@@ -53,7 +53,7 @@ pub(crate) struct Events {
     /// hyper's body takes them as pieces split off the front.
     out: BytesMut,
     /// An error event that came before any token ([`open`] answers it in place of the stream).
-    early_error: Option<Bytes>,
+    early_error: Option<EarlyError>,
 }
 
 /// What one read of the upstream brought.
@@ -101,14 +101,15 @@ impl Events {
                 if early_error.is_some() {
                     return;
                 }
+                let e = Event::read(e);
                 // Only before the first token (`open`'s reads): an error there is answered as
                 // the status it names, so it is kept back rather than passed on.
-                if until_token && !token.get() && is_error_event(e) {
-                    *early_error = Some(Bytes::copy_from_slice(e));
+                if until_token && !token.get() && e.kind() == EventKind::Error {
+                    *early_error = Some(e.early_error());
                     token.set(true);
                     return;
                 }
-                if pass_on(ex, e, now, rename.as_deref(), *strip_usage, out) != EventKind::Other {
+                if pass_on(ex, &e, now, rename.as_deref(), *strip_usage, out) != EventKind::Other {
                     token.set(true);
                 }
             });
@@ -164,8 +165,9 @@ pub(crate) async fn open(
         let read = std::future::poll_fn(|cx| events.poll_read(cx, ex, true));
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(_)) if events.early_error.is_some() => {
-                let event = events.early_error.take().unwrap_or_default();
-                return Ok(Opened::Error(EarlyError::parse(&event)));
+                if let Some(early) = events.early_error.take() {
+                    return Ok(Opened::Error(early));
+                }
             }
             Ok(Ok(_)) if events.event_too_large() => {
                 return Err(GatewayError::upstream(too_large_message()));
@@ -206,31 +208,26 @@ pub(crate) async fn open(
 /// gets of it to `out`. Returns what kind of event it was.
 pub(crate) fn pass_on(
     ex: &mut Ledger,
-    event: &[u8],
+    event: &Event<'_>,
     now: Instant,
     rename: Option<&Rename>,
     strip_usage: bool,
     out: &mut BytesMut,
 ) -> EventKind {
-    let kind = classify(event);
+    let kind = event.kind();
+    if let Some(usage) = event.usage() {
+        ex.usage = Some(usage);
+    }
     match kind {
         EventKind::Tokens => ex.token_chunk(now),
-        EventKind::Usage => {
-            ex.usage = parse_usage(event);
-            if strip_usage {
-                return kind;
-            }
-        }
+        EventKind::Usage if strip_usage => return kind,
         EventKind::Done => ex.end(Ending::Finished, StatusCode::OK),
-        EventKind::Other => {}
+        EventKind::Usage | EventKind::Error | EventKind::Other => {}
     }
     if matches!(ex.trace, crate::traces::Trace::Record(_)) {
-        ex.trace.finish_reasons(event);
+        ex.trace.finish_reasons(event.data());
     }
-    match rename {
-        Some(r) => r.append(event, out),
-        None => out.extend_from_slice(event),
-    }
+    event.append(rename, out);
     kind
 }
 
@@ -239,19 +236,16 @@ pub(crate) fn too_large_message() -> String {
 }
 
 /// Reads a non-streamed answer whole within the total budget and `limit` bytes
-/// (`server.max_response_bytes`).
+/// (`server.max_response_bytes`): the body with the public model name, and its usage.
 pub(crate) async fn whole(
     upstream: Body,
     deadline: Instant,
     budget: Duration,
     limit: usize,
     rename: Option<&Rename>,
-) -> Result<Bytes, GatewayError> {
+) -> Result<(Bytes, Option<(u32, u32)>), GatewayError> {
     let body = collect(upstream, deadline, limit, GatewayError::DeadlineExceeded(budget)).await?;
-    Ok(match rename {
-        Some(r) => r.apply(body),
-        None => body,
-    })
+    Ok(crate::event::read_whole(body, rename))
 }
 
 /// A replica's body, whole, by `deadline` (else `late`) and within `limit` bytes.

@@ -19,8 +19,8 @@ use tokio::time::Instant;
 // Lives for one `match` on the stack; boxing the stream would cost an allocation per request.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum ClientAnswer {
-    /// A non-streamed answer (a 2xx), read whole.
-    Whole(StatusCode, Bytes),
+    /// A non-streamed answer (a 2xx), read whole, with the usage it carries.
+    Whole(StatusCode, Bytes, Option<(u32, u32)>),
     /// A stream whose first token has arrived.
     Stream(Events, RelayConfig),
     /// The replica's own 4xx, relayed as it was.
@@ -105,7 +105,7 @@ pub(super) async fn answer(
         let body = upstream::error_body(upstream, budgets, stream, limit).await?;
         return Ok(ClientAnswer::Relayed(status, body));
     }
-    let body = relay::whole(
+    let (body, usage) = relay::whole(
         upstream.into_body(),
         budgets.deadline,
         budgets.total,
@@ -113,7 +113,7 @@ pub(super) async fn answer(
         route.rename.as_deref(),
     )
     .await?;
-    Ok(ClientAnswer::Whole(status, body))
+    Ok(ClientAnswer::Whole(status, body, usage))
 }
 
 /// The response for what the stages produced; the ledger ends in [`answered`], or lives on in
@@ -125,7 +125,9 @@ pub(super) fn respond(
 ) -> Response<ResponseBody> {
     let (opened, config) = match answer {
         Ok(ClientAnswer::Stream(opened, config)) => (opened, config),
-        Ok(ClientAnswer::Whole(status, body)) => return answered(Unstreamed::Whole(status, body), ex),
+        Ok(ClientAnswer::Whole(status, body, usage)) => {
+            return answered(Unstreamed::Whole(status, body, usage), ex);
+        }
         Ok(ClientAnswer::Relayed(status, body)) => return answered(Unstreamed::Relayed(status, body), ex),
         Err(e) => return answered(Unstreamed::Failed(e), ex),
     };
@@ -149,7 +151,7 @@ pub(super) fn respond(
 
 /// How a request ends that is not a stream.
 enum Unstreamed {
-    Whole(StatusCode, Bytes),
+    Whole(StatusCode, Bytes, Option<(u32, u32)>),
     Relayed(StatusCode, Bytes),
     Failed(GatewayError),
 }
@@ -159,9 +161,9 @@ fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
     // Timed before the ledger ends, as the stages left it.
     let timing = server_timing(&ex);
     let mut response = match ended {
-        Unstreamed::Whole(status, body) => {
+        Unstreamed::Whole(status, body, usage) => {
             ex.trace.finish_reasons(&body);
-            ex.whole_answer(Instant::now(), crate::event::parse_usage(&body));
+            ex.whole_answer(Instant::now(), usage);
             ex.end(Ending::Finished, status);
             relayed(status, body)
         }

@@ -7,7 +7,7 @@
 use super::Picker;
 use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
-use crate::event::{EarlyError, EventKind, is_error_event, parse_usage};
+use crate::event::{EarlyError, Event, EventKind};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
 use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
@@ -605,13 +605,14 @@ impl Response<'_> {
                     if early.is_some() {
                         return;
                     }
+                    let e = Event::read(e);
                     // An error in place of the first token is answered as the status it names,
                     // as the proxy answers it: the head has not gone out.
-                    if holding && !first && is_error_event(e) {
-                        early = Some(EarlyError::parse(e));
+                    if holding && !first && e.kind() == EventKind::Error {
+                        early = Some(e.early_error());
                         return;
                     }
-                    let kind = pass_on(ex, e, now, rename, strip, &mut out);
+                    let kind = pass_on(ex, &e, now, rename, strip, &mut out);
                     tokens |= kind == EventKind::Tokens;
                     first |= kind != EventKind::Other;
                 });
@@ -724,14 +725,11 @@ impl Response<'_> {
     fn tail(&mut self, ex: &mut Ledger) -> Bytes {
         match std::mem::replace(&mut self.mode, Mode::Plain) {
             Mode::Whole(held) => {
-                let body = held.freeze();
+                let (body, usage) = crate::event::read_whole(held.freeze(), self.route.rename.as_deref());
                 ex.trace.finish_reasons(&body);
-                ex.whole_answer(Instant::now(), parse_usage(&body));
+                ex.whole_answer(Instant::now(), usage);
                 ex.end(Ending::Finished, StatusCode::OK);
-                match self.route.rename.as_deref() {
-                    Some(r) => r.apply(body),
-                    None => body,
-                }
+                body
             }
             Mode::Events(mut splitter) => {
                 let mut out = BytesMut::from(&splitter.rest()[..]);
