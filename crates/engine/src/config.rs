@@ -98,6 +98,8 @@ pub struct EngineConfig {
     pub core_thread: bool,
     /// Faults in force from the start.
     pub faults: Faults,
+    /// How streamed events are written: vLLM's compact JSON, or another server's style.
+    pub sse_style: protocol::sse::Style,
 }
 
 impl EngineConfig {
@@ -129,6 +131,7 @@ impl EngineConfig {
             precise_timer: false,
             core_thread: false,
             faults: Faults::default(),
+            sse_style: protocol::sse::Style::Compact,
         };
         match preset {
             Preset::Tiny => EngineConfig {

@@ -28,6 +28,7 @@ pub mod scheduler;
 pub mod server;
 mod stream;
 mod text;
+pub use protocol::sse::Style as SseStyle;
 pub use tokenize;
 
 pub use config::{EngineConfig, LengthDist, Preset};

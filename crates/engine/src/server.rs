@@ -408,10 +408,13 @@ async fn respond(
     let mut response = match prepared
         .and_then(|(params, stream, usage, model)| engine.submit(params).map(|g| (g, stream, usage, model)))
     {
-        Err(e) if stream && crate::engine::is_queue_full(&e) => in_stream_error(&e),
+        Err(e) if stream && crate::engine::is_queue_full(&e) => {
+            in_stream_error(&e, engine.config().sse_style)
+        }
         Err(e) => error_response(&e),
         Ok((generation, stream, include_usage, model)) => {
-            let render = Render::new(kind, generation.id, unix_now(), model);
+            let mut render = Render::new(kind, generation.id, unix_now(), model);
+            render.style = engine.config().sse_style;
             if stream {
                 let body = TokenStream::new(generation, render, include_usage).into_body();
                 (
@@ -438,10 +441,11 @@ async fn respond(
 
 /// A refusal as vLLM 0.32 sends it to a streamed request: a 200 stream of one error event (the
 /// body's `error`, its `code` an integer) and `[DONE]`.
-fn in_stream_error(err: &ApiError) -> Response {
+fn in_stream_error(err: &ApiError, style: protocol::sse::Style) -> Response {
     let mut body = Vec::from(&b"data: "[..]);
     body.extend_from_slice(&err.to_json());
     body.extend_from_slice(b"\n\ndata: [DONE]\n\n");
+    let body = style.restyle(&body);
     (
         [
             (

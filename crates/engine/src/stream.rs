@@ -25,6 +25,8 @@ pub(crate) struct Render {
     model: String,
     seed: u64,
     token_prefix: Vec<u8>,
+    /// How the events are written (compact, as built here, then rewritten if another style).
+    pub(crate) style: sse::Style,
 }
 
 impl Render {
@@ -45,6 +47,15 @@ impl Render {
             model,
             seed: seq,
             token_prefix,
+            style: sse::Style::Compact,
+        }
+    }
+
+    /// The events of `buf` as this response's style writes them.
+    fn styled(&self, buf: BytesMut) -> Bytes {
+        match self.style {
+            sse::Style::Compact => buf.freeze(),
+            style => Bytes::from(style.restyle(&buf)),
         }
     }
 
@@ -277,10 +288,10 @@ impl TokenStream {
                 }
                 buf.put_slice(sse::DONE);
                 self.done = true;
-                return Some(Ok(buf.freeze()));
+                return Some(Ok(self.render.styled(buf)));
             }
             if !buf.is_empty() {
-                return Some(Ok(buf.freeze()));
+                return Some(Ok(self.render.styled(buf)));
             }
             if !self.wait_for_change().await {
                 self.done = true;

@@ -24,6 +24,102 @@ pub fn event<T: Serialize>(value: &T) -> Bytes {
     buf.freeze()
 }
 
+/// How a server writes its events' JSON and lines. vLLM writes them compact with LF line ends;
+/// Python servers that use `json.dumps` put a space after each `,` and `:`; some pretty-print
+/// over several `data:` lines; some end lines with CR LF. `spillway engine --sse-style` speaks
+/// each, so that the gateway is tested against all of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Style {
+    #[default]
+    Compact,
+    Dumps,
+    Pretty,
+    Crlf,
+}
+
+impl Style {
+    pub const ALL: [Style; 4] = [Style::Compact, Style::Dumps, Style::Pretty, Style::Crlf];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Style::Compact => "compact",
+            Style::Dumps => "dumps",
+            Style::Pretty => "pretty",
+            Style::Crlf => "crlf",
+        }
+    }
+
+    /// Events written compact (`data: {…}` and a blank line, LF) rewritten in this style: their
+    /// JSON formatted again, their lines ended again. Data that is not JSON (`[DONE]`) keeps its
+    /// text.
+    pub fn restyle(self, compact: &[u8]) -> Vec<u8> {
+        if self == Style::Compact {
+            return compact.to_vec();
+        }
+        let mut out = Vec::with_capacity(compact.len() * 2);
+        let eol: &[u8] = if self == Style::Crlf { b"\r\n" } else { b"\n" };
+        let mut rest = compact;
+        while let Some(end) = event_end(rest) {
+            let event = &rest[..end];
+            rest = &rest[end..];
+            let Some(d) = crate::judge::data(event) else {
+                out.extend_from_slice(event);
+                continue;
+            };
+            let text = match serde_json::from_slice::<serde_json::Value>(d.bytes()) {
+                Ok(v) => self.format(&v),
+                Err(_) => d.bytes().to_vec(),
+            };
+            for line in text.split(|b| *b == b'\n') {
+                out.extend_from_slice(b"data: ");
+                out.extend_from_slice(line);
+                out.extend_from_slice(eol);
+            }
+            out.extend_from_slice(eol);
+        }
+        out.extend_from_slice(rest);
+        out
+    }
+
+    /// A JSON value as this style writes it.
+    pub fn format(self, v: &serde_json::Value) -> Vec<u8> {
+        match self {
+            Style::Compact | Style::Crlf => serde_json::to_vec(v).unwrap_or_default(),
+            Style::Pretty => serde_json::to_vec_pretty(v).unwrap_or_default(),
+            Style::Dumps => {
+                let mut out = Vec::new();
+                let mut ser = serde_json::Serializer::with_formatter(&mut out, Dumps);
+                let _ = v.serialize(&mut ser);
+                out
+            }
+        }
+    }
+}
+
+/// Python's `json.dumps` defaults: `", "` between members and items, `": "` after keys.
+struct Dumps;
+
+impl serde_json::ser::Formatter for Dumps {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first { Ok(()) } else { w.write_all(b", ") }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
 /// Splits a byte stream into complete SSE events (each ending in a blank line), keeping the rest
 /// until more arrives. Events come out as the bytes that carried them, so a proxy can forward them
 /// unchanged.
@@ -240,6 +336,25 @@ mod tests {
         assert_eq!(data(b"id: 3\n\n"), None);
         assert_eq!(data(b"dataset: no\n\n"), None);
         assert_eq!(data(b"data: a\rdata: b\r\r").as_deref(), Some("a\nb"));
+    }
+
+    #[test]
+    fn styles_write_the_same_events_differently() {
+        let compact = b"data: {\"a\":[1,2],\"b\":\"x\"}\n\ndata: [DONE]\n\n";
+        let out = |s: Style| String::from_utf8(s.restyle(compact)).unwrap();
+        assert_eq!(out(Style::Compact), String::from_utf8_lossy(compact));
+        assert_eq!(
+            out(Style::Dumps),
+            "data: {\"a\": [1, 2], \"b\": \"x\"}\n\ndata: [DONE]\n\n"
+        );
+        assert_eq!(
+            out(Style::Crlf),
+            "data: {\"a\":[1,2],\"b\":\"x\"}\r\n\r\ndata: [DONE]\r\n\r\n"
+        );
+        assert_eq!(
+            out(Style::Pretty),
+            "data: {\ndata:   \"a\": [\ndata:     1,\ndata:     2\ndata:   ],\ndata:   \"b\": \"x\"\ndata: }\n\ndata: [DONE]\n\n"
+        );
     }
 
     #[test]

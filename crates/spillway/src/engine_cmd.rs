@@ -37,6 +37,10 @@ pub(crate) struct EngineArgs {
     /// stream as vLLM does. Default: no bound.
     #[arg(long)]
     max_num_queued_reqs: Option<usize>,
+    /// How streamed events are written: compact (vLLM's), dumps (Python's json.dumps: a space after
+    /// `,` and `:`), pretty (indented over several `data:` lines) or crlf (CR LF line ends).
+    #[arg(long, value_enum, default_value = "compact")]
+    sse_style: SseStyle,
     /// KV-cache capacity in tokens; fewer blocks mean earlier preemption.
     #[arg(long)]
     kv_cache_tokens: Option<u32>,
@@ -123,6 +127,12 @@ impl EngineArgs {
             c.max_model_len = v;
         }
         c.max_num_queued_reqs = self.max_num_queued_reqs;
+        c.sse_style = match self.sse_style {
+            SseStyle::Compact => engine::SseStyle::Compact,
+            SseStyle::Dumps => engine::SseStyle::Dumps,
+            SseStyle::Pretty => engine::SseStyle::Pretty,
+            SseStyle::Crlf => engine::SseStyle::Crlf,
+        };
         if let Some(v) = self.kv_cache_tokens {
             c.kv_cache_tokens = v;
         }
@@ -235,4 +245,13 @@ pub(crate) async fn shutdown_signal() {
     }
     #[cfg(not(unix))]
     let _ = ctrl_c.await;
+}
+
+/// `--sse-style`'s values (protocol's `Style`, which has no clap of its own).
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum SseStyle {
+    Compact,
+    Dumps,
+    Pretty,
+    Crlf,
 }

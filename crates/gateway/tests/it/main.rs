@@ -20,6 +20,7 @@ mod resilience;
 mod shared;
 mod slo_routing;
 mod streaming;
+mod styles;
 mod support;
 mod tls;
 mod traces;
