@@ -292,15 +292,19 @@ pub(crate) struct Relay {
 impl Relay {
     pub(crate) fn new(events: Events, config: RelayConfig, ledger: Ledger) -> Relay {
         let now = Instant::now();
+        // `[DONE]` may have come with the first token, in `open`'s read: the body's end is due
+        // from now, as after a `[DONE]` read by the relay.
+        let done_by = ledger.ended().then(|| (now + DONE_GRACE).min(config.deadline));
+        let first = done_by.unwrap_or(now + config.idle).min(config.deadline);
         Relay {
             events,
             ledger,
             idle: config.idle,
             deadline: config.deadline,
             last_read: now,
-            alarms: Alarms::new((now + config.idle).min(config.deadline), config.stop),
+            alarms: Alarms::new(first, config.stop),
             done: false,
-            done_by: None,
+            done_by,
         }
     }
 

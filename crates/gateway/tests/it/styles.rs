@@ -31,7 +31,7 @@ fn styled(mut c: EngineConfig, style: SseStyle) -> EngineConfig {
 }
 
 /// The client's events, each as a parse reads it.
-fn events(body: &str) -> Vec<reference::Summary> {
+fn events_of(body: &str) -> Vec<reference::Summary> {
     let mut s = EventSplitter::default();
     let mut out = Vec::new();
     s.feed(body.as_bytes(), |e| out.push(reference::judge(&e)));
@@ -54,7 +54,7 @@ async fn every_style_streams_with_ttft_the_public_name_and_usage() {
         assert_eq!(r.status(), 200, "{name}: a healthy stream is not held to a 504");
         let (body, first, clean) = read_stream(r).await;
         assert!(clean && first.is_some(), "{name}: {body}");
-        let seen = events(&body);
+        let seen = events_of(&body);
         let tokens = seen.iter().filter(|e| e.kind == Kind::Tokens).count();
         assert_eq!(tokens, 7, "{name}: {body}");
         assert_eq!(seen.last().map(|e| e.kind), Some(Kind::Done), "{name}: {body}");
@@ -72,7 +72,7 @@ async fn every_style_streams_with_ttft_the_public_name_and_usage() {
         with_usage["stream_options"] = json!({"include_usage": true});
         let url = format!("{}/v1/chat/completions", stack.url);
         let (body, _, _) = read_stream(http().post(&url).json(&with_usage).send().await.unwrap()).await;
-        let usage = events(&body).iter().find_map(|e| e.usage);
+        let usage = events_of(&body).iter().find_map(|e| e.usage);
         assert_eq!(usage.and_then(|u| u.completion_tokens), Some(7), "{name}: {body}");
         assert!(eventually(Duration::from_secs(2), || stack.records().len() == 2).await);
         for rec in stack.records() {
@@ -107,7 +107,7 @@ async fn every_style_is_cut_at_first_token_and_at_stream_idle() {
         let r = stack.stream("chat", 50).await;
         assert_eq!(r.status(), 200, "{name}");
         let (body, _, _) = read_stream(r).await;
-        let seen = events(&body);
+        let seen = events_of(&body);
         assert_eq!(
             seen.iter().filter(|e| e.kind == Kind::Tokens).count(),
             3,
@@ -156,7 +156,7 @@ async fn every_style_cancels_and_drains() {
         assert_eq!(r.status(), 200, "{name}");
         stack.shutdown();
         let (body, _, clean) = read_stream(r).await;
-        let seen = events(&body);
+        let seen = events_of(&body);
         assert!(clean, "{name}");
         assert_eq!(
             seen.iter().filter(|e| e.kind == Kind::Tokens).count(),
@@ -164,5 +164,60 @@ async fn every_style_cancels_and_drains() {
             "{name}: {body}"
         );
         assert_eq!(seen.last().map(|e| e.kind), Some(Kind::Done), "{name}: {body}");
+    }
+}
+
+/// `[DONE]` in the same read as the first token, then a body that never ends: the client's stream
+/// ends cleanly a moment after `[DONE]` (not at `stream_idle`, with an error event), and the log
+/// says what happened. The clean end used to arm only when `[DONE]` came in a later read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_in_the_first_read_ends_the_stream_though_the_body_never_ends() {
+    for style in SseStyle::ALL {
+        let name = style.name();
+        let events = style.restyle(
+            b"data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0 \"}}]}\n\ndata: [DONE]\n\n",
+        );
+        let mut answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n",
+            events.len()
+        )
+        .into_bytes();
+        answer.extend_from_slice(&events);
+        answer.extend_from_slice(b"\r\n");
+        let (replica, _seen) = testkit::serve_script(vec![answer], false).await;
+        let yaml = ROUTE.replace("stream_idle: 400ms", "stream_idle: 10s").replace(
+            "    replicas: [{E0}]",
+            "    replicas: [{E0}]\n    health: { enabled: false }",
+        );
+        let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
+        let started = tokio::time::Instant::now();
+        let r = http()
+            .post(format!("{}/v1/chat/completions", gateway.url))
+            .json(&chat("chat", 5, true))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let (body, _, _) = read_stream(r).await;
+        assert_eq!(status, 200, "{name}: {body}");
+        let took = started.elapsed();
+        let seen = events_of(&body);
+        assert_eq!(
+            seen.iter().map(|e| e.kind).collect::<Vec<_>>(),
+            [Kind::Tokens, Kind::Done],
+            "{name}: {body}"
+        );
+        assert!(!body.contains("stream_idle_timeout"), "{name}: {body}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{name}: ended after {took:?}, not at stream_idle"
+        );
+        assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
+        let rec = &gateway.records()[0];
+        assert_eq!(
+            (rec.outcome, rec.note),
+            ("ok", Some("upstream_body_not_ended")),
+            "{name}"
+        );
     }
 }
