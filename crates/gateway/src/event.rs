@@ -155,5 +155,37 @@ pub(crate) struct EarlyError {
     pub(crate) body: Bytes,
 }
 
+/// Holds the reading of `bytes` (as one event, and as the events the splitter cuts them into) to a
+/// parse's (`protocol::judge::check`), and the rewrite of each event with a rename to the same
+/// parse but for the model. Panics on a disagreement: the `sse_judge` fuzz target and the tests
+/// replaying its corpus call it.
+pub fn check(bytes: &[u8]) {
+    use protocol::judge::reference;
+    judge::check(bytes);
+    let mut events = Vec::new();
+    let mut s = protocol::sse::EventSplitter::default();
+    s.feed(bytes, |e| events.push(e));
+    events.push(s.rest());
+    for e in events {
+        judge::check(&e);
+        let before = reference::judge(&e);
+        let from = before.model.clone().unwrap_or_else(|| "up".into());
+        let mut out = BytesMut::new();
+        Event::read(&e).append(Some(&Rename::new(&from, "public")), &mut out);
+        let after = reference::judge(&out);
+        let expected = reference::Summary {
+            model: before.model.as_ref().map(|_| "public".to_owned()),
+            ..before
+        };
+        assert_eq!(
+            after,
+            expected,
+            "{:?} became {:?}",
+            String::from_utf8_lossy(&e),
+            String::from_utf8_lossy(&out)
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests;
