@@ -28,6 +28,11 @@ const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
 /// A chunk-size or trailer line may be at most this long.
 const MAX_LINE: usize = 4096;
+/// A chunk may be at most this large, unless its caller bounds the whole body lower
+/// ([`Body::collect`]): a larger size is refused at its line, before any of its data is handed
+/// over. Left unbounded, a replica's size of 2^64 − 1 had its own framing and everything after
+/// it read as data until it closed (16 MiB is `server.max_response_bytes`' default).
+const MAX_CHUNK: usize = 16 * 1024 * 1024;
 /// A chunked body's extensions may add up to less than this, and its trailer section (the
 /// trailer lines and the blank line after them) must be shorter: hyper's client's limits.
 const MAX_EXTENSIONS: usize = 16 * 1024;
@@ -55,7 +60,8 @@ pub enum Error {
     Closed,
     /// The replica's answer is not valid HTTP/1.1.
     Protocol(&'static str),
-    /// The answer's body is over the caller's limit.
+    /// The answer's body is over the caller's limit, or a chunk of it says it would be (over
+    /// [`MAX_CHUNK`] when the caller set none).
     TooLarge(usize),
 }
 
@@ -343,6 +349,7 @@ impl ResponseHead {
                 conn: Some(conn),
                 framing: self.framing,
                 reusable: self.reusable,
+                max_chunk: MAX_CHUNK,
                 conns: conns.clone(),
             },
         }
@@ -554,6 +561,7 @@ pub fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
             &mut buf,
             &mut |d| body.extend_from_slice(d),
             Pieces::All,
+            MAX_CHUNK,
         )?;
         if framing == Framing::Done {
             let reusable = head.reusable && buf.is_empty();
@@ -629,6 +637,9 @@ pub struct Body<T: Transport = Tcp> {
     conn: Option<Pooled<T::Stream>>,
     framing: Framing,
     reusable: bool,
+    /// The largest chunk this body may still take ([`MAX_CHUNK`], or what is left of
+    /// [`Body::collect`]'s limit).
+    max_chunk: usize,
     conns: Arc<Conns<T>>,
 }
 
@@ -661,7 +672,7 @@ impl<T: Transport> Body<T> {
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(Ok(Read::End));
             };
-            let handed = decode(&mut self.framing, &mut conn.buf, each, pieces)?;
+            let handed = decode(&mut self.framing, &mut conn.buf, each, pieces, self.max_chunk)?;
             if self.framing == Framing::Done {
                 self.finish();
                 return Poll::Ready(Ok(if handed { Read::Data } else { Read::End }));
@@ -703,6 +714,8 @@ impl<T: Transport> Body<T> {
             _ => BytesMut::new(),
         };
         loop {
+            // A chunk larger than the room left is refused at its size line, not read up to it.
+            self.max_chunk = limit - out.len();
             let mut over = false;
             let read = self
                 .read(&mut |data| {
@@ -712,7 +725,11 @@ impl<T: Transport> Body<T> {
                         out.extend_from_slice(data);
                     }
                 })
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    Error::TooLarge(_) => Error::TooLarge(limit),
+                    e => e,
+                })?;
             if over {
                 return Err(Error::TooLarge(limit));
             }
@@ -754,17 +771,18 @@ impl Pieces<'_> {
 
 /// Decodes what `buf` holds, handing data to `each` and consuming it; true if any data was
 /// handed over. Stops when it needs more bytes or the body is whole, or once `pieces` has
-/// enough.
+/// enough. A chunk over `max_chunk` bytes is [`Error::TooLarge`].
 fn decode(
     framing: &mut Framing,
     buf: &mut BytesMut,
     each: &mut dyn FnMut(&[u8]),
     pieces: Pieces,
+    max_chunk: usize,
 ) -> Result<bool, Error> {
     // What is consumed is advanced past once, not piece by piece: a stream's read brings a chunk
     // line, data and an end of data for each event.
     let mut at = 0;
-    let decoded = decode_from(framing, buf, &mut at, each, pieces);
+    let decoded = decode_from(framing, buf, &mut at, each, pieces, max_chunk);
     if at == buf.len() {
         buf.clear();
     } else {
@@ -780,6 +798,7 @@ fn decode_from(
     at: &mut usize,
     each: &mut dyn FnMut(&[u8]),
     pieces: Pieces,
+    max_chunk: usize,
 ) -> Result<bool, Error> {
     let mut handed = false;
     loop {
@@ -835,6 +854,9 @@ fn decode_from(
                 *framing = match *state {
                     Chunk::Size => {
                         let size = chunk_size(&rest[..=end])?;
+                        if size > max_chunk as u64 {
+                            return Err(Error::TooLarge(max_chunk));
+                        }
                         // What follows the first `;`, as hyper counts it over the whole body.
                         let more = line
                             .iter()

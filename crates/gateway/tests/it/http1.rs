@@ -363,6 +363,56 @@ async fn a_whole_answer_is_bounded_by_max_response_bytes() {
     }
 }
 
+/// A replica's chunked answer to a chat completion: `chunks` (each a size line and its data, as
+/// written), then the last chunk and `trailer` (its fields and the blank line).
+fn chunked_answer(stream: bool, chunks: &str, trailer: &str) -> Vec<u8> {
+    let kind = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n{chunks}0\r\n{trailer}"
+    )
+    .into_bytes()
+}
+
+/// What a replica says in a stream of one token, or in a whole answer.
+fn answer_data(stream: bool) -> &'static str {
+    if stream {
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+    } else {
+        r#"{"id":"x","object":"chat.completion","choices":[]}"#
+    }
+}
+
+/// Issue 47: a replica's chunk size of up to 2^64 − 1 was taken, so its data ran on until the
+/// replica closed: a whole answer waited for the total budget (600 s here), and a stream's
+/// client got `[DONE]`, then the replica's own framing (`\r\n0\r\n\r\n`) in its SSE body, then an
+/// error event. The size is refused at once: 502, and no framing byte reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
+    for (stream, code) in [(true, "upstream_error"), (false, "upstream_response_too_large")] {
+        let data = answer_data(stream);
+        let chunks = format!("ffffffffffffffff\r\n{data}\r\n");
+        let stack = in_front_of(chunked_answer(stream, &chunks, "\r\n"), "").await;
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            let r = chat_through(&stack, stream).await;
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+        .await
+        .expect("answered at once, not at the total budget (600 s)");
+        let (status, text) = r;
+        assert!(
+            !text.contains("\r\n0\r\n"),
+            "stream {stream}: framing in the body: {text:?}"
+        );
+        assert_eq!(status, 502, "stream {stream}: {text:?}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], code, "stream {stream}: {v}");
+    }
+}
+
 /// What one request got, as the differential test compares it: the status, the error code,
 /// and the presence of the headers every answer has.
 #[derive(Debug, PartialEq)]

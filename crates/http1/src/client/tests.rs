@@ -18,7 +18,13 @@ fn decode_in_pieces(
     for &to in cuts.iter().chain(std::iter::once(&wire.len())) {
         buf.extend_from_slice(&wire[from..to]);
         from = to;
-        while decode(&mut framing, &mut buf, &mut |d| out.extend_from_slice(d), pieces)? {}
+        while decode(
+            &mut framing,
+            &mut buf,
+            &mut |d| out.extend_from_slice(d),
+            pieces,
+            MAX_CHUNK,
+        )? {}
     }
     Ok((out, framing))
 }
@@ -93,6 +99,7 @@ fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
             &mut buf,
             &mut |d| got.push(d.to_vec()),
             Pieces::Until(&std::cell::Cell::new(true)),
+            MAX_CHUNK,
         )
         .unwrap()
         {
@@ -117,7 +124,7 @@ fn pieces_are_handed_over_until_the_caller_has_enough() {
         seen.set(seen.get() || d == b"x");
         got.push(d.to_vec());
     };
-    assert!(decode(&mut framing, &mut buf, &mut each, Pieces::Until(&seen)).unwrap());
+    assert!(decode(&mut framing, &mut buf, &mut each, Pieces::Until(&seen), MAX_CHUNK).unwrap());
     assert_eq!(got, [b"a".to_vec(), b"x".to_vec()]);
     assert_eq!(&buf[..], b"\r\n1\r\nb\r\n0\r\n\r\n");
 }
@@ -736,4 +743,49 @@ fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
     };
     assert!(extensions(16 * 1024 - 1).is_ok());
     assert!(matches!(extensions(16 * 1024), Err(Error::Protocol(_))));
+}
+
+/// Issue 47: a chunk size of up to 2^64 − 1 was taken, so the data read on until the replica
+/// closed: a whole answer waited for the total budget, and a stream's client got the replica's
+/// own framing (`\r\n0\r\n\r\n`) as data. A size over what the body may hold is refused at its
+/// line, with the connection still open and before any of the chunk is handed over.
+#[tokio::test]
+async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
+    let answer = |size: &str| {
+        format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+        )
+    };
+    // Whole, within a limit of 1,000 bytes: the replica keeps the connection open.
+    let (url, _server) = serve_script(vec![answer("ffffffffffffffff")], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    let r = tokio::time::timeout(Duration::from_secs(5), body.collect(1000))
+        .await
+        .expect("refused at once, not read until the replica closes");
+    assert!(matches!(r, Err(Error::TooLarge(1000))), "{r:?}");
+    // Read as a stream is: one chunk over 16 MiB.
+    let (url, _server) = serve_script(vec![answer(&format!("{:x}", MAX_CHUNK + 1))], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let mut body = call(&conns).await.unwrap().into_body();
+    let mut data = Vec::new();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        body.read(&mut |d| data.extend_from_slice(d)),
+    )
+    .await
+    .expect("refused at once");
+    assert!(matches!(r, Err(Error::TooLarge(_))), "{r:?}");
+    assert!(
+        data.is_empty(),
+        "handed over: {:?}",
+        String::from_utf8_lossy(&data)
+    );
+    // As the fuzz target reads answers; a chunk of the most allowed is taken.
+    let r = decode_answer(answer("ffffffffffffffff").as_bytes(), &[]);
+    assert!(matches!(r, Err(Error::TooLarge(_))), "{r:?}");
+    let (url, _server) = serve_script(vec![answer("e")], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    assert_eq!(&body.collect(14).await.unwrap()[..], b"data: [DONE]\n\n");
 }
