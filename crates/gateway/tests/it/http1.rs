@@ -413,6 +413,40 @@ async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
     }
 }
 
+/// Issue 47: more than 99 trailer fields after a body already whole failed the answer (a 502 for
+/// a whole answer; a stream got `[DONE]`, then `upstream_stream_error`). The body, whole at its
+/// last chunk, reaches the client whole, and the answer is logged `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_past_the_limit_do_not_discard_a_whole_answer() {
+    let fields: String = (0..150).map(|i| format!("x-t{i}: v\r\n")).collect();
+    for stream in [false, true] {
+        let data = answer_data(stream);
+        let chunks = format!("{:x}\r\n{data}\r\n", data.len());
+        let stack = in_front_of(chunked_answer(stream, &chunks, &format!("{fields}\r\n")), "").await;
+        let r = chat_through(&stack, stream).await;
+        let status = r.status();
+        let (body, _, clean) = tokio::time::timeout(Duration::from_secs(20), read_stream(r))
+            .await
+            .expect("the answer ends");
+        assert_eq!(status, 200, "stream {stream}: {body}");
+        assert!(clean, "stream {stream}: ended as a whole one: {body}");
+        if stream {
+            assert!(
+                body.trim_end().ends_with("data: [DONE]"),
+                "nothing after [DONE]: {body}"
+            );
+            assert!(!body.contains("error"), "{body}");
+        } else {
+            assert_eq!(body, data);
+        }
+        let ok = crate::support::eventually(Duration::from_secs(5), || {
+            stack.records().iter().any(|r| r.outcome == "ok")
+        })
+        .await;
+        assert!(ok, "stream {stream}: {:?}", stack.records());
+    }
+}
+
 /// What one request got, as the differential test compares it: the status, the error code,
 /// and the presence of the headers every answer has.
 #[derive(Debug, PartialEq)]

@@ -690,26 +690,32 @@ async fn a_request_a_reused_connection_took_is_not_sent_again() {
 /// hyper's client's limits on a chunked body's metadata, which the fuzz target
 /// `upstream_answer` found missing here (fuzz/findings/upstream_answer-trailer-section: 150
 /// short trailer fields, which hyper refuses): fewer than 100 trailer fields, a trailer section
-/// under 16 KiB, extensions under 16 KiB over the whole body.
+/// under 16 KiB, extensions under 16 KiB over the whole body. Past a trailer limit the body,
+/// whole at its last chunk, is kept (issue 47: the answer was refused whole, a 502), the rest
+/// of the section is not read and the connection is not reused.
 #[test]
 fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
     let answer = |body: &[u8]| {
         let mut a = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
         a.extend_from_slice(body);
-        decode_answer(&a, &[]).map(|d| d.body)
+        decode_answer(&a, &[])
     };
+    // The body, whether the connection lives on, and where a cut trailer section began.
+    let kept = |d: Decoded| (d.body, d.reusable, d.trailers_cut);
+    let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n".len();
     let trailers = |n: usize| {
         let lines: String = (0..n).map(|i| format!("x-t{i}: v\r\n")).collect();
         answer(format!("2\r\nok\r\n0\r\n{lines}\r\n").as_bytes())
     };
-    assert_eq!(trailers(99).unwrap(), b"ok");
-    assert!(matches!(trailers(100), Err(Error::Protocol(_))));
-    assert!(matches!(trailers(150), Err(Error::Protocol(_))));
-    // One trailer field of `len` bytes with its CR LF, then the blank line.
-    let section = |len: usize| {
-        let value = "v".repeat(len - "x: \r\n".len());
-        answer(format!("0\r\nx: {value}\r\n\r\n").as_bytes())
-    };
+    assert_eq!(kept(trailers(99).unwrap()), (b"ok".to_vec(), true, None));
+    for n in [100, 150] {
+        let d = trailers(n).unwrap();
+        assert_eq!(
+            d.consumed - head,
+            (0..99).map(|i| format!("x-t{i}: v\r\n").len()).sum::<usize>()
+        );
+        assert_eq!(kept(d), (b"ok".to_vec(), false, Some(head)), "{n} fields");
+    }
     // Lines are at most 4 KiB: the section is made of several.
     let long = |total: usize| {
         let mut lines = String::new();
@@ -724,11 +730,21 @@ fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
             left -= len;
             i += 1;
         }
-        answer(format!("0\r\n{lines}\r\n").as_bytes())
+        answer(format!("2\r\nok\r\n0\r\n{lines}\r\n").as_bytes())
     };
-    assert!(section(100).is_ok());
-    assert!(long(16 * 1024 - 1).is_ok());
-    assert!(matches!(long(16 * 1024), Err(Error::Protocol(_))));
+    assert_eq!(kept(long(16 * 1024 - 1).unwrap()), (b"ok".to_vec(), true, None));
+    assert_eq!(
+        kept(long(16 * 1024).unwrap()),
+        (b"ok".to_vec(), false, Some(head))
+    );
+    // A trailer line over 4 KiB, which hyper would take, cuts the section too.
+    let d = answer(format!("2\r\nok\r\n0\r\nx: {}\r\n\r\n", "v".repeat(5000)).as_bytes());
+    assert_eq!(kept(d.unwrap()), (b"ok".to_vec(), false, Some(head)));
+    // A malformed field is still refused: the framing itself is in doubt.
+    assert!(matches!(
+        answer(b"2\r\nok\r\n0\r\nno colon\r\n\r\n"),
+        Err(Error::Protocol(_))
+    ));
     let extensions = |total: usize| {
         let per = 4000;
         let mut body = String::new();
@@ -739,7 +755,7 @@ fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
             left -= n;
         }
         body.push_str("0\r\n\r\n");
-        answer(body.as_bytes())
+        answer(body.as_bytes()).map(|d| d.body)
     };
     assert!(extensions(16 * 1024 - 1).is_ok());
     assert!(matches!(extensions(16 * 1024), Err(Error::Protocol(_))));
@@ -788,4 +804,18 @@ async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
     let conns = Arc::new(Conns::new(&url));
     let body = call(&conns).await.unwrap().into_body();
     assert_eq!(&body.collect(14).await.unwrap()[..], b"data: [DONE]\n\n");
+}
+
+/// Issue 47: an answer whose trailer section went past hyper's limits was refused whole (a 502
+/// for a body already whole). Its body is read whole, and its connection closed, not pooled,
+/// with the rest of the section unread.
+#[tokio::test]
+async fn a_body_whose_trailers_are_cut_is_whole_and_its_connection_closed() {
+    let fields: String = (0..150).map(|i| format!("x-t{i}: v\r\n")).collect();
+    let answer = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{fields}\r\n");
+    let (url, _server) = serve_script(vec![answer], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    assert_eq!(&body.collect(100).await.unwrap()[..], b"ok");
+    assert_eq!(conns.idle_count(), 0, "not pooled");
 }
