@@ -254,6 +254,28 @@ async fn an_empty_2xx_is_relayed_as_it_came() {
     assert_eq!(r.bytes().await.unwrap().len(), 0);
 }
 
+/// Issue 47: the gateway's own HTTP/1.1 answered a replica's 204 with `content-length: 0`, which
+/// RFC 9110 §8.6 forbids (hyper's server sends none). Under either server the 204 has no framing
+/// field, and the connection serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_204_says_nothing_of_a_body() {
+    let (replica, _) =
+        crate::vllm::scripted("sim", None, |_| b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()).await;
+    for mode in MODES {
+        let stack = Stack::start(vec![], &config(mode, "").replace("{E0}", &replica)).await;
+        let mut r = BufReader::new(TcpStream::connect(addr(&stack)).await.unwrap());
+        let request = post("/v1/chat/completions", "Host: x\r\n", &small_chat());
+        for i in 0..2 {
+            r.get_mut().write_all(request.as_bytes()).await.unwrap();
+            let a = read_answer(&mut r).await.expect("an answer");
+            assert_eq!(a.status, 204, "{mode}, request {i}");
+            for field in ["content-length", "transfer-encoding"] {
+                assert_eq!(a.header(field), None, "{mode}, request {i}: {:?}", a.headers);
+            }
+        }
+    }
+}
+
 /// B09: a replica's 4xx whose body was over 64 KiB reached the client with an empty body; it is
 /// relayed whole, up to `max_response_bytes`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
