@@ -224,6 +224,97 @@ async fn every_answer_carries_its_request_id_and_server_timing() {
     }
 }
 
+/// Issue 47: a 400 `invalid_host` and a 431 `headers_too_large` wrote no access-log line, and
+/// neither did the other answers made before the request path (the router's 404 and 405, the
+/// 503 of a connection over `max_connections`). Each is logged with its request's ID, status
+/// and code, whichever server read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_request_path_are_logged() {
+    let chat = small_chat();
+    let big = format!("Host: x\r\nX-Big: {}\r\n", "b".repeat(3000));
+    let cases = [
+        (
+            post(
+                "/v1/chat/completions",
+                "Host: a\r\nHost: b\r\nX-Request-Id: host-1\r\n",
+                &chat,
+            ),
+            "host-1",
+            400,
+            "invalid_host",
+        ),
+        (
+            "GET /v1/models HTTP/1.1\r\nX-Request-Id: host-2\r\n\r\n".to_owned(),
+            "host-2",
+            400,
+            "invalid_host",
+        ),
+        (
+            post(
+                "/v1/chat/completions",
+                &format!("{big}X-Request-Id: big-1\r\n"),
+                &chat,
+            ),
+            "big-1",
+            431,
+            "headers_too_large",
+        ),
+        (
+            format!("GET /health HTTP/1.1\r\n{big}X-Request-Id: big-2\r\n\r\n"),
+            "big-2",
+            431,
+            "headers_too_large",
+        ),
+        (
+            post("/nope", "Host: x\r\nX-Request-Id: path-1\r\n", &chat),
+            "path-1",
+            404,
+            "not_found",
+        ),
+        (
+            "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: method-1\r\n\r\n".to_owned(),
+            "method-1",
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    let logged = |stack: &Stack, id: &'static str, status: u16, code: &'static str| {
+        let records = stack.records();
+        let found = records
+            .iter()
+            .any(|r| r.id == id && r.status == status && r.outcome == code);
+        (found, records)
+    };
+    for mode in MODES {
+        let limited = stack(mode, ", max_header_bytes: 2048").await;
+        for (request, id, status, code) in &cases {
+            let (id, status, code) = (*id, *status, *code);
+            let a = first_answer(&limited, request.as_bytes(), Duration::from_secs(5)).await;
+            assert_eq!(a.map(|a| a.status), Some(status), "{mode}: {id}");
+            let (found, records) = logged(&limited, id, status, code);
+            assert!(found, "{mode}: no line for {id} ({status} {code}): {records:?}");
+        }
+        // The one connection allowed, held open: the next gets 503.
+        let full = stack(mode, ", max_connections: 1").await;
+        let mut held = BufReader::new(TcpStream::connect(addr(&full)).await.unwrap());
+        held.get_mut()
+            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_answer(&mut held).await.map(|a| a.status), Some(200));
+        let request = post(
+            "/v1/chat/completions",
+            "Host: x\r\nX-Request-Id: over-1\r\n",
+            &chat,
+        );
+        let a = first_answer(&full, request.as_bytes(), Duration::from_secs(5)).await;
+        assert_eq!(a.map(|a| a.status), Some(503), "{mode}");
+        let (found, records) = logged(&full, "over-1", 503, "too_many_connections");
+        assert!(found, "{mode}: {records:?}");
+        drop(held);
+    }
+}
+
 /// A gateway in front of one scripted replica that answers every POST with `answer` (and
 /// keeps the connection: an answer cut short stalls there).
 async fn in_front_of(answer: Vec<u8>, server: &str) -> Stack {
