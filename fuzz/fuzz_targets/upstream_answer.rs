@@ -1,7 +1,8 @@
 //! Any bytes as a replica's answer, read in two pieces cut anywhere and then the connection's
 //! close: the gateway's replica client decodes them as it would in one piece, and what it takes
 //! as an answer, hyper's client takes too, with the same status and body (never laxer than hyper:
-//! a laxer client is a desync with the proxies around it).
+//! a laxer client is a desync with the proxies around it). The one difference allowed is a
+//! trailer section past hyper's limits, whose body is kept and whose connection is dropped.
 #![no_main]
 
 use bytes::Bytes;
@@ -75,18 +76,36 @@ fuzz_target!(|input: &[u8]| {
         // they are read, and a cut may fall between them and the answer (the next use's peek
         // sees them then).
         (Ok(a), Ok(b)) => assert_eq!(
-            (&a.0, &a.1, a.3),
-            (&b.0, &b.1, b.3),
+            (a.status, &a.body, a.consumed, a.trailers_cut),
+            (b.status, &b.body, b.consumed, b.trailers_cut),
             "the same answer read otherwise"
         ),
         (Err(_), Err(_)) => {}
         _ => panic!("cut at {cut}: {ours:?}, whole: {whole:?}"),
     }
-    if let Ok((status, body, _, consumed)) = ours {
+    if let Ok(ours) = ours {
         // A final answer hyper hands over as such, from the bytes it took: what followed it
         // (a broken replica's extra bytes) only stops the connection's reuse, here and there.
-        let theirs = hyper_reads(&data[..consumed])
-            .unwrap_or_else(|e| panic!("ours {status} {} bytes, hyper: {e}", body.len()));
-        assert_eq!(theirs, (status, body), "hyper's client reads another answer");
+        // A trailer section past hyper's limits (100 fields, 16 KiB) fails the whole answer
+        // there; ours keeps the body, whole at its last chunk, and drops the connection
+        // (issue 47). The framing up to that chunk is what must agree: hyper is given the
+        // answer with an empty trailer section in its place.
+        let taken = match ours.trailers_cut {
+            Some(at) => {
+                assert!(
+                    !ours.reusable,
+                    "a connection whose trailers were cut is not reused"
+                );
+                [&data[..at], &b"\r\n"[..]].concat()
+            }
+            None => data[..ours.consumed].to_vec(),
+        };
+        let theirs = hyper_reads(&taken)
+            .unwrap_or_else(|e| panic!("ours {} {} bytes, hyper: {e}", ours.status, ours.body.len()));
+        assert_eq!(
+            theirs,
+            (ours.status, ours.body),
+            "hyper's client reads another answer"
+        );
     }
 });

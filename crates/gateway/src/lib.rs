@@ -218,11 +218,10 @@ pub mod fuzzing {
     }
 
     /// What the replica client makes of an answer `data` read in pieces cut at `cuts`, then
-    /// the connection's close: its status, body, whether the connection could be reused, and
-    /// how many bytes of `data` the answer took.
-    pub fn upstream_answer(data: &[u8], cuts: &[usize]) -> Result<(u16, Vec<u8>, bool, usize), String> {
-        http1::client::decode_answer(data, cuts)
-            .map(|d| (d.status, d.body, d.reusable, d.consumed))
-            .map_err(|e| e.to_string())
+    /// the connection's close: its status, body, whether the connection could be reused, how
+    /// many bytes of `data` the answer took, and where a trailer section past hyper's limits
+    /// began.
+    pub fn upstream_answer(data: &[u8], cuts: &[usize]) -> Result<http1::client::Decoded, String> {
+        http1::client::decode_answer(data, cuts).map_err(|e| e.to_string())
     }
 }

@@ -30,9 +30,9 @@ use upstream::Budgets;
 
 /// Every request gets an ID (the client's `x-request-id`, if plain and short, else a new one),
 /// which `serve` is given and its answer carries back; a request head over
-/// `server.max_header_bytes` (`limit`) gets 431 in the OpenAI shape, with the ID.
+/// `server.max_header_bytes` gets 431 in the OpenAI shape with the ID, logged ([`refused`]).
 pub(crate) async fn identified<B, R, F, Fut>(
-    limit: usize,
+    g: &Gateway,
     req: axum::http::Request<B>,
     serve: F,
 ) -> Response<R>
@@ -42,12 +42,22 @@ where
     Fut: Future<Output = Response<R>>,
 {
     let id = prepare::request_id(req.headers());
+    let limit = g.config.server.max_header_bytes;
     if head_size(&req) <= limit {
         return serve(id, req).await;
     }
-    let mut response = GatewayError::HeadersTooLarge { limit }.into_response();
-    stamp(&mut response, &id);
-    response.map(R::from)
+    refused(g, id, GatewayError::HeadersTooLarge { limit }).map(R::from)
+}
+
+/// The answer to a request refused before any handler took it (a head over the limit, a bad
+/// `Host`, a connection over the limit, an unknown endpoint or method): its ledger ends at once,
+/// so that it is logged and counted as the request path's own refusals are.
+pub(crate) fn refused(g: &Gateway, id: String, e: GatewayError) -> Response {
+    let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
+    ex.fail(&e);
+    let mut response = e.into_response();
+    stamp(&mut response, &ex.record.id);
+    response
 }
 
 /// Named once: a name given as text is parsed again on every insert.
@@ -100,12 +110,11 @@ where
     B: hyper::body::Body<Data = Bytes> + Send,
     B::Error: Into<axum::BoxError>,
 {
-    let limit = g.config.server.max_header_bytes;
-    identified(limit, req, |id, req| handle(g, table, api, id, req)).await
+    identified(&g, req, |id, req| handle(&g, table, api, id, req)).await
 }
 
 pub(crate) async fn handle<B>(
-    g: Arc<Gateway>,
+    g: &Gateway,
     table: Option<Arc<Table>>,
     api: Api,
     id: String,
@@ -118,9 +127,9 @@ where
     let (parts, body) = req.into_parts();
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
-    let answer = serve(&g, table, api, &parts.headers, body, &mut ex).await;
+    let answer = serve(g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
-    let detach = (parts.version == axum::http::Version::HTTP_2).then_some(&*g);
+    let detach = (parts.version == axum::http::Version::HTTP_2).then_some(g);
     respond(answer, ex, detach)
 }
 

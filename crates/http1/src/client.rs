@@ -26,14 +26,21 @@ const READ_BUF: usize = 4096;
 /// An answer's head (status line and headers) may be at most this large.
 const MAX_HEAD: usize = 64 * 1024;
 const MAX_HEADERS: usize = 100;
-/// A chunk-size or trailer line may be at most this long.
+/// A chunk-size line may be at most this long; a longer trailer line cuts the trailers
+/// ([`Framing::TrailersCut`]).
 const MAX_LINE: usize = 4096;
-/// A chunked body's extensions may add up to less than this, and its trailer section (the
-/// trailer lines and the blank line after them) must be shorter: hyper's client's limits.
+/// A chunk may be at most this large, unless its caller bounds the whole body lower
+/// ([`Body::collect`]): a larger size is refused at its line, before any of its data is handed
+/// over. Left unbounded, a replica's size of 2^64 − 1 had its own framing and everything after
+/// it read as data until it closed (16 MiB is `server.max_response_bytes`' default).
+const MAX_CHUNK: usize = 16 * 1024 * 1024;
+/// A chunked body's extensions may add up to less than this (hyper's client's limit).
 const MAX_EXTENSIONS: usize = 16 * 1024;
+/// hyper's client's limits on a trailer section: its bytes (the trailer lines and the blank line
+/// after them) under 16 KiB, and fewer than 100 fields (its `h1_max_headers`). Past them, hyper
+/// fails the whole answer; here the body, whole at its last chunk, is kept, and the rest of the
+/// section is not read ([`Framing::TrailersCut`]).
 const MAX_TRAILER: usize = 16 * 1024;
-/// A chunked body may have fewer trailer fields than this, as hyper's client allows (its
-/// `h1_max_headers`).
 const MAX_TRAILERS: usize = MAX_HEADERS;
 /// Idle connections kept per replica; past it, the oldest is closed.
 const MAX_IDLE: usize = 1024;
@@ -55,7 +62,8 @@ pub enum Error {
     Closed,
     /// The replica's answer is not valid HTTP/1.1.
     Protocol(&'static str),
-    /// The answer's body is over the caller's limit.
+    /// The answer's body is over the caller's limit, or a chunk of it says it would be (over
+    /// [`MAX_CHUNK`] when the caller set none).
     TooLarge(usize),
 }
 
@@ -343,6 +351,7 @@ impl ResponseHead {
                 conn: Some(conn),
                 framing: self.framing,
                 reusable: self.reusable,
+                max_chunk: MAX_CHUNK,
                 conns: conns.clone(),
             },
         }
@@ -509,6 +518,9 @@ pub struct Decoded {
     pub reusable: bool,
     /// The bytes the answer took (anything after it was not part of it).
     pub consumed: usize,
+    /// Where the trailer section began, when it went past hyper's limits: the body ended at its
+    /// last chunk, and what the answer took ends part way through the section.
+    pub trailers_cut: Option<usize>,
 }
 
 /// An answer from `data` read in pieces cut at `cuts` and then the connection's close: the head
@@ -554,15 +566,21 @@ pub fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
             &mut buf,
             &mut |d| body.extend_from_slice(d),
             Pieces::All,
+            MAX_CHUNK,
         )?;
-        if framing == Framing::Done {
-            let reusable = head.reusable && buf.is_empty();
+        if framing.is_done() {
+            let reusable = head.reusable && buf.is_empty() && framing == Framing::Done;
             let consumed = fed.get() - buf.len();
+            let trailers_cut = match framing {
+                Framing::TrailersCut(read) => Some(consumed - usize::from(read)),
+                _ => None,
+            };
             return Ok(Decoded {
                 status,
                 body,
                 reusable,
                 consumed,
+                trailers_cut,
             });
         }
         if !next(&mut buf) {
@@ -572,6 +590,7 @@ pub fn decode_answer(data: &[u8], cuts: &[usize]) -> Result<Decoded, Error> {
                     body,
                     reusable: false,
                     consumed: data.len(),
+                    trailers_cut: None,
                 }),
                 _ => Err(Error::Closed),
             };
@@ -599,6 +618,18 @@ enum Framing {
     /// Until the replica closes the connection.
     UntilClose,
     Done,
+    /// The body is whole, but its trailer section went past [`MAX_TRAILERS`] fields or
+    /// [`MAX_TRAILER`] bytes: the trailers are dropped anyway, so the answer stands, but what is
+    /// left of them is never read and the connection is not used again. Holds the section's
+    /// bytes taken before the cut.
+    TrailersCut(u16),
+}
+
+impl Framing {
+    /// The body is whole (its connection may still be unfit for another request).
+    fn is_done(self) -> bool {
+        matches!(self, Framing::Done | Framing::TrailersCut(_))
+    }
 }
 
 /// Where a chunked body's decoder stands.
@@ -629,6 +660,9 @@ pub struct Body<T: Transport = Tcp> {
     conn: Option<Pooled<T::Stream>>,
     framing: Framing,
     reusable: bool,
+    /// The largest chunk this body may still take ([`MAX_CHUNK`], or what is left of
+    /// [`Body::collect`]'s limit).
+    max_chunk: usize,
     conns: Arc<Conns<T>>,
 }
 
@@ -661,8 +695,9 @@ impl<T: Transport> Body<T> {
             let Some(conn) = self.conn.as_mut() else {
                 return Poll::Ready(Ok(Read::End));
             };
-            let handed = decode(&mut self.framing, &mut conn.buf, each, pieces)?;
-            if self.framing == Framing::Done {
+            let handed = decode(&mut self.framing, &mut conn.buf, each, pieces, self.max_chunk)?;
+            if self.framing.is_done() {
+                self.reusable &= self.framing == Framing::Done;
                 self.finish();
                 return Poll::Ready(Ok(if handed { Read::Data } else { Read::End }));
             }
@@ -703,6 +738,8 @@ impl<T: Transport> Body<T> {
             _ => BytesMut::new(),
         };
         loop {
+            // A chunk larger than the room left is refused at its size line, not read up to it.
+            self.max_chunk = limit - out.len();
             let mut over = false;
             let read = self
                 .read(&mut |data| {
@@ -712,7 +749,11 @@ impl<T: Transport> Body<T> {
                         out.extend_from_slice(data);
                     }
                 })
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    Error::TooLarge(_) => Error::TooLarge(limit),
+                    e => e,
+                })?;
             if over {
                 return Err(Error::TooLarge(limit));
             }
@@ -754,17 +795,18 @@ impl Pieces<'_> {
 
 /// Decodes what `buf` holds, handing data to `each` and consuming it; true if any data was
 /// handed over. Stops when it needs more bytes or the body is whole, or once `pieces` has
-/// enough.
+/// enough. A chunk over `max_chunk` bytes is [`Error::TooLarge`].
 fn decode(
     framing: &mut Framing,
     buf: &mut BytesMut,
     each: &mut dyn FnMut(&[u8]),
     pieces: Pieces,
+    max_chunk: usize,
 ) -> Result<bool, Error> {
     // What is consumed is advanced past once, not piece by piece: a stream's read brings a chunk
     // line, data and an end of data for each event.
     let mut at = 0;
-    let decoded = decode_from(framing, buf, &mut at, each, pieces);
+    let decoded = decode_from(framing, buf, &mut at, each, pieces, max_chunk);
     if at == buf.len() {
         buf.clear();
     } else {
@@ -780,15 +822,16 @@ fn decode_from(
     at: &mut usize,
     each: &mut dyn FnMut(&[u8]),
     pieces: Pieces,
+    max_chunk: usize,
 ) -> Result<bool, Error> {
     let mut handed = false;
     loop {
-        if handed && *framing != Framing::Done && pieces.enough() {
+        if handed && !framing.is_done() && pieces.enough() {
             return Ok(true);
         }
         let rest = &buf[*at..];
         match framing {
-            Framing::Done => return Ok(handed),
+            Framing::Done | Framing::TrailersCut(_) => return Ok(handed),
             Framing::Length(0) => *framing = Framing::Done,
             Framing::Length(left) => {
                 let n = take(rest, left, each);
@@ -822,6 +865,10 @@ fn decode_from(
             Framing::Chunked(state, extensions) => {
                 let Some(end) = line_end(rest) else {
                     if rest.len() >= MAX_LINE {
+                        if let Chunk::Trailer { bytes, .. } = state {
+                            *framing = Framing::TrailersCut(*bytes);
+                            return Ok(handed);
+                        }
                         return Err(Error::Protocol("a chunk line is over 4 KiB"));
                     }
                     return Ok(handed);
@@ -835,6 +882,9 @@ fn decode_from(
                 *framing = match *state {
                     Chunk::Size => {
                         let size = chunk_size(&rest[..=end])?;
+                        if size > max_chunk as u64 {
+                            return Err(Error::TooLarge(max_chunk));
+                        }
                         // What follows the first `;`, as hyper counts it over the whole body.
                         let more = line
                             .iter()
@@ -852,22 +902,26 @@ fn decode_from(
                     }
                     Chunk::DataEnd if line.is_empty() => Framing::Chunked(Chunk::Size, extensions),
                     Chunk::DataEnd => return Err(Error::Protocol("a chunk is longer than its size")),
-                    Chunk::Trailer { fields, bytes } => {
+                    Chunk::Trailer {
+                        fields,
+                        bytes: before,
+                    } => {
                         // The trailer section's bytes, its blank line included when there are
                         // trailers, as hyper counts them.
-                        let bytes = usize::from(bytes)
+                        let bytes = usize::from(before)
                             + if fields == 0 && line.is_empty() {
                                 0
                             } else {
                                 end + 1
                             };
-                        if bytes >= MAX_TRAILER {
-                            return Err(Error::Protocol("the trailer section is over 16 KiB"));
+                        let too_many = !line.is_empty() && usize::from(fields) + 1 >= MAX_TRAILERS;
+                        if bytes >= MAX_TRAILER || too_many {
+                            // This line is left unread, and the body ends whole.
+                            *framing = Framing::TrailersCut(before);
+                            return Ok(handed);
                         }
                         if line.is_empty() {
                             Framing::Done
-                        } else if usize::from(fields) + 1 >= MAX_TRAILERS {
-                            return Err(Error::Protocol("more than 99 trailer fields"));
                         } else if trailer_field(&rest[..=end]) {
                             let trailer = Chunk::Trailer {
                                 fields: fields + 1,

@@ -28,7 +28,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, ReadBuf};
 use tokio::time::Instant;
-use write::{BodyChunks, LAST_CHUNK, encode_bad_request, encode_field, encode_head};
+use write::{BodyChunks, LAST_CHUNK, encode_bad_request, encode_field, encode_head, has_body};
 
 /// What one read asks for.
 const READ_SIZE: usize = 4096;
@@ -312,6 +312,16 @@ impl<IO: AsyncRead + AsyncWrite + Unpin> Connection<IO> {
     {
         let (parts, reply) = response.into_parts();
         self.out.clear();
+        if !has_body(parts.status) {
+            encode_head(&mut self.out, &parts, None, close, |out| {
+                if let Reply::Stream(source) = &reply {
+                    source.head_fields(&mut |name, value| encode_field(out, name, value));
+                }
+            });
+            // Dropped before the head goes out, as a body that has ended is (`write_whole`).
+            drop(reply);
+            return self.flush().await.is_some();
+        }
         match reply {
             Reply::Stream(source) => {
                 encode_head(&mut self.out, &parts, None, close, |out| {

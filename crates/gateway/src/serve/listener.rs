@@ -9,6 +9,7 @@ use crate::error::GatewayError;
 use crate::serve::router::HyperService;
 use crate::state::{AbortOnDrop, Gateway, StopProbes};
 use axum::Router;
+use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
 use http1::server::ClientIo;
@@ -95,10 +96,11 @@ pub async fn run(
         None => None,
     };
     let app = HyperService::new(
-        Some(gateway.clone()),
+        gateway.clone(),
+        true,
         crate::serve::router::router(gateway.clone()),
     );
-    let overloaded = HyperService::new(None, overloaded_router(gateway.clone(), max));
+    let overloaded = HyperService::new(gateway.clone(), false, overloaded_router(gateway.clone(), max));
     let builder = Arc::new(connection_builder(&server, server.header_timeout));
     let over_limit_builder = Arc::new(connection_builder(
         &server,
@@ -313,7 +315,12 @@ fn overloaded_router(gateway: Arc<Gateway>, max: usize) -> Router {
         router = router.route("/metrics", get(crate::serve::router::metrics));
     }
     router
-        .fallback(move || async move { GatewayError::TooManyConnections(max) })
+        .fallback(
+            move |State(g): State<Arc<Gateway>>, req: axum::extract::Request| async move {
+                let id = crate::serve::router::settled_id(&req);
+                crate::path::refused(&g, id, GatewayError::TooManyConnections(max))
+            },
+        )
         .layer(axum::middleware::from_fn_with_state(
             gateway.clone(),
             crate::serve::router::request_id,

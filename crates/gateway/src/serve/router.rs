@@ -6,7 +6,7 @@ use crate::config::MetricsExposure;
 use crate::error::{GatewayError, Invalid};
 use crate::path::prepare::{self, Api};
 use crate::path::respond::into_hyper;
-use crate::path::{auth, completion, handle, identified, stamp};
+use crate::path::{auth, completion, handle, identified, refused, stamp};
 use crate::state::Gateway;
 use axum::Router;
 use axum::extract::{Request, State};
@@ -33,9 +33,12 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         router = router.route("/metrics", get(metrics));
     }
     router
-        .fallback(|| async { GatewayError::NotFound(UNKNOWN_PATH.into()) })
-        .method_not_allowed_fallback(|| async {
-            GatewayError::MethodNotAllowed("this endpoint does not take that method")
+        .fallback(|State(g): State<Arc<Gateway>>, req: Request| async move {
+            refused(&g, settled_id(&req), GatewayError::NotFound(UNKNOWN_PATH.into()))
+        })
+        .method_not_allowed_fallback(|State(g): State<Arc<Gateway>>, req: Request| async move {
+            let e = GatewayError::MethodNotAllowed("this endpoint does not take that method");
+            refused(&g, settled_id(&req), e)
         })
         .layer(axum::middleware::from_fn_with_state(gateway.clone(), request_id))
         .with_state(gateway)
@@ -47,8 +50,7 @@ struct RequestId(String);
 
 /// The router's side of [`identified`]: the ID goes into the request for the handlers.
 pub(crate) async fn request_id(State(g): State<Arc<Gateway>>, req: Request, next: Next) -> Response {
-    let limit = g.config.server.max_header_bytes;
-    identified(limit, req, |id, mut req| async move {
+    identified(&g, req, |id, mut req| async move {
         req.extensions_mut().insert(RequestId(id.clone()));
         let mut response = next.run(req).await;
         stamp(&mut response, &id);
@@ -78,10 +80,10 @@ pub(crate) async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
 /// The 404's message for a path the gateway does not serve (here, and through the endpoint picker).
 pub(crate) const UNKNOWN_PATH: &str = "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models";
 
-async fn models(State(g): State<Arc<Gateway>>, headers: HeaderMap) -> Response {
-    match model_list(&g, &headers) {
+async fn models(State(g): State<Arc<Gateway>>, req: Request) -> Response {
+    match model_list(&g, req.headers()) {
         Ok(list) => axum::Json(list).into_response(),
-        Err(e) => e.into_response(),
+        Err(e) => refused(&g, settled_id(&req), e),
     }
 }
 
@@ -111,21 +113,21 @@ pub(crate) fn model_list(
 
 async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    into_hyper(handle(g, None, Api::Chat, id, req).await)
+    into_hyper(handle(&g, None, Api::Chat, id, req).await)
 }
 
 async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    into_hyper(handle(g, None, Api::Completions, id, req).await)
+    into_hyper(handle(&g, None, Api::Completions, id, req).await)
 }
 
 async fn embeddings(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     let id = settled_id(&req);
-    into_hyper(handle(g, None, Api::Embeddings, id, req).await)
+    into_hyper(handle(&g, None, Api::Embeddings, id, req).await)
 }
 
 /// The request ID the middleware settled (or a new one, for a router without it).
-fn settled_id(req: &Request) -> String {
+pub(crate) fn settled_id(req: &Request) -> String {
     match req.extensions().get::<RequestId>() {
         Some(RequestId(id)) => id.clone(),
         None => prepare::request_id(req.headers()),
@@ -139,15 +141,18 @@ fn settled_id(req: &Request) -> String {
 /// [`router`], which answers them as before.
 #[derive(Clone)]
 pub(crate) struct HyperService {
-    /// `None` on connections over the limit: the router answers everything there.
-    gateway: Option<Arc<Gateway>>,
+    gateway: Arc<Gateway>,
+    /// False on connections over the limit: the router answers everything there.
+    completions: bool,
     router: TowerToHyperService<Router>,
 }
 
 impl HyperService {
-    pub(crate) fn new(gateway: Option<Arc<Gateway>>, router: Router) -> HyperService {
+    /// With `completions`, the completion endpoints go straight to the request path.
+    pub(crate) fn new(gateway: Arc<Gateway>, completions: bool, router: Router) -> HyperService {
         HyperService {
             gateway,
+            completions,
             router: TowerToHyperService::new(router),
         }
     }
@@ -160,8 +165,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
 
     fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
         if let Err(e) = host_checked(&req) {
-            let mut response = e.into_response();
-            stamp(&mut response, &prepare::request_id(req.headers()));
+            let response = refused(&self.gateway, prepare::request_id(req.headers()), e);
             return Box::pin(std::future::ready(Ok(response)));
         }
         let api = match (req.method(), req.uri().path()) {
@@ -170,9 +174,9 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
             (&Method::POST, "/v1/embeddings") => Some(Api::Embeddings),
             _ => None,
         };
-        match (api, &self.gateway) {
-            (Some(api), Some(g)) => {
-                let g = g.clone();
+        match api {
+            Some(api) if self.completions => {
+                let g = self.gateway.clone();
                 Box::pin(async move { Ok(into_hyper(completion(g, None, api, req).await)) })
             }
             _ => Box::pin(self.router.call(req)),

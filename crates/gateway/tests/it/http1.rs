@@ -224,6 +224,97 @@ async fn every_answer_carries_its_request_id_and_server_timing() {
     }
 }
 
+/// Issue 47: a 400 `invalid_host` and a 431 `headers_too_large` wrote no access-log line, and
+/// neither did the other answers made before the request path (the router's 404 and 405, the
+/// 503 of a connection over `max_connections`). Each is logged with its request's ID, status
+/// and code, whichever server read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refusals_before_the_request_path_are_logged() {
+    let chat = small_chat();
+    let big = format!("Host: x\r\nX-Big: {}\r\n", "b".repeat(3000));
+    let cases = [
+        (
+            post(
+                "/v1/chat/completions",
+                "Host: a\r\nHost: b\r\nX-Request-Id: host-1\r\n",
+                &chat,
+            ),
+            "host-1",
+            400,
+            "invalid_host",
+        ),
+        (
+            "GET /v1/models HTTP/1.1\r\nX-Request-Id: host-2\r\n\r\n".to_owned(),
+            "host-2",
+            400,
+            "invalid_host",
+        ),
+        (
+            post(
+                "/v1/chat/completions",
+                &format!("{big}X-Request-Id: big-1\r\n"),
+                &chat,
+            ),
+            "big-1",
+            431,
+            "headers_too_large",
+        ),
+        (
+            format!("GET /health HTTP/1.1\r\n{big}X-Request-Id: big-2\r\n\r\n"),
+            "big-2",
+            431,
+            "headers_too_large",
+        ),
+        (
+            post("/nope", "Host: x\r\nX-Request-Id: path-1\r\n", &chat),
+            "path-1",
+            404,
+            "not_found",
+        ),
+        (
+            "GET /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Request-Id: method-1\r\n\r\n".to_owned(),
+            "method-1",
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    let logged = |stack: &Stack, id: &'static str, status: u16, code: &'static str| {
+        let records = stack.records();
+        let found = records
+            .iter()
+            .any(|r| r.id == id && r.status == status && r.outcome == code);
+        (found, records)
+    };
+    for mode in MODES {
+        let limited = stack(mode, ", max_header_bytes: 2048").await;
+        for (request, id, status, code) in &cases {
+            let (id, status, code) = (*id, *status, *code);
+            let a = first_answer(&limited, request.as_bytes(), Duration::from_secs(5)).await;
+            assert_eq!(a.map(|a| a.status), Some(status), "{mode}: {id}");
+            let (found, records) = logged(&limited, id, status, code);
+            assert!(found, "{mode}: no line for {id} ({status} {code}): {records:?}");
+        }
+        // The one connection allowed, held open: the next gets 503.
+        let full = stack(mode, ", max_connections: 1").await;
+        let mut held = BufReader::new(TcpStream::connect(addr(&full)).await.unwrap());
+        held.get_mut()
+            .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(read_answer(&mut held).await.map(|a| a.status), Some(200));
+        let request = post(
+            "/v1/chat/completions",
+            "Host: x\r\nX-Request-Id: over-1\r\n",
+            &chat,
+        );
+        let a = first_answer(&full, request.as_bytes(), Duration::from_secs(5)).await;
+        assert_eq!(a.map(|a| a.status), Some(503), "{mode}");
+        let (found, records) = logged(&full, "over-1", 503, "too_many_connections");
+        assert!(found, "{mode}: {records:?}");
+        drop(held);
+    }
+}
+
 /// A gateway in front of one scripted replica that answers every POST with `answer` (and
 /// keeps the connection: an answer cut short stalls there).
 async fn in_front_of(answer: Vec<u8>, server: &str) -> Stack {
@@ -252,6 +343,28 @@ async fn an_empty_2xx_is_relayed_as_it_came() {
     assert!(r.headers().get("content-type").is_none(), "{:?}", r.headers());
     assert!(r.headers().get("x-request-id").is_some());
     assert_eq!(r.bytes().await.unwrap().len(), 0);
+}
+
+/// Issue 47: the gateway's own HTTP/1.1 answered a replica's 204 with `content-length: 0`, which
+/// RFC 9110 §8.6 forbids (hyper's server sends none). Under either server the 204 has no framing
+/// field, and the connection serves the next request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_204_says_nothing_of_a_body() {
+    let (replica, _) =
+        crate::vllm::scripted("sim", None, |_| b"HTTP/1.1 204 No Content\r\n\r\n".to_vec()).await;
+    for mode in MODES {
+        let stack = Stack::start(vec![], &config(mode, "").replace("{E0}", &replica)).await;
+        let mut r = BufReader::new(TcpStream::connect(addr(&stack)).await.unwrap());
+        let request = post("/v1/chat/completions", "Host: x\r\n", &small_chat());
+        for i in 0..2 {
+            r.get_mut().write_all(request.as_bytes()).await.unwrap();
+            let a = read_answer(&mut r).await.expect("an answer");
+            assert_eq!(a.status, 204, "{mode}, request {i}");
+            for field in ["content-length", "transfer-encoding"] {
+                assert_eq!(a.header(field), None, "{mode}, request {i}: {:?}", a.headers);
+            }
+        }
+    }
 }
 
 /// B09: a replica's 4xx whose body was over 64 KiB reached the client with an empty body; it is
@@ -360,6 +473,90 @@ async fn a_whole_answer_is_bounded_by_max_response_bytes() {
                     .contains("max_response_bytes")
             );
         }
+    }
+}
+
+/// A replica's chunked answer to a chat completion: `chunks` (each a size line and its data, as
+/// written), then the last chunk and `trailer` (its fields and the blank line).
+fn chunked_answer(stream: bool, chunks: &str, trailer: &str) -> Vec<u8> {
+    let kind = if stream {
+        "text/event-stream"
+    } else {
+        "application/json"
+    };
+    format!(
+        "HTTP/1.1 200 OK\r\ncontent-type: {kind}\r\ntransfer-encoding: chunked\r\n\r\n{chunks}0\r\n{trailer}"
+    )
+    .into_bytes()
+}
+
+/// What a replica says in a stream of one token, or in a whole answer.
+fn answer_data(stream: bool) -> &'static str {
+    if stream {
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n"
+    } else {
+        r#"{"id":"x","object":"chat.completion","choices":[]}"#
+    }
+}
+
+/// Issue 47: a replica's chunk size of up to 2^64 − 1 was taken, so its data ran on until the
+/// replica closed: a whole answer waited for the total budget (600 s here), and a stream's
+/// client got `[DONE]`, then the replica's own framing (`\r\n0\r\n\r\n`) in its SSE body, then an
+/// error event. The size is refused at once: 502, and no framing byte reaches the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
+    for (stream, code) in [(true, "upstream_error"), (false, "upstream_response_too_large")] {
+        let data = answer_data(stream);
+        let chunks = format!("ffffffffffffffff\r\n{data}\r\n");
+        let stack = in_front_of(chunked_answer(stream, &chunks, "\r\n"), "").await;
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            let r = chat_through(&stack, stream).await;
+            (r.status().as_u16(), r.text().await.unwrap_or_default())
+        })
+        .await
+        .expect("answered at once, not at the total budget (600 s)");
+        let (status, text) = r;
+        assert!(
+            !text.contains("\r\n0\r\n"),
+            "stream {stream}: framing in the body: {text:?}"
+        );
+        assert_eq!(status, 502, "stream {stream}: {text:?}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["error"]["code"], code, "stream {stream}: {v}");
+    }
+}
+
+/// Issue 47: more than 99 trailer fields after a body already whole failed the answer (a 502 for
+/// a whole answer; a stream got `[DONE]`, then `upstream_stream_error`). The body, whole at its
+/// last chunk, reaches the client whole, and the answer is logged `ok`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trailers_past_the_limit_do_not_discard_a_whole_answer() {
+    let fields: String = (0..150).map(|i| format!("x-t{i}: v\r\n")).collect();
+    for stream in [false, true] {
+        let data = answer_data(stream);
+        let chunks = format!("{:x}\r\n{data}\r\n", data.len());
+        let stack = in_front_of(chunked_answer(stream, &chunks, &format!("{fields}\r\n")), "").await;
+        let r = chat_through(&stack, stream).await;
+        let status = r.status();
+        let (body, _, clean) = tokio::time::timeout(Duration::from_secs(20), read_stream(r))
+            .await
+            .expect("the answer ends");
+        assert_eq!(status, 200, "stream {stream}: {body}");
+        assert!(clean, "stream {stream}: ended as a whole one: {body}");
+        if stream {
+            assert!(
+                body.trim_end().ends_with("data: [DONE]"),
+                "nothing after [DONE]: {body}"
+            );
+            assert!(!body.contains("error"), "{body}");
+        } else {
+            assert_eq!(body, data);
+        }
+        let ok = crate::support::eventually(Duration::from_secs(5), || {
+            stack.records().iter().any(|r| r.outcome == "ok")
+        })
+        .await;
+        assert!(ok, "stream {stream}: {:?}", stack.records());
     }
 }
 

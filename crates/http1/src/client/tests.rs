@@ -18,7 +18,13 @@ fn decode_in_pieces(
     for &to in cuts.iter().chain(std::iter::once(&wire.len())) {
         buf.extend_from_slice(&wire[from..to]);
         from = to;
-        while decode(&mut framing, &mut buf, &mut |d| out.extend_from_slice(d), pieces)? {}
+        while decode(
+            &mut framing,
+            &mut buf,
+            &mut |d| out.extend_from_slice(d),
+            pieces,
+            MAX_CHUNK,
+        )? {}
     }
     Ok((out, framing))
 }
@@ -93,6 +99,7 @@ fn one_piece_at_a_time_leaves_the_rest_for_the_next_call() {
             &mut buf,
             &mut |d| got.push(d.to_vec()),
             Pieces::Until(&std::cell::Cell::new(true)),
+            MAX_CHUNK,
         )
         .unwrap()
         {
@@ -117,7 +124,7 @@ fn pieces_are_handed_over_until_the_caller_has_enough() {
         seen.set(seen.get() || d == b"x");
         got.push(d.to_vec());
     };
-    assert!(decode(&mut framing, &mut buf, &mut each, Pieces::Until(&seen)).unwrap());
+    assert!(decode(&mut framing, &mut buf, &mut each, Pieces::Until(&seen), MAX_CHUNK).unwrap());
     assert_eq!(got, [b"a".to_vec(), b"x".to_vec()]);
     assert_eq!(&buf[..], b"\r\n1\r\nb\r\n0\r\n\r\n");
 }
@@ -683,26 +690,32 @@ async fn a_request_a_reused_connection_took_is_not_sent_again() {
 /// hyper's client's limits on a chunked body's metadata, which the fuzz target
 /// `upstream_answer` found missing here (fuzz/findings/upstream_answer-trailer-section: 150
 /// short trailer fields, which hyper refuses): fewer than 100 trailer fields, a trailer section
-/// under 16 KiB, extensions under 16 KiB over the whole body.
+/// under 16 KiB, extensions under 16 KiB over the whole body. Past a trailer limit the body,
+/// whole at its last chunk, is kept (issue 47: the answer was refused whole, a 502), the rest
+/// of the section is not read and the connection is not reused.
 #[test]
 fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
     let answer = |body: &[u8]| {
         let mut a = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
         a.extend_from_slice(body);
-        decode_answer(&a, &[]).map(|d| d.body)
+        decode_answer(&a, &[])
     };
+    // The body, whether the connection lives on, and where a cut trailer section began.
+    let kept = |d: Decoded| (d.body, d.reusable, d.trailers_cut);
+    let head = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n".len();
     let trailers = |n: usize| {
         let lines: String = (0..n).map(|i| format!("x-t{i}: v\r\n")).collect();
         answer(format!("2\r\nok\r\n0\r\n{lines}\r\n").as_bytes())
     };
-    assert_eq!(trailers(99).unwrap(), b"ok");
-    assert!(matches!(trailers(100), Err(Error::Protocol(_))));
-    assert!(matches!(trailers(150), Err(Error::Protocol(_))));
-    // One trailer field of `len` bytes with its CR LF, then the blank line.
-    let section = |len: usize| {
-        let value = "v".repeat(len - "x: \r\n".len());
-        answer(format!("0\r\nx: {value}\r\n\r\n").as_bytes())
-    };
+    assert_eq!(kept(trailers(99).unwrap()), (b"ok".to_vec(), true, None));
+    for n in [100, 150] {
+        let d = trailers(n).unwrap();
+        assert_eq!(
+            d.consumed - head,
+            (0..99).map(|i| format!("x-t{i}: v\r\n").len()).sum::<usize>()
+        );
+        assert_eq!(kept(d), (b"ok".to_vec(), false, Some(head)), "{n} fields");
+    }
     // Lines are at most 4 KiB: the section is made of several.
     let long = |total: usize| {
         let mut lines = String::new();
@@ -717,11 +730,21 @@ fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
             left -= len;
             i += 1;
         }
-        answer(format!("0\r\n{lines}\r\n").as_bytes())
+        answer(format!("2\r\nok\r\n0\r\n{lines}\r\n").as_bytes())
     };
-    assert!(section(100).is_ok());
-    assert!(long(16 * 1024 - 1).is_ok());
-    assert!(matches!(long(16 * 1024), Err(Error::Protocol(_))));
+    assert_eq!(kept(long(16 * 1024 - 1).unwrap()), (b"ok".to_vec(), true, None));
+    assert_eq!(
+        kept(long(16 * 1024).unwrap()),
+        (b"ok".to_vec(), false, Some(head))
+    );
+    // A trailer line over 4 KiB, which hyper would take, cuts the section too.
+    let d = answer(format!("2\r\nok\r\n0\r\nx: {}\r\n\r\n", "v".repeat(5000)).as_bytes());
+    assert_eq!(kept(d.unwrap()), (b"ok".to_vec(), false, Some(head)));
+    // A malformed field is still refused: the framing itself is in doubt.
+    assert!(matches!(
+        answer(b"2\r\nok\r\n0\r\nno colon\r\n\r\n"),
+        Err(Error::Protocol(_))
+    ));
     let extensions = |total: usize| {
         let per = 4000;
         let mut body = String::new();
@@ -732,8 +755,67 @@ fn trailers_and_extensions_are_bounded_as_hyper_bounds_them() {
             left -= n;
         }
         body.push_str("0\r\n\r\n");
-        answer(body.as_bytes())
+        answer(body.as_bytes()).map(|d| d.body)
     };
     assert!(extensions(16 * 1024 - 1).is_ok());
     assert!(matches!(extensions(16 * 1024), Err(Error::Protocol(_))));
+}
+
+/// Issue 47: a chunk size of up to 2^64 − 1 was taken, so the data read on until the replica
+/// closed: a whole answer waited for the total budget, and a stream's client got the replica's
+/// own framing (`\r\n0\r\n\r\n`) as data. A size over what the body may hold is refused at its
+/// line, with the connection still open and before any of the chunk is handed over.
+#[tokio::test]
+async fn a_chunk_size_no_answer_could_have_is_refused_at_once() {
+    let answer = |size: &str| {
+        format!(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n{size}\r\ndata: [DONE]\n\n\r\n0\r\n\r\n"
+        )
+    };
+    // Whole, within a limit of 1,000 bytes: the replica keeps the connection open.
+    let (url, _server) = serve_script(vec![answer("ffffffffffffffff")], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    let r = tokio::time::timeout(Duration::from_secs(5), body.collect(1000))
+        .await
+        .expect("refused at once, not read until the replica closes");
+    assert!(matches!(r, Err(Error::TooLarge(1000))), "{r:?}");
+    // Read as a stream is: one chunk over 16 MiB.
+    let (url, _server) = serve_script(vec![answer(&format!("{:x}", MAX_CHUNK + 1))], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let mut body = call(&conns).await.unwrap().into_body();
+    let mut data = Vec::new();
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        body.read(&mut |d| data.extend_from_slice(d)),
+    )
+    .await
+    .expect("refused at once");
+    assert!(matches!(r, Err(Error::TooLarge(_))), "{r:?}");
+    assert!(
+        data.is_empty(),
+        "handed over: {:?}",
+        String::from_utf8_lossy(&data)
+    );
+    // As the fuzz target reads answers; a chunk of the most allowed is taken.
+    let r = decode_answer(answer("ffffffffffffffff").as_bytes(), &[]);
+    assert!(matches!(r, Err(Error::TooLarge(_))), "{r:?}");
+    let (url, _server) = serve_script(vec![answer("e")], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    assert_eq!(&body.collect(14).await.unwrap()[..], b"data: [DONE]\n\n");
+}
+
+/// Issue 47: an answer whose trailer section went past hyper's limits was refused whole (a 502
+/// for a body already whole). Its body is read whole, and its connection closed, not pooled,
+/// with the rest of the section unread.
+#[tokio::test]
+async fn a_body_whose_trailers_are_cut_is_whole_and_its_connection_closed() {
+    let fields: String = (0..150).map(|i| format!("x-t{i}: v\r\n")).collect();
+    let answer = format!("HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n{fields}\r\n");
+    let (url, _server) = serve_script(vec![answer], false).await;
+    let conns = Arc::new(Conns::new(&url));
+    let body = call(&conns).await.unwrap().into_body();
+    assert_eq!(&body.collect(100).await.unwrap()[..], b"ok");
+    assert_eq!(conns.idle_count(), 0, "not pooled");
 }

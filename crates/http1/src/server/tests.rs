@@ -322,7 +322,8 @@ async fn bytes_taken_restart_the_send_timeout() {
 
 /// A handler for scripted connections: it serves any POST whose head [`RequestHead::parse`]
 /// takes, answering `<method> <target> <body>` whole (or as a stream of one chunk per body
-/// byte when the target is `/stream`), and notes what it saw and what was handed over.
+/// byte when the target is `/stream`, with the status `N` when it is `/status/N`), and notes
+/// what it saw and what was handed over.
 #[derive(Clone, Default)]
 struct Script {
     seen: Arc<std::sync::Mutex<Vec<String>>>,
@@ -413,7 +414,11 @@ impl<IO: AsyncRead + AsyncWrite + Unpin + Send> Handler<IO> for Script {
         if request.uri.path() == "/stream" {
             return http::Response::new(Reply::Stream(Bytewise(body.to_vec())));
         }
-        http::Response::new(Reply::Body(Text(Some(text.into()))))
+        let mut response = http::Response::new(Reply::Body(Text(Some(text.into()))));
+        if let Some(status) = request.uri.path().strip_prefix("/status/") {
+            *response.status_mut() = status.parse().unwrap();
+        }
+        response
     }
 
     async fn closed(&mut self) {
@@ -615,4 +620,21 @@ async fn streams_are_chunked_and_a_body_cut_short_is_not_served() {
         assert_eq!(out, "", "closed after {end} bytes");
         assert!(script.seen.lock().unwrap().is_empty(), "closed after {end} bytes");
     }
+}
+
+/// Issue 47: a 204 went out with `content-length: 0` (and any body the handler gave), which RFC
+/// 9110 §8.6 forbids; hyper's server writes none. A 204 or 304 says nothing of a body and has
+/// none, and the connection goes on to the next request.
+#[tokio::test]
+async fn a_204_or_304_has_no_framing_field_and_no_body() {
+    let post = |target: &str| format!("POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+    let wire = [post("/status/204"), post("/status/304"), post("/a")].concat();
+    let (out, _) = converse(wire.as_bytes(), &[]).await;
+    let want = [
+        "HTTP/1.1 204 No Content\r\ndate: -\r\n\r\n",
+        "HTTP/1.1 304 Not Modified\r\ndate: -\r\n\r\n",
+        &whole("/a", "hello"),
+    ]
+    .concat();
+    assert_eq!(out, want);
 }

@@ -65,7 +65,16 @@ where
     }
 }
 
-/// The status line, the fields `fields` writes, the headers, then hyper's framing and `date`.
+/// Whether an answer with `status` has a body: a 1xx, 204 or 304 has none, and its head says
+/// nothing of one (RFC 9110 §8.6, RFC 9112 §6.1), as hyper's server writes them.
+pub(crate) fn has_body(status: http::StatusCode) -> bool {
+    !(status.is_informational()
+        || status == http::StatusCode::NO_CONTENT
+        || status == http::StatusCode::NOT_MODIFIED)
+}
+
+/// The status line, the fields `fields` writes, the headers, then hyper's framing (none for a
+/// status without a body) and `date`.
 pub(crate) fn encode_head(
     out: &mut BytesMut,
     parts: &http::response::Parts,
@@ -92,6 +101,7 @@ pub(crate) fn encode_head(
         encode_field(out, name.as_str().as_bytes(), value.as_bytes());
     }
     match length {
+        _ if !has_body(status) => {}
         Some(n) => {
             let _ = write!(Writer(out), "content-length: {n}\r\n");
         }
