@@ -38,7 +38,7 @@ pub(crate) const MAX_EVENT: usize = 1024 * 1024;
 
 /// After `[DONE]`, how long the replica has to end its body before the stream is ended for it:
 /// the client has its whole answer, and its slot is not held for `stream_idle` meanwhile.
-const DONE_GRACE: Duration = Duration::from_secs(1);
+pub(crate) const DONE_GRACE: Duration = Duration::from_secs(1);
 
 /// A stream's upstream side and what the client gets of it: the replica's body, the splitter,
 /// how events are passed on, and the bytes not yet written. [`open`] fills it until the first

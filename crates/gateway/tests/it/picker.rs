@@ -676,3 +676,79 @@ async fn an_error_event_before_the_first_token_becomes_a_503_through_envoy() {
     assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
     assert_eq!(gateway.records()[0].outcome, "upstream_busy");
 }
+
+/// `[DONE]` with the first token, then a body that never ends, in every replica style: through
+/// Envoy, the client's stream ends cleanly a moment after `[DONE]` (not at `stream_idle` with an
+/// error event), the model renamed, and the log says what happened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_then_no_end_of_body_ends_the_stream_through_envoy_in_every_style() {
+    for style in engine::SseStyle::ALL {
+        let name = style.name();
+        let events = style.restyle(
+            b"data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0 \"}}]}\n\ndata: [DONE]\n\n",
+        );
+        // A body delimited by the connection's close, which never comes.
+        let mut answer =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n".to_vec();
+        answer.extend_from_slice(&events);
+        // Answers the first request and holds its connection open, reading on, until the test ends.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let replica = format!("http://{}", listener.local_addr().unwrap());
+        let _held = tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(&answer).await.unwrap();
+            while conn.read(&mut buf).await.unwrap_or(0) > 0 {}
+        });
+        let yaml = config(1).replace(
+            "    balance: least_outstanding",
+            "    balance: least_outstanding\n    health: { enabled: false }\n    timeouts: { connect: 200ms, first_token: 2s, stream_idle: 10s, total: 20s }",
+        );
+        let gateway = testkit::Gateway::start(&yaml, std::slice::from_ref(&replica)).await;
+        let addr: SocketAddr = replica.trim_start_matches("http://").parse().unwrap();
+        let envoy = Envoy::start(&asking(&gateway, vec![addr])).await;
+        let started = tokio::time::Instant::now();
+        let r = http()
+            .post(format!("{}/v1/chat/completions", envoy.url))
+            .json(&chat("chat", 8, true))
+            .send()
+            .await
+            .unwrap();
+        let status = r.status();
+        let (body, _, clean) = read_stream(r).await;
+        let took = started.elapsed();
+        assert_eq!(status, 200, "{name}: {body}");
+        assert!(clean, "{name}: {body}");
+        let kinds: Vec<_> = {
+            let mut s = protocol::sse::EventSplitter::default();
+            let mut k = Vec::new();
+            s.feed(body.as_bytes(), |e| k.push(protocol::judge::reference::judge(&e)));
+            k.into_iter()
+                .filter(|e| e.kind != protocol::judge::Kind::Other)
+                .collect()
+        };
+        assert_eq!(kinds.len(), 2, "{name}: {body}");
+        assert_eq!(kinds[0].model.as_deref(), Some("chat"), "{name}: {body}");
+        assert_eq!(kinds[1].kind, protocol::judge::Kind::Done, "{name}: {body}");
+        assert!(
+            took < Duration::from_secs(5),
+            "{name}: ended after {took:?}, not at stream_idle"
+        );
+        assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
+        let rec = &gateway.records()[0];
+        assert_eq!(
+            (rec.outcome, rec.note),
+            ("ok", Some("upstream_body_not_ended")),
+            "{name}"
+        );
+    }
+}

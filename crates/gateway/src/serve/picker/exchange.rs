@@ -10,7 +10,7 @@ use crate::error::{Cut, GatewayError, Invalid};
 use crate::event::{EarlyError, Event, EventKind};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
-use crate::path::relay::{MAX_EVENT, pass_on, too_large_message};
+use crate::path::relay::{DONE_GRACE, MAX_EVENT, pass_on, too_large_message};
 use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
 use crate::route::{Observation, Route};
@@ -191,6 +191,7 @@ async fn inference(
         budgets,
         last_data: Instant::now(),
         held: None,
+        done_by: None,
     };
     relay.run(s, ex).await;
 }
@@ -342,6 +343,8 @@ struct Response<'a> {
     last_data: Instant,
     /// A stream's head, and the events before its first token, until that token.
     held: Option<(ProcessingResponse, BytesMut)>,
+    /// Once `[DONE]` has come, when the replica's body must have ended (the relay's grace).
+    done_by: Option<Instant>,
 }
 
 impl Response<'_> {
@@ -370,14 +373,29 @@ impl Response<'_> {
                         timer.as_mut().reset(due);
                         continue;
                     }
-                    Err(self.expired())
+                    if self.done_by.is_some() && Instant::now() < self.budgets.deadline {
+                        Err(None)
+                    } else {
+                        Err(Some(self.expired()))
+                    }
                 }
-                _ = stop.wait_for(|stop| *stop) => Err(Cut::Drain),
+                _ = stop.wait_for(|stop| *stop) => Err(Some(Cut::Drain)),
             };
             let m = match cut {
                 Ok(m) => m,
-                Err(cut) => {
+                Err(Some(cut)) => {
                     self.cut(s, &mut ex, cut).await;
+                    return;
+                }
+                Err(None) => {
+                    // `[DONE]` came and the replica's body has not ended since: the client has
+                    // its whole stream, whose body ends here as if the replica's had, and Envoy
+                    // closes the replica's request.
+                    ex.record.note = Some("upstream_body_not_ended");
+                    self.mode = Mode::Cut;
+                    let mut replies = Vec::new();
+                    envoy::body(false, &[], true, &mut replies);
+                    let _ = s.send_all(replies).await;
                     return;
                 }
             };
@@ -447,6 +465,9 @@ impl Response<'_> {
         }
         if !self.stream {
             return b.deadline;
+        }
+        if let Some(by) = self.done_by {
+            return by.min(b.deadline);
         }
         (self.last_data + self.route.config.timeouts.stream_idle).min(b.deadline)
     }
@@ -644,6 +665,10 @@ impl Response<'_> {
                     // Its first event with tokens: the replica works.
                     self.served = true;
                     self.route.observe(&r.replica, Observation::Served);
+                }
+                if ex.ended() && self.done_by.is_none() {
+                    // `[DONE]` has come: the body's end should follow at once.
+                    self.done_by = Some(now + DONE_GRACE);
                 }
                 if splitter.held() > MAX_EVENT {
                     out.extend_from_slice(&splitter.rest());
