@@ -2,9 +2,10 @@
 //! the SSE relay's splitting and classification.
 
 use admission::{Admission, Claim, Fairness, Limits, Priority};
+use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use protocol::sse::EventSplitter;
-use spillway_gateway::event::classify;
+use spillway_gateway::event::{Event, Rename, classify};
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -71,10 +72,15 @@ fn relay(c: &mut Criterion) {
     let reasoning = br#"data: {"id":"chatcmpl-0000000000000001","object":"chat.completion.chunk","created":1795977379,"model":"spillway-sim","choices":[{"index":0,"delta":{"reasoning":" below"},"logprobs":null,"finish_reason":null}]}
 
 "#;
+    // The same chunk as Python's json.dumps writes it.
+    let dumps = br#"data: {"id": "chatcmpl-0000000000000001", "object": "chat.completion.chunk", "created": 1795977379, "model": "spillway-sim", "choices": [{"index": 0, "delta": {"content": " below"}, "logprobs": null, "finish_reason": null}]}
+
+"#;
     let mut g = c.benchmark_group("relay");
     for (name, chunk) in [
         ("split_and_classify_16_chunks", &chunk[..]),
         ("split_and_classify_16_reasoning_chunks", &reasoning[..]),
+        ("split_and_classify_16_dumps_chunks", &dumps[..]),
     ] {
         let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
         g.throughput(Throughput::Bytes(stream.len() as u64));
@@ -91,6 +97,21 @@ fn relay(c: &mut Criterion) {
             })
         });
     }
+    // What the relay does with each event: judged once, renamed, appended to the client's bytes.
+    let rename = Rename::new("spillway-sim", "corp-chat");
+    let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
+    g.throughput(Throughput::Bytes(stream.len() as u64));
+    g.bench_function("split_judge_rename_append_16_chunks", |b| {
+        let mut out = BytesMut::with_capacity(8192);
+        b.iter(|| {
+            out.clear();
+            let mut s = EventSplitter::default();
+            s.feed_slices(black_box(&stream), |e| {
+                Event::read(e).append(Some(&rename), &mut out);
+            });
+            assert!(out.len() > stream.len() / 2);
+        })
+    });
     g.finish();
 }
 

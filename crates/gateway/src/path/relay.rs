@@ -53,7 +53,8 @@ pub(crate) struct Events {
     /// hyper's body takes them as pieces split off the front.
     out: BytesMut,
     /// An error event that came before any token ([`open`] answers it in place of the stream).
-    early_error: Option<EarlyError>,
+    /// (Boxed: it is rare, and the relay's state stays small.)
+    early_error: Option<Box<EarlyError>>,
 }
 
 /// What one read of the upstream brought.
@@ -105,7 +106,7 @@ impl Events {
                 // Only before the first token (`open`'s reads): an error there is answered as
                 // the status it names, so it is kept back rather than passed on.
                 if until_token && !token.get() && e.kind() == EventKind::Error {
-                    *early_error = Some(e.early_error());
+                    *early_error = Some(Box::new(e.early_error()));
                     token.set(true);
                     return;
                 }
@@ -166,7 +167,7 @@ pub(crate) async fn open(
         match tokio::time::timeout_at(deadline, read).await {
             Ok(Ok(_)) if events.early_error.is_some() => {
                 if let Some(early) = events.early_error.take() {
-                    return Ok(Opened::Error(early));
+                    return Ok(Opened::Error(*early));
                 }
             }
             Ok(Ok(_)) if events.event_too_large() => {

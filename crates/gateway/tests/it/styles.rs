@@ -124,7 +124,11 @@ async fn every_style_is_cut_at_first_token_and_at_stream_idle() {
             .await
         );
         assert!(eventually(Duration::from_secs(2), || stack.records().len() == 1).await);
-        assert_eq!(stack.records()[0].tokens_out.is_some(), true, "{name}");
+        assert_eq!(
+            stack.records()[0].tokens_out,
+            Some(3),
+            "{name}: the tokens relayed before the cut"
+        );
     }
 }
 
