@@ -30,9 +30,16 @@ impl<'a> Event<'a> {
         self.data.as_ref().map_or(&[][..], Data::bytes)
     }
 
-    /// `(prompt, completion)` from the event's `usage`, if it has one the gateway can count.
+    /// `(prompt, completion)` from the event's `usage`, if it has one the gateway can count: the
+    /// usage chunk's, or a chunk's that counts what was generated so far (vLLM's continuous usage
+    /// stats); a count of the prompt alone on a token's chunk is not taken for "nothing
+    /// generated".
     pub fn usage(&self) -> Option<(u32, u32)> {
-        self.judgement.usage.and_then(|u| u.pair())
+        let u = self.judgement.usage?;
+        if self.kind() != EventKind::Usage && u.completion_tokens.is_none() {
+            return None;
+        }
+        u.pair()
     }
 
     /// The event as an answer in place of the stream: the status its error's `code` names, and
@@ -52,18 +59,25 @@ impl<'a> Event<'a> {
 
     /// Appends the event to `out`, the public model name in place of the replica's.
     pub fn append(&self, rename: Option<&Rename>, out: &mut BytesMut) {
-        let renamed = rename.zip(self.data.as_ref()).and_then(|(r, data)| {
-            judge::renamed(data.bytes(), &self.judgement.models, &r.upstream, &r.public)
-                .map(|new| (data, new))
-        });
-        match renamed {
-            None => out.extend_from_slice(self.raw),
-            Some((Data::Line { value, at }, new)) => {
-                out.extend_from_slice(&self.raw[..*at]);
-                out.extend_from_slice(&new);
-                out.extend_from_slice(&self.raw[at + value.len()..]);
+        let (Some(r), Some(data)) = (rename, self.data.as_ref()) else {
+            out.extend_from_slice(self.raw);
+            return;
+        };
+        let models = &self.judgement.models;
+        if let Data::Line { at, .. } = data {
+            // The name spliced straight into `out`: no copy of the event but the one.
+            let mut copied = 0;
+            for span in judge::matching(data.bytes(), models, &r.upstream) {
+                out.extend_from_slice(&self.raw[copied..at + span.start]);
+                out.extend_from_slice(&r.public);
+                copied = at + span.end;
             }
-            Some((Data::Joined(_), new)) => {
+            out.extend_from_slice(&self.raw[copied..]);
+            return;
+        }
+        match judge::renamed(data.bytes(), models, &r.upstream, &r.public) {
+            None => out.extend_from_slice(self.raw),
+            Some(new) => {
                 // Data over several lines: the event's other fields as they were, then the new
                 // data, a `data:` line per line of it, and the blank line.
                 for line in lines(self.raw) {
@@ -108,7 +122,7 @@ pub fn classify(event: &[u8]) -> EventKind {
 /// A whole (non-streamed) answer: its usage, and its body with the public model name put back,
 /// from one parse.
 pub fn read_whole(body: Bytes, rename: Option<&Rename>) -> (Bytes, Option<(u32, u32)>) {
-    let j = judge::judge_data(&body);
+    let j = judge::judge_whole(&body);
     let usage = j.usage.and_then(|u| u.pair());
     let body = match rename.and_then(|r| judge::renamed(&body, &j.models, &r.upstream, &r.public)) {
         Some(new) => Bytes::from(new),
@@ -119,7 +133,7 @@ pub fn read_whole(body: Bytes, rename: Option<&Rename>) -> (Bytes, Option<(u32, 
 
 /// Reads `prompt_tokens` and `completion_tokens` out of a whole answer.
 pub fn parse_usage(json: &[u8]) -> Option<(u32, u32)> {
-    judge::judge_data(json).usage.and_then(|u| u.pair())
+    judge::judge_whole(json).usage.and_then(|u| u.pair())
 }
 
 /// Puts the public model name back where the replica wrote its own (the top-level `model`), so

@@ -22,7 +22,6 @@
 //! A key written twice counts as its last value, as in a parsed object.
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
 use std::fmt;
 use std::ops::Range;
 
@@ -220,8 +219,20 @@ pub fn judge(event: &[u8]) -> (Judgement, Option<Data<'_>>) {
     }
 }
 
-/// Judges an event's data, or a whole JSON answer.
+/// Judges an event's data.
 pub fn judge_data(data: &[u8]) -> Judgement {
+    judge_json(data, false)
+}
+
+/// Judges a whole (non-streamed) answer: as [`judge_data`], but the members it does not read are
+/// passed over as serde's `IgnoredAny` does (numbers not converted: an embeddings answer is
+/// thousands of them), so an answer a parse would refuse for a number out of range there is still
+/// read.
+pub fn judge_whole(data: &[u8]) -> Judgement {
+    judge_json(data, true)
+}
+
+fn judge_json(data: &[u8], lenient: bool) -> Judgement {
     if data.trim_ascii() == b"[DONE]" {
         return Judgement::of_kind(Kind::Done);
     }
@@ -231,14 +242,28 @@ pub fn judge_data(data: &[u8]) -> Judgement {
         return Judgement::of_kind(Kind::Other);
     };
     let mut de = serde_json::Deserializer::from_str(text);
-    let top = match (TopSeed {
+    let mut top = match (TopSeed {
         base: text.as_ptr() as usize,
+        lenient,
     })
     .deserialize(&mut de)
     {
         Ok(Some(top)) if de.end().is_ok() => top,
         _ => return Judgement::of_kind(Kind::Other),
     };
+    if top.escaped {
+        // A string written with escapes is lent by no reader: its place is found by a scan of
+        // the (valid) object's top level.
+        top.id = top.id.and(member_spans(data, "id").pop().flatten());
+        let spans = member_spans(data, "model");
+        if spans.len() == top.models.iter().count() {
+            let mut models = Models::default();
+            for (seen, span) in top.models.iter().zip(spans) {
+                models.push(seen.as_ref().and(span));
+            }
+            top.models = models;
+        }
+    }
     let choices = top.choices.unwrap_or_default();
     let kind = if top.error {
         Kind::Error
@@ -307,6 +332,8 @@ struct Top {
     error_info: Option<ErrorInfo>,
     id: Option<Range<usize>>,
     models: Models,
+    /// A string span above was written with escapes: its range is a placeholder until scanned.
+    escaped: bool,
 }
 
 /// What a `choices` value holds.
@@ -321,6 +348,8 @@ struct Choices {
 struct TopSeed {
     /// Where the data starts in memory: spans are offsets from it.
     base: usize,
+    /// Members not read are passed over without converting their numbers ([`judge_whole`]).
+    lenient: bool,
 }
 
 impl<'de> DeserializeSeed<'de> for TopSeed {
@@ -350,13 +379,17 @@ impl<'de> Visitor<'de> for TopSeed {
                     top.error_info = e.info;
                 }
                 Key::Id => {
-                    let raw = map.next_value::<&'de RawValue>()?;
-                    top.id = string_span(raw, self.base).map_err(de::Error::custom)?;
+                    let span = map.next_value_seed(SpanSeed { base: self.base })?;
+                    top.escaped |= span.escaped;
+                    top.id = span.range;
                 }
                 Key::Model => {
-                    let raw = map.next_value::<&'de RawValue>()?;
-                    top.models
-                        .push(string_span(raw, self.base).map_err(de::Error::custom)?);
+                    let span = map.next_value_seed(SpanSeed { base: self.base })?;
+                    top.escaped |= span.escaped;
+                    top.models.push(span.range);
+                }
+                _ if self.lenient => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
                 }
                 _ => {
                     map.next_value::<Skip>()?;
@@ -391,19 +424,135 @@ impl<'de> Visitor<'de> for TopSeed {
     }
 }
 
-/// The span of a raw value that is a JSON string, as offsets from `base`; `Ok(None)` for another
-/// value. serde_json lends a raw value without checking it as closely as a parse does (numbers out
-/// of range, nesting), so it is checked here as it would be where it stands: a string alone, any
-/// other value one level down.
-fn string_span(raw: &RawValue, base: usize) -> Result<Option<Range<usize>>, serde_json::Error> {
-    let text = raw.get();
-    if !text.starts_with('"') {
-        serde_json::from_str::<Skip>(&format!("[{text}]"))?;
-        return Ok(None);
+/// Where a string value is written, quotes included, as offsets from `base`: serde_json lends an
+/// unescaped string out of the input, so its place is known without a second look; an escaped one
+/// is marked for [`member_spans`]. `range` is `None` for a value that is not a string.
+struct SpanSeed {
+    base: usize,
+}
+
+struct Span {
+    range: Option<Range<usize>>,
+    escaped: bool,
+}
+
+impl<'de> DeserializeSeed<'de> for SpanSeed {
+    type Value = Span;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_any(self)
     }
-    serde_json::from_str::<Skip>(text)?;
-    let start = (text.as_ptr() as usize).saturating_sub(base);
-    Ok(Some(start..start + text.len()))
+}
+
+impl<'de> Visitor<'de> for SpanSeed {
+    type Value = Span;
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any value")
+    }
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        let start = (s.as_ptr() as usize).saturating_sub(self.base).saturating_sub(1);
+        Ok(Span {
+            range: Some(start..start + s.len() + 2),
+            escaped: false,
+        })
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(Span {
+            range: Some(0..0),
+            escaped: true,
+        })
+    }
+    passes_over!(Span {
+        range: None,
+        escaped: false
+    });
+    passes_over_seq!(Span {
+        range: None,
+        escaped: false
+    });
+    passes_over_map!(Span {
+        range: None,
+        escaped: false
+    });
+}
+
+/// The spans of the values of the top-level members named `name` of a JSON object known to be
+/// valid, in order: `Some` for a string (quotes included), `None` for another value.
+fn member_spans(data: &[u8], name: &str) -> Vec<Option<Range<usize>>> {
+    let blanks = |mut i: usize| {
+        while data.get(i).is_some_and(|b| b.is_ascii_whitespace()) {
+            i += 1;
+        }
+        i
+    };
+    // Just past the string that starts at `i`.
+    let string_end = |mut i: usize| {
+        i += 1;
+        while let Some(b) = data.get(i) {
+            match b {
+                b'\\' => i += 2,
+                b'"' => return i + 1,
+                _ => i += 1,
+            }
+        }
+        i
+    };
+    // Just past the value that starts at `i`.
+    let value_end = |i: usize| match data.get(i) {
+        Some(b'"') => string_end(i),
+        Some(b'{' | b'[') => {
+            let (mut depth, mut j) = (0usize, i);
+            while let Some(b) = data.get(j) {
+                match b {
+                    b'"' => {
+                        j = string_end(j);
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return j + 1;
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            j
+        }
+        _ => {
+            let mut j = i;
+            while data
+                .get(j)
+                .is_some_and(|b| !matches!(b, b',' | b'}' | b']') && !b.is_ascii_whitespace())
+            {
+                j += 1;
+            }
+            j
+        }
+    };
+    let mut out = Vec::new();
+    let mut i = blanks(0);
+    if data.get(i) != Some(&b'{') {
+        return out;
+    }
+    i = blanks(i + 1);
+    while data.get(i) == Some(&b'"') {
+        let key_end = string_end(i);
+        let key = decode_str(&data[i..key_end.min(data.len())]);
+        let v = blanks(blanks(key_end) + 1);
+        let end = value_end(v);
+        if key.as_deref() == Some(name) {
+            out.push((data.get(v) == Some(&b'"')).then_some(v..end));
+        }
+        i = blanks(end);
+        if data.get(i) != Some(&b',') {
+            break;
+        }
+        i = blanks(i + 1);
+    }
+    out
 }
 
 /// Any JSON value, read as closely as a parse into `serde_json::Value` reads it (serde's
@@ -798,19 +947,29 @@ impl<'de> Visitor<'de> for StrValue {
     passes_over_map!(StrValue(None));
 }
 
-/// Puts `to` (a JSON string, quotes included) in place of every top-level `model` string equal to
-/// `from`, in `data`; `None` when none is.
+/// The spans of `data`'s top-level `model` strings that name `from`, in order.
+pub fn matching<'a>(
+    data: &'a [u8],
+    models: &'a Models,
+    from: &'a str,
+) -> impl Iterator<Item = Range<usize>> + 'a {
+    models.iter().flatten().cloned().filter(move |span| {
+        let raw = &data[span.clone()];
+        // The plain case is a byte comparison; a name written with escapes is decoded first.
+        if raw.contains(&b'\\') {
+            decode_str(raw).as_deref() == Some(from)
+        } else {
+            raw.len() == from.len() + 2 && &raw[1..raw.len() - 1] == from.as_bytes()
+        }
+    })
+}
+
+/// `data` with `to` (a JSON string, quotes included) in place of every top-level `model` string
+/// that names `from`; `None` when none does.
 pub fn renamed(data: &[u8], models: &Models, from: &str, to: &[u8]) -> Option<Vec<u8>> {
     let mut out: Option<Vec<u8>> = None;
     let mut copied = 0;
-    for span in models.iter().flatten() {
-        let raw = &data[span.clone()];
-        // The plain case is a byte comparison; a name written with escapes is decoded first.
-        let same = (raw.len() == from.len() + 2 && &raw[1..raw.len() - 1] == from.as_bytes())
-            || (raw.contains(&b'\\') && decode_str(raw).as_deref() == Some(from));
-        if !same {
-            continue;
-        }
+    for span in matching(data, models, from) {
         let o = out.get_or_insert_with(|| Vec::with_capacity(data.len() + to.len()));
         o.extend_from_slice(&data[copied..span.start]);
         o.extend_from_slice(to);
@@ -822,10 +981,107 @@ pub fn renamed(data: &[u8], models: &Models, from: &str, to: &[u8]) -> Option<Ve
 }
 
 /// The same judgement made the plain way — the SSE specification's line reading written out
-/// again and `serde_json::Value` — which the tests and the fuzz target hold [`judge`] equal to.
+/// again and a whole parse into a tree ([`reference::Value`]) — which the tests and the fuzz target hold [`judge`] equal to.
 pub mod reference {
     use super::{ErrorInfo, Kind, Usage};
-    use serde_json::Value;
+    use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
+    use std::collections::BTreeMap;
+    use std::fmt;
+
+    /// A parsed JSON value, as `serde_json::Value` holds one (a key written twice keeps its last
+    /// value), built by serde_json's own parser but by a visitor of its own: `Value`'s reads a
+    /// private marker key specially when serde_json's `raw_value` feature is on, which JSON
+    /// does not.
+    #[derive(Debug, Clone, PartialEq)]
+    pub enum Value {
+        Null,
+        Bool(bool),
+        /// A number: its value when it is a whole number that fits a `u64`.
+        Number(Option<u64>),
+        String(String),
+        Array(Vec<Value>),
+        Object(BTreeMap<String, Value>),
+    }
+
+    impl Value {
+        pub fn get(&self, key: &str) -> Option<&Value> {
+            match self {
+                Value::Object(m) => m.get(key),
+                _ => None,
+            }
+        }
+        pub fn as_str(&self) -> Option<&str> {
+            match self {
+                Value::String(s) => Some(s),
+                _ => None,
+            }
+        }
+        pub fn as_u64(&self) -> Option<u64> {
+            match self {
+                Value::Number(n) => *n,
+                _ => None,
+            }
+        }
+        pub fn as_array(&self) -> Option<&Vec<Value>> {
+            match self {
+                Value::Array(a) => Some(a),
+                _ => None,
+            }
+        }
+        pub fn is_null(&self) -> bool {
+            matches!(self, Value::Null)
+        }
+        pub fn is_object(&self) -> bool {
+            matches!(self, Value::Object(_))
+        }
+    }
+
+    impl<'de> de::Deserialize<'de> for Value {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            d.deserialize_any(ValueVisitor)
+        }
+    }
+
+    struct ValueVisitor;
+
+    impl<'de> Visitor<'de> for ValueVisitor {
+        type Value = Value;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("any JSON value")
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
+            Ok(Value::Null)
+        }
+        fn visit_bool<E: de::Error>(self, b: bool) -> Result<Value, E> {
+            Ok(Value::Bool(b))
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<Value, E> {
+            Ok(Value::Number(Some(n)))
+        }
+        fn visit_i64<E: de::Error>(self, _: i64) -> Result<Value, E> {
+            Ok(Value::Number(None))
+        }
+        fn visit_f64<E: de::Error>(self, _: f64) -> Result<Value, E> {
+            Ok(Value::Number(None))
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Value, E> {
+            Ok(Value::String(s.to_owned()))
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(v) = seq.next_element()? {
+                out.push(v);
+            }
+            Ok(Value::Array(out))
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+            let mut out = BTreeMap::new();
+            while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                out.insert(k, v);
+            }
+            Ok(Value::Object(out))
+        }
+    }
 
     /// What a reader of the event would say of it.
     #[derive(Debug, Clone, PartialEq, Eq)]

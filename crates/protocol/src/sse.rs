@@ -211,6 +211,19 @@ pub fn event_end(buf: &[u8]) -> Option<usize> {
     ends(buf, true)
 }
 
+/// Whether what was left when a stream ended is one whole event: at the stream's end a CR that
+/// ends it is a line's end, whatever the line before it ended with.
+pub fn whole_at_end(rest: &[u8]) -> bool {
+    if event_end(rest) == Some(rest.len()) {
+        return true;
+    }
+    rest.ends_with(b"\r") && {
+        let mut with_lf = rest.to_vec();
+        with_lf.push(b'\n');
+        event_end(&with_lf) == Some(with_lf.len())
+    }
+}
+
 /// [`event_end`], where a CR that ends `buf` as the blank line's ends the event only if
 /// `lone_cr_ends` and the line before it did not end with CR LF.
 fn ends(buf: &[u8], lone_cr_ends: bool) -> Option<usize> {
@@ -323,6 +336,16 @@ mod tests {
         ] {
             assert_eq!(event_end(stream), end, "{:?}", String::from_utf8_lossy(stream));
         }
+    }
+
+    #[test]
+    fn what_is_left_at_the_end_is_an_event_when_its_blank_line_is_whole() {
+        assert!(whole_at_end(b"data: [DONE]\r\n\r"));
+        assert!(whole_at_end(b"data: [DONE]\n\n"));
+        assert!(whole_at_end(b"data: [DONE]\r\r"));
+        assert!(!whole_at_end(b"data: [DONE]\r\n"));
+        assert!(!whole_at_end(b"data: [DONE]"));
+        assert!(!whole_at_end(b"data: a\n\ndata: b\n\n"));
     }
 
     #[test]

@@ -196,3 +196,24 @@ fn the_fuzz_corpus_reads_as_a_parse_reads_it() {
     }
     assert!(n >= 30, "{n} inputs in {}", dir.display());
 }
+
+#[test]
+fn usage_is_taken_from_the_usage_chunk_or_a_chunk_that_counts_what_was_generated() {
+    let usage = |e: &str| Event::read(e.as_bytes()).usage();
+    assert_eq!(
+        usage(r#"data: {"choices":[],"usage":{"prompt_tokens":3}}"#),
+        Some((3, 0))
+    );
+    // vLLM's continuous usage stats: the counts so far, on a token's chunk.
+    assert_eq!(
+        usage(
+            r#"data: {"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#
+        ),
+        Some((3, 2))
+    );
+    // The prompt alone on a token's chunk says nothing of what was generated.
+    assert_eq!(
+        usage(r#"data: {"choices":[{"delta":{"content":"x"}}],"usage":{"prompt_tokens":3}}"#),
+        None
+    );
+}

@@ -232,6 +232,23 @@ pub(crate) fn pass_on(
     kind
 }
 
+/// What the splitter held when the replica's body ended: an event complete by the specification
+/// (its blank line may be a CR that waited for an LF that never came) is passed on as any other
+/// — a `[DONE]` there is the stream's end — and anything else goes out as it came.
+pub(crate) fn last_event(
+    ex: &mut Ledger,
+    rest: &[u8],
+    rename: Option<&Rename>,
+    strip_usage: bool,
+    out: &mut BytesMut,
+) {
+    if !rest.is_empty() && protocol::sse::whole_at_end(rest) {
+        pass_on(ex, &Event::read(rest), Instant::now(), rename, strip_usage, out);
+    } else {
+        out.extend_from_slice(rest);
+    }
+}
+
 pub(crate) fn too_large_message() -> String {
     format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
@@ -436,7 +453,8 @@ impl Relay {
         self.done = true;
         let rest = self.events.splitter.rest();
         let out = &mut self.events.out;
-        out.extend_from_slice(&rest);
+        let rename = self.events.rename.as_deref();
+        last_event(&mut self.ledger, &rest, rename, self.events.strip_usage, out);
         if !self.ledger.ended() {
             // The upstream closed without `[DONE]`: tell the client rather than end quietly.
             if !rest.is_empty() && !rest.ends_with(b"\n\n") {

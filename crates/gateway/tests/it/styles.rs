@@ -225,3 +225,32 @@ async fn done_in_the_first_read_ends_the_stream_though_the_body_never_ends() {
         );
     }
 }
+
+/// A CR LF replica whose body ends right after `[DONE]`'s blank line's CR (the LF never comes):
+/// by the specification the event is whole, so the stream ended cleanly, not "early".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn done_whose_last_line_feed_never_comes_still_ends_the_stream() {
+    let answer = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+        data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0 \"}}]}\r\n\r\n\
+        data: [DONE]\r\n\r";
+    let (replica, _seen) = testkit::serve_script(vec![answer], true).await;
+    let yaml = ROUTE.replace(
+        "    replicas: [{E0}]",
+        "    replicas: [{E0}]\n    health: { enabled: false }",
+    );
+    let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
+    let r = http()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .json(&chat("chat", 5, true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    let (body, _, _) = read_stream(r).await;
+    assert!(
+        !body.contains("upstream_stream_error") && !body.contains("early"),
+        "{body}"
+    );
+    assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
+    assert_eq!(gateway.records()[0].outcome, "ok", "{body}");
+}

@@ -263,3 +263,38 @@ fn a_rename_changes_the_top_level_model_and_nothing_else() {
         Some("{\"model\": \"public\", \"text\": \"\\\"model\\\":\\\"up\\\"\"}")
     );
 }
+
+#[test]
+fn escaped_ids_and_models_are_found_where_they_stand() {
+    let json =
+        br#"{"id": "c\u0031", "x": {"model": "up"}, "model": "\u0075p", "model": "u\np", "model": "up"}"#;
+    let j = judge_data(json);
+    assert_eq!(j.id(json).as_deref(), Some("c1"));
+    let models: Vec<_> = j
+        .models
+        .iter()
+        .map(|m| m.clone().map(|r| String::from_utf8_lossy(&json[r]).into_owned()))
+        .collect();
+    assert_eq!(
+        models,
+        [
+            Some(r#""\u0075p""#.into()),
+            Some(r#""u\np""#.into()),
+            Some(r#""up""#.into())
+        ]
+    );
+    let out = renamed(json, &j.models, "up", b"\"public\"").unwrap();
+    assert_eq!(
+        String::from_utf8(out).unwrap(),
+        r#"{"id": "c\u0031", "x": {"model": "up"}, "model": "public", "model": "u\np", "model": "public"}"#
+    );
+    // A name with a backslash is compared decoded, never as raw bytes.
+    let odd = br#"{"model": "x\ny"}"#;
+    assert_eq!(renamed(odd, &judge_data(odd).models, "x\\ny", b"\"p\""), None);
+    let marker = br#"{"$serde_json::private::RawValue": "{\"choices\":[{\"text\":\"x\"}]}"}"#;
+    for e in [&json[..], odd, marker] {
+        check(format!("data: {}\n\n", String::from_utf8_lossy(e)).as_bytes());
+    }
+    // serde_json's private marker is a member like any other here (JSON has no such rule).
+    assert_eq!(judge_data(marker).kind, Kind::Other);
+}

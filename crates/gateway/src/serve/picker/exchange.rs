@@ -373,7 +373,7 @@ impl Response<'_> {
                         timer.as_mut().reset(due);
                         continue;
                     }
-                    if self.done_by.is_some() && Instant::now() < self.budgets.deadline {
+                    if self.done_by.is_some() {
                         Err(None)
                     } else {
                         Err(Some(self.expired()))
@@ -460,14 +460,14 @@ impl Response<'_> {
     /// first token, then `stream_idle` since the last data, never past the total.
     fn due(&self) -> Instant {
         let b = &self.budgets;
+        if let Some(by) = self.done_by {
+            return by.min(b.deadline);
+        }
         if !self.served && self.stream {
             return b.first_token_deadline;
         }
         if !self.stream {
             return b.deadline;
-        }
-        if let Some(by) = self.done_by {
-            return by.min(b.deadline);
         }
         (self.last_data + self.route.config.timeouts.stream_idle).min(b.deadline)
     }
@@ -757,7 +757,15 @@ impl Response<'_> {
                 body
             }
             Mode::Events(mut splitter) => {
-                let mut out = BytesMut::from(&splitter.rest()[..]);
+                let mut out = BytesMut::new();
+                let rest = splitter.rest();
+                crate::path::relay::last_event(
+                    ex,
+                    &rest,
+                    self.route.rename.as_deref(),
+                    self.strip_usage,
+                    &mut out,
+                );
                 if !ex.ended() {
                     if !out.is_empty() && !out.ends_with(b"\n\n") {
                         out.extend_from_slice(b"\n\n");
