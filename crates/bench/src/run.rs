@@ -560,10 +560,16 @@ impl Ctx {
             .into_iter()
             .filter(|(_, v)| !v.pass)
             .map(|(whose, v)| match v.observed {
-                Some(o) if v.target.starts_with("error_rate") => {
-                    format!("{whose}{} (observed {:.2}%)", v.target, o * 100.0)
-                }
-                Some(o) => format!("{whose}{} (observed {})", v.target, crate::report::secs(o)),
+                Some(o) if v.target.starts_with("error_rate") => format!(
+                    "{whose}{} (observed {})",
+                    v.target,
+                    crate::report::percent_against(o, v.limit)
+                ),
+                Some(o) => format!(
+                    "{whose}{} (observed {})",
+                    v.target,
+                    crate::report::secs_against(o, v.limit).0
+                ),
                 None => format!("{whose}{} (nothing measured)", v.target),
             })
             .collect();
@@ -831,21 +837,18 @@ fn self_check(
     unsent: u64,
 ) -> Option<String> {
     let allowed = (0.05 * ttft_p50).max(0.001);
-    let secs = crate::report::secs;
     let mut why = Vec::new();
+    // Printed with the precision they were compared at: rounded alike, they read as "1.2ms
+    // exceeds 1.2ms".
+    let exceeds = |what: &str, v: f64, bound: f64| {
+        let (v, bound) = crate::report::secs_against(v, bound);
+        format!("{what} {v} exceeds {bound}")
+    };
     if let Some(p95) = send_lag_p95.filter(|p95| *p95 > allowed + TIMER_SLACK) {
-        why.push(format!(
-            "send lag p95 {} exceeds {}",
-            secs(p95),
-            secs(allowed + TIMER_SLACK)
-        ));
+        why.push(exceeds("send lag p95", p95, allowed + TIMER_SLACK));
     }
     if let Some(p99) = delay_p99.filter(|p99| *p99 > allowed) {
-        why.push(format!(
-            "client scheduling delay p99 {} exceeds {}",
-            secs(p99),
-            secs(allowed)
-        ));
+        why.push(exceeds("client scheduling delay p99", p99, allowed));
     }
     if unsent > 0 {
         why.push(format!("{unsent} arrivals not sent: --max-in-flight reached"));
@@ -954,6 +957,12 @@ mod tests {
         assert!(
             busy.starts_with("client scheduling delay p99 1.5ms exceeds 1.0ms"),
             "{busy}"
+        );
+        // Two values that [`secs`] rounds alike are printed as far as they differ.
+        let close = self_check(0.024, None, Some(0.001_24), 0).unwrap();
+        assert_eq!(
+            close, "client scheduling delay p99 1.24ms exceeds 1.20ms",
+            "{close}"
         );
         // A slow server allows 5% of its TTFT.
         assert_eq!(self_check(0.2, Some(0.011), Some(0.009), 0), None);
