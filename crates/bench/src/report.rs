@@ -542,12 +542,13 @@ pub(crate) fn tenant_cells(t: &crate::tenants::TenantReport) -> ([String; 10], [
     )
 }
 
-/// `fairness (Jain's index, 1: equal shares, 0.5: one tenant got everything): 0.67 over served
-/// tokens, 0.67 over served requests`.
+/// `equal-share fairness (Jain's index over 2 tenants, unweighted; …): 0.67 over served tokens, 0.67
+/// over served requests`. Named apart from the gateway's `spillway_weighted_fairness_index`, which
+/// divides each team's service by its weight and decays it: one index, two different numbers.
 pub fn fairness_line(f: &crate::tenants::Fairness) -> String {
     let index = |j: Option<f64>| j.map_or("-".to_owned(), |j| format!("{j:.3}"));
     format!(
-        "fairness (Jain's index over {} tenants; 1: equal shares, {}: one got everything): {} over served tokens, {} over served requests",
+        "equal-share fairness (Jain's index over {} tenants, unweighted, the whole run; 1: equal shares, {}: one got everything; not the gateway's weighted index): {} over served tokens, {} over served requests",
         f.tenants,
         number(1.0 / f.tenants.max(1) as f64),
         index(f.jain_served_tokens),

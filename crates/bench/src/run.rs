@@ -195,7 +195,8 @@ pub struct Report {
     /// A run of several tenants at once (`--tenant`): what each sent and got, in the order given;
     /// empty otherwise.
     pub tenants: Vec<crate::tenants::TenantReport>,
-    /// Jain's index over the tenants' service; `null` without tenants.
+    /// Jain's index over the tenants' service, unweighted (equal shares are 1; not the gateway's
+    /// weighted index); `null` without tenants.
     pub fairness: Option<crate::tenants::Fairness>,
     /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
     pub notes: Vec<String>,
