@@ -1,5 +1,7 @@
 //! Admission per route and class: at most C requests in flight, at most Q waiting, nobody waiting
-//! longer than Wq or past their own deadline, priority order in the queue, and honest `Retry-After`.
+//! longer than Wq or past their own deadline, priority order in the queue, and honest `Retry-After`
+//! that grows with a sustained overload and is spread so that obedient clients do not come back
+//! together.
 //!
 //! C may be adaptive: [`Admission::adapt`] moves it by AIMD on the time from admission to the
 //! first token (the upstream's TTFT, without the gateway's own queue, which C itself causes) against
@@ -158,6 +160,39 @@ impl DrainRate {
     }
 }
 
+/// The requests refused lately, each counted with a weight that halves every
+/// `TAU × ln 2` (about 7 s): the excess of arrivals over what drained, most of which will come
+/// back for a slot. Under a sustained overload it grows towards the refusal rate × `TAU`; once
+/// refusals stop it fades by itself, so no state says when an overload began or ended.
+#[derive(Debug, Default)]
+struct Refused {
+    weight: f64,
+    at: Option<Instant>,
+}
+
+impl Refused {
+    const TAU: Duration = Duration::from_secs(10);
+
+    /// The weight now, before counting a new refusal.
+    fn now(&mut self, now: Instant) -> f64 {
+        if let Some(at) = self.at {
+            let dt = now.saturating_duration_since(at).as_secs_f64();
+            self.weight *= (-dt / Self::TAU.as_secs_f64()).exp();
+        }
+        self.at = Some(now);
+        self.weight
+    }
+
+    fn count(&mut self) {
+        self.weight += 1.0;
+    }
+}
+
+/// How far above the wait it estimates `Retry-After` may be drawn (see [`spread`]).
+const SPREAD: f64 = 0.5;
+/// The most `Retry-After` advises.
+const MAX_RETRY_AFTER: f64 = 60.0;
+
 /// The state of an adaptive C.
 #[derive(Debug, Clone)]
 struct Adaptive {
@@ -189,6 +224,7 @@ struct State {
     flows: Flows,
     next_id: u64,
     drain: DrainRate,
+    refused: Refused,
 }
 
 impl State {
@@ -239,7 +275,8 @@ impl State {
         self.retry_after_at(ahead, now, concurrency, queue_wait)
     }
 
-    /// `Retry-After` for a request with `ahead` waiters before it, at `concurrency` slots.
+    /// `Retry-After` for a refused request with `ahead` waiters before it, at `concurrency` slots
+    /// (every call counts a refusal): see [`retry_after_secs`].
     fn retry_after_at(
         &mut self,
         ahead: u32,
@@ -247,12 +284,26 @@ impl State {
         concurrency: u32,
         queue_wait: Duration,
     ) -> Duration {
-        let secs = match self.drain.rate(now, concurrency) {
-            Some(rate) if rate > 0.0 => f64::from(ahead + 1) / rate,
-            _ => queue_wait.as_secs_f64(),
-        };
-        Duration::from_secs(secs.ceil().clamp(1.0, 60.0) as u64)
+        let refused = self.refused.now(now);
+        self.refused.count();
+        let drain = self.drain.rate(now, concurrency).filter(|r| *r > 0.0);
+        let (lo, hi) = spread(retry_after_secs(ahead, refused, drain, queue_wait));
+        Duration::from_secs(rand::random_range(lo..=hi))
     }
+}
+
+/// The wait to advise a refused request before it is spread, in seconds: the time the class takes
+/// to drain the `ahead` waiters before it, itself, and the `refused` requests turned away lately
+/// (which will come back for a slot too), at `drain` slots a second; Wq without a drain rate.
+/// A passing refusal is told the queue's drain time (a second or less), while one in an overload
+/// that goes on is told more the longer and the harder it goes on: at 2× what drains for ten
+/// seconds, about six seconds more.
+fn retry_after_secs(ahead: u32, refused: f64, drain: Option<f64>, queue_wait: Duration) -> f64 {
+    match drain {
+        Some(rate) => (f64::from(ahead) + 1.0 + refused) / rate,
+        None => queue_wait.as_secs_f64(),
+    }
+    .min(MAX_RETRY_AFTER)
 }
 
 /// The admission gate of one route and class.
@@ -406,6 +457,7 @@ impl Admission {
                 flows: Flows::default(),
                 next_id: 0,
                 drain: DrainRate::default(),
+                refused: Refused::default(),
             }),
             waiting_shared: std::sync::atomic::AtomicU32::new(0),
         })
@@ -694,6 +746,15 @@ impl Admission {
             }
         }
     }
+}
+
+/// The whole seconds a wait of `w` seconds is advised as, drawn evenly from the first to the last:
+/// ⌈w⌉ to ⌈max(w × (1 + SPREAD), w + 1)⌉, within 1–60. Whole seconds on the wire would otherwise
+/// send every client refused in the same second back in the same second.
+fn spread(w: f64) -> (u64, u64) {
+    let clamp = |x: f64| x.ceil().clamp(1.0, MAX_RETRY_AFTER) as u64;
+    let lo = clamp(w);
+    (lo, clamp((w * (1.0 + SPREAD)).max(w + 1.0)).max(lo))
 }
 
 #[cfg(test)]

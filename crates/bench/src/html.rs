@@ -132,10 +132,21 @@ impl Panel {
             .y_label_area_size(70)
             .build_cartesian_2d(x0..x1, 0.0..y1)
             .map_err(e)?;
+        // Ticks as a person writes them ("5", not "5.0"); on an axis of whole numbers (clients),
+        // a tick between two of them has no label.
+        let whole_x = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter())
+            .all(|(x, _)| x.fract() == 0.0);
+        let x_label = |v: &f64| tick(*v, whole_x);
+        let y_label = |v: &f64| tick(*v, false);
         chart
             .configure_mesh()
             .x_desc(x_desc)
             .y_desc(self.y_desc)
+            .x_label_formatter(&x_label)
+            .y_label_formatter(&y_label)
             .light_line_style(WHITE.mix(0.0))
             .draw()
             .map_err(e)?;
@@ -442,6 +453,17 @@ impl Report {
 
 /// A level's verdict cell: the verdict, why it failed, its errors by kind with an example, and the
 /// self-check's flags, each on a line of its own.
+/// An axis tick: its decimals only where it has them (`5`, `2.5`, `0.125`); none for a tick
+/// between whole numbers on an axis of whole numbers.
+fn tick(v: f64, whole: bool) -> String {
+    // Ticks are computed, so 10 may come as 9.999999999999998.
+    let near = (v * 1e6).round() / 1e6 + 0.0;
+    if whole && near.fract() != 0.0 {
+        return String::new();
+    }
+    crate::report::number(near)
+}
+
 fn verdict_cell(l: &LevelReport) -> String {
     let word = crate::report::verdict(l);
     let mut cell = if l.pass {
@@ -454,9 +476,6 @@ fn verdict_cell(l: &LevelReport) -> String {
     }
     if let Some(errors) = crate::report::errors_line(l) {
         let _ = write!(cell, "<div>errors: {}</div>", esc(&errors));
-    }
-    if let Some(split) = crate::report::split_line(l) {
-        let _ = write!(cell, "<div>{}</div>", esc(&split));
     }
     for (what, note) in [("distorted", &l.distorted), ("too short", &l.too_short)] {
         if let Some(n) = note {
@@ -515,8 +534,8 @@ fn head(r: &Report, page: &Page<'_>) -> String {
          <title>{}: {}</title>\n<style>\n\
          body{{font-family:system-ui,sans-serif;margin:2em auto;padding:0 1em;max-width:1200px;color:#222;line-height:1.4}}\n\
          pre{{white-space:pre-wrap;overflow-wrap:anywhere;background:#f7f7f7;padding:.6em;font-size:13px}}\n\
-         table{{border-collapse:collapse;font-size:13px;max-width:100%}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;white-space:nowrap}}\n\
-         th{{background:#f3f3f3}}td.l,th.l{{text-align:left}}td.w{{white-space:normal;overflow-wrap:anywhere}}td.v{{text-align:left;min-width:16em;white-space:normal}}\n\
+         .scroll{{overflow-x:auto;max-width:100%;margin:.5em 0}}table{{border-collapse:collapse;font-size:13px}}td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right;vertical-align:top;white-space:nowrap}}\n\
+         th{{background:#f3f3f3}}tr.split td{{border-top:none;color:#555;font-size:12px}}tr.split div{{position:sticky;left:6px;max-width:min(calc(100vw - 4em),1160px);white-space:normal}}td.l,th.l{{text-align:left}}td.w{{white-space:normal;overflow-wrap:anywhere}}td.v{{text-align:left;min-width:16em;white-space:normal}}\n\
          dl.intro{{display:grid;grid-template-columns:max-content auto;gap:.2em 1em}}dl.intro dt{{font-weight:bold}}dl.intro dd{{margin:0}}\n\
          .fail{{color:#b00;font-weight:bold}}.pass{{color:#070;font-weight:bold}}\n\
          .warn{{background:#fff3cd;padding:.5em}}.flag{{background:#fff3cd;margin-top:3px;padding:1px 4px}}\n\
@@ -574,7 +593,7 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
             r.distorted_levels
         );
     }
-    h.push_str("<table>\n<tr>");
+    h.push_str("<div class=\"scroll\"><table>\n<tr>");
     for c in crate::report::COLUMNS {
         let _ = write!(h, "<th>{}</th>", esc(c));
     }
@@ -586,8 +605,17 @@ fn results(r: &Report, h: &mut String) -> Result<(), String> {
             let _ = write!(h, "<td{class}>{}</td>", esc(cell));
         }
         let _ = writeln!(h, "<td class=\"v\">{}</td></tr>", verdict_cell(l));
+        // Under the row, across it: inside the verdict cell it made every row tall.
+        if let Some(split) = crate::report::split_line(l) {
+            let _ = writeln!(
+                h,
+                "<tr class=\"split\"><td class=\"l\" colspan=\"{}\"><div>{}</div></td></tr>",
+                crate::report::COLUMNS.len() + 1,
+                esc(&split)
+            );
+        }
     }
-    h.push_str("</table>\n");
+    h.push_str("</table></div>\n");
     slo_classes(r, h)?;
     tenants(r, h);
     if !r.bursts.is_empty() {
@@ -627,7 +655,9 @@ fn slo_classes(r: &Report, h: &mut String) -> Result<(), String> {
     if levels.is_empty() {
         return Ok(());
     }
-    h.push_str("<h2>Objectives (--slo-mix)</h2>\n<table>\n<tr><th class=\"l\">level</th>");
+    h.push_str(
+        "<h2>Objectives (--slo-mix)</h2>\n<div class=\"scroll\"><table>\n<tr><th class=\"l\">level</th>",
+    );
     for (i, c) in SLO_COUNTS.iter().chain(&SLO_LATENCIES).enumerate() {
         let class = if i < 1 { " class=\"l\"" } else { "" };
         let _ = write!(h, "<th{class}>{}</th>", esc(c));
@@ -658,7 +688,7 @@ fn slo_classes(r: &Report, h: &mut String) -> Result<(), String> {
             }
         }
     }
-    h.push_str("</table>\n");
+    h.push_str("</table></div>\n");
     let _ = writeln!(h, "<p>{}</p>", esc(crate::report::SLO_LEGEND));
     let curve: Vec<&LevelReport> = curve(r)
         .into_iter()
@@ -708,7 +738,7 @@ fn tenants(r: &Report, h: &mut String) {
     let Some(fairness) = &r.fairness else {
         return;
     };
-    h.push_str("<h2>Tenants</h2>\n<table>\n<tr>");
+    h.push_str("<h2>Tenants</h2>\n<div class=\"scroll\"><table>\n<tr>");
     for (i, c) in TENANT_COUNTS.iter().chain(&TENANT_LATENCIES).enumerate() {
         let class = if i < 2 { " class=\"l\"" } else { "" };
         let _ = write!(h, "<th{class}>{}</th>", esc(c));
@@ -723,7 +753,7 @@ fn tenants(r: &Report, h: &mut String) {
         }
         h.push_str("</tr>\n");
     }
-    h.push_str("</table>\n");
+    h.push_str("</table></div>\n");
     let _ = writeln!(h, "<p>{}</p>", esc(crate::report::TENANT_LEGEND));
     for t in &r.tenants {
         if !t.error_kinds.is_empty() {
@@ -878,7 +908,7 @@ fn parameters(r: &Report, h: &mut String) {
         ),
         ("seed", Some(p.seed.to_string())),
     ];
-    h.push_str("<h2>Parameters</h2>\n<table>\n");
+    h.push_str("<h2>Parameters</h2>\n<div class=\"scroll\"><table>\n");
     for (name, value) in rows {
         if let Some(v) = value {
             let _ = writeln!(
@@ -889,7 +919,7 @@ fn parameters(r: &Report, h: &mut String) {
             );
         }
     }
-    h.push_str("</table>\n");
+    h.push_str("</table></div>\n");
 }
 
 fn arrivals(a: &crate::spec::Arrivals) -> String {
@@ -903,6 +933,16 @@ fn arrivals(a: &crate::spec::Arrivals) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ticks_have_decimals_only_where_they_have_them() {
+        assert_eq!(tick(5.0, true), "5");
+        assert_eq!(tick(9.999_999_999_999_998, true), "10");
+        assert_eq!(tick(2.5, true), "", "no half a client");
+        assert_eq!(tick(2.5, false), "2.5");
+        assert_eq!(tick(-0.0, false), "0");
+        assert_eq!(tick(1200.0, false), "1200");
+    }
 
     #[test]
     fn gaps_are_the_runs_without_a_value() {

@@ -16,6 +16,39 @@ pub fn secs(v: f64) -> String {
     }
 }
 
+/// `v` and the `bound` it was compared with, as [`secs`] prints them, with more decimals (both in
+/// `v`'s unit) where that would print two different values alike: "1.2ms exceeds 1.2ms" reads as a
+/// contradiction.
+pub fn secs_against(v: f64, bound: f64) -> (String, String) {
+    let (a, b) = (secs(v), secs(bound));
+    if a != b || v == bound {
+        return (a, b);
+    }
+    let (scale, unit) = if v < 1e-3 {
+        (1e6, "µs")
+    } else if v < 1.0 {
+        (1e3, "ms")
+    } else {
+        (1.0, "s")
+    };
+    let at = |d: usize| {
+        (
+            format!("{:.d$}{unit}", v * scale),
+            format!("{:.d$}{unit}", bound * scale),
+        )
+    };
+    (1..=6).map(at).find(|(a, b)| a != b).unwrap_or((a, b))
+}
+
+/// A share as a percentage with two decimals, or more where two would print it as the `bound` it
+/// was compared with.
+pub fn percent_against(v: f64, bound: f64) -> String {
+    (2..=6)
+        .map(|d| (format!("{:.d$}%", v * 100.0), format!("{:.d$}%", bound * 100.0)))
+        .find(|(a, b)| a != b || v == bound)
+        .map_or_else(|| format!("{:.2}%", v * 100.0), |(a, _)| a)
+}
+
 /// A number with the decimals it needs, at most three: `2`, `1.5`, `0.667`.
 pub fn number(v: f64) -> String {
     let text = format!("{v:.3}");
@@ -509,12 +542,13 @@ pub(crate) fn tenant_cells(t: &crate::tenants::TenantReport) -> ([String; 10], [
     )
 }
 
-/// `fairness (Jain's index, 1: equal shares, 0.5: one tenant got everything): 0.67 over served
-/// tokens, 0.67 over served requests`.
+/// `equal-share fairness (Jain's index over 2 tenants, unweighted; …): 0.67 over served tokens, 0.67
+/// over served requests`. Named apart from the gateway's `spillway_weighted_fairness_index`, which
+/// divides each team's service by its weight and decays it: one index, two different numbers.
 pub fn fairness_line(f: &crate::tenants::Fairness) -> String {
     let index = |j: Option<f64>| j.map_or("-".to_owned(), |j| format!("{j:.3}"));
     format!(
-        "fairness (Jain's index over {} tenants; 1: equal shares, {}: one got everything): {} over served tokens, {} over served requests",
+        "equal-share fairness (Jain's index over {} tenants, unweighted, the whole run; 1: equal shares, {}: one got everything; not the gateway's weighted index): {} over served tokens, {} over served requests",
         f.tenants,
         number(1.0 / f.tenants.max(1) as f64),
         index(f.jain_served_tokens),
@@ -748,6 +782,17 @@ fn row_one_left(cells: &[String], widths: &[usize]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value compared with a bound never prints as the bound itself.
+    #[test]
+    fn a_value_is_printed_as_far_as_it_differs_from_its_bound() {
+        assert_eq!(secs_against(0.0013, 0.0012), ("1.3ms".into(), "1.2ms".into()));
+        assert_eq!(secs_against(0.00124, 0.0012), ("1.24ms".into(), "1.20ms".into()));
+        assert_eq!(secs_against(1.0004, 1.0), ("1.0004s".into(), "1.0000s".into()));
+        assert_eq!(secs_against(0.5, 0.5), ("500.0ms".into(), "500.0ms".into()));
+        assert_eq!(percent_against(0.0123, 0.01), "1.23%");
+        assert_eq!(percent_against(0.010_04, 0.01), "1.004%");
+    }
 
     /// Two tenants with the longest names allowed, a refused one and one with errors: every line
     /// of the narrow layout fits 80 columns, and the full one has every column in one row each.

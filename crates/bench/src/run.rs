@@ -195,7 +195,8 @@ pub struct Report {
     /// A run of several tenants at once (`--tenant`): what each sent and got, in the order given;
     /// empty otherwise.
     pub tenants: Vec<crate::tenants::TenantReport>,
-    /// Jain's index over the tenants' service; `null` without tenants.
+    /// Jain's index over the tenants' service, unweighted (equal shares are 1; not the gateway's
+    /// weighted index); `null` without tenants.
     pub fairness: Option<crate::tenants::Fairness>,
     /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
     pub notes: Vec<String>,
@@ -560,10 +561,16 @@ impl Ctx {
             .into_iter()
             .filter(|(_, v)| !v.pass)
             .map(|(whose, v)| match v.observed {
-                Some(o) if v.target.starts_with("error_rate") => {
-                    format!("{whose}{} (observed {:.2}%)", v.target, o * 100.0)
-                }
-                Some(o) => format!("{whose}{} (observed {})", v.target, crate::report::secs(o)),
+                Some(o) if v.target.starts_with("error_rate") => format!(
+                    "{whose}{} (observed {})",
+                    v.target,
+                    crate::report::percent_against(o, v.limit)
+                ),
+                Some(o) => format!(
+                    "{whose}{} (observed {})",
+                    v.target,
+                    crate::report::secs_against(o, v.limit).0
+                ),
                 None => format!("{whose}{} (nothing measured)", v.target),
             })
             .collect();
@@ -660,14 +667,22 @@ impl Ctx {
                 }
                 knee = Some(hi);
             }
-        } else {
-            passed.extend(loads.iter().copied());
         }
-        passed.sort_by(|a, b| b.value().total_cmp(&a.value()));
-        passed.dedup();
+        let highest_first = |v: &mut Vec<Load>| {
+            v.sort_by(|a, b| b.value().total_cmp(&a.value()));
+            v.dedup();
+        };
+        highest_first(&mut passed);
+        // Only a level whose SLOs were judged and held may be named safe. Without a staircase the
+        // loads asked for are still where the long mix and the burst run: running there is no pass.
         let candidate = passed.first().copied();
+        let mut tries = passed.clone();
+        if !phases.contains(&Phase::Staircase) {
+            tries.extend(loads.iter().copied());
+            highest_first(&mut tries);
+        }
         if phases.contains(&Phase::LongMix) {
-            let at = candidate.unwrap_or(lowest);
+            let at = tries.first().copied().unwrap_or(lowest);
             if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
                 let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
                 self.fitted.long_input = input;
@@ -687,13 +702,13 @@ impl Ctx {
         let mut safe = candidate;
         if phases.contains(&Phase::Burst) {
             safe = None;
-            // The candidate first; if it does not recover, the next passing levels below it.
-            for load in passed.iter().copied().take(3) {
+            // The highest load first; if it does not recover, the next ones below it.
+            for load in tries.iter().copied().take(3) {
                 let b = self.burst(load).await;
                 let recovered = b.recovered;
                 bursts.push(b);
                 if recovered {
-                    safe = Some(load);
+                    safe = passed.contains(&load).then_some(load);
                     break;
                 }
             }
@@ -706,7 +721,7 @@ impl Ctx {
             .count();
         let summary = match &fairness {
             Some(f) => tenants::summarize(&tenants, f),
-            None => summarize(&phases, candidate, knee, safe, &bursts, loads.last().copied()),
+            None => summarize(&phases, baseline, candidate, knee, safe, &bursts),
         };
         if tenant_run {
             (knee, safe) = (None, None);
@@ -823,21 +838,18 @@ fn self_check(
     unsent: u64,
 ) -> Option<String> {
     let allowed = (0.05 * ttft_p50).max(0.001);
-    let secs = crate::report::secs;
     let mut why = Vec::new();
+    // Printed with the precision they were compared at: rounded alike, they read as "1.2ms
+    // exceeds 1.2ms".
+    let exceeds = |what: &str, v: f64, bound: f64| {
+        let (v, bound) = crate::report::secs_against(v, bound);
+        format!("{what} {v} exceeds {bound}")
+    };
     if let Some(p95) = send_lag_p95.filter(|p95| *p95 > allowed + TIMER_SLACK) {
-        why.push(format!(
-            "send lag p95 {} exceeds {}",
-            secs(p95),
-            secs(allowed + TIMER_SLACK)
-        ));
+        why.push(exceeds("send lag p95", p95, allowed + TIMER_SLACK));
     }
     if let Some(p99) = delay_p99.filter(|p99| *p99 > allowed) {
-        why.push(format!(
-            "client scheduling delay p99 {} exceeds {}",
-            secs(p99),
-            secs(allowed)
-        ));
+        why.push(exceeds("client scheduling delay p99", p99, allowed));
     }
     if unsent > 0 {
         why.push(format!("{unsent} arrivals not sent: --max-in-flight reached"));
@@ -845,19 +857,22 @@ fn self_check(
     (!why.is_empty()).then(|| why.join("; "))
 }
 
+/// What the run can say about the safe load, from the phases that ran: a load is named only where
+/// a level at it passed the SLOs (and, with the burst phase, recovered from the burst).
 fn summarize(
     phases: &[Phase],
+    baseline: Option<(Load, bool)>,
     candidate: Option<Load>,
     knee: Option<Load>,
     safe: Option<Load>,
     bursts: &[BurstReport],
-    highest: Option<Load>,
 ) -> String {
     let mut s = String::new();
+    let staircase = phases.contains(&Phase::Staircase);
     match (knee, candidate) {
         (Some(k), Some(c)) => s.push_str(&format!("SLOs hold up to {c}; first breach at {k}. ")),
         (Some(k), None) => s.push_str(&format!("SLOs breached already at {k}. ")),
-        (None, Some(c)) if phases.contains(&Phase::Staircase) => s.push_str(&format!(
+        (None, Some(c)) if staircase => s.push_str(&format!(
             "SLOs held at every level tried, up to {c}; the knee is higher ({}). ",
             match c {
                 Load::Concurrency(_) => "raise --max-concurrency or add --concurrency levels",
@@ -866,22 +881,46 @@ fn summarize(
         )),
         _ => {}
     }
+    if !staircase {
+        match baseline {
+            Some((b, true)) => s.push_str(&format!("The baseline at {b} passed the SLOs. ")),
+            Some((b, false)) => s.push_str(&format!("The baseline at {b} failed the SLOs. ")),
+            None => {}
+        }
+    }
+    if baseline.is_none() && !staircase {
+        s.push_str(
+            "No phase judged the SLOs at a steady load (baseline or staircase), so no safe load is named",
+        );
+        match bursts.iter().find(|b| b.recovered) {
+            Some(b) => s.push_str(&format!(
+                " (the burst at {} recovered, which says nothing of its SLOs).",
+                b.load
+            )),
+            None => s.push('.'),
+        }
+        return s;
+    }
     if phases.contains(&Phase::Burst) {
-        match (safe, bursts.first()) {
+        match (safe, bursts.iter().find(|b| b.recovered)) {
             (Some(l), _) => s.push_str(&format!(
                 "Safe load: {l} (passes the SLOs and recovers after a burst)."
             )),
-            (None, Some(_)) => {
+            (None, Some(b)) => s.push_str(&format!(
+                "The burst at {} recovered, but no level at {} passed the SLOs, so no safe load is named.",
+                b.load, b.load
+            )),
+            (None, None) if bursts.is_empty() => s.push_str("No level passed the SLOs, so no burst was run."),
+            (None, None) => {
                 s.push_str("No level tried recovered from the burst within the recovery timeout.")
             }
-            (None, None) => s.push_str("No level passed the SLOs, so no burst was run."),
         }
     } else if let Some(l) = safe {
         s.push_str(&format!(
             "Candidate safe load: {l} (burst recovery not checked; add the burst phase)."
         ));
-    } else if highest.is_some() && !phases.contains(&Phase::Staircase) {
-        s.push_str("No staircase was run; nothing to conclude about the safe load.");
+    } else {
+        s.push_str("No level passed the SLOs, so no safe load is named.");
     }
     s.trim_end().to_string()
 }
@@ -919,6 +958,12 @@ mod tests {
         assert!(
             busy.starts_with("client scheduling delay p99 1.5ms exceeds 1.0ms"),
             "{busy}"
+        );
+        // Two values that [`secs`] rounds alike are printed as far as they differ.
+        let close = self_check(0.024, None, Some(0.001_24), 0).unwrap();
+        assert_eq!(
+            close, "client scheduling delay p99 1.24ms exceeds 1.20ms",
+            "{close}"
         );
         // A slow server allows 5% of its TTFT.
         assert_eq!(self_check(0.2, Some(0.011), Some(0.009), 0), None);

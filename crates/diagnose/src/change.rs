@@ -41,6 +41,15 @@ pub struct Advice {
     pub changes: Vec<Change>,
 }
 
+/// A C this many times what the engines hold at once (running and waiting) binds nothing: the
+/// gateway's admission is off (the demo's unprotected run sets C = 1000000), and "lower C from
+/// 1000000" would misread it as a setting chosen too high.
+const OFF_RATIO: f64 = 10.0;
+
+fn admission_off(c: f64, running: Option<f64>, waiting: f64) -> bool {
+    c >= OFF_RATIO * (running.unwrap_or(0.0) + waiting).max(1.0)
+}
+
 /// A number as a person writes it: `24`, `0.8`, `6.25`.
 fn num(v: f64) -> String {
     if (v - v.round()).abs() < 1e-9 {
@@ -164,6 +173,17 @@ pub(crate) fn advise(
     // gateway's Wq, priorities and Retry-After.
     let engine_cap = running.filter(|r| *r >= 1.0 && waiting >= 1.0);
     match (engine_cap, c_gw) {
+        (Some(cap), Some(c)) if admission_off(c, running, waiting) => changes.push(Change {
+            what: format!("turn the gateway's admission on: C = {}", num(cap)),
+            arithmetic: format!(
+                "C = Σ running while the engines queue = {}: the gateway's C of {} admits \
+                 everything, so the {} waiting sit in the engines' queue, where no Wq, priority \
+                 or Retry-After reaches them",
+                num(cap),
+                num(c),
+                num(waiting)
+            ),
+        }),
         (Some(cap), Some(c)) if c > cap && waiting >= 1.0 => changes.push(Change {
             what: format!("lower the gateway's C from {} to {}", num(c), num(cap)),
             arithmetic: format!(
@@ -385,6 +405,12 @@ fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
             num(waiting.unwrap_or(0.0))
         ),
         "engine" => match (c, running) {
+            (Some(c), r) if admission_off(c, r, waiting.unwrap_or(0.0)) => format!(
+                "the backlog is in the engines' queue ({} waiting): the gateway's admission is off \
+                 (C {} admits everything)",
+                num(waiting.unwrap_or(0.0)),
+                num(c)
+            ),
             (Some(c), Some(r)) if c > r => format!(
                 "the backlog is in the engines' queue ({} waiting): the gateway's C {} is above the {} \
                  they run",

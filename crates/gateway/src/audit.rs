@@ -94,7 +94,9 @@ pub(crate) fn adaptive(route: &str, class: &str, before: u32, after: u32) {
     );
 }
 
-/// What a reload changes that an operator reads first: each class's C, Q and Wq, and the replicas.
+/// What a reload changes that an operator reads first: each route's balancer and replicas, each
+/// class's C, Q and Wq (and fairness), and the teams' weights. A reload that changes only one of
+/// them must not read as "before = after".
 pub(crate) fn limits(config: &Config) -> String {
     config
         .routes
@@ -105,21 +107,37 @@ pub(crate) fn limits(config: &Config) -> String {
                 .iter()
                 .map(|c| {
                     format!(
-                        "{} C={} Q={} Wq={}",
+                        "{} C={} Q={} Wq={}{}",
                         c.name,
                         c.concurrency,
                         c.queue,
-                        humantime::format_duration(c.queue_wait)
+                        humantime::format_duration(c.queue_wait),
+                        c.fairness
+                            .map_or(String::new(), |f| format!(" fairness={}", f.as_str()))
                     )
                 })
                 .collect();
             format!(
-                "{} [{} replicas; {}]",
+                "{} [{} replicas, balance {}; {}]",
                 r.model,
                 r.replicas.len(),
+                r.balance.as_str(),
                 classes.join(", ")
             )
         })
+        .chain(weights(config))
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// `weights a=3 b=1`, when a weight differs from 1 (the default the rest keep).
+fn weights(config: &Config) -> Option<String> {
+    config.tenants.iter().any(|t| t.weight != 1.0).then(|| {
+        let each: Vec<String> = config
+            .tenants
+            .iter()
+            .map(|t| format!("{}={}", t.team, t.weight))
+            .collect();
+        format!("weights {}", each.join(" "))
+    })
 }

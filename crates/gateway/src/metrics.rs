@@ -281,8 +281,8 @@ impl Metrics {
                 &["route", "class", "team"],
             ),
             fairness_index: float_gauge(
-                "spillway_fairness_index",
-                "Jain's index over the attained service per weight of the teams that waited in the last 60 s (1: equal shares; 1/n: one team has it all).",
+                "spillway_weighted_fairness_index",
+                "Jain's index over the attained service per weight of the teams that waited in the last 60 s (1: each team served in proportion to its weight; 1/n: one team has it all).",
                 rc,
             ),
             concurrency_limit: gauge(

@@ -39,6 +39,11 @@ pub struct Deployment {
     /// Tenants' `max_parallel` quotas, to check against C.
     pub tenant_quotas: Vec<(String, u32)>,
     pub names: Names,
+    /// Whether a LiteLLM proxy is planned for (in front of the gateway): without one, the plan
+    /// neither sizes it nor reasons about it.
+    pub litellm: bool,
+    /// Whether an Envoy Gateway policy is planned for: without one, the plan says nothing of it.
+    pub envoy: bool,
 }
 
 /// Values fixed by the operator.
@@ -50,6 +55,9 @@ pub struct Pinned {
     pub litellm_cap: Option<u32>,
     /// The longest answer the deployment allows (`max_tokens`), instead of the bench's longest.
     pub max_tokens: Option<u32>,
+    /// The engines' `--max-num-seqs` as they run, instead of each replica's share of C: what
+    /// they hold is then reasoned from what they are, not from a value nobody applied.
+    pub max_num_seqs: Option<u32>,
 }
 
 /// The names the emitted files use.
@@ -174,6 +182,9 @@ pub struct Plan {
     pub max_num_queued_reqs: u32,
     /// LiteLLM's deployment `max_parallel_requests`.
     pub litellm_max_parallel: u32,
+    /// Whether LiteLLM and Envoy Gateway were planned for: the text names only those that were.
+    pub litellm: bool,
+    pub envoy: bool,
     /// The longest answer the budgets were derived for, stated in Spillway's config as its
     /// `max_tokens` cap: a longer answer could outrun the total.
     pub max_tokens: Option<u32>,
@@ -413,15 +424,30 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         share
     };
 
-    let max_num_seqs = c.div_ceil(r);
-    line(
-        "vLLM",
-        format!(
-            "--max-num-seqs = ceil(C / R) = ceil({c} / {r}) = {max_num_seqs}: each replica's share of C, so a balanced engine never queues behind the gateway and an unbalanced one queues rather than batch past its share"
-        ),
-        "C, R: above".into(),
-    );
-    if max_num_seqs > c_safe {
+    let share = c.div_ceil(r);
+    let max_num_seqs = match d.pinned.max_num_seqs {
+        Some(n) => {
+            line(
+                "vLLM",
+                format!(
+                    "--max-num-seqs = {n} per replica, as the engines run (each replica's share of C would be ceil(C / R) = ceil({c} / {r}) = {share})"
+                ),
+                "--max-num-seqs".into(),
+            );
+            n
+        }
+        None => {
+            line(
+                "vLLM",
+                format!(
+                    "--max-num-seqs = ceil(C / R) = ceil({c} / {r}) = {share}: each replica's share of C, so a balanced engine never queues behind the gateway and an unbalanced one queues rather than batch past its share"
+                ),
+                "C, R: above".into(),
+            );
+            share
+        }
+    };
+    if d.pinned.max_num_seqs.is_none() && max_num_seqs > c_safe {
         warnings.push(format!(
             "--max-num-seqs {max_num_seqs} is above the safe concurrency {c_safe} of one replica: C {c} over {r} replicas asks each for more than it held safely"
         ));
@@ -468,21 +494,32 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     );
     let litellm_max_parallel = match d.pinned.litellm_cap {
         Some(pinned) => {
-            line(
-                "LiteLLM",
-                format!("LiteLLM max_parallel_requests = {pinned}, pinned with --litellm-cap ({cap_text})"),
-                "C, Q: above".into(),
-            );
+            if d.litellm {
+                line(
+                    "LiteLLM",
+                    format!(
+                        "LiteLLM max_parallel_requests = {pinned}, pinned with --litellm-cap ({cap_text})"
+                    ),
+                    "C, Q: above".into(),
+                );
+            }
             pinned
         }
         None => {
-            line("LiteLLM", cap_text, "C, Q: above".into());
+            if d.litellm {
+                line("LiteLLM", cap_text, "C, Q: above".into());
+            }
             formula_cap
         }
     };
 
     let engines = max_num_seqs * r;
-    let (binding, binding_why) = if litellm_max_parallel < c {
+    let litellm_above = if d.litellm {
+        format!(" and LiteLLM {litellm_max_parallel} ≥ C")
+    } else {
+        String::new()
+    };
+    let (binding, binding_why) = if d.litellm && litellm_max_parallel < c {
         (
             Layer::Litellm,
             format!(
@@ -500,12 +537,12 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         (
             Layer::Gateway,
             format!(
-                "the gateway binds: at most C {c} in flight and Q {q} waiting for at most {}; the engines hold {engines} ≥ C and LiteLLM {litellm_max_parallel} ≥ C",
+                "the gateway binds: at most C {c} in flight and Q {q} waiting for at most {}; the engines hold {r} × {max_num_seqs} = {engines} ≥ C{litellm_above}",
                 dur(wq)
             ),
         )
     };
-    if binding != Layer::Litellm && litellm_max_parallel < c + q {
+    if d.litellm && binding != Layer::Litellm && litellm_max_parallel < c + q {
         warnings.push(format!(
             "LiteLLM's cap {litellm_max_parallel} is below C + Q = {}: it rejects before the gateway's queue is full, so only {} of Q's {q} places can be used",
             c + q,
@@ -577,6 +614,8 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         max_num_seqs,
         max_num_queued_reqs,
         litellm_max_parallel,
+        litellm: d.litellm,
+        envoy: d.envoy,
         max_tokens: max_tokens.map(|c| c.value),
         budgets,
         slo,
@@ -630,6 +669,8 @@ mod tests {
             pinned: Pinned::default(),
             tenant_quotas: Vec::new(),
             names: names(2),
+            litellm: true,
+            envoy: true,
         };
         (m, d)
     }
@@ -708,6 +749,34 @@ mod tests {
         );
         d.pinned.max_tokens = Some(256);
         assert_eq!(plan(&m, &d).unwrap().max_tokens, Some(256));
+    }
+
+    /// The demo's deployment: no LiteLLM in front, engines that run 16 sequences each. The plan
+    /// reasons from those, not from a LiteLLM cap and a --max-num-seqs nobody applied.
+    #[test]
+    fn a_plan_reasons_only_about_the_control_points_it_plans_for() {
+        let (m, mut d) = seed();
+        (d.litellm, d.envoy) = (false, false);
+        d.pinned.max_num_seqs = Some(16);
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.concurrency, 24);
+        assert_eq!(p.max_num_seqs, 16);
+        assert_eq!(p.binding, Layer::Gateway);
+        assert!(
+            p.binding_why.ends_with("the engines hold 2 × 16 = 32 ≥ C"),
+            "{}",
+            p.binding_why
+        );
+        let text = crate::report::text(&p);
+        assert!(!text.contains("LiteLLM") && !text.contains("Envoy"), "{text}");
+        assert!(
+            text.contains("--max-num-seqs = 16 per replica, as the engines run"),
+            "{text}"
+        );
+        // With LiteLLM planned for, it is sized and named.
+        d.litellm = true;
+        let text = crate::report::text(&plan(&m, &d).unwrap());
+        assert!(text.contains("LiteLLM 36 ≥ C"), "{text}");
     }
 
     #[test]

@@ -21,9 +21,21 @@ pub fn text(plan: &Plan) -> String {
         let _ = writeln!(out, "      from: {}", line.from);
     }
     let _ = writeln!(out);
+    // LiteLLM is named only where it was planned for.
+    let litellm = plan.litellm.then(|| {
+        (
+            format!("; LiteLLM max_parallel_requests {}", plan.litellm_max_parallel),
+            format!(
+                " > LiteLLM {} (stream {})",
+                dur(b.litellm_timeout),
+                dur(b.litellm_stream_timeout)
+            ),
+        )
+    });
+    let (litellm_cap, litellm_budget) = litellm.unwrap_or_default();
     let _ = writeln!(
         out,
-        "Limits: C {} in flight, Q {} waiting, Wq {} (per gateway: C {}, Q {}); vLLM --max-num-seqs {} and --max-num-queued-reqs {} per replica; LiteLLM max_parallel_requests {}",
+        "Limits: C {} in flight, Q {} waiting, Wq {} (per gateway: C {}, Q {}); vLLM --max-num-seqs {} and --max-num-queued-reqs {} per replica{litellm_cap}",
         plan.concurrency,
         plan.queue,
         dur(b.queue_wait),
@@ -31,14 +43,11 @@ pub fn text(plan: &Plan) -> String {
         plan.per_gateway.queue,
         plan.max_num_seqs,
         plan.max_num_queued_reqs,
-        plan.litellm_max_parallel
     );
     let _ = writeln!(
         out,
-        "Budgets: caller {} > LiteLLM {} (stream {}) > gateway total {} > model {}; first_token {}, stream_idle {}, connect {}",
+        "Budgets: caller {}{litellm_budget} > gateway total {} > model {}; first_token {}, stream_idle {}, connect {}",
         dur(b.caller),
-        dur(b.litellm_timeout),
-        dur(b.litellm_stream_timeout),
         dur(b.total),
         dur(b.model),
         dur(b.first_token),
@@ -52,13 +61,20 @@ pub fn text(plan: &Plan) -> String {
         );
     }
     let _ = writeln!(out, "Binding layer: {}", plan.binding_why);
+    if plan.envoy {
+        let _ = writeln!(
+            out,
+            "Envoy Gateway: maxParallelRequests and maxPendingRequests carry C and Q, requestTimeout the total and streamIdleTimeout the idle gap; it has no queue-wait timer (a pending request waits until requestTimeout) and no first-token timer."
+        );
+    }
     let _ = writeln!(
         out,
-        "Envoy Gateway: maxParallelRequests and maxPendingRequests carry C and Q, requestTimeout the total and streamIdleTimeout the idle gap; it has no queue-wait timer (a pending request waits until requestTimeout) and no first-token timer."
-    );
-    let _ = writeln!(
-        out,
-        "Change one layer at a time: vLLM first, then the gateway's C and Q, then tenants in LiteLLM."
+        "Change one layer at a time: vLLM first, then the gateway's C and Q{}.",
+        if plan.litellm {
+            ", then tenants in LiteLLM"
+        } else {
+            ""
+        }
     );
     if !plan.warnings.is_empty() {
         let _ = writeln!(out);

@@ -546,7 +546,12 @@ fn deployment(s: &Settings, stack: &Stack) -> plan::Deployment {
         wait_budget: None,
         headroom: 0.8,
         caller_deadline: Duration::from_secs(60),
-        pinned: plan::arith::Pinned::default(),
+        // The demo's engines run a sequence cap of their own, and no LiteLLM or Envoy stands in
+        // front: the plan reasons from what runs.
+        pinned: plan::arith::Pinned {
+            max_num_seqs: Some(s.max_num_seqs as u32),
+            ..plan::arith::Pinned::default()
+        },
         tenant_quotas: Vec::new(),
         names: plan::Names {
             model: MODEL.into(),
@@ -562,6 +567,8 @@ fn deployment(s: &Settings, stack: &Stack) -> plan::Deployment {
             max_num_batched_tokens: None,
             unmeasured: Vec::new(),
         },
+        litellm: false,
+        envoy: false,
     }
 }
 

@@ -65,6 +65,10 @@ pub(crate) struct PlanArgs {
     /// The longest answer (max_tokens) to allow and budget for (default: the bench's longest).
     #[arg(long)]
     max_tokens: Option<u32>,
+    /// The engines' --max-num-seqs as they run, to reason from instead of each replica's share
+    /// of C (and to emit for vllm and kserve).
+    #[arg(long)]
+    max_num_seqs: Option<u32>,
     /// A tenant's max_parallel quota, TEAM=N, to check against C (repeatable).
     #[arg(long, value_name = "TEAM=N")]
     tenant_max_parallel: Vec<String>,
@@ -140,6 +144,8 @@ fn measurement(a: &PlanArgs) -> Result<Measurement> {
 }
 
 fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
+    // LiteLLM and Envoy Gateway are part of the plan only when their files are asked for.
+    let (litellm, envoy) = (a.emit.contains(&Target::Litellm), a.emit.contains(&Target::Envoy));
     let tenant_quotas = a
         .tenant_max_parallel
         .iter()
@@ -184,9 +190,12 @@ fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
             first_token: a.first_token,
             litellm_cap: a.litellm_cap,
             max_tokens: a.max_tokens,
+            max_num_seqs: a.max_num_seqs,
         },
         tenant_quotas,
         names,
+        litellm,
+        envoy,
     })
 }
 

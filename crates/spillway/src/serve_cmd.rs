@@ -56,9 +56,10 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
             for r in &config.routes {
                 let t = r.timeouts;
                 println!(
-                    "  {} → {} replica(s); budgets connect {:?} < first_token {:?} ≤ total {:?}, stream_idle {:?}",
+                    "  {} → {} replica(s), balance {}; budgets connect {:?} < first_token {:?} ≤ total {:?}, stream_idle {:?}",
                     r.model,
                     r.replicas.len(),
+                    r.balance.as_str(),
                     t.connect,
                     t.first_token,
                     t.total,
@@ -66,8 +67,12 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                 );
                 for c in &r.classes {
                     println!(
-                        "    class {}: C = {}, Q = {}, Wq = {:?}",
-                        c.name, c.concurrency, c.queue, c.queue_wait
+                        "    class {}: C = {}, Q = {}, Wq = {:?}, fairness {}",
+                        c.name,
+                        c.concurrency,
+                        c.queue,
+                        c.queue_wait,
+                        c.fairness.unwrap_or_default().as_str()
                     );
                 }
             }
@@ -114,6 +119,15 @@ pub(crate) fn check(args: &CheckArgs) -> ExitCode {
                     config.tenants.len().to_string()
                 }
             );
+            // What fair share divides a contended class by.
+            for t in &config.tenants {
+                println!(
+                    "    team {}: weight {}, priority {}",
+                    t.team,
+                    t.weight,
+                    t.priority.as_str()
+                );
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -72,3 +72,60 @@ async fn safe_concurrency_lands_on_the_engines_knee() {
         report.summary
     );
 }
+
+/// Without a staircase only the levels that ran and passed may be named: a baseline that fails
+/// names nothing (it named the highest load asked for, never run), one that passes names its own
+/// level, not the loads asked for.
+#[tokio::test(start_paused = true)]
+async fn a_baseline_alone_names_only_its_own_passing_level() {
+    let engine = testkit::Engine::start(paused_engine(16, Duration::from_millis(3))).await;
+    // Every TTFT is a step or more (3 ms): a 1 ms SLO fails the baseline.
+    let mut opts = options(&engine.url(), 32, 8, "ttft_p95=1ms,error_rate=1%");
+    opts.phases = vec![Phase::Baseline];
+    opts.loads = vec![Load::Rate(20.0), Load::Rate(100.0)];
+    let report = bench::run(opts).await.unwrap();
+    assert_eq!(report.levels.len(), 1);
+    assert!(!report.levels[0].pass);
+    assert_eq!(report.safe, None, "{}", report.summary);
+    assert!(
+        report
+            .summary
+            .contains("The baseline at 20 req/s failed the SLOs")
+            && report.summary.contains("no safe load is named")
+            && !report.summary.contains("100 req/s"),
+        "{}",
+        report.summary
+    );
+
+    let mut opts = options(&engine.url(), 32, 8, "ttft_p95=30ms,error_rate=1%");
+    opts.phases = vec![Phase::Baseline];
+    opts.loads = vec![Load::Concurrency(16)];
+    let report = bench::run(opts).await.unwrap();
+    assert!(report.levels[0].pass, "{}", bench::report::table(&report));
+    assert_eq!(report.safe, Some(Load::Concurrency(1)), "{}", report.summary);
+    assert!(
+        report.summary.contains("Candidate safe load: C=1"),
+        "{}",
+        report.summary
+    );
+}
+
+/// A burst alone judges recovery, not the SLOs at a steady load: it names no safe load, and says
+/// which phase could.
+#[tokio::test(start_paused = true)]
+async fn a_burst_alone_names_no_safe_load() {
+    let engine = testkit::Engine::start(paused_engine(16, Duration::from_millis(3))).await;
+    let mut opts = options(&engine.url(), 32, 8, "ttft_p95=30ms,error_rate=1%");
+    opts.phases = vec![Phase::Burst];
+    opts.loads = vec![Load::Concurrency(4)];
+    let report = bench::run(opts).await.unwrap();
+    assert_eq!(report.bursts.len(), 1);
+    assert_eq!(report.safe, None, "{}", report.summary);
+    assert!(
+        report
+            .summary
+            .contains("No phase judged the SLOs at a steady load (baseline or staircase)"),
+        "{}",
+        report.summary
+    );
+}

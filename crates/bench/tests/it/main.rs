@@ -5,6 +5,7 @@ extern crate spillway_bench as bench;
 mod accuracy;
 mod context;
 mod knee;
+mod layout;
 mod report;
 mod retry_after;
 mod slo_mix;

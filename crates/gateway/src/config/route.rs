@@ -200,6 +200,19 @@ pub enum Balance {
     Slo,
 }
 
+impl Balance {
+    /// As the configuration writes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Balance::LeastOutstanding => "least_outstanding",
+            Balance::P2c => "p2c",
+            Balance::PrefixAffinity => "prefix_affinity",
+            Balance::EngineAware => "engine_aware",
+            Balance::Slo => "slo",
+        }
+    }
+}
+
 /// The cost one request may have (seed: "한 요청의 최대 비용을 제한한다").
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -30,6 +30,14 @@ pub(crate) const SLO_HEADERS: [&str; 4] = [
     "x-spillway-slo-tpot-ms",
     "x-llm-d-slo-tpot-ms",
 ];
+const SLO_TTFT: [HeaderName; 2] = [
+    HeaderName::from_static(SLO_HEADERS[0]),
+    HeaderName::from_static(SLO_HEADERS[1]),
+];
+const SLO_TPOT: [HeaderName; 2] = [
+    HeaderName::from_static(SLO_HEADERS[2]),
+    HeaderName::from_static(SLO_HEADERS[3]),
+];
 /// The request header a caller names its request with.
 pub(crate) const REQUEST_ID_HEADER: &str = "x-request-id";
 const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
@@ -244,8 +252,8 @@ pub(crate) struct Prepared {
     pub body: Bytes,
     /// A hash of the prompt's first 512 bytes, for prefix affinity.
     pub prefix_key: u64,
-    /// Its own TTFT and TPOT objectives (headers, else the class's `slo`), read only where the
-    /// route balances by them (`balance: slo`).
+    /// Its own TTFT and TPOT objectives (headers, else the class's `slo`), kept only where the
+    /// route balances by them (`balance: slo`); the headers are checked on every route.
     pub slo: Objectives,
 }
 
@@ -359,8 +367,11 @@ pub(crate) fn prepare(
     let stream = parsed.stream();
     let client_wants_usage = parsed.wants_usage();
     let prefix_key = parsed.prefix_key();
+    // Checked on every route, so that a malformed header is the same 400 whichever route serves
+    // the request; kept only where the route balances by it.
+    let asked = objectives(headers, route.classes[class].config.slo)?;
     let slo = if route.config.balance == crate::config::Balance::Slo {
-        objectives(headers, route.classes[class].config.slo)?
+        asked
     } else {
         Objectives::default()
     };
@@ -394,13 +405,11 @@ pub(crate) fn prepare(
 }
 
 /// The request's objectives: its `x-spillway-slo-ttft-ms` / `x-spillway-slo-tpot-ms` headers (or
-/// llm-d's `x-llm-d-slo-*-ms`), else its class's `slo: { ttft, itl }`.
+/// llm-d's `x-llm-d-slo-*-ms`), else its class's `slo: { ttft, itl }`. Both names are checked when
+/// both are sent; ours wins.
 fn objectives(headers: &HeaderMap, class: Option<crate::config::Slo>) -> Result<Objectives, GatewayError> {
-    let read = |(ours, llm_d): (&'static str, &'static str)| -> Result<Option<Duration>, GatewayError> {
-        let Some((name, v)) = [ours, llm_d]
-            .into_iter()
-            .find_map(|name| headers.get(name).map(|v| (name, v)))
-        else {
+    let one = |name: &HeaderName| -> Result<Option<Duration>, GatewayError> {
+        let Some(v) = headers.get(name) else {
             return Ok(None);
         };
         let ms = v.to_str().ok().and_then(|s| s.trim().parse::<f64>().ok());
@@ -413,9 +422,10 @@ fn objectives(headers: &HeaderMap, class: Option<crate::config::Slo>) -> Result<
             )),
         }
     };
+    let read = |[ours, llm_d]: &[HeaderName; 2]| Ok::<_, GatewayError>(one(ours)?.or(one(llm_d)?));
     Ok(Objectives {
-        ttft: read((SLO_HEADERS[0], SLO_HEADERS[1]))?.or(class.and_then(|c| c.ttft)),
-        tpot: read((SLO_HEADERS[2], SLO_HEADERS[3]))?.or(class.and_then(|c| c.itl)),
+        ttft: read(&SLO_TTFT)?.or(class.and_then(|c| c.ttft)),
+        tpot: read(&SLO_TPOT)?.or(class.and_then(|c| c.itl)),
     })
 }
 
@@ -691,5 +701,20 @@ mod tests {
         assert_eq!(request_id(&headers), "req-1.a_b:c");
         headers.insert("x-request-id", "not ok".parse().unwrap());
         assert_eq!(request_id(&headers).len(), 32);
+    }
+
+    /// docs/config.md's table of request headers names every header the request path reads.
+    #[test]
+    fn the_docs_list_every_header_read() {
+        let docs = include_str!("../../../../docs/config.md");
+        let start = docs.find("## Request headers the gateway reads").unwrap();
+        let table = &docs[start..];
+        let table = &table[..table[3..].find("\n## ").unwrap()];
+        for name in crate::serve::front::READ_HEADERS {
+            assert!(
+                table.contains(&format!("`{name}`")),
+                "{name} missing from config.md"
+            );
+        }
     }
 }

@@ -145,7 +145,7 @@ impl Chunks for Box<Relay> {
 /// (`path::auth`), the request's ID, deadline, priority and objectives (`prepare`), and the W3C
 /// trace context (`traces`). A header read anywhere else on the request path belongs here: this
 /// module passes on no other.
-const READ_HEADERS: [&str; 10] = [
+pub(crate) const READ_HEADERS: [&str; 10] = [
     "authorization",
     REQUEST_ID_HEADER,
     DEADLINE_HEADER,

@@ -168,10 +168,17 @@ pub async fn run(
             } else {
                 (app.clone(), builder.clone())
             };
-            let io = crate::serve::front::client_io(tcp, &gateway);
-            let handshake = tls_handshake(tls.acceptor(), io, server.header_timeout);
+            let (acceptor, gateway, within) = (tls.acceptor(), gateway.clone(), server.header_timeout);
             tokio::spawn(async move {
                 let _conn = conn;
+                let deadline = Instant::now() + within;
+                if tokio::time::timeout_at(deadline, plain_http(&tcp)).await == Ok(true) {
+                    let _ = tokio::time::timeout_at(deadline, refuse_plain_http(tcp)).await;
+                    return;
+                }
+                let io = crate::serve::front::client_io(tcp, &gateway);
+                let handshake =
+                    tls_handshake(acceptor, io, deadline.saturating_duration_since(Instant::now()));
                 if let Some(io) = handshake.await {
                     let serving = builder.serve_connection(TokioIo::new(io), service);
                     let _ = Box::pin(watcher.watch(serving)).await;
@@ -263,6 +270,35 @@ fn connection_builder(
         .max_header_list_size(u32::try_from(server.max_header_bytes * 4).unwrap_or(u32::MAX))
         .keep_alive_interval(Some(Duration::from_secs(30)));
     builder
+}
+
+/// Whether a connection to the TLS listener opens with plain HTTP: a request line begins with
+/// an upper-case method (`GET`, `POST`, h2's `PRI`), a TLS record with 0x16.
+async fn plain_http(tcp: &tokio::net::TcpStream) -> bool {
+    let mut first = [0u8; 1];
+    matches!(tcp.peek(&mut first).await, Ok(1) if first[0].is_ascii_uppercase())
+}
+
+/// nginx's answer to plain HTTP on its TLS port, so that a client that forgot `https://` reads
+/// why (it read the TLS alert as an HTTP/0.9 body): the head is read first (up to 16 KiB), so that
+/// closing with unread bytes does not reset the connection under the answer.
+async fn refuse_plain_http(mut tcp: tokio::net::TcpStream) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const BODY: &str = "The plain HTTP request was sent to HTTPS port: use https://\n";
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 4096];
+    while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        match tcp.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    let answer = format!(
+        "HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    let _ = tcp.write_all(answer.as_bytes()).await;
+    let _ = tcp.shutdown().await;
 }
 
 /// A TLS connection's handshake, within the time its request head has (`server.header_timeout`):

@@ -112,12 +112,25 @@ async fn every_drain_undrain_and_reload_is_one_audit_event_naming_the_token_hold
     std::fs::write(&path, stack.fill(&yaml("4"))).unwrap();
     stack.gateway.set_config_path(path.clone());
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 200);
+    // Only the balancer changes: the event still says what.
+    let p2c = yaml("4").replace("    classes:", "    balance: p2c\n    classes:");
+    std::fs::write(&path, stack.fill(&p2c)).unwrap();
+    assert_eq!(post(format!("{admin}/admin/reload"), None).await, 200);
     std::fs::write(&path, "listen: 127.0.0.1:0\nroutes: []\n").unwrap();
     assert_eq!(post(format!("{admin}/admin/reload"), None).await, 400);
 
     let events = log.audit();
-    assert_eq!(events.len(), 4, "one event per change: {events:#?}");
-    let (drain, undrain, reload, refused) = (&events[0], &events[1], &events[2], &events[3]);
+    assert_eq!(events.len(), 5, "one event per change: {events:#?}");
+    let (drain, undrain, reload, refused) = (&events[0], &events[1], &events[2], &events[4]);
+    let balance = &events[3];
+    assert!(
+        balance["before"]
+            .as_str()
+            .unwrap()
+            .contains("balance least_outstanding")
+            && balance["after"].as_str().unwrap().contains("balance p2c"),
+        "{balance}"
+    );
     assert_eq!(drain["action"], "drain");
     assert_eq!(drain["by"], "oncall-alice");
     assert_eq!(drain["replica"], replica.as_str());

@@ -249,3 +249,67 @@ async fn input_tokens_are_counted_with_the_routes_tokenizer() {
     let v: Value = r.json().await.unwrap();
     testkit::assert_error_mentions(&v, "the input is 5 tokens");
 }
+
+/// Every header the gateway reads is checked the same way on every route: a malformed value is a
+/// 400 naming the header, whether or not the route acts on it (an SLO header on a route without
+/// `balance: slo` was answered 200).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_header_read_is_checked_on_every_route() {
+    let config = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: plain
+    upstream_model: sim
+    replicas: [{E0}]
+  - model: by-slo
+    upstream_model: sim
+    replicas: [{E0}]
+    balance: slo
+"#;
+    let stack = Stack::start(vec![engine(tiny()).await], config).await;
+    let url = format!("{}/v1/chat/completions", stack.url);
+    let cases = [
+        ("x-spillway-slo-ttft-ms", "abc", "invalid_slo"),
+        ("x-llm-d-slo-ttft-ms", "-5", "invalid_slo"),
+        ("x-spillway-slo-tpot-ms", "0", "invalid_slo"),
+        ("x-llm-d-slo-tpot-ms", "fast", "invalid_slo"),
+        ("x-spillway-deadline", "soon", "invalid_deadline"),
+        ("x-spillway-priority", "urgent", "invalid_priority"),
+    ];
+    for model in ["plain", "by-slo"] {
+        let body = json!({"model": model, "messages": [{"role": "user", "content": "x"}], "max_tokens": 2});
+        for (name, value, code) in cases {
+            let r = http()
+                .post(&url)
+                .header(name, value)
+                .json(&body)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 400, "{model}: {name}: {value}");
+            let v: Value = r.json().await.unwrap();
+            assert_eq!(v["error"]["code"], code, "{model}: {v}");
+            testkit::assert_error_mentions(&v, name);
+        }
+        // The llm-d name is checked even when ours is sent too (ours wins when both are good).
+        let r = http()
+            .post(&url)
+            .header("x-spillway-slo-ttft-ms", "500")
+            .header("x-llm-d-slo-ttft-ms", "abc")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{model}");
+        let good = http()
+            .post(&url)
+            .header("x-spillway-slo-ttft-ms", "500")
+            .header("x-spillway-deadline", "5s")
+            .header("x-spillway-priority", "standard")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(good.status().as_u16(), 200, "{model}");
+    }
+}

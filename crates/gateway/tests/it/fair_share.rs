@@ -180,7 +180,7 @@ async fn a_flooding_team_no_longer_takes_the_others_turn() {
             assert!(ahead("b") < ahead("a"), "b {} a {}", ahead("b"), ahead("a"));
             for series in [
                 r#"spillway_team_attained_service{class="shared",route="chat",team="b"}"#,
-                r#"spillway_fairness_index{class="shared",route="chat"}"#,
+                r#"spillway_weighted_fairness_index{class="shared",route="chat"}"#,
                 r#"spillway_team_service_tokens_total{class="shared",route="chat",team="a"}"#,
                 r#"spillway_team_queue_wait_seconds_count{class="shared",route="chat",team="b"}"#,
             ] {

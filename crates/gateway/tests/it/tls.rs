@@ -75,10 +75,23 @@ async fn the_listener_serves_http1_and_h2_over_tls_as_alpn_settles() {
         assert_eq!(tls.get_ref().1.alpn_protocol(), chosen, "offered {offered:?}");
     }
     // A client that does not trust the certificate gets no further than the handshake, and one
-    // that speaks plain HTTP to the TLS port gets no answer.
+    // that speaks plain HTTP to the TLS port gets nginx's 400, not a TLS alert it would read as
+    // an HTTP/0.9 body.
     assert!(testkit::tls::connect(addr, &Cert::new(), &[]).await.is_err());
-    let plain = testkit::http().get(format!("http://{addr}/health")).send().await;
-    assert!(plain.is_err(), "{plain:?}");
+    for path in ["/health", "/v1/chat/completions"] {
+        let plain = testkit::http()
+            .post(format!("http://{addr}{path}"))
+            .json(&chat("chat", 8, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(plain.status().as_u16(), 400, "{path}");
+        let text = plain.text().await.unwrap();
+        assert!(
+            text.starts_with("The plain HTTP request was sent to HTTPS port"),
+            "{text}"
+        );
+    }
     // Every request over TLS was recorded as any other.
     let served = stack.records().iter().filter(|r| r.status == 200).count();
     assert_eq!(served, 4);

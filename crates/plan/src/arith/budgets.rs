@@ -160,22 +160,39 @@ pub(super) fn budgets(
     } else {
         format!("{} (assumed)", dur(ttft))
     };
-    line(
-        "nesting",
-        format!(
-            "caller {} > LiteLLM timeout {} > gateway total {} > model {}; LiteLLM stream_timeout {} > first_token {} > Wq {} + TTFT p99 {}; connect {} < first_token",
-            dur(caller),
-            dur(litellm_timeout),
-            dur(total),
-            dur(model),
-            dur(litellm_stream_timeout),
-            dur(first_token),
-            dur(wq),
-            ttft_shown,
-            dur(connect)
-        ),
-        "LiteLLM = the gateway's budget + min(1s, half the room left under the caller)".into(),
-    );
+    if d.litellm {
+        line(
+            "nesting",
+            format!(
+                "caller {} > LiteLLM timeout {} > gateway total {} > model {}; LiteLLM stream_timeout {} > first_token {} > Wq {} + TTFT p99 {}; connect {} < first_token",
+                dur(caller),
+                dur(litellm_timeout),
+                dur(total),
+                dur(model),
+                dur(litellm_stream_timeout),
+                dur(first_token),
+                dur(wq),
+                ttft_shown,
+                dur(connect)
+            ),
+            "LiteLLM = the gateway's budget + min(1s, half the room left under the caller)".into(),
+        );
+    } else {
+        line(
+            "nesting",
+            format!(
+                "caller {} > gateway total {} > model {}; first_token {} > Wq {} + TTFT p99 {}; connect {} < first_token",
+                dur(caller),
+                dur(total),
+                dur(model),
+                dur(first_token),
+                dur(wq),
+                ttft_shown,
+                dur(connect)
+            ),
+            "the budgets above".into(),
+        );
+    }
     Ok(Budgets {
         caller,
         litellm_timeout,

@@ -148,6 +148,8 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
             max_num_batched_tokens: None,
             unmeasured: Vec::new(),
         },
+        litellm: true,
+        envoy: true,
     };
     let p = plan(&m, &d).unwrap_or_else(|e| panic!("{e}\n{table}"));
     let shown = format!("{}\n{table}", spillway_plan::report::text(&p));

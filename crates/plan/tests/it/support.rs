@@ -49,6 +49,8 @@ pub(crate) fn seed_deployment() -> Deployment {
         },
         tenant_quotas: Vec::new(),
         names: seed_names(2),
+        litellm: true,
+        envoy: true,
     }
 }
 

@@ -31,7 +31,7 @@ pub(crate) fn render(report: &bench::Report, story: &Story<'_>) -> Result<String
         esc(story.burst),
         esc(story.reload)
     );
-    after.push_str("<table>\n");
+    after.push_str("<div class=\"scroll\"><table>\n");
     for (i, (name, open, planned)) in story.table.iter().enumerate() {
         let cell = if i == 0 { "th" } else { "td" };
         after.push_str(&format!(
@@ -42,7 +42,7 @@ pub(crate) fn render(report: &bench::Report, story: &Story<'_>) -> Result<String
         ));
     }
     after.push_str(&format!(
-        "</table>\n<p><strong>{}</strong></p>\n\
+        "</table></div>\n<p><strong>{}</strong></p>\n\
          <h2>5. spillway diagnose, during the burst with admission off</h2>\n<pre>{}</pre>\n",
         esc(story.conclusion),
         esc(story.verdict)

@@ -98,9 +98,10 @@ fn check_accepts_the_shipped_example_and_names_the_bad_field() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("class interactive: C = 24, Q = 12, Wq = 2s"),
+        stdout.contains("class interactive: C = 24, Q = 12, Wq = 2s, fairness fifo"),
         "{stdout}"
     );
+    assert!(stdout.contains("balance least_outstanding"), "{stdout}");
 
     let dir = std::env::temp_dir().join(format!("spillway-check-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -125,6 +126,28 @@ fn check_accepts_the_shipped_example_and_names_the_bad_field() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read /nonexistent.yaml"));
+    // Teams: the weights fair share divides a contended class by, and the default fairness.
+    let teams = dir.join("teams.yaml");
+    let text = std::fs::read_to_string(example).unwrap()
+        + "tenants:\n  - { team: search, key_sha256: [ \"9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08\" ], weight: 3 }\n  - { team: batch, key_sha256: [ \"580843d03d2216ff1a275d0991bad66e4d1af871171d929e9de604b7959f9bca\" ], priority: sheddable }\n";
+    std::fs::write(&teams, text).unwrap();
+    let out = Command::new(BIN)
+        .args(["check", teams.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "fairness teams",
+        "team search: weight 3, priority standard",
+        "team batch: weight 1, priority sheddable",
+    ] {
+        assert!(stdout.contains(line), "{line:?} missing:\n{stdout}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

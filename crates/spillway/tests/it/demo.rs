@@ -77,6 +77,23 @@ fn the_quick_demo_tells_the_whole_story_and_writes_its_report() {
     let (_, rejected) = row(&stdout, "rejected (503/429)");
     assert!(rejected > 0, "the overload met fast refusals:\n{stdout}");
     assert!(stdout.contains("verdict: "), "{stdout}");
+    // No number contradicts itself (issue 52): nothing "exceeds" what it equals as printed, the
+    // plan names no LiteLLM the demo does not run, and admission off is called off, not a C of
+    // 1000000 to lower.
+    for line in stdout.lines().chain(html.lines()) {
+        if let Some((a, b)) = line.split_once(" exceeds ") {
+            let (v, bound) = (
+                a.rsplit(' ').next().unwrap_or(""),
+                b.split([' ', ';', ',', '<']).next().unwrap_or(""),
+            );
+            assert_ne!(v, bound, "{line}");
+        }
+    }
+    let plan = &html[at("<h2>3. spillway plan")..at("<h2>4. the same burst twice")];
+    for said in [&stdout[..], plan] {
+        assert!(!said.contains("LiteLLM") && !said.contains("Envoy"), "{said}");
+    }
+    assert!(!stdout.contains("C from 1000000"), "{stdout}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -6,6 +6,7 @@ mod demo;
 mod deploy;
 mod deploy_picker;
 mod diagnose;
+mod image;
 mod manifests;
 mod plan;
 mod shared;

@@ -190,6 +190,13 @@ fn the_seeds_figures_print_their_arithmetic_and_every_file() {
     assert_eq!(doc["plan"]["queue"], 12);
     assert_eq!(doc["plan"]["budgets"]["queue_wait"], 2.0);
     assert_eq!(doc["files"].as_array().unwrap().len(), 2);
+    // Without LiteLLM's file, the plan neither sizes nor names it.
+    assert_eq!(doc["plan"]["litellm"], false);
+    assert!(
+        !doc["plan"]["binding_why"].as_str().unwrap().contains("LiteLLM"),
+        "{}",
+        doc["plan"]["binding_why"]
+    );
 }
 
 #[test]

@@ -110,7 +110,7 @@ tenants:
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        stdout.contains("fairness (Jain's index over 2 tenants"),
+        stdout.contains("equal-share fairness (Jain's index over 2 tenants"),
         "{stdout}"
     );
     for secret in [KEY_A, KEY_B] {

@@ -64,6 +64,41 @@ fn a_c_above_what_the_engines_run_moves_the_backlog_into_the_engine() {
     );
 }
 
+/// The demo's unprotected run: C = 1000000 admits everything, so the advice is to turn admission
+/// on, not to "lower C from 1000000 to 8" as if a C had been chosen too high.
+#[test]
+fn a_c_that_admits_everything_is_called_admission_off() {
+    let e = Engine {
+        running: 8.0,
+        waiting: 8.0,
+        queue: 1.2,
+        ttft: 1.6,
+        ..Engine::default()
+    };
+    let (b, a) = (e.before().text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(
+        &[("e:1", &b), ("g:1", &gw(1_000_000.0, 0.0, 16.0, 0, 0.0))],
+        &[("e:1", &a), ("g:1", &gw(1_000_000.0, 0.0, 16.0, 100, 0.001))],
+    );
+    assert_eq!(v.status, Status::Incident);
+    let b = v.backlog.as_ref().expect("a backlog");
+    assert!(
+        b.reading
+            .contains("the gateway's admission is off (C 1000000 admits everything)"),
+        "{}",
+        b.reading
+    );
+    assert_eq!(
+        whats(&v)[0],
+        "turn the gateway's admission on: C = 8",
+        "{:#?}",
+        v.changes
+    );
+    let all = format!("{:?} {v:?}", v.changes);
+    assert!(!all.contains("lower the gateway's C"), "{all}");
+    assert!(!all.contains("999992"), "{all}");
+}
+
 /// The gateway holds its queue full while the engines wait on nothing, decode far inside its
 /// objective: C is below what they could take, and the queue is deeper than drains in time.
 #[test]
