@@ -97,6 +97,68 @@ impl<'a> Event<'a> {
     }
 }
 
+/// Reads a stream's events, each as [`Event::read`] would, with a short way for the common case:
+/// a replica writes every token's chunk with the same bytes around its text (vLLM: the same id,
+/// time, model and choice), so a chunk that differs from the last one read in full only inside
+/// that text — and there by characters that need no escape — is judged as that one was, without
+/// a parse. Anything else is read in full (and becomes the template when it can).
+#[derive(Default)]
+pub struct Reader {
+    template: Vec<u8>,
+    /// The template's judgement, where its data begins and how long it is, and where its token
+    /// string lies in the template: `None` while there is no template.
+    judged: Option<(Judgement, usize, usize, std::ops::Range<usize>)>,
+}
+
+impl Reader {
+    pub fn read<'a>(&mut self, raw: &'a [u8]) -> Event<'a> {
+        if let Some(e) = self.short(raw) {
+            return e;
+        }
+        let event = Event::read(raw);
+        self.judged = None;
+        if let (Some(Data::Line { value, at }), Some(token)) = (&event.data, &event.judgement.token) {
+            let j = &event.judgement;
+            // The spans a judgement carries (id, model) must stand before the token's string,
+            // where a chunk read the short way has the same bytes.
+            let before = |r: &std::ops::Range<usize>| r.end <= token.start;
+            if j.id.as_ref().is_none_or(before) && j.models.iter().flatten().all(before) {
+                self.template.clear();
+                self.template.extend_from_slice(raw);
+                let token = at + token.start..at + token.end;
+                self.judged = Some((j.clone(), *at, value.len(), token));
+            }
+        }
+        event
+    }
+
+    fn short<'a>(&self, raw: &'a [u8]) -> Option<Event<'a>> {
+        let (judgement, at, len, token) = self.judged.as_ref()?;
+        let t = &self.template;
+        let tail = &t[token.end..];
+        if raw.len() <= token.start + tail.len()
+            || raw[..token.start] != t[..token.start]
+            || !raw.ends_with(tail)
+        {
+            return None;
+        }
+        let text = &raw[token.start..raw.len() - tail.len()];
+        // A JSON string's inside as it stands: no quote, no escape, no control character, UTF-8.
+        if text.iter().any(|b| *b < 0x20 || *b == b'"' || *b == b'\\') || std::str::from_utf8(text).is_err() {
+            return None;
+        }
+        let len = len + raw.len() - t.len();
+        Some(Event {
+            raw,
+            judgement: judgement.clone(),
+            data: Some(Data::Line {
+                value: &raw[*at..at + len],
+                at: *at,
+            }),
+        })
+    }
+}
+
 /// The lines of an event, ended by CR LF, LF or CR.
 fn lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut at = 0;
@@ -180,6 +242,25 @@ pub fn check(bytes: &[u8]) {
     let mut s = protocol::sse::EventSplitter::default();
     s.feed(bytes, |e| events.push(e));
     events.push(s.rest());
+    // The stream's reader, short way included, reads each as a parse does.
+    let mut reader = Reader::default();
+    for e in &events {
+        let read = reader.read(e);
+        let data = read.data();
+        let ours = reference::Summary {
+            kind: read.kind(),
+            usage: read.judgement.usage,
+            error: read.judgement.error.clone(),
+            id: read.judgement.id(data),
+            model: read.judgement.models.last(data),
+        };
+        assert_eq!(
+            ours,
+            reference::judge(e),
+            "read in a stream: {:?}",
+            String::from_utf8_lossy(e)
+        );
+    }
     for e in events {
         judge::check(&e);
         let before = reference::judge(&e);

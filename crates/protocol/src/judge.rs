@@ -156,6 +156,11 @@ pub struct Judgement {
     /// Where each top-level `model` member's value is written in the data, in order; `None` for
     /// one that is not a string.
     pub models: Models,
+    /// For a chunk with tokens: where one non-empty string that carries them is written in the
+    /// data (quotes excluded), when it has no escapes. An event that differs from this one only
+    /// inside that string, and there by other plain characters, is judged the same: the relay's
+    /// short way for a stream's next chunk (`gateway::event::Reader`).
+    pub token: Option<Range<usize>>,
 }
 
 impl Judgement {
@@ -166,6 +171,7 @@ impl Judgement {
             error: None,
             id: None,
             models: Models::default(),
+            token: None,
         }
     }
 
@@ -274,12 +280,17 @@ fn judge_json(data: &[u8], lenient: bool) -> Judgement {
     } else {
         Kind::Other
     };
+    let base = text.as_ptr() as usize;
     Judgement {
         kind,
         usage: top.usage,
         error: top.error.then(|| top.error_info.unwrap_or_default()),
         id: top.id,
         models: top.models,
+        token: choices
+            .at
+            .filter(|_| kind == Kind::Tokens)
+            .map(|(p, len)| p - base..p - base + len),
     }
 }
 
@@ -342,6 +353,8 @@ struct Choices {
     array: bool,
     empty: bool,
     tokens: bool,
+    /// One string that carries tokens, where [`NonEmptyStr`] saw it.
+    at: At,
 }
 
 /// Reads the top-level value: `Some` for an object, `None` for any other JSON value.
@@ -650,20 +663,28 @@ impl<'de> de::Deserialize<'de> for Key {
 
 /// True for a non-empty string, false for any other value.
 #[derive(Default)]
-struct NonEmptyStr(bool);
+struct NonEmptyStr(bool, At);
 any_value!(NonEmptyStr);
+
+/// Where a non-empty string that carries tokens is written in memory (its first byte and its
+/// length, quotes excluded), when serde_json lent it unescaped out of the input.
+type At = Option<(usize, usize)>;
 
 impl<'de> Visitor<'de> for NonEmptyStr {
     type Value = NonEmptyStr;
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("any value")
     }
-    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
-        Ok(NonEmptyStr(!s.is_empty()))
+    fn visit_borrowed_str<E: de::Error>(self, s: &'de str) -> Result<Self::Value, E> {
+        let at = (!s.is_empty()).then_some((s.as_ptr() as usize, s.len()));
+        Ok(NonEmptyStr(!s.is_empty(), at))
     }
-    passes_over!(NonEmptyStr(false));
-    passes_over_seq!(NonEmptyStr(false));
-    passes_over_map!(NonEmptyStr(false));
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+        Ok(NonEmptyStr(!s.is_empty(), None))
+    }
+    passes_over!(NonEmptyStr(false, None));
+    passes_over_seq!(NonEmptyStr(false, None));
+    passes_over_map!(NonEmptyStr(false, None));
 }
 
 /// True for a non-empty array, false for any other value.
@@ -733,10 +754,12 @@ impl<'de> Visitor<'de> for ChoicesValue {
             array: true,
             empty: true,
             tokens: false,
+            at: None,
         };
         while let Some(choice) = seq.next_element::<ChoiceValue>()? {
             c.empty = false;
             c.tokens |= choice.0;
+            c.at = choice.1.or(c.at);
         }
         Ok(ChoicesValue(c))
     }
@@ -747,7 +770,7 @@ impl<'de> Visitor<'de> for ChoicesValue {
 
 /// One choice: true when it carries generated tokens.
 #[derive(Default)]
-struct ChoiceValue(bool);
+struct ChoiceValue(bool, At);
 any_value!(ChoiceValue);
 
 impl<'de> Visitor<'de> for ChoiceValue {
@@ -756,26 +779,32 @@ impl<'de> Visitor<'de> for ChoiceValue {
         f.write_str("any value")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let (mut text, mut delta) = (false, false);
+        let (mut text, mut delta) = ((false, None), (false, None));
         while let Some(key) = map.next_key::<Key>()? {
             match key {
-                Key::Text => text = map.next_value::<NonEmptyStr>()?.0,
-                Key::Delta => delta = map.next_value::<DeltaValue>()?.0,
+                Key::Text => {
+                    let t = map.next_value::<NonEmptyStr>()?;
+                    text = (t.0, t.1);
+                }
+                Key::Delta => {
+                    let d = map.next_value::<DeltaValue>()?;
+                    delta = (d.0, d.1);
+                }
                 _ => {
                     map.next_value::<Skip>()?;
                 }
             }
         }
-        Ok(ChoiceValue(text || delta))
+        Ok(ChoiceValue(text.0 || delta.0, text.1.or(delta.1)))
     }
-    passes_over!(ChoiceValue(false));
-    passes_over_str!(ChoiceValue(false));
-    passes_over_seq!(ChoiceValue(false));
+    passes_over!(ChoiceValue(false, None));
+    passes_over_str!(ChoiceValue(false, None));
+    passes_over_seq!(ChoiceValue(false, None));
 }
 
 /// A choice's `delta`: true when it carries generated tokens.
 #[derive(Default)]
-struct DeltaValue(bool);
+struct DeltaValue(bool, At);
 any_value!(DeltaValue);
 
 impl<'de> Visitor<'de> for DeltaValue {
@@ -784,14 +813,14 @@ impl<'de> Visitor<'de> for DeltaValue {
         f.write_str("any value")
     }
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        let mut fields = [false; 4];
+        let mut fields = [(false, None); 4];
         while let Some(key) = map.next_key::<Key>()? {
             let slot = match key {
                 Key::Content => 0,
                 Key::Reasoning => 1,
                 Key::ReasoningContent => 2,
                 Key::ToolCalls => {
-                    fields[3] = map.next_value::<NonEmptyArray>()?.0;
+                    fields[3] = (map.next_value::<NonEmptyArray>()?.0, None);
                     continue;
                 }
                 _ => {
@@ -799,13 +828,15 @@ impl<'de> Visitor<'de> for DeltaValue {
                     continue;
                 }
             };
-            fields[slot] = map.next_value::<NonEmptyStr>()?.0;
+            let v = map.next_value::<NonEmptyStr>()?;
+            fields[slot] = (v.0, v.1);
         }
-        Ok(DeltaValue(fields.contains(&true)))
+        let at = fields.iter().find_map(|f| f.1);
+        Ok(DeltaValue(fields.iter().any(|f| f.0), at))
     }
-    passes_over!(DeltaValue(false));
-    passes_over_str!(DeltaValue(false));
-    passes_over_seq!(DeltaValue(false));
+    passes_over!(DeltaValue(false, None));
+    passes_over_str!(DeltaValue(false, None));
+    passes_over_seq!(DeltaValue(false, None));
 }
 
 /// The `usage` member: `Some` for an object.

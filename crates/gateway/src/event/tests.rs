@@ -217,3 +217,40 @@ fn usage_is_taken_from_the_usage_chunk_or_a_chunk_that_counts_what_was_generated
         None
     );
 }
+
+/// A stream's token chunks after the first are read the short way when only their text differs,
+/// and every one is judged as a parse judges it; a chunk whose text needs an escape, or that
+/// differs elsewhere, is read in full.
+#[test]
+fn a_streams_next_chunks_are_read_the_short_way_and_judged_alike() {
+    let chunk = |text: &str, finish: &str| {
+        format!(
+            "data: {{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"sim\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{text}\"}},\"logprobs\":null,\"finish_reason\":{finish}}}]}}\n\n"
+        )
+    };
+    let mut reader = Reader::default();
+    let first = chunk("t0 ", "null");
+    assert_eq!(reader.read(first.as_bytes()).kind(), EventKind::Tokens);
+    for (text, finish, short) in [
+        ("a much longer token ", "null", true),
+        ("é", "null", true),
+        ("x", "null", true),
+        ("", "null", false),
+        ("q\\\"", "null", false),
+        ("y", "\"length\"", false),
+    ] {
+        let e = chunk(text, finish);
+        assert_eq!(reader.short(e.as_bytes()).is_some(), short, "{e}");
+        let read = reader.read(e.as_bytes());
+        let expected = protocol::judge::reference::judge(e.as_bytes());
+        assert_eq!(read.kind(), expected.kind, "{e}");
+        assert_eq!(read.judgement.models.last(read.data()), expected.model, "{e}");
+        // The rename, the short way too.
+        let mut out = BytesMut::new();
+        read.append(Some(&Rename::new("sim", "chat")), &mut out);
+        assert_eq!(
+            out.to_vec(),
+            e.replace("\"model\":\"sim\"", "\"model\":\"chat\"").into_bytes()
+        );
+    }
+}

@@ -14,7 +14,7 @@ pub(crate) use detached::detached;
 
 use crate::error::Cut;
 use crate::error::GatewayError;
-use crate::event::{EarlyError, Event, EventKind, Rename};
+use crate::event::{EarlyError, Event, EventKind, Reader, Rename};
 use crate::path::ledger::{Ending, Ledger};
 use crate::route::transport::Body;
 use alarms::Alarms;
@@ -46,6 +46,7 @@ pub(crate) const DONE_GRACE: Duration = Duration::from_secs(1);
 pub(crate) struct Events {
     upstream: Body,
     splitter: EventSplitter,
+    reader: Reader,
     /// SharedLimits with the route: a `Rename` (a searcher and two names) is ten times the pointer.
     rename: Option<Arc<Rename>>,
     strip_usage: bool,
@@ -79,6 +80,7 @@ impl Events {
         let Events {
             upstream,
             splitter,
+            reader,
             rename,
             strip_usage,
             out,
@@ -102,7 +104,7 @@ impl Events {
                 if early_error.is_some() {
                     return;
                 }
-                let e = Event::read(e);
+                let e = reader.read(e);
                 // Only before the first token (`open`'s reads): an error there is answered as
                 // the status it names, so it is kept back rather than passed on.
                 if until_token && !token.get() && e.kind() == EventKind::Error {
@@ -154,6 +156,7 @@ pub(crate) async fn open(
     let mut events = Events {
         upstream,
         splitter: EventSplitter::default(),
+        reader: Reader::default(),
         rename,
         strip_usage,
         out: BytesMut::with_capacity(OUT_CAPACITY),

@@ -7,7 +7,7 @@
 use super::Picker;
 use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
-use crate::event::{EarlyError, Event, EventKind};
+use crate::event::{EarlyError, EventKind, Reader};
 use crate::path::ledger::{Ending, Ledger};
 use crate::path::prepare::{self, Api};
 use crate::path::relay::{DONE_GRACE, MAX_EVENT, pass_on, too_large_message};
@@ -317,7 +317,7 @@ enum Mode {
     Head,
     /// A stream of SSE events: each timed, its usage read (and dropped if the client did not ask
     /// for it), the model renamed back.
-    Events(EventSplitter),
+    Events(EventSplitter, Reader),
     /// A whole answer, held until its end to read its usage and rename its model, within
     /// `server.max_response_bytes`; past it, passed on as it comes.
     Whole(BytesMut),
@@ -412,7 +412,7 @@ impl Response<'_> {
                     let served = envoy::served(&m);
                     let headers = envoy::headers(h);
                     let head = self.head(&mut ex, status, served.as_deref(), &headers);
-                    if matches!(self.mode, Mode::Events(_)) && !h.end_of_stream {
+                    if matches!(self.mode, Mode::Events(..)) && !h.end_of_stream {
                         // As the proxy does, a stream's head waits for its first token, so that
                         // a replica that never sends one still gets the client a clean 504.
                         self.held = Some((head, BytesMut::new()));
@@ -516,7 +516,7 @@ impl Response<'_> {
             ex.end(Ending::Cut(cut), e.status());
             let timing = server_timing(ex);
             let _ = s.send(refusal(&e, Some((&timing, ex)))).await;
-        } else if matches!(self.mode, Mode::Events(_)) {
+        } else if matches!(self.mode, Mode::Events(..)) {
             ex.end(Ending::Cut(cut), StatusCode::OK);
             let mut replies = Vec::new();
             envoy::body(false, &GatewayError::stream_cut(cut, message), true, &mut replies);
@@ -564,7 +564,7 @@ impl Response<'_> {
         self.mode = if !status.is_success() {
             Mode::Plain
         } else if event_stream {
-            Mode::Events(EventSplitter::default())
+            Mode::Events(EventSplitter::default(), Reader::default())
         } else {
             Mode::Whole(BytesMut::new())
         };
@@ -614,7 +614,7 @@ impl Response<'_> {
         let limit = self.g.config.server.max_response_bytes;
         let mut out = BytesMut::new();
         match &mut self.mode {
-            Mode::Events(splitter) => {
+            Mode::Events(splitter, reader) => {
                 let now = Instant::now();
                 let rename = self.route.rename.as_deref();
                 let strip = self.strip_usage;
@@ -626,7 +626,7 @@ impl Response<'_> {
                     if early.is_some() {
                         return;
                     }
-                    let e = Event::read(e);
+                    let e = reader.read(e);
                     // An error in place of the first token is answered as the status it names,
                     // as the proxy answers it: the head has not gone out.
                     if holding && !first && e.kind() == EventKind::Error {
@@ -756,7 +756,7 @@ impl Response<'_> {
                 ex.end(Ending::Finished, StatusCode::OK);
                 body
             }
-            Mode::Events(mut splitter) => {
+            Mode::Events(mut splitter, _) => {
                 let mut out = BytesMut::new();
                 let rest = splitter.rest();
                 crate::path::relay::last_event(
