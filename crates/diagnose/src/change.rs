@@ -21,8 +21,34 @@ pub struct Backlog {
     pub engine_running: Option<f64>,
     /// The gateway's C, summed over classes and gateways.
     pub gateway_concurrency: Option<f64>,
+    /// Requests finished per second in the window, and how long what waits now takes to drain
+    /// at that rate.
+    pub finished_per_s: Option<f64>,
+    pub drain_secs: Option<f64>,
     /// One line: where, and what it means for C.
     pub reading: String,
+}
+
+impl Backlog {
+    /// Where the backlog waits and how long it takes to drain, for the verdict's one line.
+    pub fn clause(&self) -> Option<String> {
+        let waiting = self.gateway_queued.unwrap_or(0.0) + self.engine_waiting.unwrap_or(0.0);
+        let place = match self.sits {
+            "gateway" => "in the gateway's queue",
+            "engine" => "in the engines' queue",
+            "both" => "in the gateway's and the engines' queues",
+            _ => return None,
+        };
+        Some(match (self.drain_secs, self.finished_per_s) {
+            (Some(d), Some(rate)) => format!(
+                "{} waiting {place}, {} to drain at {} finished/s",
+                num(waiting),
+                secs(d),
+                num(rate)
+            ),
+            _ => format!("{} waiting {place}, none finished in the window", num(waiting)),
+        })
+    }
 }
 
 /// One change to make, with its number and the arithmetic that gave it.
@@ -150,7 +176,7 @@ pub(crate) fn advise(
     if !incident {
         return Advice::default();
     }
-    let backlog = backlog(rows, drained);
+    let backlog = backlog(rows, drained, throughput(rows, fleet.window_secs));
     let mut changes = Vec::new();
     let running = e.running.map(|l| l.end);
     let waiting = e.waiting.map_or(0.0, |l| l.end);
@@ -329,7 +355,7 @@ pub(crate) fn advise(
 }
 
 /// Requests served per second: the engines' finished, else the gateway's 2xx.
-fn throughput(rows: &Rows, window_secs: f64) -> Option<f64> {
+pub(crate) fn throughput(rows: &Rows, window_secs: f64) -> Option<f64> {
     let from_engines = rows
         .engine
         .finished
@@ -363,7 +389,7 @@ fn arrivals(rows: &Rows, window_secs: f64) -> Option<f64> {
     }
 }
 
-fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
+fn backlog(rows: &Rows, drained: bool, finished_per_s: Option<f64>) -> Option<Backlog> {
     let e = &rows.engine;
     let queued = e.gateway_queued.map(|l| l.end);
     let waiting = e.waiting.map(|l| l.end);
@@ -419,6 +445,10 @@ fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
         engine_waiting: waiting,
         engine_running: running,
         gateway_concurrency: c,
+        finished_per_s,
+        drain_secs: finished_per_s
+            .filter(|_| g || w)
+            .map(|rate| (queued.unwrap_or(0.0) + waiting.unwrap_or(0.0)) / rate),
         reading,
     })
 }

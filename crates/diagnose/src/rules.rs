@@ -64,6 +64,9 @@ pub(crate) fn apply(
             None => found.push(f),
         }
     }
+    if found.is_empty() {
+        found.extend(table::backlog_left(&s));
+    }
     crate::breakdown::place(&mut found, local);
     found.sort_by_key(|f| RANK.iter().position(|x| *x == f.suspect));
     let saturation = saturation(&s);
@@ -89,8 +92,12 @@ fn saturation(s: &Signals<'_>) -> Saturation {
             .into_iter()
             .flatten()
             .collect(),
+        // An engine at its cap with a queue that takes long to drain is saturated whatever the
+        // queue's trend.
         queue_growth: if s.queue_growth {
             s.queue_ev.clone()
+        } else if s.at_cap {
+            s.queue_ev.iter().chain(&s.backlog_ev).cloned().collect()
         } else {
             Vec::new()
         },

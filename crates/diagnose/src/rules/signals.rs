@@ -125,6 +125,11 @@ pub(crate) struct Signals<'a> {
     pub(crate) drained_seen: bool,
     /// Requests running and nothing generated in the window: no progress at all.
     pub(crate) stuck: bool,
+    /// The level of what waits: how long the queues now take to drain at the measured
+    /// completion rate, over the queue-time line, for a queue held through the window.
+    pub(crate) backlog_ev: Vec<Evidence>,
+    /// An engine's queue held with its batch full: saturated whatever the window's trend.
+    pub(crate) at_cap: bool,
     /// GPU activity (graphics engine when DCGM profiles, else utilisation) at the end, and its
     /// peak over the two ends.
     pub(crate) gpu: Option<(Key, f64)>,
@@ -193,6 +198,12 @@ pub(crate) fn compute<'a>(
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
     let engine_queue_time = mean(e.queue_time);
     let mut queue_time_ev = queue_time(&c, e, t, &held, stuck, engine_queue_time);
+    let backlog_ev = if stuck {
+        Vec::new()
+    } else {
+        backlog(&c, rows, t, &held)
+    };
+    queue_time_ev.extend(backlog_ev.iter().cloned());
     // A queue that stood through a window without a first token: those waiting at its start
     // have waited at least the window.
     if !queue_time_ev.is_empty() && user_ttft.is_none() && (stood(e.waiting) || stood(e.gateway_queued)) {
@@ -237,6 +248,8 @@ pub(crate) fn compute<'a>(
         engine_queue_time,
         drained_seen,
         stuck,
+        at_cap: held.engine && !backlog_ev.is_empty(),
+        backlog_ev,
         gpu: gpu_level.map(|(k, l)| (k, l.end)),
         gpu_peak: gpu_level.map(|(k, l)| (k, l.peak())),
     }
@@ -267,6 +280,33 @@ impl Held {
             slots_full,
         }
     }
+}
+
+/// A held queue's drain time (what waits now ÷ what finishes per second) over the queue-time
+/// line: at an incident's onset the rise is often over, and the level is the evidence. With
+/// nothing finished in the window the queue has waited at least the window.
+fn backlog(c: &Ctx<'_>, rows: &Rows, t: &Thresholds, held: &Held) -> Vec<Evidence> {
+    let e = &rows.engine;
+    let layers = [
+        (held.engine, Key::Waiting, e.waiting),
+        (held.gateway, Key::GwQueued, e.gateway_queued),
+    ];
+    let waiting: f64 = layers
+        .iter()
+        .filter(|(h, ..)| *h)
+        .map(|(_, _, l)| l.map_or(0.0, |l| l.end))
+        .sum();
+    let Some((_, key, _)) = layers.iter().find(|(h, ..)| *h) else {
+        return Vec::new();
+    };
+    let drain = match crate::change::throughput(rows, c.secs) {
+        Some(rate) => waiting / rate,
+        None => c.secs,
+    };
+    if drain <= t.queue_time {
+        return Vec::new();
+    }
+    vec![c.now(*key, "drain_secs", drain, "s", ">", Some(t.queue_time))]
 }
 
 /// TTFT is observed at a first token, so the first seconds of a flood leave it empty: no first

@@ -31,6 +31,19 @@ fn arrivals_exceed_throughput(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Fi
     Some(Finding::new(Suspect::ArrivalsExceedThroughput, ev))
 }
 
+/// Seed row 1 in its level form, for what no row explains: an objective breached while a layer
+/// holds waiters is a backlog; the verdict says where it waits and how long it takes to drain.
+pub(crate) fn backlog_left(s: &Signals<'_>) -> Option<Finding> {
+    let breaches = s.breaches();
+    if breaches.is_empty() || !s.queue_now {
+        return None;
+    }
+    let mut ev = s.queue_ev.clone();
+    ev.extend(s.backlog_ev.clone());
+    ev.extend(breaches);
+    Some(Finding::new(Suspect::ArrivalsExceedThroughput, ev))
+}
+
 /// Seed row 2, "queue low, prefill · TTFT up → long prompts, tokenisation, CPU".
 fn long_prompts(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     let ttft = s
@@ -70,19 +83,36 @@ fn decode_contention(s: &Signals<'_>, blind: &mut Vec<String>) -> Option<Finding
     Some(Finding::new(Suspect::DecodeContention, ev))
 }
 
-/// Seed row 4, "KV cache high · preemptions up → too much context / too many sequences".
+/// Seed row 4, "KV cache high · preemptions up → too much context / too many sequences". High is
+/// relative: vLLM preempts when a sequence finds no free block, freeing the victim's share, so
+/// after a preemption among R running the cache holds about R/(R+1) of itself; the fixed line
+/// only caps that. Preemptions with requests waiting are the same pressure whatever the gauge
+/// read at the window's two instants.
 fn kv_pressure(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     let (kv, pre) = (s.e.kv_usage?, s.e.preemptions?);
-    if kv.peak() < s.t.kv_high || pre <= 0.0 {
+    if pre <= 0.0 {
         return None;
     }
-    Some(Finding::new(
-        Suspect::KvPressure,
-        vec![
-            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(s.t.kv_high)),
-            s.c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0)),
-        ],
-    ))
+    let running = s.e.running.map_or(1.0, |l| l.end.max(1.0));
+    let relative = s.t.kv_high.min(running / (running + 1.0));
+    let line = if kv.peak() >= s.t.kv_high {
+        s.t.kv_high
+    } else {
+        relative
+    };
+    let waiting = s.e.waiting.filter(|l| l.end >= 1.0);
+    let mut ev = vec![s.c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0))];
+    if kv.peak() >= line {
+        ev.insert(
+            0,
+            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(line)),
+        );
+    } else {
+        let w = waiting?;
+        ev.push(s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", "<", Some(line)));
+        ev.push(s.c.ev(Key::Waiting, "end", w.end, "requests", ">=", Some(1.0)));
+    }
+    Some(Finding::new(Suspect::KvPressure, ev))
 }
 
 /// Seed row 5, "engine healthy, gateway timeouts up → proxy deadlines, buffering, connections".

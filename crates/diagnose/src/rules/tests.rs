@@ -679,4 +679,5 @@ fn a_quiet_replica_given_its_first_request_at_the_end_is_not_a_hang() {
 
 mod change;
 mod kinds;
+mod levels;
 mod onset;
