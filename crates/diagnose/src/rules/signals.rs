@@ -130,6 +130,13 @@ pub(crate) struct Signals<'a> {
     pub(crate) backlog_ev: Vec<Evidence>,
     /// An engine's queue held with its batch full: saturated whatever the window's trend.
     pub(crate) at_cap: bool,
+    /// Requests taken into the batch in the window with no first token by its end (admitted
+    /// less first tokens less those still waiting): on a healthy engine, the few in prefill.
+    pub(crate) unserved: Option<f64>,
+    /// The engine's steps are prefill's: prompt tokens are most of its work (four times the
+    /// generated ones) and a request's prefill lasts longer than the gap allowed between tokens,
+    /// so every prefill stalls the decodes beside it.
+    pub(crate) prefill_bound: bool,
     /// GPU activity (graphics engine when DCGM profiles, else utilisation) at the end, and its
     /// peak over the two ends.
     pub(crate) gpu: Option<(Key, f64)>,
@@ -249,6 +256,12 @@ pub(crate) fn compute<'a>(
         drained_seen,
         stuck,
         at_cap: held.engine && !backlog_ev.is_empty(),
+        unserved: unserved(g, e),
+        prefill_bound: g
+            .prompt_tokens_per_s
+            .zip(g.generation_tokens_per_s)
+            .is_some_and(|(prompt, generated)| prompt >= 4.0 * generated)
+            && mean(e.prefill_time).is_some_and(|p| p > t.itl_p95),
         backlog_ev,
         gpu: gpu_level.map(|(k, l)| (k, l.end)),
         gpu_peak: gpu_level.map(|(k, l)| (k, l.peak())),
@@ -280,6 +293,15 @@ impl Held {
             slots_full,
         }
     }
+}
+
+/// Requests admitted in the window (finished, plus what the batch and the queue grew by) that
+/// have no first token at its end and are not waiting: running, but not served.
+fn unserved(g: &Generation, e: &EngineRow) -> Option<f64> {
+    let (running, waiting) = (e.running?, e.waiting?);
+    let first_tokens = g.engine_ttft?.count;
+    let admitted = e.finished? + running.growth() + waiting.growth();
+    Some((admitted - first_tokens - waiting.end).max(0.0))
 }
 
 /// A held queue's drain time (what waits now ÷ what finishes per second) over the queue-time

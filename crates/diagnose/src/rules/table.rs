@@ -44,14 +44,28 @@ pub(crate) fn backlog_left(s: &Signals<'_>) -> Option<Finding> {
     Some(Finding::new(Suspect::ArrivalsExceedThroughput, ev))
 }
 
-/// Seed row 2, "queue low, prefill · TTFT up → long prompts, tokenisation, CPU".
+/// Seed row 2, "queue low, prefill · TTFT up → long prompts, tokenisation, CPU". When the
+/// engine's steps are prefill's, the gaps between tokens and the short waits behind a prefill
+/// are its doing too, queue or not.
 fn long_prompts(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
-    let ttft = s
-        .ttft_breach
-        .clone()
-        .filter(|_| !s.queue_time_high && !s.queue_present)?;
+    let queue_low = !s.queue_time_high && !s.queue_present;
+    let prefill = mean(s.e.prefill_time);
+    let behind_prefill = s.prefill_bound
+        && s.engine_queue_time
+            .is_none_or(|q| prefill.is_some_and(|p| q <= p));
+    if !(queue_low || behind_prefill) {
+        return None;
+    }
+    let breaches = if queue_low {
+        s.ttft_breach.iter().cloned().collect::<Vec<_>>()
+    } else {
+        s.ttft_breach.iter().chain(&s.itl_breach).cloned().collect()
+    };
+    if breaches.is_empty() {
+        return None;
+    }
     let (c, e, t) = (&s.c, s.e, s.t);
-    let mut ev = vec![ttft];
+    let mut ev = breaches;
     if let Some(v) = s.engine_queue_time {
         ev.push(c.ev(Key::QueueTime, "mean", v, "s", "<=", Some(t.queue_time)));
     }
@@ -65,8 +79,9 @@ fn long_prompts(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
 }
 
 /// Seed row 3, "ITL · decode up, GPU busy → too much decode concurrency".
+/// Gaps between tokens that the engine's prefills explain are row 2's, not this one's.
 fn decode_contention(s: &Signals<'_>, blind: &mut Vec<String>) -> Option<Finding> {
-    let itl = s.itl_breach.clone()?;
+    let itl = s.itl_breach.clone().filter(|_| !s.prefill_bound)?;
     match s.gpu_peak {
         Some((_, v)) if v < s.t.gpu_busy => return None,
         Some(_) => {}
@@ -159,6 +174,9 @@ fn gateway_timeouts(s: &Signals<'_>, blind: &mut Vec<String>) -> Option<Finding>
     Some(Finding::new(Suspect::GatewayTimeouts, ev))
 }
 
+/// Requests running without a first token that are more than a prefill's worth.
+const UNSERVED: f64 = 4.0;
+
 /// Seed row 6, "queue up, GPU activity low → CPU, network, process health", or the engine making
 /// no progress at all. Requests running through the whole window and more still taken into the
 /// batch while nothing comes out is a queue of the engine's own, which a scheduler with room to
@@ -169,6 +187,20 @@ fn process_health(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     let piling = s.stuck
         && e.running
             .is_some_and(|l| l.start.is_some_and(|s| s >= 1.0) && l.growth() > 0.0);
+    // The level form: most of what was taken in the window given no first token, and half the
+    // batch, where a healthy engine has only the few in prefill; whatever the GPU does for the
+    // rest.
+    let running_end = e.running.map_or(0.0, |l| l.end);
+    let first_tokens = s.g.engine_ttft.map_or(0.0, |d| d.count);
+    let unserved = s
+        .unserved
+        .filter(|u| *u >= UNSERVED && *u >= running_end / 2.0 && *u > first_tokens);
+    if let Some(u) = unserved.filter(|_| !piling) {
+        let mut ev = vec![c.now(Key::Ttft, "unserved_running", u, "requests", ">=", Some(UNSERVED))];
+        ev.push(c.ev(Key::Running, "end", running_end, "requests", "=", None));
+        ev.push(c.ev(Key::Ttft, "count", first_tokens, "requests", "<", Some(u)));
+        return Some(Finding::new(Suspect::ProcessHealth, ev));
+    }
     // A queue now, not refusals counted earlier in the window: a burst refused at a queue limit
     // that then went quiet leaves the GPU idle at the end with nothing wrong.
     if !((s.queue_now && (s.queue_growth || s.queue_time_high)) || piling) {
