@@ -442,3 +442,23 @@ fn the_corpus_is_judged_right() {
 /// The shares the table holds today; the aims are 100% and 95%.
 const KIND_FLOOR: f64 = 1.0;
 const SUSPECT_FLOOR: f64 = 0.95;
+
+/// Prints the verdict, as an operator reads it, of the saved windows named in `CORPUS_SHOW`
+/// (`run phase`, comma-separated): what to read when one is judged wrong.
+#[test]
+#[ignore = "a reading aid: CORPUS_SHOW='flood-00 onset' cargo test ... corpus::show -- --ignored --nocapture"]
+fn show() {
+    let wanted = std::env::var("CORPUS_SHOW").unwrap_or_default();
+    for w in load() {
+        let name = format!("{} {}", w.run, w.phase);
+        if wanted.split(',').any(|x| x.trim() == name) {
+            let v = diagnose(&w.start, &w.end, &thresholds(), &Cluster::default());
+            let style = spillway_diagnose::render::Style { colour: false };
+            println!(
+                "== {name} ({})\n{}",
+                w.label.truth,
+                spillway_diagnose::render::text(&v, style)
+            );
+        }
+    }
+}

@@ -213,9 +213,10 @@ fn truth(log: &[Req], a: Instant, b: Instant, run_end: Instant) -> Truth {
     }
 }
 
-/// The kinds a person would call the window from its truth: an objective clearly breached is an
+/// The kinds a person would call the window from its truth: a cause named whatever the
+/// objectives (`named`: a GPU fault, preemptions) or an objective clearly breached is an
 /// incident, clearly met is not, and within a quarter of the objective either may be said.
-fn kinds(t: &Truth, fault: bool) -> (Vec<Kind>, String) {
+fn kinds(t: &Truth, named: bool) -> (Vec<Kind>, String) {
     let th = thresholds();
     let over = |v: Option<f64>, objective: f64| match v {
         Some(v) if v > objective * 1.25 => 2,
@@ -228,7 +229,7 @@ fn kinds(t: &Truth, fault: bool) -> (Vec<Kind>, String) {
         t.itl_p95.map_or("-".into(), |v| format!("{v:.4}"))
     );
     let level = over(t.ttft_p95, th.ttft_p95).max(over(t.itl_p95, th.itl_p95));
-    let kinds = if fault || level == 2 {
+    let kinds = if named || level == 2 {
         vec![Kind::Incident]
     } else if !t.traffic {
         vec![Kind::Idle]
@@ -308,6 +309,39 @@ fn plan(scenario: &'static str, rng: &mut SmallRng) -> Plan {
                 },
             }
         }
+        "backlog" => {
+            // A burst arrived just before the window: the engine at its cap, many times as many
+            // waiting, long answers, so the few completions in the window waited little.
+            let mut cfg = tiny();
+            cfg.max_num_seqs = rng.random_range(2..=8);
+            let out = rng.random_range(1500..=3500);
+            let per_request = request_secs(&cfg, out, cfg.max_num_seqs as f64);
+            let cap = cfg.max_num_seqs as f64 / per_request;
+            let burst = (cfg.max_num_seqs as f64 * rng.random_range(5.0..12.0)).round() as u32;
+            let drained = t0 + f64::from(burst) / cap;
+            Plan {
+                scenario,
+                params: format!(
+                    "max_num_seqs={} out={out} capacity={cap:.1}/s burst={burst} drains_at={drained:.1}s",
+                    cfg.max_num_seqs
+                ),
+                engines: vec![cfg],
+                t0,
+                t1: drained,
+                start: Box::new(move |sim, at| {
+                    sim.open(at, 0.5, end.max(drained + 4.0), cap * 0.2, 16, out);
+                    let sim = sim.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep_until(at + secs(t0)).await;
+                        for _ in 0..burst {
+                            sim.send(16, out);
+                        }
+                    });
+                }),
+                suspect: Suspect::ArrivalsExceedThroughput,
+                phases: PHASES,
+            }
+        }
         "long_prompts" => {
             let mut cfg = tiny();
             let cost = rng.random_range(80..=160);
@@ -373,6 +407,32 @@ fn plan(scenario: &'static str, rng: &mut SmallRng) -> Plan {
                 t1,
                 start: Box::new(move |sim, at| {
                     sim.closed(at, 0.5, end, 2, 200, 100);
+                    sim.closed(at, t0, t1, clients, prompt, out);
+                }),
+                suspect: Suspect::KvPressure,
+                phases: PHASES,
+            }
+        }
+        "kv_few_long" => {
+            // A few long sequences outgrow the cache: after each preemption the survivors hold
+            // well under 90% of it, with the preempted waiting (issue 50's second situation).
+            let mut cfg = tiny();
+            cfg.max_model_len = 4096;
+            cfg.kv_cache_tokens = rng.random_range(4096..=6144);
+            let clients = rng.random_range(2..=4);
+            let prompt = rng.random_range(800..=1600);
+            let out = rng.random_range(1200..=2400);
+            Plan {
+                scenario,
+                params: format!(
+                    "kv_cache_tokens={} clients={clients} prompt={prompt} out={out}",
+                    cfg.kv_cache_tokens
+                ),
+                engines: vec![cfg],
+                t0,
+                t1,
+                start: Box::new(move |sim, at| {
+                    sim.open(at, 0.5, end, 3.0, 16, 16);
                     sim.closed(at, t0, t1, clients, prompt, out);
                 }),
                 suspect: Suspect::KvPressure,
@@ -455,6 +515,8 @@ fn windows(p: &Plan, rng: &mut SmallRng) -> Vec<(&'static str, f64, f64)> {
         let l = len();
         let (a, b) = match *phase {
             "before" => (t0 - 0.25 - l.min(1.5), t0 - 0.25),
+            // A burst's rise is over before a window can open on it.
+            "onset" if p.scenario == "backlog" => (t0 + 0.25, t0 + 0.25 + l),
             "onset" => (t0 - 0.25, t0 + l.min(1.5)),
             "mid" => (t0 + 0.75, t0 + 0.75 + l),
             "settled" => (t1 - l, t1),
@@ -509,10 +571,13 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
         let (ia, ib) = (find(a), find(b));
         let fault = matches!(p.scenario, "gpu_fault") && b > p.t0;
         let t = truth(&log, at + secs(a), at + secs(b), run_end);
-        let (kinds, text) = kinds(&t, fault);
+        // vLLM preempts only when the cache is full: a preemption is "KV cache high ·
+        // preemptions up" whatever the objectives, as vLLM's own warning says.
+        let preemptions = preempted[ib] - preempted[ia];
+        let (kinds, text) = kinds(&t, fault || preemptions > 0);
         let suspects = match p.scenario {
             "idle" => Vec::new(),
-            "kv_pressure" if preempted[ib] == preempted[ia] => {
+            "kv_pressure" | "kv_few_long" if preemptions == 0 => {
                 vec![Suspect::KvPressure, Suspect::ArrivalsExceedThroughput]
             }
             _ => vec![p.suspect],
@@ -520,7 +585,7 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
         let label = Label {
             kinds,
             suspects,
-            truth: format!("{text} preempted={}", preempted[ib] - preempted[ia]),
+            truth: format!("{text} preempted={preemptions}"),
         };
         w.window(phase, index[ia].1, index[ib].1, &label);
     }
@@ -531,10 +596,12 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
 const SCENARIOS: &[(&str, u64)] = &[
     ("idle", 3),
     ("flood", 10),
+    ("backlog", 8),
     ("recovery", 6),
     ("long_prompts", 8),
     ("long_outputs", 8),
     ("kv_pressure", 8),
+    ("kv_few_long", 6),
     ("hung_replica", 8),
     ("gpu_fault", 8),
 ];
