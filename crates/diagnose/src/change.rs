@@ -462,12 +462,31 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
             let kv = shown(e.kv_usage?.peak());
             let running = shown(per_replica(e.running?.peak()));
             let seqs = floor(running * t.kv_high / kv).max(1.0);
-            Some(Change {
-                what: format!(
+            let what = |seqs: f64| {
+                format!(
                     "lower vLLM's --max-num-seqs to {} per replica (or C to {})",
                     num(seqs),
                     num(seqs * fleet.engines.max(1) as f64)
-                ),
+                )
+            };
+            // Preempted under the line: the cache ran out between the two reads, and the gauge
+            // says nothing of by how much; one sequence fewer is the step to retest.
+            if seqs >= running && running > 1.0 {
+                return Some(Change {
+                    what: what(running - 1.0),
+                    arithmetic: format!(
+                        "preemptions with the cache at {} of its line {} when read: it ran out \
+                         between the reads; max-num-seqs = running per replica − 1 = {} − 1 = {}, \
+                         then retest",
+                        num(kv),
+                        num(t.kv_high),
+                        num(running),
+                        num(running - 1.0)
+                    ),
+                });
+            }
+            Some(Change {
+                what: what(seqs),
                 arithmetic: format!(
                     "max-num-seqs = floor(running per replica × KV line / KV peak) = floor({} × {} / {}) \
                      = {}: the cache then stays under the line that preempts",

@@ -98,34 +98,31 @@ fn decode_contention(s: &Signals<'_>, blind: &mut Vec<String>) -> Option<Finding
     Some(Finding::new(Suspect::DecodeContention, ev))
 }
 
-/// Seed row 4, "KV cache high · preemptions up → too much context / too many sequences". High is
-/// relative: vLLM preempts when a sequence finds no free block, freeing the victim's share, so
-/// after a preemption among R running the cache holds about R/(R+1) of itself; the fixed line
-/// only caps that. Preemptions with requests waiting are the same pressure whatever the gauge
-/// read at the window's two instants.
+/// Seed row 4, "KV cache high · preemptions up → too much context / too many sequences". vLLM
+/// preempts only when a running sequence finds no free block, so a preemption is the cache full
+/// at that step, whatever the gauge read at the window's two instants (it drops by the victim's
+/// share at once): the fixed line says how high it stands now, the preemptions decide.
 fn kv_pressure(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     let (kv, pre) = (s.e.kv_usage?, s.e.preemptions?);
     if pre <= 0.0 {
         return None;
     }
-    let running = s.e.running.map_or(1.0, |l| l.end.max(1.0));
-    let relative = s.t.kv_high.min(running / (running + 1.0));
-    let line = if kv.peak() >= s.t.kv_high {
-        s.t.kv_high
-    } else {
-        relative
-    };
-    let waiting = s.e.waiting.filter(|l| l.end >= 1.0);
-    let mut ev = vec![s.c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0))];
-    if kv.peak() >= line {
-        ev.insert(
-            0,
-            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(line)),
-        );
-    } else {
-        let w = waiting?;
-        ev.push(s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", "<", Some(line)));
-        ev.push(s.c.ev(Key::Waiting, "end", w.end, "requests", ">=", Some(1.0)));
+    let preempted =
+        s.c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0));
+    if kv.peak() >= s.t.kv_high {
+        let high =
+            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(s.t.kv_high));
+        return Some(Finding::new(Suspect::KvPressure, vec![high, preempted]));
+    }
+    let mut ev = vec![
+        preempted,
+        s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", "<", Some(s.t.kv_high)),
+    ];
+    if let Some(w) = s.e.waiting.filter(|l| l.peak() >= 1.0) {
+        ev.push(s.c.ev(Key::Waiting, "peak", w.peak(), "requests", ">=", Some(1.0)));
+    }
+    if let Some(run) = s.e.running {
+        ev.push(s.c.ev(Key::Running, "end", run.end, "requests", "=", None));
     }
     Some(Finding::new(Suspect::KvPressure, ev))
 }

@@ -72,6 +72,14 @@ fn preemptions_with_waiters_below_the_cap_are_kv_pressure_whatever_the_gauges_pe
         &[("e:1", &e.text(KV, ITL_NAME)), ("d:1", &g)],
     );
     assert_eq!(suspects(&v).first(), Some(&Suspect::KvPressure), "{v:#?}");
+    // floor(2 × 0.9 / 0.887) is the 2 that already preempt: one fewer, then retest.
+    assert!(
+        v.changes
+            .iter()
+            .any(|c| c.what.starts_with("lower vLLM's --max-num-seqs to 1 per replica")),
+        "{:#?}",
+        v.changes
+    );
 }
 
 /// An objective breached while a layer holds waiters is never "no row matched": the verdict
