@@ -3,6 +3,7 @@
 //! The windows come from `corpus/generate.rs` (an ignored test that runs the scenarios on the
 //! simulator); they are saved under `tests/corpus/`, so the score is fast and deterministic.
 
+mod gateway;
 mod generate;
 
 use spillway_diagnose::{Cluster, Snapshot, Status, Suspect, Thresholds, diagnose};
@@ -120,6 +121,32 @@ fn split_le(key: &str) -> Option<(String, String)> {
     Some((format!("{name}{{{}}}", rest.join(",")), le?))
 }
 
+/// Bucket counts with repeats written once: `12*22 13` (the buckets above the slowest
+/// observation all hold the same count).
+fn runs(values: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < values.len() {
+        let n = values[i..].iter().take_while(|v| **v == values[i]).count();
+        out.push(if n > 1 {
+            format!("{}*{n}", values[i])
+        } else {
+            values[i].clone()
+        });
+        i += n;
+    }
+    out.join(" ")
+}
+
+fn unruns(text: &str) -> Vec<&str> {
+    text.split(' ')
+        .flat_map(|v| match v.split_once('*') {
+            Some((v, n)) => std::iter::repeat_n(v, n.parse().unwrap_or(1)),
+            None => std::iter::repeat_n(v, 1),
+        })
+        .collect()
+}
+
 /// The bucket's series again: `name{labels,le="bound"}`.
 fn join_le(hist: &str, le: &str) -> String {
     match hist.strip_suffix("{}") {
@@ -164,7 +191,7 @@ impl RunWriter {
                 }
             }
             for (hist, les, values) in hists {
-                let (les, values) = (les.join(" "), values.join(" "));
+                let (les, values) = (les.join(" "), runs(&values));
                 put(
                     &mut self.out,
                     format!("@le {hist}"),
@@ -225,7 +252,7 @@ fn read_run(text: &str) -> Vec<Window> {
                 for k in order {
                     if let Some(hist) = k.strip_prefix("@h ") {
                         let les = values[&format!("@le {hist}")].split(' ');
-                        for (le, v) in les.zip(values[k].split(' ')) {
+                        for (le, v) in les.zip(unruns(&values[k])) {
                             let _ = writeln!(text, "{} {v}", join_le(hist, le));
                         }
                     } else if !k.starts_with("@le ") {

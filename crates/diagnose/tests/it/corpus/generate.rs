@@ -148,7 +148,7 @@ impl Sim {
     }
 }
 
-fn secs(v: f64) -> Duration {
+pub(super) fn secs(v: f64) -> Duration {
     Duration::from_secs_f64(v.max(0.0))
 }
 
@@ -166,7 +166,7 @@ fn catalogue() -> HashSet<String> {
     names
 }
 
-fn p95(mut v: Vec<f64>) -> Option<f64> {
+pub(super) fn p95(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
