@@ -49,7 +49,9 @@ pub(crate) fn backlog_left(s: &Signals<'_>) -> Option<Finding> {
 /// are its doing too, queue or not.
 fn long_prompts(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     let queue_low = !s.queue_time_high && !s.queue_present;
-    let prefill = mean(s.e.prefill_time);
+    // A wait no longer than the long prefills (their p95: the short ones pull the mean down) is
+    // a wait behind a prefill step.
+    let prefill = p95(s.e.prefill_time).or(mean(s.e.prefill_time));
     let behind_prefill = s.prefill_bound
         && s.engine_queue_time
             .is_none_or(|q| prefill.is_some_and(|p| q <= p));
