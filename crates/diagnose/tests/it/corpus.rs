@@ -5,6 +5,7 @@
 
 mod gateway;
 mod generate;
+mod replay;
 
 use spillway_diagnose::{Cluster, Snapshot, Status, Suspect, Thresholds, diagnose};
 use std::collections::BTreeMap;
@@ -315,8 +316,21 @@ fn split_hist(line: &str) -> Option<(&str, &str)> {
     Some((&line[..second], &line[second + 1..]))
 }
 
+/// `tests/corpus`, or `SPILLWAY_CORPUS_DIR` (a held-out corpus generated elsewhere).
 pub(crate) fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus")
+    std::env::var_os("SPILLWAY_CORPUS_DIR").map_or_else(
+        || Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus"),
+        PathBuf::from,
+    )
+}
+
+/// The first seed of the generators, `base` unless `SPILLWAY_CORPUS_SEED` draws another corpus
+/// (a held-out one, with parameters no rule was tuned to).
+pub(crate) fn seed_base(base: u64) -> u64 {
+    std::env::var("SPILLWAY_CORPUS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(base)
 }
 
 /// Every saved window, in file order.

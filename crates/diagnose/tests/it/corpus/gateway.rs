@@ -5,7 +5,7 @@
 //! `cargo test -p spillway-diagnose --test it corpus::gateway -- --ignored`.
 
 use super::generate::{p95, secs};
-use super::{Kind, Label, RunWriter, dir, thresholds};
+use super::{Kind, Label, RunWriter, dir, seed_base, thresholds};
 use crate::support::{MODEL, Served, dcgm, engine, gateway, tiny};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -244,6 +244,9 @@ fn label(
     }
 }
 
+/// Scrapes a loaded machine bunched closer than this make no window worth judging.
+const MIN_WINDOW: f64 = 0.5;
+
 const PHASES: &[&str] = &["before", "onset", "mid", "settled", "recovering"];
 
 async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
@@ -350,15 +353,26 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
         tokio::time::sleep_until(at + secs(*t)).await;
         let taken = at.elapsed().as_secs_f64();
         let texts = scrape(&client, &targets).await;
-        index.push((*t, w.scrape(taken, &texts)));
+        index.push((*t, w.scrape(taken, &texts), taken));
     }
     tokio::time::sleep_until(at + secs(end + 2.0)).await;
     let run_end = Instant::now();
     let log = load.log.lock().unwrap().clone();
-    let find = |t: f64| index.iter().find(|(x, _)| *x == t).map_or(0, |(_, i)| *i);
+    let find = |t: f64| {
+        index
+            .iter()
+            .find(|(x, ..)| *x == t)
+            .map_or((0, t), |(_, i, taken)| (*i, *taken))
+    };
     for (phase, a, b) in ws {
+        // Labelled at the moments the scrapes were taken: on a loaded machine they come late.
+        let ((ia, a), (ib, b)) = (find(a), find(b));
+        if b - a < MIN_WINDOW {
+            println!("{name} {phase}: scrapes {:.3} s apart, left out", b - a);
+            continue;
+        }
         let l = label(&log, at + secs(a), at + secs(b), run_end, suspect, deadline);
-        w.window(phase, find(a), find(b), &l);
+        w.window(phase, ia, ib, &l);
     }
     set.abort_all();
     w.finish()
@@ -377,7 +391,8 @@ async fn generate() {
     for (scenario, runs) in SCENARIOS {
         for i in 0..*runs {
             let name = format!("{scenario}-{i:02}");
-            let text = run(&name, scenario, 60_000 + i * 101 + scenario.len() as u64).await;
+            let seed = seed_base(60_000) + i * 101 + scenario.len() as u64;
+            let text = run(&name, scenario, seed).await;
             std::fs::write(dir().join(format!("{name}.run")), text).unwrap();
             println!("{name}");
         }

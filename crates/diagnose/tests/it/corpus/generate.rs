@@ -4,7 +4,7 @@
 //! truth of the requests the load sent (not from `diagnose`). Regenerate with
 //! `cargo test -p spillway-diagnose --test it corpus::generate -- --ignored`.
 
-use super::{Kind, Label, RunWriter, dir, thresholds};
+use super::{Kind, Label, RunWriter, dir, seed_base, thresholds};
 use engine::cost::CostModel;
 use engine::{EngineConfig, FaultPatch, GenerateParams};
 use rand::rngs::SmallRng;
@@ -613,7 +613,7 @@ fn generate() {
     for (scenario, runs) in SCENARIOS {
         for i in 0..*runs {
             let name = format!("{scenario}-{i:02}");
-            let seed = 50_000 + i * 101 + scenario.len() as u64;
+            let seed = seed_base(50_000) + i * 101 + scenario.len() as u64;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_time()
                 .start_paused(true)
