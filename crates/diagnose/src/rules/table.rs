@@ -58,18 +58,28 @@ fn long_prompts(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     if !(queue_low || behind_prefill) {
         return None;
     }
-    let breaches = if queue_low {
-        s.ttft_breach.iter().cloned().collect::<Vec<_>>()
-    } else {
-        s.ttft_breach.iter().chain(&s.itl_breach).cloned().collect()
-    };
-    if breaches.is_empty() {
+    let itl = s.itl_breach.iter().filter(|_| s.prefill_bound);
+    let mut ev: Vec<Evidence> = s.ttft_breach.iter().chain(itl).cloned().collect();
+    if ev.is_empty() {
         return None;
     }
     let (c, e, t) = (&s.c, s.e, s.t);
-    let mut ev = breaches;
-    if let Some(v) = s.engine_queue_time {
-        ev.push(c.ev(Key::QueueTime, "mean", v, "s", "<=", Some(t.queue_time)));
+    match s.engine_queue_time {
+        Some(v) if queue_low => ev.push(c.ev(Key::QueueTime, "mean", v, "s", "<=", Some(t.queue_time))),
+        Some(v) => ev.push(c.ev(Key::QueueTime, "mean", v, "s", "<=", prefill)),
+        None => {}
+    }
+    if s.prefill_bound {
+        let (prompt, generated) = (s.g.prompt_tokens_per_s, s.g.generation_tokens_per_s);
+        let line = generated.map(|g| 4.0 * g);
+        ev.push(c.ev(
+            Key::PromptTokens,
+            "per_s",
+            prompt.unwrap_or(0.0),
+            "tokens/s",
+            ">=",
+            line,
+        ));
     }
     if let Some(v) = mean(e.prefill_time) {
         ev.push(c.ev(Key::PrefillTime, "mean", v, "s", "=", None));
