@@ -21,8 +21,34 @@ pub struct Backlog {
     pub engine_running: Option<f64>,
     /// The gateway's C, summed over classes and gateways.
     pub gateway_concurrency: Option<f64>,
+    /// Requests finished per second in the window, and how long what waits now takes to drain
+    /// at that rate.
+    pub finished_per_s: Option<f64>,
+    pub drain_secs: Option<f64>,
     /// One line: where, and what it means for C.
     pub reading: String,
+}
+
+impl Backlog {
+    /// Where the backlog waits and how long it takes to drain, for the verdict's one line.
+    pub fn clause(&self) -> Option<String> {
+        let waiting = self.gateway_queued.unwrap_or(0.0) + self.engine_waiting.unwrap_or(0.0);
+        let place = match self.sits {
+            "gateway" => "in the gateway's queue",
+            "engine" => "in the engines' queue",
+            "both" => "in the gateway's and the engines' queues",
+            _ => return None,
+        };
+        Some(match (self.drain_secs, self.finished_per_s) {
+            (Some(d), Some(rate)) => format!(
+                "{} waiting {place}, {} to drain at {} finished/s",
+                num(waiting),
+                secs(d),
+                num(rate)
+            ),
+            _ => format!("{} waiting {place}, none finished in the window", num(waiting)),
+        })
+    }
 }
 
 /// One change to make, with its number and the arithmetic that gave it.
@@ -159,7 +185,7 @@ pub(crate) fn advise(
     if !incident {
         return Advice::default();
     }
-    let backlog = backlog(rows, drained);
+    let backlog = backlog(rows, drained, throughput(rows, fleet.window_secs));
     let mut changes = Vec::new();
     let running = e.running.map(|l| l.end);
     let waiting = e.waiting.map_or(0.0, |l| l.end);
@@ -349,7 +375,7 @@ pub(crate) fn advise(
 }
 
 /// Requests served per second: the engines' finished, else the gateway's 2xx.
-fn throughput(rows: &Rows, window_secs: f64) -> Option<f64> {
+pub(crate) fn throughput(rows: &Rows, window_secs: f64) -> Option<f64> {
     let from_engines = rows
         .engine
         .finished
@@ -383,7 +409,7 @@ fn arrivals(rows: &Rows, window_secs: f64) -> Option<f64> {
     }
 }
 
-fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
+fn backlog(rows: &Rows, drained: bool, finished_per_s: Option<f64>) -> Option<Backlog> {
     let e = &rows.engine;
     let queued = e.gateway_queued.map(|l| l.end);
     let waiting = e.waiting.map(|l| l.end);
@@ -445,6 +471,10 @@ fn backlog(rows: &Rows, drained: bool) -> Option<Backlog> {
         engine_waiting: waiting,
         engine_running: running,
         gateway_concurrency: c,
+        finished_per_s,
+        drain_secs: finished_per_s
+            .filter(|_| g || w)
+            .map(|rate| (queued.unwrap_or(0.0) + waiting.unwrap_or(0.0)) / rate),
         reading,
     })
 }
@@ -458,12 +488,31 @@ fn for_suspect(f: &Finding, rows: &Rows, t: &Thresholds, fleet: &Fleet, c_gw: Op
             let kv = shown(e.kv_usage?.peak());
             let running = shown(per_replica(e.running?.peak()));
             let seqs = floor(running * t.kv_high / kv).max(1.0);
-            Some(Change {
-                what: format!(
+            let what = |seqs: f64| {
+                format!(
                     "lower vLLM's --max-num-seqs to {} per replica (or C to {})",
                     num(seqs),
                     num(seqs * fleet.engines.max(1) as f64)
-                ),
+                )
+            };
+            // Preempted under the line: the cache ran out between the two reads, and the gauge
+            // says nothing of by how much; one sequence fewer is the step to retest.
+            if seqs >= running && running > 1.0 {
+                return Some(Change {
+                    what: what(running - 1.0),
+                    arithmetic: format!(
+                        "preemptions with the cache at {} of its line {} when read: it ran out \
+                         between the reads; max-num-seqs = running per replica − 1 = {} − 1 = {}, \
+                         then retest",
+                        num(kv),
+                        num(t.kv_high),
+                        num(running),
+                        num(running - 1.0)
+                    ),
+                });
+            }
+            Some(Change {
+                what: what(seqs),
                 arithmetic: format!(
                     "max-num-seqs = floor(running per replica × KV line / KV peak) = floor({} × {} / {}) \
                      = {}: the cache then stays under the line that preempts",

@@ -8,7 +8,8 @@
 //! - [`rows`]: the four rows on one screen (user impact, generation, engine, infrastructure);
 //! - [`breakdown`]: the same window narrowed to each model and each replica, judged by the same
 //!   table, so a finding says where it comes from and a sick replica is not averaged away;
-//! - `rules`: the signal-combination table, the saturation rule, "busy but healthy";
+//! - `rules`: the signals computed once (`rules::signals`), the signal-combination table as one
+//!   function per seed row (`rules::table`), ranked; the saturation rule, "busy but healthy";
 //! - [`change`]: where the backlog sits, C against what the engines absorb, and each incident's
 //!   change with its number, worked with `spillway plan`'s formulas;
 //! - [`verdict`]: the answer and its exit code; [`render`] prints it for a terminal;

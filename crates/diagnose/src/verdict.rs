@@ -316,6 +316,18 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
         Some(_) => "objectives met".to_owned(),
         None => "no objective breached, none measured: no first token observed in the window".to_owned(),
     };
+    let fleet = crate::change::Fleet {
+        engines: breakdown::engine_instances(end).len(),
+        window_secs: window.secs(),
+    };
+    let advice = crate::change::advise(
+        &rows,
+        &outcome.findings,
+        outcome.drained,
+        status == Status::Incident,
+        thresholds,
+        &fleet,
+    );
     let summary = match status {
         Status::Incident if outcome.findings.is_empty() && !not_ready.is_empty() => {
             format!(
@@ -324,21 +336,28 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
             )
         }
         Status::Incident => match outcome.findings.first() {
-            Some(f) => format!(
-                "{}suspect first: {}{} — {}",
-                if outcome.saturation.declared {
-                    "saturated; "
-                } else {
-                    ""
-                },
-                f.suspect_text,
-                if f.only_in_slices {
-                    format!(" at {}", f.at.join(", "))
-                } else {
-                    String::new()
-                },
-                f.first_response
-            ),
+            Some(f) => {
+                format!(
+                    "{}suspect first: {}{} — {}",
+                    if outcome.saturation.declared {
+                        "saturated; "
+                    } else {
+                        ""
+                    },
+                    f.suspect_text,
+                    if f.only_in_slices {
+                        format!(" at {}", f.at.join(", "))
+                    } else {
+                        String::new()
+                    },
+                    f.first_response
+                ) + &advice
+                    .backlog
+                    .as_ref()
+                    .and_then(|b| b.clause())
+                    .map(|c| format!("; {c}"))
+                    .unwrap_or_default()
+            }
             None if outcome.saturation.declared => {
                 "saturated; no row of the table matched: read the rows".into()
             }
@@ -363,18 +382,6 @@ pub fn diagnose(start: &Snapshot, end: &Snapshot, thresholds: &Thresholds, clust
             healthy_evidence.push(e);
         }
     }
-    let fleet = crate::change::Fleet {
-        engines: breakdown::engine_instances(end).len(),
-        window_secs: window.secs(),
-    };
-    let advice = crate::change::advise(
-        &rows,
-        &outcome.findings,
-        outcome.drained,
-        status == Status::Incident,
-        thresholds,
-        &fleet,
-    );
     let evidence_basis = EvidenceBasis::of(
         outcome
             .breaches

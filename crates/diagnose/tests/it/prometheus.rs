@@ -6,8 +6,8 @@ use spillway_diagnose::{Status, Suspect, Verdict, source};
 use std::process::Stdio;
 use std::time::Duration;
 
-struct Prometheus {
-    url: String,
+pub(crate) struct Prometheus {
+    pub(crate) url: String,
     child: std::process::Child,
     _dir: tempfile::TempDir,
 }
@@ -21,7 +21,7 @@ impl Drop for Prometheus {
 
 /// A Prometheus scraping `targets` every 250 ms, ready once every target is up; `None` (with the
 /// reason printed) when the binary is not installed.
-async fn prometheus(targets: &[String]) -> Option<Prometheus> {
+pub(crate) async fn prometheus(targets: &[String]) -> Option<Prometheus> {
     let found = std::process::Command::new("sh")
         .args(["-c", "command -v prometheus"])
         .output()
@@ -85,7 +85,7 @@ async fn prometheus(targets: &[String]) -> Option<Prometheus> {
 
 /// Waits until Prometheus at `base` has scraped every target after `at` (seconds since the epoch):
 /// the oldest of the targets' last scrapes, `min(timestamp(up))`, is later.
-async fn scraped_after(c: &reqwest::Client, base: &str, at: f64) {
+pub(crate) async fn scraped_after(c: &reqwest::Client, base: &str, at: f64) {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         let oldest = async {

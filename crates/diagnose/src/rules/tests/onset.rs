@@ -104,8 +104,14 @@ fn a_standing_queue_without_a_first_token_is_the_worst_case_not_met() {
         "{:#?}",
         v.slo_breaches
     );
+    // Preemptions with requests waiting and the cache at 88% are KV pressure (issue 50), which
+    // ranks before the queue it causes; the queue's finding still carries its age.
+    assert_eq!(
+        suspects(&v),
+        [Suspect::KvPressure, Suspect::ArrivalsExceedThroughput]
+    );
     // Those waiting at the start have waited the whole window, longer than the objective.
-    let aged = v.findings[0]
+    let aged = v.findings[1]
         .evidence
         .iter()
         .find(|e| e.stat == "waited_at_least")

@@ -1,0 +1,112 @@
+//! Levels as evidence: what waits now, against what the engine finishes per second, names the
+//! suspect when the rise is already over (issue 50's two situations).
+
+use super::*;
+
+/// An engine at its sequence cap with ten times as many waiting; the flood arrived before the
+/// window, so waiting falls slowly (22→20) and the two completions' queue time is short, while
+/// TTFT p95 is far over its objective.
+#[test]
+fn a_backlog_already_there_is_arrivals_exceeding_throughput_with_its_drain_time() {
+    let e = Engine {
+        running: 2.0,
+        waiting: 20.0,
+        n: 2,
+        gen_tokens: 2_000.0,
+        ttft: 4.0,
+        queue: 0.01,
+        ..Engine::default()
+    };
+    let before = Engine {
+        waiting: 22.0,
+        ..e.before()
+    };
+    let g = dcgm(0.9, 0.0, 0.0);
+    let v = run(
+        &[("e:1", &before.text(KV, ITL_NAME)), ("d:1", &g)],
+        &[("e:1", &e.text(KV, ITL_NAME)), ("d:1", &g)],
+    );
+    assert_eq!(
+        suspects(&v).first(),
+        Some(&Suspect::ArrivalsExceedThroughput),
+        "{}",
+        v.summary
+    );
+    assert!(
+        v.saturation.declared,
+        "at its cap with waiters: saturated whatever the trend"
+    );
+    let drain = v.findings[0]
+        .evidence
+        .iter()
+        .find(|e| e.stat == "drain_secs")
+        .unwrap_or_else(|| panic!("{:#?}", v.findings[0].evidence));
+    // 20 waiting at 2 finished in 10 s: 100 s to drain.
+    assert!((drain.value - 100.0).abs() < 1e-9, "{drain:?}");
+    assert!(v.summary.contains("100 s to drain"), "{}", v.summary);
+    assert!(v.summary.contains("engines' queue"), "{}", v.summary);
+}
+
+/// Preemptions in the window, 2 running, 20 waiting, KV usage peaking at 88.7%: under the fixed
+/// 90% line, over what is left once one of two sequences has been preempted.
+#[test]
+fn preemptions_with_waiters_below_the_cap_are_kv_pressure_whatever_the_gauges_peak() {
+    let e = Engine {
+        running: 2.0,
+        waiting: 20.0,
+        kv: 0.887,
+        preemptions: 12.0,
+        n: 20,
+        ttft: 3.0,
+        queue: 2.5,
+        ..Engine::default()
+    };
+    let before = Engine {
+        waiting: 14.0,
+        kv: 0.6,
+        ..e.before()
+    };
+    let g = dcgm(0.9, 0.0, 0.0);
+    let v = run(
+        &[("e:1", &before.text(KV, ITL_NAME)), ("d:1", &g)],
+        &[("e:1", &e.text(KV, ITL_NAME)), ("d:1", &g)],
+    );
+    assert_eq!(suspects(&v).first(), Some(&Suspect::KvPressure), "{v:#?}");
+    // floor(2 × 0.9 / 0.887) is the 2 that already preempt: one fewer, then retest.
+    assert!(
+        v.changes
+            .iter()
+            .any(|c| c.what.starts_with("lower vLLM's --max-num-seqs to 1 per replica")),
+        "{:#?}",
+        v.changes
+    );
+}
+
+/// An objective breached while a layer holds waiters is never "no row matched": the verdict
+/// says where they wait, how long they take to drain, and the first response.
+#[test]
+fn a_breach_with_waiters_always_names_where_they_wait() {
+    // Waiting falls 30→20 with the batch moving, queue time short, TTFT over: the rise is over.
+    let e = Engine {
+        running: 6.0,
+        waiting: 20.0,
+        n: 50,
+        ttft: 2.0,
+        queue: 0.05,
+        ..Engine::default()
+    };
+    let before = Engine {
+        running: 4.0,
+        waiting: 30.0,
+        ..e.before()
+    };
+    let g = dcgm(0.9, 0.0, 0.0);
+    let v = run(
+        &[("e:1", &before.text(KV, ITL_NAME)), ("d:1", &g)],
+        &[("e:1", &e.text(KV, ITL_NAME)), ("d:1", &g)],
+    );
+    assert!(!v.summary.contains("no row"), "{}", v.summary);
+    assert_eq!(suspects(&v).first(), Some(&Suspect::ArrivalsExceedThroughput));
+    // 20 waiting at 5 finished a second.
+    assert!(v.summary.contains("4 s to drain"), "{}", v.summary);
+}
