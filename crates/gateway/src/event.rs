@@ -104,10 +104,19 @@ impl<'a> Event<'a> {
 /// a parse. Anything else is read in full (and becomes the template when it can).
 #[derive(Default)]
 pub struct Reader {
-    template: Vec<u8>,
-    /// The template's judgement, where its data begins and how long it is, and where its token
-    /// string lies in the template: `None` while there is no template.
-    judged: Option<(Judgement, usize, usize, std::ops::Range<usize>)>,
+    /// Boxed: the relay's state stays small, and a stream allocates it once or twice.
+    template: Option<Box<Template>>,
+}
+
+/// The last event read in full whose bytes a next chunk may share.
+struct Template {
+    raw: Vec<u8>,
+    judgement: Judgement,
+    /// Where its data begins, and how long it is.
+    at: usize,
+    len: usize,
+    /// Where its token string lies in `raw`.
+    token: std::ops::Range<usize>,
 }
 
 impl Reader {
@@ -116,25 +125,42 @@ impl Reader {
             return e;
         }
         let event = Event::read(raw);
-        self.judged = None;
+        let kept = self.template.take();
         if let (Some(Data::Line { value, at }), Some(token)) = (&event.data, &event.judgement.token) {
             let j = &event.judgement;
             // The spans a judgement carries (id, model) must stand before the token's string,
             // where a chunk read the short way has the same bytes.
             let before = |r: &std::ops::Range<usize>| r.end <= token.start;
             if j.id.as_ref().is_none_or(before) && j.models.iter().flatten().all(before) {
-                self.template.clear();
-                self.template.extend_from_slice(raw);
-                let token = at + token.start..at + token.end;
-                self.judged = Some((j.clone(), *at, value.len(), token));
+                let mut t = kept.unwrap_or_else(|| {
+                    Box::new(Template {
+                        raw: Vec::new(),
+                        judgement: j.clone(),
+                        at: 0,
+                        len: 0,
+                        token: 0..0,
+                    })
+                });
+                t.raw.clear();
+                t.raw.extend_from_slice(raw);
+                t.judgement = j.clone();
+                t.at = *at;
+                t.len = value.len();
+                t.token = at + token.start..at + token.end;
+                self.template = Some(t);
             }
         }
         event
     }
 
     fn short<'a>(&self, raw: &'a [u8]) -> Option<Event<'a>> {
-        let (judgement, at, len, token) = self.judged.as_ref()?;
-        let t = &self.template;
+        let Template {
+            raw: t,
+            judgement,
+            at,
+            len,
+            token,
+        } = self.template.as_deref()?;
         let tail = &t[token.end..];
         if raw.len() <= token.start + tail.len()
             || raw[..token.start] != t[..token.start]

@@ -984,15 +984,19 @@ pub fn matching<'a>(
     models: &'a Models,
     from: &'a str,
 ) -> impl Iterator<Item = Range<usize>> + 'a {
-    models.iter().flatten().cloned().filter(move |span| {
-        let raw = &data[span.clone()];
-        // The plain case is a byte comparison; a name written with escapes is decoded first.
-        if raw.contains(&b'\\') {
-            decode_str(raw).as_deref() == Some(from)
-        } else {
-            raw.len() == from.len() + 2 && &raw[1..raw.len() - 1] == from.as_bytes()
-        }
-    })
+    models
+        .iter()
+        .flatten()
+        .filter(move |span| {
+            let raw = &data[(*span).clone()];
+            // The plain case is a byte comparison; a name written with escapes is decoded first.
+            if raw.contains(&b'\\') {
+                decode_str(raw).as_deref() == Some(from)
+            } else {
+                raw.len() == from.len() + 2 && &raw[1..raw.len() - 1] == from.as_bytes()
+            }
+        })
+        .cloned()
 }
 
 /// `data` with `to` (a JSON string, quotes included) in place of every top-level `model` string
