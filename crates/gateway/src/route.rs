@@ -12,7 +12,7 @@ mod replica;
 mod scrape;
 pub(crate) mod transport;
 
-pub(crate) use replica::{Observation, Replica, ReplicaGuard};
+pub(crate) use replica::{Observation, Replica, ReplicaGuard, busy_retry_after};
 
 use crate::config::ConfigError;
 use crate::config::{ClassConfig, Concurrency, RouteConfig};

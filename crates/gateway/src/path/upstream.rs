@@ -7,7 +7,7 @@ use crate::path::ledger::Ledger;
 use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
 use crate::path::relay::{self, Events, Opened};
 use crate::route::transport::Response;
-use crate::route::{Observation, Route};
+use crate::route::{Observation, Route, busy_retry_after};
 pub(crate) use http1::client as h1;
 
 use axum::http::StatusCode;
@@ -247,7 +247,7 @@ async fn open(
     match early.status {
         Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
             // The event carries no Retry-After: the default of a busy answer without one.
-            let retry_after = Duration::from_secs(1);
+            let retry_after = busy_retry_after(None);
             route.observe(replica, Observation::Busy { retry_after });
             Err(GatewayError::UpstreamBusy {
                 route: name.clone(),
@@ -344,9 +344,7 @@ async fn attempt(
             Ok(response)
         }
         StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-            let retry_after = response
-                .retry_after()
-                .map_or(Duration::from_secs(1), Duration::from_secs);
+            let retry_after = busy_retry_after(response.retry_after());
             route.observe(replica, Observation::Busy { retry_after });
             Err(GatewayError::UpstreamBusy {
                 route: name.clone(),

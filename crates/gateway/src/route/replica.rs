@@ -13,6 +13,13 @@ use tokio::time::Instant;
 /// The longest a busy replica's `Retry-After` keeps first attempts away from it.
 const MAX_BUSY_BACKOFF: Duration = Duration::from_secs(5);
 
+/// A busy replica's advice as the gateway passes it on, by either front door: its `Retry-After`
+/// in whole seconds when it sent one, else one second, within 1–60 s (a replica cannot send the
+/// gateway's clients away for longer than a minute).
+pub(crate) fn busy_retry_after(secs: Option<u64>) -> Duration {
+    Duration::from_secs(secs.unwrap_or(1).clamp(1, 60))
+}
+
 /// What one attempt, probe or scrape learned about a replica.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(crate) enum Observation {

@@ -254,3 +254,25 @@ async fn done_whose_last_line_feed_never_comes_still_ends_the_stream() {
     assert!(eventually(Duration::from_secs(2), || gateway.records().len() == 1).await);
     assert_eq!(gateway.records()[0].outcome, "ok", "{body}");
 }
+
+/// A busy replica that advises a wait of days: the proxy passes on at most a minute, as the
+/// endpoint picker does (one policy for both doors).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_replicas_retry_after_is_passed_on_within_a_minute() {
+    let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 100000\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+    let (replica, _seen) = testkit::serve_script(vec![answer], true).await;
+    let yaml = ROUTE.replace(
+        "    replicas: [{E0}]",
+        "    replicas: [{E0}]\n    health: { enabled: false }",
+    );
+    let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
+    let r = http()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .json(&chat("chat", 5, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 503);
+    let advised: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    assert!((1..=60).contains(&advised), "Retry-After: {advised}");
+}

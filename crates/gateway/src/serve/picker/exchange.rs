@@ -13,7 +13,7 @@ use crate::path::prepare::{self, Api};
 use crate::path::relay::{DONE_GRACE, MAX_EVENT, pass_on, too_large_message};
 use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
-use crate::route::{Observation, Route};
+use crate::route::{Observation, Route, busy_retry_after};
 use crate::state::Gateway;
 use axum::http::{HeaderMap, StatusCode, header};
 use bytes::{Bytes, BytesMut};
@@ -714,7 +714,7 @@ impl Response<'_> {
         let timing = server_timing(ex);
         match early.status {
             Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
-                let retry_after = std::time::Duration::from_secs(1);
+                let retry_after = busy_retry_after(None);
                 observe(Observation::Busy { retry_after });
                 let e = GatewayError::UpstreamBusy {
                     route: self.route.config.model.clone(),
@@ -798,7 +798,7 @@ impl Response<'_> {
                 route: self.route.config.model.clone(),
                 replica: ex.replica.as_ref().map_or(0, |r| r.index),
                 status,
-                retry_after: std::time::Duration::from_secs(1),
+                retry_after: busy_retry_after(None),
             }
         } else if status.is_client_error() {
             ex.end(Ending::UpstreamRejected, status);
@@ -810,12 +810,12 @@ impl Response<'_> {
     }
 }
 
-/// A busy replica's `Retry-After` in seconds, else one second.
+/// A busy replica's `Retry-After`, as the proxy reads it: whole seconds.
 fn retry_after(headers: &HeaderMap) -> std::time::Duration {
-    let secs = headers
-        .get(header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .unwrap_or(1);
-    std::time::Duration::from_secs(secs.clamp(1, 60))
+    busy_retry_after(
+        headers
+            .get(header::RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok()),
+    )
 }
