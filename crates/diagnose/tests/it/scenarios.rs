@@ -253,7 +253,10 @@ async fn flood_at_the_engine() {
     );
 }
 
+/// Timing-bound: a gateway, engines and load on the real clock in this process; beside the
+/// rest of the suite a window's few waiters and late refusals tip its judgement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn flood_held_in_the_gateway_queue() {
     let mut cfg = tiny();
     cfg.max_num_seqs = 2;
@@ -316,7 +319,10 @@ async fn the_gateway_lets_in_more_than_the_engine_runs() {
     );
 }
 
+/// Timing-bound: a gateway, engines and load on the real clock in this process; beside the
+/// rest of the suite a window's few waiters and late refusals tip its judgement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn designed_shedding_is_protected() {
     let s = stack(
         tiny(),
