@@ -80,7 +80,7 @@ impl<'a> Event<'a> {
             Some(new) => {
                 // Data over several lines: the event's other fields as they were, then the new
                 // data, a `data:` line per line of it, and the blank line.
-                for line in lines(self.raw) {
+                for (_, line) in judge::lines(self.raw) {
                     if !line.is_empty() && !line.starts_with(b"data") {
                         out.extend_from_slice(line);
                         out.extend_from_slice(b"\n");
@@ -183,23 +183,6 @@ impl Reader {
             }),
         })
     }
-}
-
-/// The lines of an event, ended by CR LF, LF or CR.
-fn lines(event: &[u8]) -> impl Iterator<Item = &[u8]> {
-    let mut at = 0;
-    std::iter::from_fn(move || {
-        if at >= event.len() {
-            return None;
-        }
-        let end = memchr::memchr2(b'\n', b'\r', &event[at..]).map_or(event.len(), |i| at + i);
-        let line = &event[at..end];
-        at = match event.get(end..) {
-            Some([b'\r', b'\n', ..]) => end + 2,
-            _ => end + 1,
-        };
-        Some(line)
-    })
 }
 
 /// What kind of event `event` is (the benches and fuzz targets ask this alone).

@@ -298,40 +298,49 @@ fn judge_json(data: &[u8], lenient: bool) -> Judgement {
 /// value loses one leading space; several are joined by line feeds; `None` without a data field.
 pub fn data(event: &[u8]) -> Option<Data<'_>> {
     let mut found: Option<Data<'_>> = None;
-    let mut at = 0;
-    while at < event.len() {
-        let end = memchr::memchr2(b'\n', b'\r', &event[at..]).map_or(event.len(), |i| at + i);
-        let line = &event[at..end];
-        if let Some(rest) = line.strip_prefix(b"data") {
-            let value = match rest.first() {
-                None => Some((&rest[..0], at + 4)),
-                Some(b':') => Some(match rest.get(1) {
-                    Some(b' ') => (&rest[2..], at + 6),
-                    _ => (&rest[1..], at + 5),
-                }),
-                Some(_) => None,
-            };
-            if let Some((value, from)) = value {
-                found = Some(match found {
-                    None => Data::Line { value, at: from },
-                    Some(before) => {
-                        let mut joined = match before {
-                            Data::Line { value, .. } => value.to_vec(),
-                            Data::Joined(v) => v,
-                        };
-                        joined.push(b'\n');
-                        joined.extend_from_slice(value);
-                        Data::Joined(joined)
-                    }
-                });
+    for (at, line) in lines(event) {
+        let Some(rest) = line.strip_prefix(b"data") else {
+            continue;
+        };
+        let (value, from) = match rest.first() {
+            None => (&rest[..0], at + 4),
+            Some(b':') => match rest.get(1) {
+                Some(b' ') => (&rest[2..], at + 6),
+                _ => (&rest[1..], at + 5),
+            },
+            Some(_) => continue,
+        };
+        found = Some(match found {
+            None => Data::Line { value, at: from },
+            Some(before) => {
+                let mut joined = match before {
+                    Data::Line { value, .. } => value.to_vec(),
+                    Data::Joined(v) => v,
+                };
+                joined.push(b'\n');
+                joined.extend_from_slice(value);
+                Data::Joined(joined)
             }
+        });
+    }
+    found
+}
+
+/// The lines of an event, each with where it starts, ended by CR LF, LF or CR.
+pub fn lines(event: &[u8]) -> impl Iterator<Item = (usize, &[u8])> {
+    let mut at = 0;
+    std::iter::from_fn(move || {
+        if at >= event.len() {
+            return None;
         }
+        let start = at;
+        let end = memchr::memchr2(b'\n', b'\r', &event[at..]).map_or(event.len(), |i| at + i);
         at = match event.get(end..) {
             Some([b'\r', b'\n', ..]) => end + 2,
             _ => end + 1,
         };
-    }
-    found
+        Some((start, &event[start..end]))
+    })
 }
 
 /// The top-level members the judgement reads.
