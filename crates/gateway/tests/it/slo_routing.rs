@@ -1,6 +1,10 @@
 //! Per-request SLO routing (`balance: slo`): two replicas, one four times slower, 8 clients that
 //! need a first token within 100 ms and 20 that accept 2 s. Under least outstanding the tight
-//! ones land on the slow replica about half the time; under `slo` they keep the fast one.
+//! ones share both replicas' queues and miss; under `slo` they keep the fast one and meet it.
+//!
+//! Where a request ran is read from the engines' own records (the tight clients' prompt is a
+//! few tokens longer), so the routing claim does not rest on this machine's clock; the TTFT met
+//! is asserted with room for a CPU shared with the rest of the suite.
 
 use crate::support::{Stack, engine, http};
 use std::sync::{Arc, Mutex};
@@ -42,6 +46,12 @@ impl Tally {
     }
 }
 
+/// The prompt's repeats for a client with `objective`: about three hundred tokens (prefill is a
+/// good part of the first token), the tight ones' a little longer to be told apart.
+fn repeats(objective: Duration) -> usize {
+    if objective == TIGHT { 101 } else { 100 }
+}
+
 /// Closed-loop clients with `objective`, counted from `from` (after the models' warm-up) to `end`.
 fn clients(
     url: &str,
@@ -53,10 +63,9 @@ fn clients(
     (0..n)
         .map(|_| {
             let (url, tally) = (format!("{url}/v1/chat/completions"), tally.clone());
-            // A prompt of about three hundred tokens: prefill is a good part of the first token.
             let body = serde_json::json!({
                 "model": "chat",
-                "messages": [{"role": "user", "content": "tell me more ".repeat(100)}],
+                "messages": [{"role": "user", "content": "tell me more ".repeat(repeats(objective))}],
                 "max_tokens": 24,
                 "stream": true,
             });
@@ -90,8 +99,8 @@ fn clients(
         .collect()
 }
 
-/// Runs the mixed load for `run` and returns (tight, loose).
-async fn mixed(balance: &str, run: Duration) -> (Tally, Tally, Stack) {
+/// Runs the mixed load for `run` and returns (tight, loose, the stack, the window's start).
+async fn mixed(balance: &str, run: Duration) -> (Tally, Tally, Stack, Instant) {
     // An 8B model on an H100 as the simulator models it, and one four times slower.
     let replica = || {
         let mut c = engine::EngineConfig::preset(engine::Preset::Llama31_8bH100);
@@ -115,7 +124,29 @@ async fn mixed(balance: &str, run: Duration) -> (Tally, Tally, Stack) {
         t.await.unwrap();
     }
     let take = |t: Arc<Mutex<Tally>>| std::mem::take(&mut *t.lock().unwrap());
-    (take(tight), take(loose), stack)
+    (take(tight), take(loose), stack, from)
+}
+
+/// The share of the tight requests that arrived at the fast replica (engine 0) from `from` on,
+/// as the engines recorded them, and how many there were.
+fn on_the_fast_replica(stack: &Stack, from: Instant) -> (f64, usize) {
+    let longest = stack
+        .engines
+        .iter()
+        .flat_map(|e| e.engine.records())
+        .map(|r| r.prompt_tokens)
+        .max()
+        .unwrap_or(0);
+    let tight = |i: usize| {
+        stack.engines[i]
+            .engine
+            .records()
+            .iter()
+            .filter(|r| r.arrival >= from && r.prompt_tokens == longest)
+            .count()
+    };
+    let (fast, slow) = (tight(0), tight(1));
+    (fast as f64 / (fast + slow).max(1) as f64, fast + slow)
 }
 
 fn p(t: &Tally, q: f64) -> Duration {
@@ -141,23 +172,36 @@ fn line(what: &str, tight: &Tally, loose: &Tally) -> String {
 }
 
 /// Timing-bound: the engines' steps are in this process, and a CPU shared with other tests delays
-/// them (under a second copy of the suite the tight requests met 92%).
+/// them (under a second copy of the suite the tight requests met 92%; on a cold CI machine alone,
+/// 95.1% with every one of them on the fast replica's side of the verdicts).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "timing-bound: run alone by scripts/test.sh"]
 async fn tight_requests_keep_the_fast_replica() {
     let run = Duration::from_secs(8);
-    let (lo_tight, lo_loose, _lo) = mixed("least_outstanding", run).await;
-    let before = line("least_outstanding", &lo_tight, &lo_loose);
+    let (lo_tight, lo_loose, lo, lo_from) = mixed("least_outstanding", run).await;
+    let (lo_fast, lo_n) = on_the_fast_replica(&lo, lo_from);
+    let before = format!(
+        "{}; {:.1}% of {lo_n} tight on the fast replica",
+        line("least_outstanding", &lo_tight, &lo_loose),
+        100.0 * lo_fast
+    );
     eprintln!("{before}");
-    let (tight, loose, stack) = mixed("slo", run).await;
-    let after = line("slo", &tight, &loose);
+    let (tight, loose, stack, from) = mixed("slo", run).await;
+    let (fast, n) = on_the_fast_replica(&stack, from);
+    let after = format!(
+        "{}; {:.1}% of {n} tight on the fast replica",
+        line("slo", &tight, &loose),
+        100.0 * fast
+    );
     eprintln!("{after}");
     let m = stack.metrics().await;
     for l in m.lines().filter(|l| l.starts_with("spillway_slo_")) {
         eprintln!("{l}");
     }
-    assert!(tight.met(TIGHT) >= 0.97, "{before}\n{after}");
-    assert!(tight.met(TIGHT) > lo_tight.met(TIGHT) + 0.03, "{before}\n{after}");
+    // Where they ran is the routing's doing; whether 100 ms was met is also the machine's.
+    assert!(n >= 50 && fast >= 0.97, "{before}\n{after}");
+    assert!(tight.met(TIGHT) >= 0.85, "{before}\n{after}");
+    assert!(tight.met(TIGHT) > lo_tight.met(TIGHT) + 0.3, "{before}\n{after}");
     assert!(loose.met(LOOSE) >= 0.99, "{before}\n{after}");
     assert_eq!(
         tight.refused + loose.refused,
