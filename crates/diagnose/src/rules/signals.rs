@@ -130,6 +130,9 @@ pub(crate) struct Signals<'a> {
     pub(crate) backlog_ev: Vec<Evidence>,
     /// An engine's queue held with its batch full: saturated whatever the window's trend.
     pub(crate) at_cap: bool,
+    /// What waits now (either layer) drains within the queue-time line at the measured
+    /// completion rate: requests between arrival and the next step, not a backlog.
+    pub(crate) fleeting: bool,
     /// Requests taken into the batch in the window with no first token by its end (admitted
     /// less first tokens less those still waiting): on a healthy engine, the few in prefill.
     pub(crate) unserved: Option<f64>,
@@ -222,6 +225,7 @@ pub(crate) fn compute<'a>(
         let op = if c.secs > t.ttft_p95 { ">" } else { "<=" };
         queue_time_ev.push(c.ev(key, "waited_at_least", c.secs, "s", op, Some(t.ttft_p95)));
     }
+    let fleeting = fleeting(rows, c.secs, t);
     let drained = drained_wait(&c, g, e, t, engine_queue_time);
     let drained_seen = !drained.is_empty();
     queue_time_ev.extend(drained);
@@ -256,6 +260,7 @@ pub(crate) fn compute<'a>(
         drained_seen,
         stuck,
         at_cap: held.engine && !backlog_ev.is_empty(),
+        fleeting,
         unserved: unserved(g, e),
         prefill_bound: g
             .prompt_tokens_per_s
@@ -329,6 +334,17 @@ fn backlog(c: &Ctx<'_>, rows: &Rows, t: &Thresholds, held: &Held) -> Vec<Evidenc
         return Vec::new();
     }
     vec![c.now(*key, "drain_secs", drain, "s", ">", Some(t.queue_time))]
+}
+
+/// Whether what waits at the window's end would drain within the queue-time line at the
+/// window's completion rate (nothing waiting drains at once; no completions, never).
+fn fleeting(rows: &Rows, secs: f64, t: &Thresholds) -> bool {
+    let e = &rows.engine;
+    let waiting = e.waiting.map_or(0.0, |l| l.end) + e.gateway_queued.map_or(0.0, |l| l.end);
+    if waiting <= 0.0 {
+        return true;
+    }
+    crate::change::throughput(rows, secs).is_some_and(|rate| waiting / rate <= t.queue_time)
 }
 
 /// TTFT is observed at a first token, so the first seconds of a flood leave it empty: no first

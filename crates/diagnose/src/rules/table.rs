@@ -33,9 +33,10 @@ fn arrivals_exceed_throughput(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Fi
 
 /// Seed row 1 in its level form, for what no row explains: an objective breached while a layer
 /// holds waiters is a backlog; the verdict says where it waits and how long it takes to drain.
+/// Waiters the engine takes within the queue-time line are no backlog, whatever else breached.
 pub(crate) fn backlog_left(s: &Signals<'_>) -> Option<Finding> {
     let breaches = s.breaches();
-    if breaches.is_empty() || !s.queue_now {
+    if breaches.is_empty() || !s.queue_now || s.fleeting {
         return None;
     }
     let mut ev = s.queue_ev.clone();
@@ -156,10 +157,11 @@ fn gateway_timeouts(s: &Signals<'_>, blind: &mut Vec<String>) -> Option<Finding>
     let engine_itl = p95(s.g.engine_itl);
     // A queue the engine holds through the window, not one request caught between its arrival
     // and the next scheduler step when the gauge was read: closed-loop clients whose streams are
-    // cut come back at once, so one may be read waiting at each end; more than one is a queue.
+    // cut come back at once, so one may be read waiting at each end; more than one is a queue,
+    // unless the engine takes it within the queue-time line.
     let engine_ok = engine_ttft.is_none_or(|v| v <= t.ttft_p95)
         && engine_itl.is_none_or(|v| v <= t.itl_p95)
-        && !e.waiting.is_some_and(|l| l.mean() > 1.0);
+        && (!e.waiting.is_some_and(|l| l.mean() > 1.0) || s.fleeting);
     if !engine_ok {
         return None;
     }

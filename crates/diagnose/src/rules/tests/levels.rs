@@ -110,3 +110,43 @@ fn a_breach_with_waiters_always_names_where_they_wait() {
     // 20 waiting at 5 finished a second.
     assert!(v.summary.contains("4 s to drain"), "{}", v.summary);
 }
+
+/// A queue the engine empties in a few tens of milliseconds is no backlog: with the engine's own
+/// TTFT within its objective, the deadlines cutting streams are the gateway's, and an error
+/// breach beside those few waiters is not arrivals exceeding throughput.
+#[test]
+fn a_queue_that_drains_in_milliseconds_is_no_backlog_beside_an_error_breach() {
+    // 1,000 finished in 10 s (100/s), three waiting at the end: 30 ms to drain.
+    let (eb, ea) = (
+        Engine {
+            waiting: 2.0,
+            n: 1000,
+            gen_tokens: 100_000.0,
+            ..Engine::default()
+        },
+        Engine {
+            waiting: 3.0,
+            n: 1000,
+            gen_tokens: 100_000.0,
+            ..Engine::default()
+        },
+    );
+    let (gb, ga) = (
+        gateway(0.0, 0.0, 0.0, 0.0, 4.0),
+        gateway(1000.0, 40.0, 0.0, 0.0, 4.0),
+    );
+    let (b, a) = (eb.before().text(KV, ITL_NAME), ea.text(KV, ITL_NAME));
+    let v = run(&[("e:1", &b), ("g:1", &gb)], &[("e:1", &a), ("g:1", &ga)]);
+    assert!(
+        !suspects(&v).contains(&Suspect::ArrivalsExceedThroughput),
+        "{}\n{:#?}",
+        v.summary,
+        v.findings
+    );
+    assert_eq!(
+        suspects(&v).first(),
+        Some(&Suspect::GatewayTimeouts),
+        "{}",
+        v.summary
+    );
+}
