@@ -69,6 +69,7 @@ pub(crate) fn apply(
     }
     crate::breakdown::place(&mut found, local);
     found.sort_by_key(|f| RANK.iter().position(|x| *x == f.suspect));
+    backlog_before_an_unseen_gpu(&mut found, &s);
     let saturation = saturation(&s);
     let calm = found.is_empty() && s.breaches().is_empty() && !saturation.declared;
     Outcome {
@@ -81,6 +82,25 @@ pub(crate) fn apply(
         user_itl_p95: s.user_itl.map(|(_, v)| v),
         saturation,
         drained: s.drained_seen || (s.queue_time_high && !s.queue_present),
+    }
+}
+
+/// Decode contention judged on ITL alone (no GPU activity seen) is the weaker claim beside a
+/// backlog that grows or is held at the engine's cap and takes longer than the queue-time line to
+/// drain: the gaps then come as much from the queue's prefills joining every step as from the
+/// batch's size, and the backlog is certain. It goes second.
+fn backlog_before_an_unseen_gpu(found: &mut [Finding], s: &Signals<'_>) {
+    let backlog = s.queue_now && !s.fleeting && (s.at_cap || s.queue_growth);
+    if s.gpu_peak.is_some() || !backlog {
+        return;
+    }
+    let at = |x: Suspect| found.iter().position(|f| f.suspect == x);
+    if let (Some(d), Some(a)) = (
+        at(Suspect::DecodeContention),
+        at(Suspect::ArrivalsExceedThroughput),
+    ) && d < a
+    {
+        found[d..=a].rotate_right(1);
     }
 }
 

@@ -150,3 +150,39 @@ fn a_queue_that_drains_in_milliseconds_is_no_backlog_beside_an_error_breach() {
         v.summary
     );
 }
+
+/// A queue growing in front of an engine at its cap, with ITL over its objective: with no GPU
+/// activity seen the gaps may be the queue's prefills joining every step, and the backlog is
+/// certain, so it is named first; with the GPU seen busy, decode contention keeps its rank.
+#[test]
+fn an_itl_breach_judged_without_the_gpu_goes_after_a_growing_backlog() {
+    let e = Engine {
+        running: 4.0,
+        waiting: 100.0,
+        n: 50,
+        ttft: 2.0,
+        itl: 0.1,
+        queue: 1.0,
+        ..Engine::default()
+    };
+    let before = Engine {
+        waiting: 0.0,
+        ..e.before()
+    };
+    let (b, a) = (before.text(KV, ITL_NAME), e.text(KV, ITL_NAME));
+    let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+    assert_eq!(
+        suspects(&v),
+        [Suspect::ArrivalsExceedThroughput, Suspect::DecodeContention],
+        "{}",
+        v.summary
+    );
+    let g = dcgm(0.95, 0.0, 0.0);
+    let v = run(&[("e:1", &b), ("d:1", &g)], &[("e:1", &a), ("d:1", &g)]);
+    assert_eq!(
+        suspects(&v),
+        [Suspect::DecodeContention, Suspect::ArrivalsExceedThroughput],
+        "{}",
+        v.summary
+    );
+}
