@@ -13,6 +13,7 @@
 //! - [`serve_script`]: a replica that answers each request with scripted bytes;
 //! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
 //!   reading every crate's integration tests use;
+//! - [`vllm`]: a real vLLM (CPU, the tiny model) as a process group, skipped where not installed;
 //! - [`spawn`]: engines and gateways, in-process ([`Engine`], [`Gateway`]) or as `spillway`
 //!   processes ([`Process`]), ready when returned and stopped when dropped.
 
@@ -20,6 +21,7 @@ pub mod crd;
 pub mod envoy;
 pub mod spawn;
 pub mod tls;
+pub mod vllm;
 
 pub use spawn::{Engine, Gateway, GatewayOptions, Process};
 
