@@ -192,7 +192,12 @@ impl Engine {
             Some(path) => Tokenizer::from_file(path)?,
             None => Tokenizer::Estimate,
         };
-        let metrics = Metrics::new(&config.model, &config.gpu.name, config.dcgm, 0);
+        let cache = crate::metrics::CacheInfo {
+            num_gpu_blocks: u32::try_from(config.num_blocks()).unwrap_or(u32::MAX),
+            block_size: config.block_size,
+            prefix_caching: config.enable_prefix_caching,
+        };
+        let metrics = Metrics::new(&config.model, &config.gpu.name, config.dcgm, 0, cache);
         let sched = Scheduler::new(
             SchedulerLimits {
                 max_num_seqs: config.max_num_seqs,

@@ -67,8 +67,16 @@ pub(crate) struct Dcgm {
     pub(crate) ecc_dbe: Gauge,
 }
 
+/// What `vllm:cache_config_info` says of the KV cache.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CacheInfo {
+    pub(crate) num_gpu_blocks: u32,
+    pub(crate) block_size: u32,
+    pub(crate) prefix_caching: bool,
+}
+
 impl Metrics {
-    pub(crate) fn new(model: &str, gpu_name: &str, dcgm: bool, gpu_index: u32) -> Self {
+    pub(crate) fn new(model: &str, gpu_name: &str, dcgm: bool, gpu_index: u32, cache: CacheInfo) -> Self {
         let registry = Registry::new();
         let opts = |name: &str, help: &str| {
             Opts::new(name, help)
@@ -98,6 +106,26 @@ impl Metrics {
                 .expect("unique metric name");
             c
         };
+        // vLLM's `cache_config_info`: an info gauge, 1, whose labels say the cache's size.
+        let (blocks, block_size, prefix) = (
+            cache.num_gpu_blocks.to_string(),
+            cache.block_size.to_string(),
+            if cache.prefix_caching { "True" } else { "False" },
+        );
+        let cache_info = Gauge::with_opts(
+            opts(
+                "vllm:cache_config_info",
+                "Information of the LLMEngine CacheConfig",
+            )
+            .const_label("num_gpu_blocks", &blocks)
+            .const_label("block_size", &block_size)
+            .const_label("enable_prefix_caching", prefix),
+        )
+        .expect("valid gauge options");
+        registry
+            .register(Box::new(cache_info.clone()))
+            .expect("unique metric name");
+        cache_info.set(1.0);
         let success_vec = IntCounterVec::new(
             opts(
                 "vllm:request_success_total",

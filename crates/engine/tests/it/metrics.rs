@@ -13,6 +13,7 @@ fn expected() -> BTreeMap<&'static str, &'static str> {
         ("vllm:num_requests_waiting", "gauge"),
         ("vllm:num_requests_waiting_by_reason", "gauge"),
         ("vllm:kv_cache_usage_perc", "gauge"),
+        ("vllm:cache_config_info", "gauge"),
         ("vllm:num_preemptions_total", "counter"),
         ("vllm:prompt_tokens_total", "counter"),
         ("vllm:generation_tokens_total", "counter"),
