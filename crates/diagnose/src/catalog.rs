@@ -28,6 +28,7 @@ pub enum Key {
     Running,
     Waiting,
     KvUsage,
+    CacheConfig,
     Preemptions,
     PromptTokens,
     GenerationTokens,
@@ -97,6 +98,8 @@ pub const SIGNALS: &[Signal] = &[
         Gauge,
         Engine,
     ),
+    // An info gauge: its `num_gpu_blocks` label is the cache's size, for a relative KV line.
+    s(Key::CacheConfig, &["vllm:cache_config_info"], Gauge, Engine),
     s(Key::Preemptions, &["vllm:num_preemptions_total"], Counter, Engine),
     s(Key::PromptTokens, &["vllm:prompt_tokens_total"], Counter, Engine),
     s(

@@ -96,6 +96,8 @@ pub struct EngineRow {
     pub decode_time: Option<Distribution>,
     /// Highest KV-cache usage of any replica (0–1).
     pub kv_usage: Option<Level>,
+    /// The KV cache's blocks, summed over the engines that say (vLLM's `cache_config_info`).
+    pub kv_blocks: Option<f64>,
     pub preemptions: Option<f64>,
     pub prefix_hit_ratio: Option<f64>,
     /// Requests the engines finished in the window.
@@ -400,6 +402,13 @@ fn engine(r: &Reader<'_>) -> EngineRow {
         prefill_time: r.dist(Key::PrefillTime),
         decode_time: r.dist(Key::DecodeTime),
         kv_usage: r.level(Key::KvUsage, Agg::Max),
+        kv_blocks: r.name(Key::CacheConfig).and_then(|name| {
+            let blocks =
+                r.w.end
+                    .named(name)
+                    .filter_map(|s| s.label("num_gpu_blocks")?.parse::<f64>().ok());
+            blocks.fold(None, |sum, b| Some(sum.unwrap_or(0.0) + b))
+        }),
         preemptions: r.increase(Key::Preemptions, |_| true),
         prefix_hit_ratio: ratio(
             r.increase(Key::PrefixHits, |_| true),

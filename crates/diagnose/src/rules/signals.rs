@@ -130,6 +130,10 @@ pub(crate) struct Signals<'a> {
     pub(crate) backlog_ev: Vec<Evidence>,
     /// An engine's queue held with its batch full: saturated whatever the window's trend.
     pub(crate) at_cap: bool,
+    /// The KV usage that counts as high: the fixed line, or lower where the engine says its
+    /// cache's size and fewer free blocks than running sequences are left above it (each grows
+    /// by a block at times, and one that finds none is preempted).
+    pub(crate) kv_line: f64,
     /// What waits now (either layer) drains within the queue-time line at the measured
     /// completion rate: requests between arrival and the next step, not a backlog.
     pub(crate) fleeting: bool,
@@ -207,7 +211,8 @@ pub(crate) fn compute<'a>(
     let queue_growth = growing(e.waiting) || growing(e.gateway_queued) || overflow;
     let stuck = e.running.is_some_and(|l| l.end >= 1.0) && g.generation_tokens_per_s == Some(0.0);
     let engine_queue_time = mean(e.queue_time);
-    let mut queue_time_ev = queue_time(&c, e, t, &held, stuck, engine_queue_time);
+    let kv_line = kv_line(e, t);
+    let mut queue_time_ev = queue_time(&c, e, t, kv_line, &held, stuck, engine_queue_time);
     let backlog_ev = if stuck {
         Vec::new()
     } else {
@@ -260,6 +265,7 @@ pub(crate) fn compute<'a>(
         drained_seen,
         stuck,
         at_cap: held.engine && !backlog_ev.is_empty(),
+        kv_line,
         fleeting,
         unserved: unserved(g, e),
         prefill_bound: g
@@ -334,6 +340,15 @@ fn backlog(c: &Ctx<'_>, rows: &Rows, t: &Thresholds, held: &Held) -> Vec<Evidenc
         return Vec::new();
     }
     vec![c.now(*key, "drain_secs", drain, "s", ">", Some(t.queue_time))]
+}
+
+/// The KV line: `--kv-high`, or where the engine says its cache's size, the usage above which
+/// fewer free blocks are left than sequences running (never under half the cache).
+fn kv_line(e: &EngineRow, t: &Thresholds) -> f64 {
+    match (e.kv_blocks, e.running) {
+        (Some(blocks), Some(run)) if blocks > 0.0 => t.kv_high.min((1.0 - run.end / blocks).max(0.5)),
+        _ => t.kv_high,
+    }
 }
 
 /// Whether what waits at the window's end would drain within the queue-time line at the
@@ -421,6 +436,7 @@ fn queue_time(
     c: &Ctx<'_>,
     e: &EngineRow,
     t: &Thresholds,
+    kv_line: f64,
     held: &Held,
     stuck: bool,
     engine_queue_time: Option<f64>,
@@ -467,8 +483,8 @@ fn queue_time(
             ev.push(c.ev(Key::Running, "steady", run.end, "requests", "=", None));
         }
         // A full KV cache is why a batch stops taking requests before its sequence cap.
-        if let Some(kv) = e.kv_usage.filter(|l| held.engine && l.end >= t.kv_high) {
-            ev.push(c.ev(Key::KvUsage, "end", kv.end, "ratio", ">=", Some(t.kv_high)));
+        if let Some(kv) = e.kv_usage.filter(|l| held.engine && l.end >= kv_line) {
+            ev.push(c.ev(Key::KvUsage, "end", kv.end, "ratio", ">=", Some(kv_line)));
         }
         if held.slots_full && held.gateway {
             let f = e.gateway_in_flight.map_or(0.0, |l| l.end);

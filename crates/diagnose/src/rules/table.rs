@@ -122,14 +122,14 @@ fn kv_pressure(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
     }
     let preempted =
         s.c.ev(Key::Preemptions, "increase", pre, "preemptions", ">", Some(0.0));
-    if kv.peak() >= s.t.kv_high {
+    if kv.peak() >= s.kv_line {
         let high =
-            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(s.t.kv_high));
+            s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", ">=", Some(s.kv_line));
         return Some(Finding::new(Suspect::KvPressure, vec![high, preempted]));
     }
     let mut ev = vec![
         preempted,
-        s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", "<", Some(s.t.kv_high)),
+        s.c.ev(Key::KvUsage, "peak", kv.peak(), "ratio", "<", Some(s.kv_line)),
     ];
     if let Some(w) = s.e.waiting.filter(|l| l.peak() >= 1.0) {
         ev.push(s.c.ev(Key::Waiting, "peak", w.peak(), "requests", ">=", Some(1.0)));
@@ -212,6 +212,9 @@ fn process_health(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
         ev.push(c.ev(Key::Ttft, "count", first_tokens, "requests", "<", Some(u)));
         return Some(Finding::new(Suspect::ProcessHealth, ev));
     }
+    if let Some(ev) = short_of_its_pace(s).or_else(|| silent_mid_stream(s)) {
+        return Some(Finding::new(Suspect::ProcessHealth, ev));
+    }
     // A queue now, not refusals counted earlier in the window: a burst refused at a queue limit
     // that then went quiet leaves the GPU idle at the end with nothing wrong.
     if !((s.queue_now && (s.queue_growth || s.queue_time_high)) || piling) {
@@ -231,6 +234,57 @@ fn process_health(s: &Signals<'_>, _: &mut Vec<String>) -> Option<Finding> {
         ev.push(c.ev(Key::GenerationTokens, "per_s", 0.0, "tokens/s", "=", Some(0.0)));
     }
     Some(Finding::new(Suspect::ProcessHealth, ev))
+}
+
+/// A share of its own pace under which a batch stopped for part of the window.
+const PACE: f64 = 0.5;
+
+/// The level form of a hang at its onset: a batch running at both ends made less than half the
+/// tokens its own gaps between tokens say it makes in the window (its mean running ÷ the mean
+/// ITL of the tokens it did make), so it stopped for most of the window and nothing yet shows as
+/// a wait or as a window with no token at all. One request read at both ends is no batch: open
+/// arrivals come and go between the reads.
+fn short_of_its_pace(s: &Signals<'_>) -> Option<Vec<Evidence>> {
+    let run =
+        s.e.running
+            .filter(|l| l.end >= 1.0 && l.start >= Some(1.0) && l.mean() >= 1.5)?;
+    let made = s.g.generation_tokens_per_s.filter(|g| *g > 0.0)?;
+    let itl = mean(s.g.engine_itl).filter(|m| *m > 0.0)?;
+    let pace = run.mean() / itl;
+    if made >= PACE * pace {
+        return None;
+    }
+    Some(vec![
+        s.c.ev(
+            Key::GenerationTokens,
+            "per_s",
+            made,
+            "tokens/s",
+            "<",
+            Some(PACE * pace),
+        ),
+        s.c.ev(Key::Running, "mean", run.mean(), "requests", "=", None),
+        s.c.ev(Key::Itl, "mean", itl, "s", "=", None),
+    ])
+}
+
+/// A gap between two tokens of one stream, seconds, that no batch makes: the engine stopped.
+const SILENCE: f64 = 1.0;
+
+/// The level form of a hang just over: a gap between tokens of a second or more where the
+/// typical gap is a hundred times shorter — no batch size or queue makes one; a process that
+/// stopped (frozen, starved, swapped out) and went on does. (A preemption's recompute does too,
+/// and row 4 outranks this one when preemptions are counted.)
+fn silent_mid_stream(s: &Signals<'_>) -> Option<Vec<Evidence>> {
+    let itl = s.g.engine_itl?;
+    let (p50, p99) = (itl.p50?, itl.p99?);
+    if p99 < SILENCE || p99 < 100.0 * p50 {
+        return None;
+    }
+    Some(vec![
+        s.c.ev(Key::Itl, "p99", p99, "s", ">=", Some(SILENCE)),
+        s.c.ev(Key::Itl, "p50", p50, "s", "=", None),
+    ])
 }
 
 /// Seed row 6 again, from the scrape itself: a target that claims work in hand (running or

@@ -186,3 +186,69 @@ fn an_itl_breach_judged_without_the_gpu_goes_after_a_growing_backlog() {
         v.summary
     );
 }
+
+/// The same two sequences running at both ends, gaps of 2.5 ms between their tokens, and a tenth
+/// of the tokens that pace makes in the window: the engine stopped for most of it (a hang at its
+/// onset, before any wait shows). At nine tenths of its pace it is healthy.
+#[test]
+fn a_batch_far_short_of_its_own_pace_stopped() {
+    for (share, hung) in [(0.1, true), (0.9, false)] {
+        let e = Engine {
+            running: 2.0,
+            n: 14,
+            itl: 0.0025,
+            ttft: 0.01,
+            // Two sequences at 2.5 ms a token make 800 tokens a second, 8,000 in the window.
+            gen_tokens: 8_000.0 * share,
+            ..Engine::default()
+        };
+        let v = run(
+            &[("e:1", &e.before().text(KV, ITL_NAME))],
+            &[("e:1", &e.text(KV, ITL_NAME))],
+        );
+        assert_eq!(
+            suspects(&v).first() == Some(&Suspect::ProcessHealth),
+            hung,
+            "{share} of its pace: {}",
+            v.summary
+        );
+    }
+}
+
+/// Where the engine says its cache's size (`vllm:cache_config_info`), the KV line is where fewer
+/// free blocks are left than sequences running: 12 running in a cache of 40 blocks are high at
+/// 70% (the fixed 90% line would call 88.7% under it).
+#[test]
+fn the_kv_line_is_relative_to_the_cache_the_engine_says_it_has() {
+    let e = Engine {
+        running: 12.0,
+        waiting: 20.0,
+        kv: 0.887,
+        preemptions: 3.0,
+        n: 20,
+        ttft: 3.0,
+        queue: 2.5,
+        ..Engine::default()
+    };
+    let info =
+        "vllm:cache_config_info{model_name=\"m\",engine=\"0\",block_size=\"16\",num_gpu_blocks=\"40\"} 1\n";
+    let judged = |with_info: bool| {
+        let extra = if with_info { info } else { "" };
+        let (b, a) = (
+            format!("{}{extra}", e.before().text(KV, ITL_NAME)),
+            format!("{}{extra}", e.text(KV, ITL_NAME)),
+        );
+        let v = run(&[("e:1", &b)], &[("e:1", &a)]);
+        let kv = v
+            .findings
+            .iter()
+            .find(|f| f.suspect == Suspect::KvPressure)
+            .and_then(|f| f.evidence.iter().find(|ev| ev.stat == "peak").cloned())
+            .unwrap_or_else(|| panic!("no KV finding: {}", v.summary));
+        (kv.op, kv.threshold)
+    };
+    assert_eq!(judged(false), ("<", Some(0.9)));
+    let (op, line) = judged(true);
+    assert_eq!(op, ">=");
+    assert!((line.unwrap() - 0.7).abs() < 1e-9, "{line:?}");
+}
