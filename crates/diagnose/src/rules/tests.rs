@@ -70,6 +70,8 @@ struct Engine {
     queue: f64,
     prefill: f64,
     finished_reason: &'static str,
+    /// Gaps of this many seconds among the ITL observations, and how many.
+    stalls: (f64, u32),
 }
 
 impl Default for Engine {
@@ -86,6 +88,7 @@ impl Default for Engine {
             queue: 0.001,
             prefill: 0.04,
             finished_reason: "stop",
+            stalls: (0.0, 0),
         }
     }
 }
@@ -113,7 +116,7 @@ impl Engine {
                 f64::from(self.n),
             )
             .hist("vllm:time_to_first_token_seconds", TTFT, self.ttft, self.n)
-            .hist(itl_name, ITL, self.itl, self.n * 50)
+            .hist_of(itl_name, ITL, &[(self.itl, self.n * 50), self.stalls])
             .hist("vllm:request_queue_time_seconds", REQ, self.queue, self.n)
             .hist("vllm:request_prefill_time_seconds", REQ, self.prefill, self.n)
             .hist("vllm:request_decode_time_seconds", REQ, self.itl * 50.0, self.n)
@@ -132,6 +135,7 @@ impl Engine {
             n: 0,
             gen_tokens: 0.0,
             preemptions: 0.0,
+            stalls: (0.0, 0),
             ..*self
         }
     }

@@ -252,3 +252,30 @@ fn the_kv_line_is_relative_to_the_cache_the_engine_says_it_has() {
     assert_eq!(op, ">=");
     assert!((line.unwrap() - 0.7).abs() < 1e-9, "{line:?}");
 }
+
+/// Two gaps of three seconds among a thousand of 2.5 ms, nothing waiting and the objectives met
+/// on the p95: no batch makes such a gap, a process that stopped and went on does.
+#[test]
+fn a_gap_of_seconds_between_tokens_is_a_process_that_stopped() {
+    for (stalls, hung) in [((3.0, 12), true), ((0.0, 0), false)] {
+        let e = Engine {
+            running: 2.0,
+            n: 20,
+            itl: 0.0025,
+            // Two at 2.5 ms a token: 800 a second, its own pace.
+            gen_tokens: 8_000.0,
+            stalls,
+            ..Engine::default()
+        };
+        let v = run(
+            &[("e:1", &e.before().text(KV, ITL_NAME))],
+            &[("e:1", &e.text(KV, ITL_NAME))],
+        );
+        assert_eq!(
+            suspects(&v).first() == Some(&Suspect::ProcessHealth),
+            hung,
+            "{stalls:?}: {}",
+            v.summary
+        );
+    }
+}
