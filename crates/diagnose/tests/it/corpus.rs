@@ -6,6 +6,7 @@
 mod gateway;
 mod generate;
 mod replay;
+mod vllm;
 
 use spillway_diagnose::{Cluster, Snapshot, Status, Suspect, Thresholds, diagnose};
 use std::collections::BTreeMap;
@@ -88,6 +89,8 @@ pub(crate) struct Window {
     pub(crate) start: Snapshot,
     pub(crate) end: Snapshot,
     pub(crate) label: Label,
+    /// The objectives the run was labelled by: the suite's, unless its header names others.
+    pub(crate) thresholds: Thresholds,
 }
 
 /// A run being written: its scrapes, each as the lines that changed since the run's previous
@@ -236,6 +239,7 @@ impl RunWriter {
 fn read_run(text: &str) -> Vec<Window> {
     let mut run = String::new();
     let mut scenario = String::new();
+    let mut objectives = thresholds();
     let mut scrapes: Vec<Snapshot> = Vec::new();
     // Each target's series as last written, in their first order.
     let mut state: BTreeMap<String, (Vec<String>, BTreeMap<String, String>)> = BTreeMap::new();
@@ -270,6 +274,7 @@ fn read_run(text: &str) -> Vec<Window> {
             let mut words = rest.split(' ');
             run = words.next().unwrap_or_default().to_owned();
             scenario = words.next().unwrap_or_default().to_owned();
+            objectives = objectives_of(words);
         } else if let Some(at) = line.strip_prefix("scrape ") {
             close(&mut current, &state, &mut scrapes);
             current = Some((at.parse().expect("a time"), Vec::new()));
@@ -295,6 +300,7 @@ fn read_run(text: &str) -> Vec<Window> {
                     suspects: suspects.split(',').filter_map(parse_suspect).collect(),
                     truth: truth.to_owned(),
                 },
+                thresholds: objectives,
             });
         } else if let Some((key, value)) = split_hist(line).or_else(|| line.rsplit_once(' ')) {
             let (order, values) = state.entry(instance.clone()).or_default();
@@ -304,6 +310,21 @@ fn read_run(text: &str) -> Vec<Window> {
         }
     }
     windows
+}
+
+/// The objectives a run's header names (`slo_ttft_p95=0.5 slo_itl_p95=0.1`, seconds), over
+/// the suite's: a real engine on this CPU is labelled by objectives its healthy speed meets.
+pub(crate) fn objectives_of<'a>(params: impl Iterator<Item = &'a str>) -> Thresholds {
+    let mut t = thresholds();
+    for (k, v) in params.filter_map(|w| w.split_once('=')) {
+        let Ok(v) = v.parse::<f64>() else { continue };
+        match k {
+            "slo_ttft_p95" => t.ttft_p95 = v,
+            "slo_itl_p95" => t.itl_p95 = v,
+            _ => {}
+        }
+    }
+    t
 }
 
 /// An `@h` or `@le` line as its key (the marker and the histogram) and its values.
@@ -360,7 +381,7 @@ pub(crate) struct Judged {
 }
 
 pub(crate) fn judge(w: &Window) -> Judged {
-    let v = diagnose(&w.start, &w.end, &thresholds(), &Cluster::default());
+    let v = diagnose(&w.start, &w.end, &w.thresholds, &Cluster::default());
     let kind = Kind::of(v.status);
     let kind_right = kind.is_some_and(|k| w.label.kinds.contains(&k));
     let first = v.findings.first().map(|f| f.suspect);
@@ -493,7 +514,7 @@ fn show() {
     for w in load() {
         let name = format!("{} {}", w.run, w.phase);
         if wanted.split(',').any(|x| x.trim() == name) {
-            let v = diagnose(&w.start, &w.end, &thresholds(), &Cluster::default());
+            let v = diagnose(&w.start, &w.end, &w.thresholds, &Cluster::default());
             let style = spillway_diagnose::render::Style { colour: false };
             println!(
                 "== {name} ({})\n{}",

@@ -9,8 +9,8 @@ use super::{Kind, Label, RunWriter, dir, seed_base, thresholds};
 use crate::support::{MODEL, Served, dcgm, engine, gateway, tiny};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use spillway_diagnose::Suspect;
 use spillway_diagnose::catalog::SIGNALS;
+use spillway_diagnose::{Suspect, Thresholds};
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,23 +20,32 @@ use tokio::time::Instant;
 
 /// What a client saw of one request.
 #[derive(Debug, Clone)]
-struct Req {
-    arrival: Instant,
-    first: Option<Instant>,
-    end: Option<Instant>,
-    status: u16,
+pub(super) struct Req {
+    pub(super) arrival: Instant,
+    pub(super) first: Option<Instant>,
+    pub(super) end: Option<Instant>,
+    pub(super) status: u16,
     /// The stream reached `[DONE]`.
-    done: bool,
-    events: u32,
+    pub(super) done: bool,
+    pub(super) events: u32,
+    /// The longest silence after the first token: from one read to the next.
+    pub(super) stall: Option<(Instant, Instant)>,
+    /// The last read after the first token.
+    pub(super) last: Option<Instant>,
+    /// After the first token, each read's time and its gap from the last read per event in
+    /// it: the gaps between tokens as the client saw them.
+    pub(super) gaps: Vec<(Instant, f64)>,
 }
 
-type Log = Arc<Mutex<Vec<Req>>>;
+pub(super) type Log = Arc<Mutex<Vec<Req>>>;
 
+/// Clients of one run: streamed completions to `url`, each logged.
 #[derive(Clone)]
-struct Load {
-    url: String,
-    client: reqwest::Client,
-    log: Log,
+pub(super) struct Load {
+    pub(super) url: String,
+    pub(super) model: &'static str,
+    pub(super) client: reqwest::Client,
+    pub(super) log: Log,
 }
 
 impl Load {
@@ -51,11 +60,14 @@ impl Load {
                 status: 0,
                 done: false,
                 events: 0,
+                stall: None,
+                last: None,
+                gaps: Vec::new(),
             });
             log.len() - 1
         };
         let body = serde_json::json!({
-            "model": MODEL,
+            "model": self.model,
             "prompt": "abcd ".repeat(prompt),
             "max_tokens": max_tokens,
             "ignore_eos": true,
@@ -76,14 +88,29 @@ impl Load {
         };
         self.log.lock().unwrap()[i].status = r.status().as_u16();
         let mut text = String::new();
+        let mut last = None;
         while let Ok(Some(chunk)) = r.chunk().await {
             let now = Instant::now();
-            text.push_str(&String::from_utf8_lossy(&chunk));
+            let read = String::from_utf8_lossy(&chunk);
+            let events = read.matches("data:").count().max(1);
+            text.push_str(&read);
             let mut log = self.log.lock().unwrap();
             let q = &mut log[i];
+            if let Some(from) = last.filter(|_| q.first.is_some()) {
+                let gap: Duration = now - from;
+                q.gaps.push((now, gap.as_secs_f64() / events as f64));
+                let longest = q.stall.map_or(Duration::ZERO, |(a, b)| b - a);
+                if now - from > longest {
+                    q.stall = Some((from, now));
+                }
+            }
             if q.first.is_none() && text.contains("\"text\"") {
                 q.first = Some(now);
             }
+            if q.first.is_some() {
+                q.last = Some(now);
+            }
+            last = Some(now);
         }
         let mut log = self.log.lock().unwrap();
         let q = &mut log[i];
@@ -92,7 +119,7 @@ impl Load {
         q.events = text.matches("data:").count() as u32;
     }
 
-    fn open(
+    pub(super) fn open(
         &self,
         set: &mut JoinSet<()>,
         t0: Instant,
@@ -116,7 +143,7 @@ impl Load {
         });
     }
 
-    fn closed(
+    pub(super) fn closed(
         &self,
         set: &mut JoinSet<()>,
         t0: Instant,
@@ -139,7 +166,7 @@ impl Load {
 
 /// Every target's `/metrics`, only the series diagnose reads, named by `host:port` as
 /// Prometheus names a target (the gateway's per-replica series join the engines' by it).
-async fn scrape(client: &reqwest::Client, targets: &[String]) -> Vec<(String, String)> {
+pub(super) async fn scrape(client: &reqwest::Client, targets: &[String]) -> Vec<(String, String)> {
     let mut keep: HashSet<String> = HashSet::from(["spillway_limits_mode".to_owned()]);
     for s in SIGNALS {
         for n in s.names {
@@ -169,18 +196,21 @@ async fn scrape(client: &reqwest::Client, targets: &[String]) -> Vec<(String, St
 /// arrived in it, eventually; those given in it) and gaps; the share cut or failed; the share
 /// refused. A stream cut by a deadline counts when the gateway cut it (`deadline` after its
 /// arrival), not when the client noticed: the gateway's counter moved then.
-fn label(
+pub(super) fn label(
     log: &[Req],
     a: Instant,
     b: Instant,
     run_end: Instant,
     suspect: Suspect,
     deadline: Option<Duration>,
+    th: &Thresholds,
 ) -> Label {
-    let th = thresholds();
     let (mut ttft, mut itl) = (Vec::new(), Vec::new());
     let (mut answered, mut failed, mut refused) = (0u32, 0u32, 0u32);
     let mut traffic = false;
+    // A stream silent inside the window for longer than a stall (a preemption's recompute or a
+    // burst of prefills is shorter).
+    let mut stalled = false;
     for r in log {
         traffic |= r.arrival <= b && r.end.is_none_or(|e| e >= a);
         let cut = !(matches!(r.status, 429 | 503) || (r.status == 200 && r.done));
@@ -188,21 +218,31 @@ fn label(
             (Some(e), Some(d)) if cut => Some(e.min(r.arrival + d)),
             (e, _) => e,
         };
-        if let (Some(e), true) = (r.end, counted.is_some_and(|c| c >= a && c <= b)) {
+        if let (Some(_), true) = (r.end, counted.is_some_and(|c| c >= a && c <= b)) {
             answered += 1;
             match r.status {
                 429 | 503 => refused += 1,
                 200 if r.done => {}
                 _ => failed += 1,
             }
-            if let Some(f) = r.first.filter(|_| r.done && r.events > 2) {
-                itl.push((e - f).as_secs_f64() / f64::from(r.events - 2));
-            }
+        }
+        if !matches!(r.status, 429 | 503) {
+            let inside = r.gaps.iter().filter(|(t, _)| *t >= a && *t <= b);
+            itl.extend(inside.map(|(_, g)| *g));
         }
         let admitted = !matches!(r.status, 429 | 503);
         let arrived_in = r.arrival >= a && r.arrival <= b;
         let first_in = r.first.is_some_and(|f| f >= a && f <= b);
-        if admitted && (arrived_in || first_in) {
+        // Still without a first token at the window's end: it has waited at least that long.
+        let waiting_at_b = r.arrival <= b && r.first.is_none_or(|f| f > b) && r.end.is_none_or(|e| e > b);
+        // The longest silence between reads, and one a stream never ended (cut, or the run
+        // over first).
+        let open = r.last.filter(|_| !r.done).map(|l| (l, r.end.unwrap_or(run_end)));
+        for (from, to) in r.stall.into_iter().chain(open) {
+            let inside = to.min(b).saturating_duration_since(from.max(a));
+            stalled |= inside.as_secs_f64() > STALL.max(4.0 * th.ttft_p95);
+        }
+        if admitted && (arrived_in || first_in || waiting_at_b) {
             let first = r.first.or(r.end).unwrap_or(run_end);
             ttft.push((first - r.arrival).as_secs_f64());
         }
@@ -218,7 +258,7 @@ fn label(
     let level = over(ttft, th.ttft_p95)
         .max(over(itl, th.itl_p95))
         .max(over(Some(errors), th.error_ratio));
-    let kinds = if level == 2 {
+    let kinds = if level == 2 || stalled {
         vec![Kind::Incident]
     } else if !traffic {
         vec![Kind::Idle]
@@ -235,19 +275,24 @@ fn label(
         kinds,
         suspects: vec![suspect],
         truth: format!(
-            "ttft_p95={} itl_p95={} failed={:.3} refused={:.3}",
+            "ttft_p95={} itl_p95={} failed={:.3} refused={:.3}{}",
             ttft.map_or("-".into(), |v| format!("{v:.3}")),
             itl.map_or("-".into(), |v| format!("{v:.4}")),
             errors,
-            share(refused)
+            share(refused),
+            if stalled { " stalled" } else { "" }
         ),
     }
 }
 
+/// A silence in a stream, seconds, that a person calls a stall (or four first-token objectives,
+/// if longer).
+const STALL: f64 = 0.75;
+
 /// Scrapes a loaded machine bunched closer than this make no window worth judging.
 const MIN_WINDOW: f64 = 0.5;
 
-const PHASES: &[&str] = &["before", "onset", "mid", "settled", "recovering"];
+pub(super) const PHASES: &[&str] = &["before", "onset", "mid", "settled", "recovering"];
 
 async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -290,6 +335,7 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
     let targets = vec![g.url.clone(), e.url(), d.url.clone()];
     let load = Load {
         url: g.url.clone(),
+        model: MODEL,
         client: reqwest::Client::builder()
             .timeout(Duration::from_secs(30))
             .build()
@@ -330,6 +376,53 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
             format!("frontend_per_request={per_request}ms arrivals={rate:.0}/s")
         }
     };
+    let span = Span { t0, t1, end, at };
+    let header = format!("seed={seed} {params} {extra}");
+    let truth = Truth {
+        suspect,
+        deadline,
+        th: thresholds(),
+        named_by: None,
+    };
+    let text = record(name, scenario, &header, &mut rng, span, &targets, &load, &truth).await;
+    set.abort_all();
+    text
+}
+
+/// A run's incident, seconds from `at`: it starts at `t0`, ends at `t1`, the load at `end`.
+pub(super) struct Span {
+    pub(super) t0: f64,
+    pub(super) t1: f64,
+    pub(super) end: f64,
+    pub(super) at: Instant,
+}
+
+/// What the windows are labelled by: the suspect of the scenario, the gateway's deadline (a
+/// cut counts when it was made), the objectives.
+pub(super) struct Truth {
+    pub(super) suspect: Suspect,
+    pub(super) deadline: Option<Duration>,
+    pub(super) th: Thresholds,
+    /// A counter whose increase in a window names the cause whatever the objectives (the
+    /// simulator's corpus calls preemptions so).
+    pub(super) named_by: Option<&'static str>,
+}
+
+/// Scrapes `targets` at the ends of a window in each phase around `span`'s incident (drawn from
+/// `rng`), waits for the load to end, and writes the run with each window labelled from what the
+/// clients saw.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn record(
+    name: &str,
+    scenario: &str,
+    header: &str,
+    rng: &mut SmallRng,
+    span: Span,
+    targets: &[String],
+    load: &Load,
+    truth: &Truth,
+) -> String {
+    let Span { t0, t1, end, at } = span;
     let grid = |v: f64| (v * 4.0).round() / 4.0;
     let mut ws = Vec::new();
     for (k, phase) in PHASES.iter().enumerate() {
@@ -346,13 +439,25 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
     let mut times: Vec<f64> = ws.iter().flat_map(|(_, a, b)| [*a, *b]).collect();
     times.sort_by(f64::total_cmp);
     times.dedup();
-    let mut w = RunWriter::new(name, scenario, &format!("seed={seed} {params} {extra}"));
+    let mut w = RunWriter::new(name, scenario, header);
     let client = reqwest::Client::new();
     let mut index = Vec::new();
+    let mut counts: Vec<f64> = Vec::new();
     for t in &times {
         tokio::time::sleep_until(at + secs(*t)).await;
-        let taken = at.elapsed().as_secs_f64();
-        let texts = scrape(&client, &targets).await;
+        // A scrape of a loaded server takes a while: its moment is the middle of the request.
+        let sent = at.elapsed().as_secs_f64();
+        let texts = scrape(&client, targets).await;
+        let taken = (sent + at.elapsed().as_secs_f64()) / 2.0;
+        let count: f64 = truth.named_by.map_or(0.0, |name| {
+            texts
+                .iter()
+                .flat_map(|(_, text)| text.lines())
+                .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        });
+        counts.push(count);
         index.push((*t, w.scrape(taken, &texts), taken));
     }
     tokio::time::sleep_until(at + secs(end + 2.0)).await;
@@ -371,10 +476,21 @@ async fn run(name: &str, scenario: &'static str, seed: u64) -> String {
             println!("{name} {phase}: scrapes {:.3} s apart, left out", b - a);
             continue;
         }
-        let l = label(&log, at + secs(a), at + secs(b), run_end, suspect, deadline);
+        let mut l = label(
+            &log,
+            at + secs(a),
+            at + secs(b),
+            run_end,
+            truth.suspect,
+            truth.deadline,
+            &truth.th,
+        );
+        if counts[ib] > counts[ia] {
+            l.kinds = vec![Kind::Incident];
+            l.truth.push_str(" named");
+        }
         w.window(phase, ia, ib, &l);
     }
-    set.abort_all();
     w.finish()
 }
 

@@ -2,7 +2,7 @@
 //! that answers the window's first scrape, then its second, while Prometheus scrapes them; the
 //! verdict read back through `--prometheus`'s queries must be the one the saved pair gives.
 
-use super::{Window, load, thresholds};
+use super::{Window, load};
 use crate::prometheus::{prometheus, scraped_after};
 use spillway_diagnose::{Cluster, Snapshot, Verdict, diagnose, source};
 use std::collections::BTreeSet;
@@ -113,8 +113,8 @@ async fn saved_windows_replayed_through_prometheus_are_judged_the_same() {
         scraped_after(&c, &p.url, t_a + 0.05).await;
         let a = source::prometheus_at(&c, &p.url, "", t_a).await.unwrap();
         let b = source::prometheus_at(&c, &p.url, "", t_b).await.unwrap();
-        let direct = diagnose(&w.start, &w.end, &thresholds(), &Cluster::default());
-        let through = diagnose(&a, &b, &thresholds(), &Cluster::default());
+        let direct = diagnose(&w.start, &w.end, &w.thresholds, &Cluster::default());
+        let through = diagnose(&a, &b, &w.thresholds, &Cluster::default());
         println!(
             "| {} {} | {:?} {:?} | {:?} {:?} |",
             w.run,
