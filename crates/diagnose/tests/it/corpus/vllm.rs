@@ -158,21 +158,29 @@ async fn run(v: &Vllm, name: &str, scenario: &str, seed: u64, seqs: u32, speed: 
     text
 }
 
-/// The servers of the corpus: vLLM's flags, and the scenarios run on each.
-const SERVERS: &[(&str, &[&str], u32, &[(&str, u64)])] = &[
-    (
-        "flood",
-        &["--max-num-seqs", "4"],
-        4,
-        &[("vllm_flood", 4), ("vllm_hung", 3)],
-    ),
+/// One vLLM server of the corpus: its name, its flags, its sequence cap, and the scenarios run
+/// on it with how many runs each.
+struct Server {
+    name: &'static str,
+    args: &'static [&'static str],
+    seqs: u32,
+    scenarios: &'static [(&'static str, u64)],
+}
+
+const SERVERS: &[Server] = &[
+    Server {
+        name: "flood",
+        args: &["--max-num-seqs", "4"],
+        seqs: 4,
+        scenarios: &[("vllm_flood", 4), ("vllm_hung", 3)],
+    },
     // 24 blocks of 128 tokens: the 2,048-token context (17 blocks, vLLM's check) and a third more.
-    (
-        "kv",
-        &["--max-num-seqs", "16", "--num-gpu-blocks-override", "24"],
-        16,
-        &[("vllm_kv_pressure", 4)],
-    ),
+    Server {
+        name: "kv",
+        args: &["--max-num-seqs", "16", "--num-gpu-blocks-override", "24"],
+        seqs: 16,
+        scenarios: &[("vllm_kv_pressure", 4)],
+    },
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -184,11 +192,17 @@ async fn generate() {
     std::fs::create_dir_all(dir()).unwrap();
     // `CORPUS_VLLM=kv` regenerates one server's runs.
     let only = std::env::var("CORPUS_VLLM").ok();
-    for (server, args, seqs, scenarios) in SERVERS {
-        if only.as_deref().is_some_and(|o| o != *server) {
+    for Server {
+        name,
+        args,
+        seqs,
+        scenarios,
+    } in SERVERS
+    {
+        if only.as_deref().is_some_and(|o| o != *name) {
             continue;
         }
-        let (server, args) = (server.to_string(), args.to_vec());
+        let (server, args) = (name.to_string(), args.to_vec());
         let v = tokio::task::spawn_blocking(move || Vllm::start(&format!("corpus-{server}"), false, &args))
             .await
             .unwrap()
