@@ -337,6 +337,16 @@ fn split_hist(line: &str) -> Option<(&str, &str)> {
     Some((&line[..second], &line[second + 1..]))
 }
 
+/// Whether a generator may write the corpus: only when asked (`SPILLWAY_CORPUS_WRITE=1`), since
+/// the suite's ignored pass runs every ignored test and a generation takes minutes.
+pub(crate) fn writing(what: &str) -> bool {
+    let asked = std::env::var("SPILLWAY_CORPUS_WRITE").is_ok_and(|v| v == "1");
+    if !asked {
+        eprintln!("skipped: {what} writes the corpus only with SPILLWAY_CORPUS_WRITE=1");
+    }
+    asked
+}
+
 /// `tests/corpus`, or `SPILLWAY_CORPUS_DIR` (a held-out corpus generated elsewhere).
 pub(crate) fn dir() -> PathBuf {
     std::env::var_os("SPILLWAY_CORPUS_DIR").map_or_else(

@@ -2,7 +2,7 @@
 //! that refuse by design, an API server starved of CPU. The gateway speaks HTTP, so these run on
 //! the real clock (about a quarter of an hour for all); each window is labelled from what the
 //! clients saw. Regenerate with
-//! `cargo test -p spillway-diagnose --test it corpus::gateway -- --ignored`.
+//! `SPILLWAY_CORPUS_WRITE=1 cargo test -p spillway-diagnose --test it corpus::gateway -- --ignored`.
 
 use super::generate::{p95, secs};
 use super::{Kind, Label, RunWriter, dir, seed_base, thresholds};
@@ -501,8 +501,11 @@ const SCENARIOS: &[(&str, u64)] = &[
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "regenerates the gateway's part of tests/corpus on the real clock; run with --ignored"]
+#[ignore = "regenerates the gateway's part of tests/corpus on the real clock; run with SPILLWAY_CORPUS_WRITE=1 and --ignored"]
 async fn generate() {
+    if !super::writing("corpus::gateway") {
+        return;
+    }
     std::fs::create_dir_all(dir()).unwrap();
     for (scenario, runs) in SCENARIOS {
         for i in 0..*runs {

@@ -2,7 +2,7 @@
 //! repeatable), with parameters drawn at random from a seed, each run scraped at the ends of
 //! windows placed in five phases around the incident, and each window labelled from the ground
 //! truth of the requests the load sent (not from `diagnose`). Regenerate with
-//! `cargo test -p spillway-diagnose --test it corpus::generate -- --ignored`.
+//! `SPILLWAY_CORPUS_WRITE=1 cargo test -p spillway-diagnose --test it corpus::generate -- --ignored`.
 
 use super::{Kind, Label, RunWriter, dir, seed_base, thresholds};
 use engine::cost::CostModel;
@@ -607,8 +607,11 @@ const SCENARIOS: &[(&str, u64)] = &[
 ];
 
 #[test]
-#[ignore = "regenerates tests/corpus (a minute or two); run with --ignored"]
+#[ignore = "regenerates tests/corpus (a minute or two); run with SPILLWAY_CORPUS_WRITE=1 and --ignored"]
 fn generate() {
+    if !super::writing("corpus::generate") {
+        return;
+    }
     std::fs::create_dir_all(dir()).unwrap();
     for (scenario, runs) in SCENARIOS {
         for i in 0..*runs {

@@ -4,7 +4,7 @@
 //! `/metrics`). The load and the labels are the gateway scenarios' (`corpus/gateway.rs`): each
 //! window is labelled from what the clients saw. The objectives are written in each run's header,
 //! drawn from the healthy speed measured first, since a CPU's speed is not a GPU's. Regenerate
-//! with `cargo test -p spillway-diagnose --test it corpus::vllm -- --ignored --nocapture`
+//! with `SPILLWAY_CORPUS_WRITE=1 cargo test -p spillway-diagnose --test it corpus::vllm -- --ignored --nocapture`
 //! (`CORPUS_VLLM=flood|kv` for one server's runs; a few minutes; skipped with a note where vLLM is not installed).
 
 use super::dir;
@@ -184,9 +184,12 @@ const SERVERS: &[Server] = &[
 ];
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "regenerates the real-vLLM part of tests/corpus (needs scripts/vllm.sh install); run with --ignored"]
+#[ignore = "regenerates the real-vLLM part of tests/corpus (needs scripts/vllm.sh install); run with SPILLWAY_CORPUS_WRITE=1 and --ignored"]
 async fn generate() {
     if !testkit::vllm::installed() {
+        return;
+    }
+    if !super::writing("corpus::vllm") {
         return;
     }
     std::fs::create_dir_all(dir()).unwrap();
