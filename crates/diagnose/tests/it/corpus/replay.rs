@@ -65,6 +65,9 @@ const REPLAYED: &[(&str, &str)] = &[
     ("gpu_fault-00", "mid"),
     ("long_prompts-00", "mid"),
     ("long_outputs-00", "before"),
+    // From a real vLLM: its own label set (engine, model_name "tiny") and cache_config_info.
+    ("vllm_hung-00", "onset"),
+    ("vllm_kv_pressure-01", "mid"),
 ];
 
 /// Endpoints for the most targets a replayed window has (three engines and their DCGM); one
