@@ -16,6 +16,7 @@
 //!
 //! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
 
+mod agents;
 pub mod calibration;
 pub mod config;
 pub mod cost;

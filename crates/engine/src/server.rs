@@ -1,6 +1,7 @@
 //! The HTTP side of a replica: vLLM's OpenAI routes, `/health`, `/metrics`, the admin endpoint,
 //! and an accept loop that can refuse connections or die on command.
 
+use crate::agents;
 use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
 use crate::faults::FaultPatch;
 use crate::scheduler::{FinishReason, Progress};
@@ -37,6 +38,9 @@ pub fn router(engine: Engine) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/embeddings", post(embeddings))
+        .route("/v1/messages", post(messages))
+        .route("/v1/messages/count_tokens", post(count_tokens))
+        .route("/v1/responses", post(responses))
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(post_faults))
         .route("/admin/state", get(state))
@@ -362,6 +366,143 @@ async fn completions(
         Ok((params, req.stream.unwrap_or(false), include_usage, req.model))
     })();
     respond(&engine, &headers, RenderKind::Completion, prepared).await
+}
+
+/// `POST /v1/messages`: Anthropic's Messages API as vLLM serves it, its errors in Anthropic's
+/// envelope (vLLM's own validation errors stay OpenAI-shaped, as vLLM's do).
+async fn messages(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body.map_err(body_error)?;
+        let req: agents::MessagesRequest = parse_json(&body)?;
+        check_model(&engine, &req.model)?;
+        req.check()?;
+        let params = GenerateParams {
+            prompt: engine.tokenize(&req.prompt()),
+            max_tokens: req.max_tokens,
+            n: 1,
+            ignore_eos: req.ignore_eos,
+        };
+        Ok((params, req.stream, req.model))
+    })();
+    let answered = match prepared {
+        Ok((params, stream, model)) => {
+            engine.frontend_admit().await;
+            engine.submit(params).map(|g| {
+                let answer = agents::Answer::new(agents::Agent::Messages, &g, unix_now(), model);
+                (g, answer, stream)
+            })
+        }
+        Err(e) => Err(e),
+    };
+    let response = match answered {
+        Ok((g, answer, stream)) => agent_answer(g, answer, stream).await,
+        Err(e) if e.status == 400 && e.body.error.kind == "BadRequestError" => error_response(&e),
+        Err(e) => {
+            let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            (
+                status,
+                [(header::CONTENT_TYPE, "application/json")],
+                agents::messages_error(&e),
+            )
+                .into_response()
+        }
+    };
+    with_request_id(response, &headers)
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's tokens, no generation.
+async fn count_tokens(State(engine): State<Engine>, body: Result<Bytes, BytesRejection>) -> Response {
+    let counted = body.map_err(body_error).and_then(|b| {
+        let req: agents::MessagesRequest = parse_json(&b)?;
+        check_model(&engine, &req.model)?;
+        Ok(agents::count_tokens(&engine, &req))
+    });
+    match counted {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// `POST /v1/responses`: OpenAI's Responses API as vLLM serves it without its response store.
+async fn responses(
+    State(engine): State<Engine>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let prepared = (|| {
+        let body = body.map_err(body_error)?;
+        let req: agents::ResponsesRequest = parse_json(&body)?;
+        check_model(&engine, &req.model)?;
+        req.check()?;
+        let params = GenerateParams {
+            prompt: engine.tokenize(&req.prompt()),
+            max_tokens: req.max_output_tokens,
+            n: 1,
+            ignore_eos: req.ignore_eos,
+        };
+        Ok((params, req))
+    })();
+    let answered = match prepared {
+        Ok((params, req)) => {
+            engine.frontend_admit().await;
+            engine.submit(params).map(|g| {
+                let answer = agents::Answer::new(agents::Agent::Responses, &g, unix_now(), req.model.clone())
+                    .for_responses(&req);
+                (g, answer, req.stream)
+            })
+        }
+        Err(e) => Err(e),
+    };
+    let response = match answered {
+        Ok((g, answer, stream)) => agent_answer(g, answer, stream).await,
+        Err(e) => error_response(&e),
+    };
+    with_request_id(response, &headers)
+}
+
+/// An agent API's answer: its events as they come, or the whole answer at the end.
+async fn agent_answer(mut generation: Generation, answer: agents::Answer, stream: bool) -> Response {
+    if stream {
+        return (
+            [
+                (
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/event-stream; charset=utf-8"),
+                ),
+                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
+            ],
+            agents::stream(generation, answer),
+        )
+            .into_response();
+    }
+    let done = generation.choices[0]
+        .wait_for(|p| p.finish.is_some())
+        .await
+        .map(|p| *p);
+    match done {
+        Ok(p) if !matches!(p.finish, Some(FinishReason::Error | FinishReason::Abort)) => (
+            [(header::CONTENT_TYPE, "application/json")],
+            answer.whole(p.tokens, p.finish.unwrap_or(FinishReason::Stop)),
+        )
+            .into_response(),
+        _ => error_response(&ApiError::vllm(
+            500,
+            "InternalServerError",
+            "the engine failed during generation",
+            None,
+        )),
+    }
+}
+
+fn with_request_id(mut response: Response, headers: &HeaderMap) -> Response {
+    if let Some(id) = headers.get("x-request-id").cloned() {
+        response.headers_mut().insert("x-request-id", id);
+    }
+    response
 }
 
 /// `POST /v1/embeddings`: never streamed; the whole list once every input is pooled.

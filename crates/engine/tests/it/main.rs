@@ -1,5 +1,6 @@
 //! Integration tests of the engine simulator: one binary, a module per area.
 
+mod agents;
 mod api;
 mod calibration;
 mod clients;

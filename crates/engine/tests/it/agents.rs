@@ -1,0 +1,185 @@
+//! The agents' APIs against vLLM 0.32's own answers (`tests/fixtures/vllm-0.32/`, captured from
+//! the CPU build with the tiny model): the same events in the same order, the same fields at every
+//! level of every body, the same errors. Values differ (ids, text), shapes do not.
+
+use crate::support::{MODEL, http, start, tiny};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+fn fixture(name: &str) -> String {
+    let path = format!("{}/tests/fixtures/vllm-0.32/{name}", env!("CARGO_MANIFEST_DIR"));
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// The fields of `v` at every level, as paths (`usage.input_tokens`, `content[].text`): what a
+/// client reads, whatever the values.
+fn fields(v: &Value, at: &str, out: &mut Vec<String>) {
+    match v {
+        Value::Object(m) => {
+            for (k, v) in m {
+                let path = if at.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{at}.{k}")
+                };
+                out.push(path.clone());
+                fields(v, &path, out);
+            }
+        }
+        Value::Array(a) => {
+            for v in a {
+                fields(v, &format!("{at}[]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn shape(v: &Value) -> Vec<String> {
+    let mut out = Vec::new();
+    fields(v, "", &mut out);
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// A stream's events: (name, data) in order.
+fn events(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            let name = e
+                .lines()
+                .find_map(|l| l.strip_prefix("event: "))
+                .unwrap_or_default();
+            let data = e
+                .lines()
+                .find_map(|l| l.strip_prefix("data: "))
+                .unwrap_or_default();
+            let data = serde_json::from_str(data).unwrap_or_else(|err| panic!("{err}: {data}"));
+            (name.to_owned(), data)
+        })
+        .collect()
+}
+
+/// The event names with runs of one name written once, and each name's first data's shape.
+fn stream_shape(text: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
+    let all = events(text);
+    let mut names: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
+    names.dedup();
+    let mut shapes = BTreeMap::new();
+    for (n, d) in &all {
+        shapes.entry(n.clone()).or_insert_with(|| shape(d));
+    }
+    (names, shapes)
+}
+
+async fn post(url: String, body: Value) -> (u16, String) {
+    let r = http().post(url).json(&body).send().await.unwrap();
+    (r.status().as_u16(), r.text().await.unwrap())
+}
+
+#[tokio::test]
+async fn messages_answer_as_vllm_does() {
+    let e = start(tiny()).await;
+    let url = format!("{}/v1/messages", e.url());
+    let body = json!({"model": MODEL, "max_tokens": 5, "ignore_eos": true,
+        "messages": [{"role": "user", "content": "hello there"}]});
+    let (status, whole) = post(url.clone(), body.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let real: Value = serde_json::from_str(&fixture("messages.json")).unwrap();
+    assert_eq!(shape(&whole), shape(&real), "{whole}");
+    assert_eq!(
+        (&whole["stop_reason"], &whole["usage"]["output_tokens"]),
+        (&json!("max_tokens"), &json!(5))
+    );
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (status, text) = post(url, streamed).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        stream_shape(&text),
+        stream_shape(&fixture("messages-stream.sse")),
+        "{text}"
+    );
+    let deltas = events(&text)
+        .iter()
+        .filter(|(n, _)| n == "content_block_delta")
+        .count();
+    assert_eq!(deltas, 5, "one delta a token: {text}");
+    let count = post(
+        format!("{}/v1/messages/count_tokens", e.url()),
+        json!({"model": MODEL, "max_tokens": 5, "messages": [{"role": "user", "content": "hello there"}]}),
+    )
+    .await;
+    let count: Value = serde_json::from_str(&count.1).unwrap();
+    assert_eq!(
+        shape(&count),
+        shape(&serde_json::from_str(&fixture("messages-count-tokens.json")).unwrap())
+    );
+    assert_eq!(count["input_tokens"], whole["usage"]["input_tokens"]);
+}
+
+#[tokio::test]
+async fn responses_answer_as_vllm_does() {
+    let e = start(tiny()).await;
+    let url = format!("{}/v1/responses", e.url());
+    let body = json!({"model": MODEL, "max_output_tokens": 4, "ignore_eos": true, "input": "hello there"});
+    let (status, whole) = post(url.clone(), body.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    let whole: Value = serde_json::from_str(&whole).unwrap();
+    let real: Value = serde_json::from_str(&fixture("responses.json")).unwrap();
+    assert_eq!(shape(&whole), shape(&real), "{whole}");
+    assert_eq!(
+        (
+            &whole["status"],
+            &whole["incomplete_details"]["reason"],
+            &whole["usage"]["output_tokens"]
+        ),
+        (&json!("incomplete"), &json!("max_output_tokens"), &json!(4))
+    );
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let (status, text) = post(url, streamed).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        stream_shape(&text),
+        stream_shape(&fixture("responses-stream.sse")),
+        "{text}"
+    );
+    let numbers: Vec<u64> = events(&text)
+        .iter()
+        .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
+        .collect();
+    assert_eq!(numbers, (0..numbers.len() as u64).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn refusals_answer_as_vllm_does() {
+    let e = start(tiny()).await;
+    let (status, body) = post(
+        format!("{}/v1/messages", e.url()),
+        json!({"model": "nope", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let real: Value = serde_json::from_str(&fixture("messages-unknown-model.json")).unwrap();
+    let ours: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(shape(&ours), shape(&real), "{body}");
+    assert_eq!(ours["error"]["type"], real["error"]["type"]);
+    let (status, body) = post(
+        format!("{}/v1/responses", e.url()),
+        json!({"model": MODEL, "input": "hi", "previous_response_id": "resp_0"}),
+    )
+    .await;
+    assert_eq!(status, 404);
+    let real: Value = serde_json::from_str(&fixture("responses-previous-unknown.json")).unwrap();
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap(), real);
+    let (status, body) = post(
+        format!("{}/v1/messages", e.url()),
+        json!({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 400, "max_tokens is required: {body}");
+}
