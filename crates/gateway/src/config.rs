@@ -209,6 +209,12 @@ impl Config {
                 "must be at least 1s and 10 × redis.timeout: leases are renewed every ttl/3",
             ));
         }
+        if r.down_after < r.timeout || r.down_after > r.lease_ttl {
+            return Err(err(
+                "redis.down_after",
+                "must be at least redis.timeout and at most redis.lease_ttl: leases must outlive an outage's detection",
+            ));
+        }
         for (i, route) in self.routes.iter().enumerate() {
             for (k, class) in route.classes.iter().enumerate() {
                 if matches!(class.concurrency, Concurrency::Adaptive { .. }) {

@@ -104,9 +104,15 @@ pub struct RedisConfig {
     /// A slot held by a gateway that stops renewing it (it died) is free again after this long.
     #[serde(default = "RedisConfig::default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// Every Redis call gives up after this long, and the gateway falls back to its share.
+    /// A call slower than this is late (counted and logged): Redis is slow, not down. A request
+    /// waits for Redis its queue budget, at least this long, and is then served on the share.
     #[serde(default = "RedisConfig::default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Redis is down, and the gateway turns to its share, when it has not answered for this long
+    /// (or calls failed for this long); it is up again, and limits shared, when it has answered
+    /// for this long: hysteresis, so that a slow Redis does not flap the fleet.
+    #[serde(default = "RedisConfig::default_down_after", with = "humantime_serde")]
+    pub down_after: Duration,
     /// Keeps the keys of several deployments on one Redis apart.
     #[serde(default = "RedisConfig::default_namespace")]
     pub namespace: String,
@@ -121,6 +127,9 @@ impl RedisConfig {
     }
     fn default_timeout() -> Duration {
         Duration::from_millis(100)
+    }
+    fn default_down_after() -> Duration {
+        Duration::from_secs(1)
     }
     fn default_namespace() -> String {
         "spillway".into()

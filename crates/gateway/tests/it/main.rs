@@ -10,6 +10,7 @@ mod clients;
 mod deploy;
 mod embeddings;
 mod fair_share;
+mod handoff;
 mod hostile;
 mod http1;
 mod observability;
