@@ -264,12 +264,10 @@ impl SharedLimits {
     pub(crate) fn new(
         config: &RedisConfig,
         url: &str,
+        password: Option<String>,
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
-        let client = redis::Client::open(url).map_err(|e| {
-            // The error names the part that is wrong, never the URL (it may hold a password).
-            crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
-        })?;
+        let client = client(url, password, config.tls.as_ref())?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
@@ -362,10 +360,11 @@ impl SharedLimits {
     /// again, the subscriber that wakes this gateway's waiters and their backstop poll; the
     /// caller ends them.
     pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 3] {
-        // No response timeout of the client's own: each call has its budget (see `call`), and a
-        // slow answer is still an answer.
+        // The client's own response timeout only unsticks a connection that hangs (then it
+        // reconnects): each call has its budget (see `call`), and a slow answer is an answer.
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(self.config.down_after))
+            .set_response_timeout(Some(self.background_budget()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         match ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
@@ -900,6 +899,62 @@ impl SharedLimits {
     fn member(&self) -> String {
         format!("{}:{}", self.gateway, self.next.fetch_add(1, Ordering::Relaxed))
     }
+}
+
+/// The Redis client: the URL (`redis://` or `rediss://`), the password from the environment, and
+/// for TLS the CA and client certificate of `redis.tls`. Errors name the part that is wrong,
+/// never the URL or the password.
+fn client(
+    url: &str,
+    password: Option<String>,
+    tls: Option<&crate::config::RedisTls>,
+) -> Result<redis::Client, crate::config::ConfigError> {
+    use redis::IntoConnectionInfo;
+    let bad_url = |e: redis::RedisError| {
+        crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
+    };
+    let mut info = url.into_connection_info().map_err(bad_url)?;
+    if let Some(p) = password {
+        let settings = info.redis_settings().clone().set_password(p);
+        info = info.set_redis_settings(settings);
+    }
+    let Some(tls) = tls else {
+        return redis::Client::open(info).map_err(bad_url);
+    };
+    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        return Err(crate::config::err(
+            "redis.tls",
+            "is for a rediss:// URL; this one is not TLS",
+        ));
+    }
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
+    };
+    let root_cert = match &tls.ca_file {
+        Some(p) => Some(read("redis.tls.ca_file", p)?),
+        None => None,
+    };
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("redis.tls.cert_file", cert)?,
+            client_key: read("redis.tls.key_file", key)?,
+        }),
+        _ => None,
+    };
+    redis::Client::build_with_tls(
+        info,
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| {
+        crate::config::err(
+            "redis.tls",
+            format!("the certificates are not usable ({:?})", e.kind()),
+        )
+    })
 }
 
 impl Ask<'_> {

@@ -116,6 +116,24 @@ pub struct RedisConfig {
     /// Keeps the keys of several deployments on one Redis apart.
     #[serde(default = "RedisConfig::default_namespace")]
     pub namespace: String,
+    /// The environment variable holding Redis's password (AUTH), where it is not in the URL.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// For a `rediss://` URL: the CA to trust instead of the system's, and a client certificate.
+    #[serde(default)]
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis (`rediss://`): PEM files, read at start.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTls {
+    /// The CA certificate(s) the server's certificate must chain to (default: the system's).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// This gateway's certificate, where Redis asks for one (`tls-auth-clients`).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The key of `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 impl RedisConfig {
@@ -144,6 +162,19 @@ impl RedisConfig {
                     "the environment variable {} holding the Redis URL is not set",
                     self.url_env
                 ),
+            )
+        })
+    }
+
+    /// Redis's password, read through `env` from `password_env`, if set.
+    pub fn password(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>, ConfigError> {
+        let Some(var) = &self.password_env else {
+            return Ok(None);
+        };
+        env(var).filter(|p| !p.is_empty()).map(Some).ok_or_else(|| {
+            err(
+                "redis.password_env",
+                format!("the environment variable {var} holding Redis's password is not set"),
             )
         })
     }

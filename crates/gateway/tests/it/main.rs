@@ -17,6 +17,7 @@ mod observability;
 mod operations;
 mod picker;
 mod quotas;
+mod redis_tls;
 mod resilience;
 mod shared;
 mod slo_routing;
