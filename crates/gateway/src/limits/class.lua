@@ -155,6 +155,7 @@ end
 -- Drops the places of waiters lost long ago (their gateway was cut off for longer than Wq), a
 -- few per call.
 local function trim_queue()
+  if redis.call('EXISTS', QUEUE) == 0 then return end
   for _, lo in ipairs({0, LANE}) do
     for _, m in ipairs(redis.call('ZRANGEBYSCORE', QUEUE, lo, lo + now - WQ - TTL, 'LIMIT', 0, 16)) do
       unqueue(m)
@@ -166,6 +167,8 @@ end
 -- many were granted.
 local function hand_off()
   redis.call('ZREMRANGEBYSCORE', SLOTS, '-inf', now)
+  -- Nobody waits (the common case when the class is not full): nothing more to read.
+  if redis.call('EXISTS', QUEUE) == 0 then return 0 end
   local free = C - redis.call('ZCARD', SLOTS)
   local granted, dropped = 0, 0
   while free > 0 and dropped < 256 do
