@@ -209,6 +209,20 @@ impl Config {
                 "must be at least 1s and 10 × redis.timeout: leases are renewed every ttl/3",
             ));
         }
+        if let Some(tls) = &r.tls
+            && tls.cert_file.is_some() != tls.key_file.is_some()
+        {
+            return Err(err(
+                "redis.tls",
+                "cert_file and key_file go together (a client certificate and its key)",
+            ));
+        }
+        if r.down_after < r.timeout || r.down_after > r.lease_ttl {
+            return Err(err(
+                "redis.down_after",
+                "must be at least redis.timeout and at most redis.lease_ttl: leases must outlive an outage's detection",
+            ));
+        }
         for (i, route) in self.routes.iter().enumerate() {
             for (k, class) in route.classes.iter().enumerate() {
                 if matches!(class.concurrency, Concurrency::Adaptive { .. }) {

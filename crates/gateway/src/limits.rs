@@ -3,43 +3,46 @@
 //! Each class's slots (C) and queue places (Q), and each team's `max_parallel`, are sorted sets of
 //! leases that expire unless renewed; `rpm` and `tpm` are one-second buckets over the last minute.
 //! Admission is one Lua script (quota, then slot or queue place) and the end of a request another
-//! (slot back, tokens settled, waiters told): two round trips on the path of an admitted request.
-//! A gateway renews all the leases it holds in one call every `lease_ttl / 3`, so a stream of ten
-//! minutes keeps its slot and a gateway that dies frees its slots within `lease_ttl`.
+//! (slot back, tokens settled, the slot handed on): two round trips on the path of an admitted
+//! request. A gateway renews all the leases it holds in one call every `lease_ttl / 3`, so a
+//! stream of ten minutes keeps its slot and a gateway that dies frees its slots within `lease_ttl`.
 //!
-//! Queued requests wait in their gateway. A freed slot is published on one channel; every gateway
-//! subscribed to it wakes its waiters of that class, which ask Redis for the slot in arrival order
-//! (critical first). Waiters also ask every [`POLL`], in case a message was lost.
+//! Queued requests wait in their gateway. A freed slot is granted inside the script that frees it
+//! to the next waiter in the class's order, and only that waiter's gateway is told, on its own
+//! channel ([`handoff`]): a waiter wakes once, with its slot or when its time is up.
 //!
-//! Every call times out after `redis.timeout`. The first that fails turns the gateway to its share
-//! of every limit (limit ÷ `gateways`, at least 1) — never unlimited, never an error for the
-//! request — until a probe finds Redis again; then the leases of requests admitted meanwhile are
-//! put back, so the shared count includes them.
+//! A call slower than `redis.timeout` is late, not failed; a request waits for Redis at most its
+//! queue budget and is then served on this gateway's share. Only when Redis has not answered (or
+//! calls failed) for `redis.down_after` does the gateway turn to its share of every limit (limit ÷
+//! `gateways`, at least 1) — never unlimited, never an error for the request — and it shares again
+//! once Redis has answered for as long ([`health`]); then the leases of requests admitted
+//! meanwhile are put back, so the shared count includes them.
 //!
 //! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
 //! checked in one atomic script, which Redis Cluster allows only within one slot.
+
+mod handoff;
+mod health;
 
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
 use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
 use admission::{Admission, Limits, Permit, Rejection};
-use futures::StreamExt;
-use prometheus::{HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Script, ScriptInvocation};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
-use tokio::sync::Notify;
 use tokio::time::Instant;
 
-/// How often a queued request asks for a slot without having been told one is free.
-pub(crate) const POLL: Duration = Duration::from_millis(100);
 /// How often a gateway that fell back to its share looks for Redis again.
 const PROBE: Duration = Duration::from_millis(500);
 /// How often a gateway that found Redis again checks whether every gateway has.
 const REJOIN_POLL: Duration = Duration::from_millis(20);
+/// At most one "Redis is slow" warning this often.
+const SLOW_LOG: Duration = Duration::from_secs(60);
 const LANE_CRITICAL: u8 = 0;
 const LANE_STANDARD: u8 = 1;
 const LANE_SHEDDABLE: u8 = 2;
@@ -50,9 +53,14 @@ pub(crate) struct Unavailable;
 
 struct Scripts {
     acquire: Script,
-    promote: Script,
     release: Script,
+    poll: Script,
     renew: Script,
+}
+
+/// The scripts that touch a class's slots and queue start with its handoff (class.lua).
+fn class_script(body: &str) -> Script {
+    Script::new(&format!("{}\n{body}", include_str!("limits/class.lua")))
 }
 
 /// The connection to Redis and what this gateway holds there.
@@ -62,7 +70,10 @@ pub(crate) struct SharedLimits {
     config: RedisConfig,
     /// `spillway:{namespace}`: the prefix, and hash tag, of every key.
     prefix: String,
-    channel: String,
+    /// The live gateways' set.
+    live: String,
+    /// `…:to:`: the prefix of each gateway's own channel, where it is told of its waiters' grants.
+    to: String,
     /// This process's name in lease members, unique per start.
     gateway: String,
     next: AtomicU64,
@@ -71,16 +82,22 @@ pub(crate) struct SharedLimits {
     /// put in Redis at once, so that the shared count includes them when sharing resumes.
     rejoining: AtomicBool,
     /// The mode, for requests waiting on this gateway's share that should ask Redis once it is
-    /// shared again.
+    /// shared again, and for requests waiting in Redis's queue when it is not.
     mode_tx: tokio::sync::watch::Sender<bool>,
-    /// Waiters of each class (by slots key), woken when a slot frees anywhere.
-    wakers: Mutex<HashMap<String, Arc<Notify>>>,
+    health: health::Health,
+    /// When "Redis is slow" was last logged (ms since `health`'s start; 0: never).
+    slow_logged: AtomicU64,
+    waiters: handoff::Waiters,
+    /// Each class seen, by slots key: what a release needs to hand its slot on.
+    classes: Mutex<HashMap<String, Arc<Class>>>,
     /// The leases to renew: set key → members.
     held: Mutex<HashMap<String, HashSet<String>>>,
     scripts: Scripts,
     mode: IntGaugeVec,
+    changes: IntCounterVec,
     calls: IntCounterVec,
     seconds: HistogramVec,
+    grant_seconds: Histogram,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -124,7 +141,8 @@ pub(crate) struct Admitted {
 pub(crate) struct Lease {
     shared: Arc<SharedLimits>,
     member: String,
-    keys: Keys,
+    class: Arc<Class>,
+    team_keys: TeamKeys,
     second: i64,
     charged: u64,
     used: Option<u64>,
@@ -141,16 +159,24 @@ pub(crate) struct Lease {
     armed: bool,
 }
 
-#[derive(Clone)]
-struct Keys {
+/// A class as the scripts see it: its keys, C, Wq and order (see class.lua's KEYS and ARGV).
+#[derive(Debug, Clone, PartialEq)]
+struct Class {
     slots: String,
     queue: String,
-    team_parallel: String,
-    team_requests: String,
-    team_tokens: String,
     service: String,
     pushed_out: String,
-    picks: String,
+    deadlines: String,
+    team_queues: String,
+    concurrency: u32,
+    queue_wait_ms: u64,
+    fair: bool,
+}
+
+struct TeamKeys {
+    parallel: String,
+    requests: String,
+    tokens: String,
 }
 
 impl Lease {
@@ -182,7 +208,7 @@ impl Drop for Lease {
     fn drop(&mut self) {
         {
             let mut held = self.shared.held();
-            for key in [&self.keys.slots, &self.keys.team_parallel] {
+            for key in [&self.class.slots, &self.team_keys.parallel] {
                 if let Some(set) = held.get_mut(key) {
                     set.remove(&self.member);
                     if set.is_empty() {
@@ -198,7 +224,11 @@ impl Drop for Lease {
             return;
         };
         let shared = self.shared.clone();
-        let keys = self.keys.clone();
+        let class = self.class.clone();
+        let (parallel, tokens) = (
+            std::mem::take(&mut self.team_keys.parallel),
+            std::mem::take(&mut self.team_keys.tokens),
+        );
         let member = std::mem::take(&mut self.member);
         let (second, charged) = (self.second, self.charged);
         let used = self.used.map_or(-1, |u| u as i64);
@@ -211,26 +241,20 @@ impl Drop for Lease {
         };
         let held_ms = self.granted_at.elapsed().as_millis() as u64;
         runtime.spawn(async move {
-            let mut call = shared.scripts.release.prepare_invoke();
-            call.key(&keys.slots)
-                .key(&keys.queue)
-                .key(&keys.team_parallel)
-                .key(&keys.team_tokens)
-                .key(&keys.service)
+            let mut call = shared.invoke(&shared.scripts.release, &class);
+            call.key(&parallel)
+                .key(&tokens)
                 .arg(&member)
                 .arg(second)
                 .arg(charged)
                 .arg(used)
-                .arg(&shared.channel)
-                .arg(&keys.slots)
                 .arg(team.as_deref().unwrap_or(""))
                 .arg(service_charged)
                 .arg(service_used)
-                .arg(half_life_ms())
                 .arg(held_ms);
             let op = if granted { "release" } else { "dequeue" };
             // A release that fails leaves the lease to expire within its ttl.
-            let _ = shared.call::<i64>(op, &call).await;
+            let _ = shared.call::<i64>(op, &call, shared.background_budget()).await;
         });
     }
 }
@@ -240,12 +264,10 @@ impl SharedLimits {
     pub(crate) fn new(
         config: &RedisConfig,
         url: &str,
+        password: Option<String>,
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
-        let client = redis::Client::open(url).map_err(|e| {
-            // The error names the part that is wrong, never the URL (it may hold a password).
-            crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
-        })?;
+        let client = client(url, password, config.tls.as_ref())?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
@@ -254,10 +276,18 @@ impl SharedLimits {
             &["mode"],
         )
         .expect("metric definition");
+        let changes = IntCounterVec::new(
+            Opts::new(
+                "spillway_limits_mode_changes_total",
+                "Switches of the limits' mode, by the mode switched to (shared, local)",
+            ),
+            &["to"],
+        )
+        .expect("metric definition");
         let calls = IntCounterVec::new(
             Opts::new(
                 "spillway_redis_calls_total",
-                "Calls to Redis for shared limits, by operation and outcome (ok, error, timeout)",
+                "Calls to Redis for shared limits, by operation and outcome (ok, late: answered after redis.timeout, error, timeout)",
             ),
             &["op", "outcome"],
         )
@@ -273,10 +303,22 @@ impl SharedLimits {
             &["op"],
         )
         .expect("metric definition");
+        let grant_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "spillway_redis_grant_seconds",
+                "From the script that handed a freed slot to a waiter of this gateway to the waiter learning of it (Redis's clock to this host's)",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
+        )
+        .expect("metric definition");
         for m in [
             Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(changes.clone()),
             Box::new(calls.clone()),
             Box::new(seconds.clone()),
+            Box::new(grant_seconds.clone()),
         ] {
             let _ = registry.register(m);
         }
@@ -285,35 +327,44 @@ impl SharedLimits {
             client,
             conn: OnceLock::new(),
             config: config.clone(),
-            channel: format!("{prefix}:freed"),
+            live: format!("{prefix}:gateways"),
+            to: format!("{prefix}:to:"),
             prefix,
             gateway: format!("{:016x}", rand::random::<u64>()),
             next: AtomicU64::new(0),
             shared: AtomicBool::new(false),
             rejoining: AtomicBool::new(false),
             mode_tx: tokio::sync::watch::Sender::new(false),
-            wakers: Mutex::new(HashMap::new()),
+            health: health::Health::new(),
+            slow_logged: AtomicU64::new(0),
+            waiters: handoff::Waiters::default(),
+            classes: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             scripts: Scripts {
-                acquire: Script::new(include_str!("limits/acquire.lua")),
-                promote: Script::new(include_str!("limits/promote.lua")),
-                release: Script::new(include_str!("limits/release.lua")),
+                acquire: class_script(include_str!("limits/acquire.lua")),
+                release: class_script(include_str!("limits/release.lua")),
+                poll: class_script(include_str!("limits/poll.lua")),
                 renew: Script::new(include_str!("limits/renew.lua")),
             },
             mode,
+            changes,
             calls,
             seconds,
+            grant_seconds,
         };
         shared.set_mode(false);
         Ok(Arc::new(shared))
     }
 
     /// Opens the connection and starts the background work: renewals, the probe that finds Redis
-    /// again, and the subscriber that wakes waiters; the caller ends them.
-    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 2] {
+    /// again, the subscriber that wakes this gateway's waiters and their backstop poll; the
+    /// caller ends them.
+    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 3] {
+        // The client's own response timeout only unsticks a connection that hangs (then it
+        // reconnects): each call has its budget (see `call`), and a slow answer is an answer.
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.config.timeout))
-            .set_response_timeout(Some(self.config.timeout))
+            .set_connection_timeout(Some(self.config.down_after))
+            .set_response_timeout(Some(self.background_budget()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
         match ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
@@ -325,10 +376,11 @@ impl SharedLimits {
         [
             tokio::spawn(self.clone().keep_leases()),
             tokio::spawn(self.clone().listen()),
+            tokio::spawn(self.clone().backstop()),
         ]
     }
 
-    /// Limits are shared right now (Redis answered its last call).
+    /// Limits are shared right now.
     pub(crate) fn is_shared(&self) -> bool {
         self.shared.load(Ordering::Acquire)
     }
@@ -337,6 +389,12 @@ impl SharedLimits {
     pub(crate) async fn sharing(&self) {
         let mut rx = self.mode_tx.subscribe();
         let _ = rx.wait_for(|shared| *shared).await;
+    }
+
+    /// Resolves when limits are no longer shared.
+    async fn not_sharing(&self) {
+        let mut rx = self.mode_tx.subscribe();
+        let _ = rx.wait_for(|shared| !*shared).await;
     }
 
     /// Redis answers, so a request admitted on this gateway's share should be put in it now:
@@ -352,12 +410,14 @@ impl SharedLimits {
         self.mode.with_label_values(&["local"]).set(i64::from(!shared));
     }
 
-    /// Redis failed a call: from now on this gateway enforces its share, and says so once.
+    /// Redis is down: from now on this gateway enforces its share, and says so once.
     fn fall_back(&self, why: &str) {
         if self.shared.swap(false, Ordering::AcqRel) {
             self.set_mode(false);
+            self.changes.with_label_values(&["local"]).inc();
             tracing::warn!(
                 why,
+                down_after = ?self.config.down_after,
                 gateways = self.config.gateways.get(),
                 "Redis is unreachable: each gateway enforces its share of every limit (limit ÷ gateways) until it is back"
             );
@@ -368,57 +428,166 @@ impl SharedLimits {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn waker(&self, slots_key: &str) -> Arc<Notify> {
-        let mut w = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
-        w.entry(slots_key.to_owned()).or_default().clone()
+    /// How long a call off the request path (a release, a renewal) may take: past `down_after`
+    /// its silence has already decided the mode.
+    fn background_budget(&self) -> Duration {
+        self.config.down_after * 2
     }
 
-    /// One script call within the timeout, counted and timed by `op`.
+    /// One script call, counted and timed by `op`, waiting at most `budget` for the answer. A
+    /// late answer (past `redis.timeout`) is still an answer; a call with no answer for
+    /// `down_after`, while Redis answered nothing else meanwhile, or failures lasting as long,
+    /// turn this gateway to its share.
     async fn call<T: redis::FromRedisValue>(
         &self,
         op: &'static str,
         invocation: &ScriptInvocation<'_>,
+        budget: Duration,
     ) -> Result<T, Unavailable> {
         let Some(conn) = self.conn.get() else {
             return Err(Unavailable);
         };
         let mut conn = conn.clone();
         let start = Instant::now();
-        let result = tokio::time::timeout(self.config.timeout, invocation.invoke_async::<T>(&mut conn)).await;
-        self.seconds
-            .with_label_values(&[op])
-            .observe(start.elapsed().as_secs_f64());
+        let answer = invocation.invoke_async::<T>(&mut conn);
+        tokio::pin!(answer);
+        let silent = tokio::time::sleep_until(start + self.config.down_after);
+        tokio::pin!(silent);
+        let give_up = tokio::time::sleep_until(start + budget);
+        tokio::pin!(give_up);
+        let mut listened = false;
+        let result = loop {
+            tokio::select! {
+                r = &mut answer => break Some(r),
+                () = &mut silent, if !listened => {
+                    listened = true;
+                    if !self.health.answered_since(start) {
+                        self.fall_back(&format!(
+                            "{op}: no answer from Redis for {:?}",
+                            self.config.down_after
+                        ));
+                        break None;
+                    }
+                }
+                () = &mut give_up => break None,
+            }
+        };
+        let took = start.elapsed();
+        self.seconds.with_label_values(&[op]).observe(took.as_secs_f64());
         let outcome = match &result {
-            Ok(Ok(_)) => "ok",
-            Ok(Err(_)) => "error",
-            Err(_) => "timeout",
+            Some(Ok(_)) if took > self.config.timeout => "late",
+            Some(Ok(_)) => "ok",
+            Some(Err(_)) => "error",
+            None => "timeout",
         };
         self.calls.with_label_values(&[op, outcome]).inc();
         match result {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => {
-                self.fall_back(&format!("{op}: {e}"));
+            Some(Ok(v)) => {
+                self.health.answered();
+                if outcome == "late" {
+                    self.slow(op, took);
+                }
+                Ok(v)
+            }
+            Some(Err(e)) => {
+                if self.health.failed(self.config.down_after) {
+                    self.fall_back(&format!("{op}: {e}"));
+                }
                 Err(Unavailable)
             }
-            Err(_) => {
-                self.fall_back(&format!("{op}: no answer within {:?}", self.config.timeout));
+            None => {
+                if self.health.failed(self.config.down_after) {
+                    self.fall_back(&format!("{op}: no answer within {budget:?}"));
+                }
                 Err(Unavailable)
             }
         }
     }
 
-    fn keys(&self, route: &str, class: &str, team: &str) -> Keys {
+    /// A late answer: said at most once a minute, and limits stay shared.
+    fn slow(&self, op: &str, took: Duration) {
+        let now = self.health.since_start().as_millis() as u64 + 1;
+        let last = self.slow_logged.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= SLOW_LOG.as_millis() as u64)
+            && self
+                .slow_logged
+                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            tracing::warn!(
+                op,
+                took = ?took,
+                timeout = ?self.config.timeout,
+                down_after = ?self.config.down_after,
+                "Redis is slow: limits stay shared while it answers within down_after"
+            );
+        }
+    }
+
+    /// The class as the scripts see it, kept for the releases and the backstop poll.
+    fn class(&self, route: &str, class: &str, limits: Limits, fair: bool) -> Arc<Class> {
+        let mut made = self.class_keys(route, class);
+        made.concurrency = limits.concurrency;
+        made.queue_wait_ms = limits.queue_wait.as_millis() as u64;
+        made.fair = fair;
+        let mut classes = self.classes.lock().unwrap_or_else(|e| e.into_inner());
+        match classes.get(&made.slots) {
+            Some(c) if **c == made => c.clone(),
+            _ => {
+                let made = Arc::new(made);
+                classes.insert(made.slots.clone(), made.clone());
+                made
+            }
+        }
+    }
+
+    /// The class's keys; C, Wq and order as last seen (C 0: none seen, a release hands nothing
+    /// on and the next call that sees the slot free does).
+    fn class_keys(&self, route: &str, class: &str) -> Class {
         let p = &self.prefix;
-        Keys {
-            slots: format!("{p}:slots:{route}:{class}"),
+        let slots = format!("{p}:slots:{route}:{class}");
+        if let Some(c) = self.classes.lock().unwrap_or_else(|e| e.into_inner()).get(&slots) {
+            return Class::clone(c);
+        }
+        Class {
+            slots,
             queue: format!("{p}:queue:{route}:{class}"),
-            team_parallel: format!("{p}:team:{team}:parallel"),
-            team_requests: format!("{p}:team:{team}:requests"),
-            team_tokens: format!("{p}:team:{team}:tokens"),
             service: format!("{p}:service:{route}:{class}"),
             pushed_out: format!("{p}:pushed:{route}:{class}"),
-            picks: format!("{p}:picks:{route}:{class}"),
+            deadlines: format!("{p}:until:{route}:{class}"),
+            team_queues: format!("{p}:tq:{route}:{class}"),
+            concurrency: 0,
+            queue_wait_ms: 0,
+            fair: false,
         }
+    }
+
+    fn team_keys(&self, team: &str) -> TeamKeys {
+        let p = &self.prefix;
+        TeamKeys {
+            parallel: format!("{p}:team:{team}:parallel"),
+            requests: format!("{p}:team:{team}:requests"),
+            tokens: format!("{p}:team:{team}:tokens"),
+        }
+    }
+
+    /// A call of a script that starts with class.lua, its first keys and arguments given.
+    fn invoke<'a>(&self, script: &'a Script, class: &Class) -> ScriptInvocation<'a> {
+        let mut call = script.prepare_invoke();
+        call.key(&class.slots)
+            .key(&class.queue)
+            .key(&self.live)
+            .key(&class.service)
+            .key(&class.pushed_out)
+            .key(&class.deadlines)
+            .arg(class.concurrency)
+            .arg(self.config.lease_ttl.as_millis() as u64)
+            .arg(class.queue_wait_ms)
+            .arg(u8::from(class.fair))
+            .arg(half_life_ms())
+            .arg(&class.team_queues)
+            .arg(&self.to);
+        call
     }
 
     /// Stages 5 and 6 against the shared limits: the team's quota, then a slot (waiting for one
@@ -429,9 +598,9 @@ impl SharedLimits {
         ask: Ask<'_>,
     ) -> Result<Result<Admitted, GatewayError>, Unavailable> {
         let start = Instant::now();
-        let keys = self.keys(ask.route, ask.class, ask.team);
         let fair = ask.fairness == admission::Fairness::Teams;
-        // The scripts read a waiter's cost and team from its name (see acquire.lua).
+        let class = self.class(ask.route, ask.class, ask.limits, fair);
+        // The scripts read a waiter's cost and team from its name (see class.lua).
         let member = format!(
             "{}:{}:{}:{}",
             self.gateway,
@@ -452,24 +621,16 @@ impl SharedLimits {
             .admission
             .most_ahead(ask.limits.concurrency, budget)
             .map_or(String::new(), |n| n.to_string());
-        let ttl = self.config.lease_ttl.as_millis() as u64;
         let q = ask.quota;
-        let mut call = self.scripts.acquire.prepare_invoke();
-        call.key(&keys.slots)
-            .key(&keys.queue)
-            .key(&keys.team_parallel)
-            .key(&keys.team_requests)
-            .key(&keys.team_tokens)
-            .key(&keys.service)
-            .key(&keys.pushed_out)
+        let team_keys = self.team_keys(ask.team);
+        let mut call = self.invoke(&self.scripts.acquire, &class);
+        call.key(&team_keys.parallel)
+            .key(&team_keys.requests)
+            .key(&team_keys.tokens)
             .arg(&member)
-            .arg(ask.limits.concurrency)
             .arg(ask.limits.queue)
             .arg(lane)
             .arg(most_ahead)
-            .arg(ttl)
-            // The class's Wq, not this request's budget: it decides when others' places expire.
-            .arg(ask.limits.queue_wait.as_millis() as u64)
             .arg(q.max_parallel.map_or(0, |m| m.get()))
             .arg(q.rpm.map_or(0, |m| m.get()))
             .arg(q.tpm.map_or(0, |m| m.get()))
@@ -477,20 +638,22 @@ impl SharedLimits {
             .arg(ask.team)
             .arg(ask.claim.weight)
             .arg(ask.claim.cost)
-            .arg(u8::from(fair))
-            .arg(half_life_ms())
             .arg(
                 ask.claim
                     .objective
                     .map_or(ask.limits.queue_wait, |o| o.min(ask.limits.queue_wait))
                     .as_millis() as u64,
-            );
+            )
+            .arg(budget.as_millis() as u64);
+        // Listening before the call: a grant may be told before the call's own answer arrives.
+        let waiter = self.waiters.enlist(&member, &class);
         // Armed before the call: if it times out (or this future is dropped) after Redis ran the
         // script, the drop gives back whatever it took instead of leaving it for the lease ttl.
         let mut lease = Lease {
             shared: self.clone(),
             member,
-            keys,
+            class,
+            team_keys,
             second: 0,
             charged: 0,
             used: None,
@@ -502,7 +665,10 @@ impl SharedLimits {
             team_slot: q.max_parallel.is_some(),
             armed: true,
         };
-        let r: Vec<i64> = self.call("acquire", &call).await?;
+        // A slow Redis is a slower queue: the request waits for it as it would in the queue,
+        // at least `redis.timeout`.
+        let waits = budget.max(self.config.timeout);
+        let r: Vec<i64> = self.call("acquire", &call, waits).await?;
         let [outcome, n, rpm_used, tpm_used, rpm_reset, tpm_reset, second] = r[..] else {
             self.fall_back("acquire: an answer of the wrong shape");
             return Err(Unavailable);
@@ -564,7 +730,7 @@ impl SharedLimits {
         lease.second = second;
         lease.charged = if q.tpm.is_some() { ask.tokens } else { 0 };
         if outcome == 2 {
-            let refused = match self.wait(&mut lease, &ask, start + budget).await? {
+            let refused = match self.wait(waiter, &ask, start + budget).await? {
                 Ok(()) => None,
                 Err(NoSlot::TimedOut(waited)) => Some(Rejection::QueueTimeout {
                     waited,
@@ -595,59 +761,36 @@ impl SharedLimits {
         lease.granted = true;
         lease.granted_at = Instant::now();
         let mut held = self.held();
-        held.entry(lease.keys.slots.clone())
+        held.entry(lease.class.slots.clone())
             .or_default()
             .insert(lease.member.clone());
         if lease.team_slot {
-            held.entry(lease.keys.team_parallel.clone())
+            held.entry(lease.team_keys.parallel.clone())
                 .or_default()
                 .insert(lease.member.clone());
         }
     }
 
-    /// Waits in the shared queue until a slot is this request's, or `until`: `Err(waited)`.
+    /// Waits in the shared queue until this request's gateway is told that the slot is its
+    /// own (or that its place is gone), or `until`; `Err(Unavailable)` if limits stop being
+    /// shared meanwhile. No call to Redis: the grant comes with the release that freed it.
     async fn wait(
         &self,
-        lease: &mut Lease,
+        waiter: handoff::Waiter<'_>,
         ask: &Ask<'_>,
         until: Instant,
     ) -> Result<Result<(), NoSlot>, Unavailable> {
         let start = Instant::now();
         let _counted = ask.admission.shared_waiter(&ask.claim);
-        let waker = self.waker(&lease.keys.slots);
-        let ttl = self.config.lease_ttl.as_millis() as u64;
-        let wq = ask.limits.queue_wait.as_millis() as u64;
-        loop {
-            let woken = waker.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            tokio::select! {
-                _ = woken => {}
-                _ = tokio::time::sleep(POLL) => {}
-                _ = tokio::time::sleep_until(until) => {
-                    return Ok(Err(NoSlot::TimedOut(start.elapsed())));
-                }
-            }
-            let mut call = self.scripts.promote.prepare_invoke();
-            call.key(&lease.keys.slots)
-                .key(&lease.keys.queue)
-                .key(format!("{}:gateways", self.prefix))
-                .key(&lease.keys.service)
-                .key(&lease.keys.pushed_out)
-                .key(&lease.keys.picks)
-                .arg(&lease.member)
-                .arg(ask.limits.concurrency)
-                .arg(ttl)
-                .arg(wq)
-                .arg(u8::from(ask.fairness == admission::Fairness::Teams))
-                .arg(half_life_ms());
-            match self.call::<i64>("promote", &call).await? {
-                1 => return Ok(Ok(())),
-                0 => {}
-                -2 => return Ok(Err(NoSlot::PushedOut)),
+        tokio::select! {
+            told = waiter.told() => match told {
+                handoff::Told::Granted => Ok(Ok(())),
+                handoff::Told::PushedOut => Ok(Err(NoSlot::PushedOut)),
                 // The place expired (this gateway was cut off for longer than Wq).
-                _ => return Ok(Err(NoSlot::TimedOut(start.elapsed()))),
-            }
+                handoff::Told::Gone => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
+            },
+            () = tokio::time::sleep_until(until) => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
+            () = self.not_sharing() => Err(Unavailable),
         }
     }
 
@@ -671,9 +814,13 @@ impl SharedLimits {
                     let (started, _) = *rejoining.get_or_insert((Instant::now(), now));
                     self.rejoining.store(true, Ordering::Release);
                     let all_back = since > 0 && live >= self.config.gateways.get();
-                    if all_back || started.elapsed() >= self.config.lease_ttl {
+                    // Hysteresis: Redis must have answered for `down_after` before limits are
+                    // shared again, as it must have been silent that long for them to stop.
+                    let steady = started.elapsed() >= self.config.down_after;
+                    if steady && (all_back || started.elapsed() >= self.config.lease_ttl) {
                         rejoining = None;
                         self.set_mode(true);
+                        self.changes.with_label_values(&["shared"]).inc();
                         self.rejoining.store(false, Ordering::Release);
                         tracing::info!(live, "Redis answers: limits are shared by every gateway");
                         continue;
@@ -700,7 +847,7 @@ impl SharedLimits {
             .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
             .collect();
         let mut call = self.scripts.renew.prepare_invoke();
-        call.key(format!("{}:gateways", self.prefix))
+        call.key(&self.live)
             .arg(self.config.lease_ttl.as_millis() as u64)
             .arg(&self.gateway)
             .arg(if add { "add" } else { "" })
@@ -711,7 +858,7 @@ impl SharedLimits {
                 call.arg(m);
             }
         }
-        let (_, live, now): (i64, u32, u64) = self.call("renew", &call).await?;
+        let (_, live, now): (i64, u32, u64) = self.call("renew", &call, self.background_budget()).await?;
         Ok((live, now))
     }
 
@@ -732,7 +879,8 @@ impl SharedLimits {
         let mut lease = Lease {
             shared: self.clone(),
             member: self.member(),
-            keys: self.keys(route, class, team),
+            class: Arc::new(self.class_keys(route, class)),
+            team_keys: self.team_keys(team),
             second: 0,
             charged: 0,
             used: None,
@@ -751,34 +899,62 @@ impl SharedLimits {
     fn member(&self) -> String {
         format!("{}:{}", self.gateway, self.next.fetch_add(1, Ordering::Relaxed))
     }
+}
 
-    /// Subscribes to the freed-slot channel and wakes the waiters of the class named in each
-    /// message; reconnects after a pause when the subscription breaks.
-    async fn listen(self: Arc<Self>) {
-        loop {
-            if let Ok(Ok(mut pubsub)) =
-                tokio::time::timeout(self.config.timeout * 5, self.client.get_async_pubsub()).await
-                && pubsub.subscribe(&self.channel).await.is_ok()
-            {
-                let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    let Ok(key) = std::str::from_utf8(msg.get_payload_bytes()) else {
-                        continue;
-                    };
-                    let waker = self
-                        .wakers
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .get(key)
-                        .cloned();
-                    if let Some(w) = waker {
-                        w.notify_waiters();
-                    }
-                }
-            }
-            tokio::time::sleep(PROBE).await;
-        }
+/// The Redis client: the URL (`redis://` or `rediss://`), the password from the environment, and
+/// for TLS the CA and client certificate of `redis.tls`. Errors name the part that is wrong,
+/// never the URL or the password.
+fn client(
+    url: &str,
+    password: Option<String>,
+    tls: Option<&crate::config::RedisTls>,
+) -> Result<redis::Client, crate::config::ConfigError> {
+    use redis::IntoConnectionInfo;
+    let bad_url = |e: redis::RedisError| {
+        crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
+    };
+    let mut info = url.into_connection_info().map_err(bad_url)?;
+    if let Some(p) = password {
+        let settings = info.redis_settings().clone().set_password(p);
+        info = info.set_redis_settings(settings);
     }
+    let Some(tls) = tls else {
+        return redis::Client::open(info).map_err(bad_url);
+    };
+    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+        return Err(crate::config::err(
+            "redis.tls",
+            "is for a rediss:// URL; this one is not TLS",
+        ));
+    }
+    let read = |field: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
+    };
+    let root_cert = match &tls.ca_file {
+        Some(p) => Some(read("redis.tls.ca_file", p)?),
+        None => None,
+    };
+    let client_tls = match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read("redis.tls.cert_file", cert)?,
+            client_key: read("redis.tls.key_file", key)?,
+        }),
+        _ => None,
+    };
+    redis::Client::build_with_tls(
+        info,
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| {
+        crate::config::err(
+            "redis.tls",
+            format!("the certificates are not usable ({:?})", e.kind()),
+        )
+    })
 }
 
 impl Ask<'_> {

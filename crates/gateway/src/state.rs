@@ -93,6 +93,7 @@ impl Gateway {
             Some(r) => Some(crate::limits::SharedLimits::new(
                 r,
                 &r.url(env)?,
+                r.password(env)?,
                 &metrics.registry,
             )?),
             None => None,

@@ -104,12 +104,36 @@ pub struct RedisConfig {
     /// A slot held by a gateway that stops renewing it (it died) is free again after this long.
     #[serde(default = "RedisConfig::default_lease_ttl", with = "humantime_serde")]
     pub lease_ttl: Duration,
-    /// Every Redis call gives up after this long, and the gateway falls back to its share.
+    /// A call slower than this is late (counted and logged): Redis is slow, not down. A request
+    /// waits for Redis its queue budget, at least this long, and is then served on the share.
     #[serde(default = "RedisConfig::default_timeout", with = "humantime_serde")]
     pub timeout: Duration,
+    /// Redis is down, and the gateway turns to its share, when it has not answered for this long
+    /// (or calls failed for this long); it is up again, and limits shared, when it has answered
+    /// for this long: hysteresis, so that a slow Redis does not flap the fleet.
+    #[serde(default = "RedisConfig::default_down_after", with = "humantime_serde")]
+    pub down_after: Duration,
     /// Keeps the keys of several deployments on one Redis apart.
     #[serde(default = "RedisConfig::default_namespace")]
     pub namespace: String,
+    /// The environment variable holding Redis's password (AUTH), where it is not in the URL.
+    #[serde(default)]
+    pub password_env: Option<String>,
+    /// For a `rediss://` URL: the CA to trust instead of the system's, and a client certificate.
+    #[serde(default)]
+    pub tls: Option<RedisTls>,
+}
+
+/// TLS to Redis (`rediss://`): PEM files, read at start.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTls {
+    /// The CA certificate(s) the server's certificate must chain to (default: the system's).
+    pub ca_file: Option<std::path::PathBuf>,
+    /// This gateway's certificate, where Redis asks for one (`tls-auth-clients`).
+    pub cert_file: Option<std::path::PathBuf>,
+    /// The key of `cert_file`.
+    pub key_file: Option<std::path::PathBuf>,
 }
 
 impl RedisConfig {
@@ -121,6 +145,9 @@ impl RedisConfig {
     }
     fn default_timeout() -> Duration {
         Duration::from_millis(100)
+    }
+    fn default_down_after() -> Duration {
+        Duration::from_secs(1)
     }
     fn default_namespace() -> String {
         "spillway".into()
@@ -135,6 +162,19 @@ impl RedisConfig {
                     "the environment variable {} holding the Redis URL is not set",
                     self.url_env
                 ),
+            )
+        })
+    }
+
+    /// Redis's password, read through `env` from `password_env`, if set.
+    pub fn password(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>, ConfigError> {
+        let Some(var) = &self.password_env else {
+            return Ok(None);
+        };
+        env(var).filter(|p| !p.is_empty()).map(Some).ok_or_else(|| {
+            err(
+                "redis.password_env",
+                format!("the environment variable {var} holding Redis's password is not set"),
             )
         })
     }

@@ -187,12 +187,33 @@ fn redis_shares_and_refusals_name_the_field() {
             .to_string()
             .contains("SPILLWAY_REDIS_URL")
     );
+    assert_eq!(r.down_after, Duration::from_secs(1));
+    assert_eq!(r.password(&|_| None).unwrap(), None, "no password_env: none");
+    let p = with("{ gateways: 3, password_env: RPW }").unwrap();
+    let p = p.redis.as_ref().unwrap();
+    assert!(
+        p.password(&|_| None)
+            .unwrap_err()
+            .to_string()
+            .contains("redis.password_env")
+    );
+    assert_eq!(
+        p.password(&|v| (v == "RPW").then(|| "s3cret".into())).unwrap(),
+        Some("s3cret".into())
+    );
     for (bad, field) in [
         ("{ gateways: 0 }", "gateways"),
         ("{ gateways: 2, lease_ttl: 500ms }", "redis.lease_ttl"),
         ("{ gateways: 2, timeout: 2s }", "redis.timeout"),
         ("{ gateways: 2, namespace: 'a{b}' }", "redis.namespace"),
         ("{ gateways: 2, password: x }", "password"),
+        ("{ gateways: 2, down_after: 50ms }", "redis.down_after"),
+        (
+            "{ gateways: 2, lease_ttl: 2s, down_after: 3s }",
+            "redis.down_after",
+        ),
+        ("{ gateways: 2, tls: { cert_file: c.pem } }", "redis.tls"),
+        ("{ gateways: 2, tls: { ca: c.pem } }", "redis.tls"),
     ] {
         let e = with(bad).unwrap_err().to_string();
         assert!(e.contains(field), "{bad}: {e}");

@@ -1,71 +1,34 @@
 -- Admits one request against limits shared by every gateway: first the team's quota, then the
--- class's slots (C) and queue (Q). Nothing is written unless the request is admitted or queued,
--- so a refusal costs no cleanup. Time is Redis's own, so gateways' clocks need not agree.
+-- class's slots (C) and queue (Q). Free slots go first to those already waiting (class.lua's
+-- hand_off: a lease that expired is granted here). Nothing is written for this request unless it
+-- is admitted or queued, so a refusal costs no cleanup. Time is Redis's own, so gateways' clocks
+-- need not agree.
 --
--- Under fair share between teams (ARGV 15 = 1), the class's attained service per team is in the
--- hash KEYS 6: 's:'..team the service (weighted tokens) as of 't:'..team (ms), 'w:'..team the
--- team's weight. A grant charges the member's cost; a team that starts waiting is lifted to the
--- least service per weight of the teams waiting; a full queue pushes out the newest waiter of
--- the team holding the most of it for its weight, if that is more than this team would.
--- Members are 'gateway:n:cost:team' (see limits.rs), so that every script can read them.
+-- Under fair share between teams, a grant charges the member's cost; a team that starts waiting
+-- is lifted to the least service per weight of the teams waiting; a full queue pushes out the
+-- newest waiter of the team holding the most of it for its weight, if that is more than this
+-- team would, and tells that waiter's gateway.
 --
--- KEYS: 1 slots (zset member -> lease expiry ms), 2 queue (zset member -> lane * 1e13 + due
---       ms), 3 team in flight (zset member -> lease expiry ms), 4 team requests (hash second ->
---       count), 5 team tokens (hash second -> tokens), 6 attained service (hash), 7 pushed out
---       (zset member -> expiry ms)
--- ARGV: 1 member, 2 C, 3 Q, 4 lane (0 critical, 1 standard, 2 sheddable), 5 most waiters ahead
---       before the predicted wait is too long ('': no prediction), 6 lease ttl ms, 7 Wq ms,
---       8 team max_parallel (0: none), 9 rpm (0: none), 10 tpm (0: none), 11 tokens to reserve,
---       12 team, 13 its weight, 14 its cost in weighted tokens, 15 fair share (1) or fifo (0),
---       16 the half-life of attained service ms, 17 ms until it is due (its TTFT objective, at
---       most Wq): a queued member scores lane * 1e13 + when it is due, so the queue serves the
---       earliest deadline first (a member waits at most Wq, so a score is never more than Wq
---       past its arrival and the trimming below still only takes the lost)
+-- KEYS: 1-6 as in class.lua, 7 team in flight (zset member -> lease expiry ms), 8 team requests
+--       (hash second -> count), 9 team tokens (hash second -> tokens)
+-- ARGV: 1-7 as in class.lua, 8 member, 9 Q, 10 lane (0 critical, 1 standard, 2 sheddable),
+--       11 most waiters ahead before the predicted wait is too long ('': no prediction),
+--       12 team max_parallel (0: none), 13 rpm (0: none), 14 tpm (0: none), 15 tokens to reserve,
+--       16 team, 17 its weight, 18 its cost in weighted tokens, 19 ms until it is due (its TTFT
+--       objective, at most Wq): a queued member scores lane * 1e13 + when it is due, so the
+--       queue serves the earliest deadline first, 20 ms it may wait at most (its budget)
 -- Returns {outcome, n, rpm used, tpm used, rpm reset ms, tpm reset ms, second}:
 --   outcome 1 granted, 2 queued (n waiters ahead), 3 queue full (n waiting), 4 shed,
 --   5 predicted wait too long (n ahead), 10 over max_parallel, 11 over rpm (n ms to wait),
 --   12 over tpm (n ms to wait; -1 never: more than a minute's worth)
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local second = tonumber(t[1])
-local member = ARGV[1]
-local c, q, lane = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local max_ahead, ttl, wq = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7])
+local member = ARGV[8]
+local q, lane = tonumber(ARGV[9]), tonumber(ARGV[10])
+local max_ahead = tonumber(ARGV[11])
 local max_parallel, rpm, tpm, tokens =
-  tonumber(ARGV[8]), tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local LANE = 1e13
-local team, weight, cost = ARGV[12], tonumber(ARGV[13]), tonumber(ARGV[14])
-local fair, half_life = ARGV[15] == '1', tonumber(ARGV[16])
-local due_in = tonumber(ARGV[17]) or wq
-
--- A team's attained service now (decayed), and its weight.
-local function service(name)
-  local v = redis.call('HMGET', KEYS[6], 's:' .. name, 't:' .. name, 'w:' .. name)
-  local s, at, w = tonumber(v[1]) or 0, tonumber(v[2]) or now, tonumber(v[3]) or 1
-  return s * 0.5 ^ (math.max(now - at, 0) / half_life), w
-end
-
-local function set_service(name, s)
-  redis.call('HSET', KEYS[6], 's:' .. name, math.max(s, 0), 't:' .. name, now)
-end
-
--- The queue's waiters per team: {team -> {n = count, standard = newest standard member,
--- critical = newest critical member}}.
-local function waiters_by_team()
-  local teams = {}
-  local all = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
-  for i = 1, #all, 2 do
-    local name = string.match(all[i], '^%x+:%d+:%d+:(.*)$') or ''
-    local t = teams[name]
-    if not t then
-      t = {n = 0}
-      teams[name] = t
-    end
-    t.n = t.n + 1
-    if tonumber(all[i + 1]) >= LANE then t.standard = all[i] else t.critical = all[i] end
-  end
-  return teams
-end
+  tonumber(ARGV[12]), tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
+local team, weight, cost = ARGV[16], tonumber(ARGV[17]), tonumber(ARGV[18])
+local due_in = tonumber(ARGV[19]) or WQ
+local budget = tonumber(ARGV[20]) or WQ
 
 -- A window of one-second buckets over the last 60 s: its sum and its buckets, oldest first,
 -- dropping those that left it.
@@ -98,14 +61,14 @@ end
 
 local rpm_used, tpm_used, rpm_reset, tpm_reset = 0, 0, 0, 0
 if max_parallel > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  if redis.call('ZCARD', KEYS[3]) >= max_parallel then
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
+  if redis.call('ZCARD', KEYS[7]) >= max_parallel then
     return {10, max_parallel, 0, 0, 0, 0, second}
   end
 end
 if rpm > 0 then
   local buckets
-  rpm_used, buckets = window(KEYS[4])
+  rpm_used, buckets = window(KEYS[8])
   if rpm_used + 1 > rpm then
     local wait = until_at_most(rpm_used, buckets, rpm - 1)
     return {11, wait, rpm_used, 0, wait, 0, second}
@@ -119,7 +82,7 @@ if tpm > 0 then
     return {12, -1, rpm_used, 0, rpm_reset, 0, second}
   end
   local buckets
-  tpm_used, buckets = window(KEYS[5])
+  tpm_used, buckets = window(KEYS[9])
   if tpm_used + tokens > tpm then
     local wait = until_at_most(tpm_used, buckets, tpm - tokens)
     return {12, wait, rpm_used, tpm_used, rpm_reset, wait, second}
@@ -128,28 +91,38 @@ if tpm > 0 then
   tpm_reset = 60000
 end
 
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], 0, now - wq - ttl)
-redis.call('ZREMRANGEBYSCORE', KEYS[2], LANE, LANE + now - wq - ttl)
-local busy = redis.call('ZCARD', KEYS[1])
-local waiting = redis.call('ZCARD', KEYS[2])
+trim_queue()
+hand_off()
+local busy = redis.call('ZCARD', SLOTS)
+local waiting = redis.call('ZCARD', QUEUE)
 local ahead = waiting
-if lane == 0 then ahead = redis.call('ZCOUNT', KEYS[2], 0, LANE - 1) end
+if lane == 0 then ahead = redis.call('ZCOUNT', QUEUE, 0, LANE - 1) end
+
+-- Under fair share: the waiting teams (both lanes) with how many each has waiting.
+local function waiting_teams()
+  local teams = {}
+  for l = 0, 1 do
+    for _, name in ipairs(redis.call('ZRANGE', teams_key(l), 0, -1)) do
+      teams[name] = (teams[name] or 0) + redis.call('ZCARD', team_queue(l, name))
+    end
+  end
+  return teams
+end
 
 local outcome = 1
-if busy + ahead >= c then
+if busy + ahead >= C then
   if lane == 2 then return {4, 0, rpm_used, tpm_used, rpm_reset, tpm_reset, second} end
   local teams
-  if fair then
-    teams = waiters_by_team()
+  if FAIR then
+    teams = waiting_teams()
     -- Served before it: its own waiters, and of each other team as many as its weight gives
     -- it meanwhile.
-    local own = teams[team] and teams[team].n or 0
+    local own = teams[team] or 0
     local est = own
-    for name, t in pairs(teams) do
+    for name, n in pairs(teams) do
       if name ~= team then
         local _, w = service(name)
-        est = est + math.min(t.n, math.ceil((own + 1) * w / weight))
+        est = est + math.min(n, math.ceil((own + 1) * w / weight))
       end
     end
     if est < ahead then ahead = est end
@@ -157,14 +130,14 @@ if busy + ahead >= c then
   local victim
   if waiting >= q then
     -- Under fair share, the team holding the most of the queue for its weight makes room.
-    if fair then
-      local mine, most = ((teams[team] and teams[team].n or 0) + 1) / weight, 0
-      for name, t in pairs(teams) do
+    if FAIR then
+      local mine, most = ((teams[team] or 0) + 1) / weight, 0
+      for name, n in pairs(teams) do
         if name ~= team then
           local _, w = service(name)
-          local m = t.standard
-          if not m and lane == 0 then m = t.critical end
-          if m and t.n / w > mine and t.n / w > most then victim, most = m, t.n / w end
+          local m = redis.call('ZRANGE', team_queue(1, name), -1, -1)[1]
+          if not m and lane == 0 then m = redis.call('ZRANGE', team_queue(0, name), -1, -1)[1] end
+          if m and n / w > mine and n / w > most then victim, most = m, n / w end
         end
       end
     end
@@ -174,46 +147,54 @@ if busy + ahead >= c then
     return {5, ahead, rpm_used, tpm_used, rpm_reset, tpm_reset, second}
   end
   if victim then
-    redis.call('ZREM', KEYS[2], victim)
-    redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', now)
-    redis.call('ZADD', KEYS[7], now + 60000, victim)
-    redis.call('PEXPIRE', KEYS[7], 120000)
+    unqueue(victim)
+    redis.call('ZREMRANGEBYSCORE', PUSHED, '-inf', now)
+    redis.call('ZADD', PUSHED, now + 60000, victim)
+    redis.call('PEXPIRE', PUSHED, 120000)
+    tell(victim, -2)
   end
   outcome = 2
-  if fair and not teams[team] then
+  if FAIR and not teams[team] then
     -- A team that starts waiting: lifted to the least service per weight of those waiting.
     local floor
-    for name in pairs(teams) do
-      local s, w = service(name)
-      if not floor or s / w < floor then floor = s / w end
+    for l = 0, 1 do
+      local first = redis.call('ZRANGE', teams_key(l), 0, 0, 'WITHSCORES')
+      if first[2] then
+        local pw = per_weight(tonumber(first[2]))
+        if not floor or pw < floor then floor = pw end
+      end
     end
     if floor and floor * weight > service(team) then set_service(team, floor * weight) end
   end
-  redis.call('ZADD', KEYS[2], math.min(lane, 1) * LANE + now + due_in, member)
+  if FAIR then
+    redis.call('HSET', SERVICE, 'w:' .. team, weight)
+  end
+  enqueue(member, math.min(lane, 1), math.min(lane, 1) * LANE + now + due_in, now + budget)
 else
-  redis.call('ZADD', KEYS[1], now + ttl, member)
+  redis.call('ZADD', SLOTS, now + TTL, member)
   ahead = 0
-  if fair then set_service(team, service(team) + cost) end
+  if FAIR then
+    redis.call('HSET', SERVICE, 'w:' .. team, weight)
+    set_service(team, service(team) + cost)
+  end
 end
-if fair then
-  redis.call('HSET', KEYS[6], 'w:' .. team, weight)
-  redis.call('PEXPIRE', KEYS[6], 3600000)
+if FAIR then
+  redis.call('PEXPIRE', SERVICE, 3600000)
 end
 -- Keys that are never touched again expire on their own (a route or team removed by a reload).
-redis.call('PEXPIRE', KEYS[1], 3600000)
-redis.call('PEXPIRE', KEYS[2], 3600000)
+redis.call('PEXPIRE', SLOTS, 3600000)
 if max_parallel > 0 then
-  redis.call('ZADD', KEYS[3], now + ttl + wq, member)
-  redis.call('PEXPIRE', KEYS[3], 3600000)
+  redis.call('ZADD', KEYS[7], now + TTL + WQ, member)
+  redis.call('PEXPIRE', KEYS[7], 3600000)
 end
 if rpm > 0 then
-  redis.call('HINCRBY', KEYS[4], second, 1)
-  redis.call('PEXPIRE', KEYS[4], 120000)
+  redis.call('HINCRBY', KEYS[8], second, 1)
+  redis.call('PEXPIRE', KEYS[8], 120000)
   rpm_used = rpm_used + 1
 end
 if tpm > 0 then
-  redis.call('HINCRBY', KEYS[5], second, tokens)
-  redis.call('PEXPIRE', KEYS[5], 120000)
+  redis.call('HINCRBY', KEYS[9], second, tokens)
+  redis.call('PEXPIRE', KEYS[9], 120000)
   tpm_used = tpm_used + tokens
 end
 return {outcome, ahead, rpm_used, tpm_used, rpm_reset, tpm_reset, second}

@@ -46,6 +46,10 @@ impl Redis {
         Some(r)
     }
 
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
@@ -94,7 +98,7 @@ impl Redis {
         }
     }
 
-    async fn conn(&self) -> redis::aio::MultiplexedConnection {
+    pub(crate) async fn conn(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())
             .unwrap()
             .get_multiplexed_async_connection()
