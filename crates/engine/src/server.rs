@@ -380,26 +380,14 @@ async fn messages(
         let req: agents::MessagesRequest = parse_json(&body)?;
         check_model(&engine, &req.model)?;
         req.check()?;
-        let params = GenerateParams {
-            prompt: engine.tokenize(&req.prompt()),
-            max_tokens: req.max_tokens,
-            n: 1,
-            ignore_eos: req.ignore_eos,
-        };
-        Ok((params, req.stream, req.model))
+        let params = agent_params(&engine, &req.prompt(), req.max_tokens, req.ignore_eos);
+        let model = req.model;
+        let answer: AnswerOf =
+            Box::new(move |g| agents::Answer::new(agents::Agent::Messages, g, unix_now(), model));
+        Ok((params, req.stream, answer))
     })();
-    let answered = match prepared {
-        Ok((params, stream, model)) => {
-            engine.frontend_admit().await;
-            engine.submit(params).map(|g| {
-                let answer = agents::Answer::new(agents::Agent::Messages, &g, unix_now(), model);
-                (g, answer, stream)
-            })
-        }
-        Err(e) => Err(e),
-    };
-    let response = match answered {
-        Ok((g, answer, stream)) => agent_answer(g, answer, stream).await,
+    let response = match agent(&engine, prepared).await {
+        Ok(r) => r,
         Err(e) if e.status == 400 && e.body.error.kind == "BadRequestError" => error_response(&e),
         Err(e) => {
             let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -438,30 +426,42 @@ async fn responses(
         let req: agents::ResponsesRequest = parse_json(&body)?;
         check_model(&engine, &req.model)?;
         req.check()?;
-        let params = GenerateParams {
-            prompt: engine.tokenize(&req.prompt()),
-            max_tokens: req.max_output_tokens,
-            n: 1,
-            ignore_eos: req.ignore_eos,
-        };
-        Ok((params, req))
+        let params = agent_params(&engine, &req.prompt(), req.max_output_tokens, req.ignore_eos);
+        let stream = req.stream;
+        let answer: AnswerOf = Box::new(move |g| {
+            agents::Answer::new(agents::Agent::Responses, g, unix_now(), req.model.clone())
+                .for_responses(&req)
+        });
+        Ok((params, stream, answer))
     })();
-    let answered = match prepared {
-        Ok((params, req)) => {
-            engine.frontend_admit().await;
-            engine.submit(params).map(|g| {
-                let answer = agents::Answer::new(agents::Agent::Responses, &g, unix_now(), req.model.clone())
-                    .for_responses(&req);
-                (g, answer, req.stream)
-            })
-        }
-        Err(e) => Err(e),
-    };
-    let response = match answered {
-        Ok((g, answer, stream)) => agent_answer(g, answer, stream).await,
-        Err(e) => error_response(&e),
-    };
+    let response = agent(&engine, prepared)
+        .await
+        .unwrap_or_else(|e| error_response(&e));
     with_request_id(response, &headers)
+}
+
+/// How an agent API's answer is made once its generation has an id.
+type AnswerOf = Box<dyn FnOnce(&Generation) -> agents::Answer + Send>;
+
+fn agent_params(engine: &Engine, prompt: &str, max_tokens: Option<u32>, ignore_eos: bool) -> GenerateParams {
+    GenerateParams {
+        prompt: engine.tokenize(prompt),
+        max_tokens,
+        n: 1,
+        ignore_eos,
+    }
+}
+
+/// Admits and submits an agent API's request, then answers it.
+async fn agent(
+    engine: &Engine,
+    prepared: Result<(GenerateParams, bool, AnswerOf), ApiError>,
+) -> Result<Response, ApiError> {
+    let (params, stream, answer_of) = prepared?;
+    engine.frontend_admit().await;
+    let generation = engine.submit(params)?;
+    let answer = answer_of(&generation);
+    Ok(agent_answer(generation, answer, stream).await)
 }
 
 /// An agent API's answer: its events as they come, or the whole answer at the end.

@@ -79,6 +79,19 @@ async fn post(url: String, body: Value) -> (u16, String) {
     (r.status().as_u16(), r.text().await.unwrap())
 }
 
+/// `body` streamed: its events as vLLM's in `fixture`, in the same order, of the same shape.
+async fn streamed_like(url: String, mut body: Value, fixture_name: &str) -> String {
+    body["stream"] = json!(true);
+    let (status, text) = post(url, body).await;
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        stream_shape(&text),
+        stream_shape(&fixture(fixture_name)),
+        "{text}"
+    );
+    text
+}
+
 #[tokio::test]
 async fn messages_answer_as_vllm_does() {
     let e = start(tiny()).await;
@@ -94,15 +107,7 @@ async fn messages_answer_as_vllm_does() {
         (&whole["stop_reason"], &whole["usage"]["output_tokens"]),
         (&json!("max_tokens"), &json!(5))
     );
-    let mut streamed = body;
-    streamed["stream"] = json!(true);
-    let (status, text) = post(url, streamed).await;
-    assert_eq!(status, 200);
-    assert_eq!(
-        stream_shape(&text),
-        stream_shape(&fixture("messages-stream.sse")),
-        "{text}"
-    );
+    let text = streamed_like(url, body, "messages-stream.sse").await;
     let deltas = events(&text)
         .iter()
         .filter(|(n, _)| n == "content_block_delta")
@@ -139,15 +144,7 @@ async fn responses_answer_as_vllm_does() {
         ),
         (&json!("incomplete"), &json!("max_output_tokens"), &json!(4))
     );
-    let mut streamed = body;
-    streamed["stream"] = json!(true);
-    let (status, text) = post(url, streamed).await;
-    assert_eq!(status, 200);
-    assert_eq!(
-        stream_shape(&text),
-        stream_shape(&fixture("responses-stream.sse")),
-        "{text}"
-    );
+    let text = streamed_like(url, body, "responses-stream.sse").await;
     let numbers: Vec<u64> = events(&text)
         .iter()
         .map(|(_, d)| d["sequence_number"].as_u64().unwrap())
