@@ -10,6 +10,7 @@ pub(crate) mod prepare;
 pub(crate) mod relay;
 pub(crate) mod respond;
 pub(crate) mod upstream;
+pub(crate) mod verdict;
 
 use crate::config::ServerConfig;
 use crate::error::{GatewayError, Invalid};

@@ -4,7 +4,7 @@
 use super::{SERVER_TIMING, X_REQUEST_ID};
 use crate::error::GatewayError;
 use crate::path::ledger::{Ending, Ledger};
-use crate::path::relay::{self, Events, Relay, RelayConfig};
+use crate::path::relay::{self, Relay, Streamed};
 use crate::path::upstream::{self, Budgets, UpstreamAnswer};
 use crate::route::Route;
 use crate::state::Gateway;
@@ -22,7 +22,7 @@ pub(super) enum ClientAnswer {
     /// A non-streamed answer (a 2xx), read whole, with the usage it carries.
     Whole(StatusCode, Bytes, Option<(u32, u32)>),
     /// A stream whose first token has arrived.
-    Stream(Events, RelayConfig),
+    Stream(Streamed, tokio::sync::watch::Receiver<bool>),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
 }
@@ -90,14 +90,7 @@ pub(super) async fn answer(
     let upstream = match answered {
         UpstreamAnswer::Response(upstream) => upstream,
         UpstreamAnswer::Rejected(status, body) => return Ok(ClientAnswer::Relayed(status, body)),
-        UpstreamAnswer::Stream(events) => {
-            let config = RelayConfig {
-                idle: route.config.timeouts.stream_idle,
-                deadline: budgets.deadline,
-                stop: g.stop.subscribe(),
-            };
-            return Ok(ClientAnswer::Stream(events, config));
-        }
+        UpstreamAnswer::Stream(streamed) => return Ok(ClientAnswer::Stream(streamed, g.stop.subscribe())),
     };
     let status = upstream.status();
     let limit = g.config.server.max_response_bytes;
@@ -123,8 +116,8 @@ pub(super) fn respond(
     mut ex: Ledger,
     detach: Option<&Gateway>,
 ) -> Response<ResponseBody> {
-    let (opened, config) = match answer {
-        Ok(ClientAnswer::Stream(opened, config)) => (opened, config),
+    let (streamed, stop) = match answer {
+        Ok(ClientAnswer::Stream(streamed, stop)) => (streamed, stop),
         Ok(ClientAnswer::Whole(status, body, usage)) => {
             return answered(Unstreamed::Whole(status, body, usage), ex);
         }
@@ -132,7 +125,7 @@ pub(super) fn respond(
         Err(e) => return answered(Unstreamed::Failed(e), ex),
     };
     ex.answering(StatusCode::OK);
-    let relay = Relay::new(opened, config, ex);
+    let relay = Relay::new(streamed, stop, ex);
     // The head fields go with the relay ([`stream_fields`]): the front writes them, and
     // `into_hyper` makes them headers.
     let Some(g) = detach else {
@@ -162,9 +155,7 @@ fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
     let timing = server_timing(&ex);
     let mut response = match ended {
         Unstreamed::Whole(status, body, usage) => {
-            ex.trace.finish_reasons(&body);
-            ex.whole_answer(Instant::now(), usage);
-            ex.end(Ending::Finished, status);
+            relay::whole_answered(&mut ex, status, &body, usage);
             relayed(status, body)
         }
         Unstreamed::Relayed(status, body) => {

@@ -13,6 +13,17 @@ async fn call(conns: &Arc<Conns>) -> Result<Response, h1::Error> {
     h1::send(conns, &request, Duration::from_secs(1)).await
 }
 
+/// A stream's events with every budget `secs` seconds from now, nothing renamed.
+fn events_for(secs: u64) -> Events {
+    let t = crate::config::Timeouts {
+        first_token: Duration::from_secs(secs),
+        total: Duration::from_secs(secs),
+        ..crate::config::Timeouts::default()
+    };
+    let budgets = crate::path::upstream::Budgets::new(&t, None, Instant::now());
+    Events::new(None, false, &budgets, Duration::from_secs(secs), Instant::now())
+}
+
 /// What a lone stream's first write gets: the events up to the first with tokens (a role
 /// chunk sent apart, as vLLM sends it, comes along), not those read after it; the relay
 /// passes those on next, without another read.
@@ -38,27 +49,12 @@ async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
         crate::access_log::AccessLog::discard(),
         "id".into(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let Opened::Stream(opened) = open(
-        answer.into_body(),
-        None,
-        false,
-        &mut ex,
-        deadline,
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap() else {
+    let Opened::Stream(opened) = open(answer.into_body(), events_for(5), &mut ex).await.unwrap() else {
         panic!("a stream")
     };
-    assert_eq!(&opened.out[..], [events[0], events[1]].concat().as_bytes());
+    assert_eq!(&opened.events.out[..], [events[0], events[1]].concat().as_bytes());
     let (_stop_tx, stop) = watch::channel(false);
-    let config = RelayConfig {
-        idle: Duration::from_secs(5),
-        deadline,
-        stop,
-    };
-    let mut relay = Relay::new(opened, config, ex);
+    let mut relay = Relay::new(opened, stop, ex);
     relay.written();
     let mut rest = Vec::new();
     while !relay.is_done() {
@@ -85,16 +81,7 @@ async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Ledger) 
         crate::access_log::AccessLog::discard(),
         "id".into(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let opened = open(
-        answer.into_body(),
-        None,
-        false,
-        &mut ex,
-        deadline,
-        Duration::from_secs(5),
-    )
-    .await;
+    let opened = open(answer.into_body(), events_for(5), &mut ex).await;
     (opened, ex)
 }
 
