@@ -12,7 +12,6 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
-use http1::server::ClientIo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
@@ -68,7 +67,8 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let server = gateway.config.server.clone();
-    let max = server.max_connections.unwrap_or_else(default_max_connections);
+    let accepting = Accepting::new(&gateway);
+    let max = accepting.max;
     gateway.start_probes();
     let _shared = gateway.start_shared();
     let _stop_probes = StopProbes(&gateway);
@@ -88,9 +88,9 @@ pub async fn run(
             let listener = bind(p.listen)?;
             let _ = gateway.picker_addr.set(listener.local_addr()?);
             let fallbacks = p.fallbacks;
-            let g = gateway.clone();
+            let (g, accepting) = (gateway.clone(), accepting.clone());
             Some(AbortOnDrop(tokio::spawn(async move {
-                crate::serve::picker::serve(listener, g, fallbacks).await;
+                crate::serve::picker::serve(listener, g, accepting, fallbacks).await;
             })))
         }
         None => None,
@@ -109,18 +109,6 @@ pub async fn run(
     let graceful = GracefulShutdown::new();
     // The connections `front` serves hold a receiver each; the drain waits for them all to go.
     let (closing, _) = tokio::sync::watch::channel(false);
-    let open = Arc::new(AtomicUsize::new(0));
-    let metrics = gateway.metrics.clone();
-    let mut last_warning: Option<Instant> = None;
-    let mut warn = |what: &str, detail: String| {
-        // At most one line a second: a flood must not become a flood of logs.
-        let now = Instant::now();
-        if last_warning.is_none_or(|t| now - t >= Duration::from_secs(1)) {
-            last_warning = Some(now);
-            tracing::warn!(detail, "{what}");
-        }
-    };
-
     let mut shutdown = std::pin::pin!(shutdown);
     let mut drain_started: Option<Instant> = None;
     loop {
@@ -133,35 +121,10 @@ pub async fn run(
                 continue;
             }
             _ = sleep_until(until_close) => break,
-            a = listener.accept() => a,
+            a = accepting.accept(&listener) => a,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
-            Err(e) => {
-                // Out of descriptors (or another transient failure): count it, say it, and give
-                // connections in flight a moment to end instead of spinning.
-                metrics.accept_errors.inc();
-                warn("cannot accept a connection", e.to_string());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let count = open.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics.connections.set(count as i64);
-        let conn = Connection {
-            open: open.clone(),
-            gauge: metrics.connections.clone(),
-        };
+        let Accepted { tcp, conn, over } = accepted;
         let watcher = graceful.watcher();
-        let over = count > max;
-        if over {
-            metrics.connections_over_limit.inc();
-            warn(
-                "over server.max_connections: answering 503 and closing",
-                format!("{count} open, limit {max}"),
-            );
-        }
         if let Some(tls) = &gateway.tls {
             let (service, builder) = if over {
                 (overloaded.clone(), over_limit_builder.clone())
@@ -177,8 +140,7 @@ pub async fn run(
                     return;
                 }
                 let io = crate::serve::front::client_io(tcp, &gateway);
-                let handshake =
-                    tls_handshake(acceptor, io, deadline.saturating_duration_since(Instant::now()));
+                let handshake = handshake(acceptor, io, deadline.saturating_duration_since(Instant::now()));
                 if let Some(io) = handshake.await {
                     let serving = builder.serve_connection(TokioIo::new(io), service);
                     let _ = Box::pin(watcher.watch(serving)).await;
@@ -301,13 +263,17 @@ async fn refuse_plain_http(mut tcp: tokio::net::TcpStream) {
     let _ = tcp.shutdown().await;
 }
 
-/// A TLS connection's handshake, within the time its request head has (`server.header_timeout`):
-/// then hyper serves it, HTTP/1.1 or h2 as the client speaks (ALPN offers both).
-async fn tls_handshake(
+/// A TLS connection's handshake, within the time its request head has (`server.header_timeout`),
+/// on either port: then hyper serves it, HTTP/1.1 or h2 as the client speaks (ALPN offers both),
+/// or tonic the picker's gRPC.
+pub(crate) async fn handshake<IO>(
     acceptor: tokio_rustls::TlsAcceptor,
-    io: ClientIo<tokio::net::TcpStream>,
+    io: IO,
     within: Duration,
-) -> Option<tokio_rustls::server::TlsStream<ClientIo<tokio::net::TcpStream>>> {
+) -> Option<tokio_rustls::server::TlsStream<IO>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     match tokio::time::timeout(within, acceptor.accept(io)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
@@ -321,6 +287,86 @@ async fn tls_handshake(
     }
 }
 
+/// The accept loop both ports share (the public one and the endpoint picker's): one count of
+/// client connections against `server.max_connections`, failed accepts counted and waited out,
+/// and at most one warning a second.
+#[derive(Clone)]
+pub(crate) struct Accepting {
+    open: Arc<AtomicUsize>,
+    max: usize,
+    metrics: Arc<crate::metrics::Metrics>,
+    last_warning: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+/// A connection just accepted: its socket, its place in the count (given back when dropped), and
+/// whether it is over `server.max_connections`.
+pub(crate) struct Accepted {
+    pub(crate) tcp: tokio::net::TcpStream,
+    pub(crate) conn: Connection,
+    pub(crate) over: bool,
+}
+
+impl Accepting {
+    pub(crate) fn new(gateway: &Gateway) -> Accepting {
+        let max = gateway
+            .config
+            .server
+            .max_connections
+            .unwrap_or_else(default_max_connections);
+        Accepting {
+            open: Arc::new(AtomicUsize::new(0)),
+            max,
+            metrics: gateway.metrics.clone(),
+            last_warning: Arc::default(),
+        }
+    }
+
+    /// The next connection on `listener`. Out of descriptors (or another transient failure),
+    /// the failure is counted and said, and connections in flight get a moment to end instead of
+    /// a spin. Cancel-safe: nothing is taken until it returns.
+    pub(crate) async fn accept(&self, listener: &TcpListener) -> Accepted {
+        loop {
+            match listener.accept().await {
+                Ok((tcp, _)) => return self.admit(tcp),
+                Err(e) => {
+                    self.metrics.accept_errors.inc();
+                    self.warn("cannot accept a connection", e.to_string());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    fn admit(&self, tcp: tokio::net::TcpStream) -> Accepted {
+        let _ = tcp.set_nodelay(true);
+        let count = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.connections.set(count as i64);
+        let conn = Connection {
+            open: self.open.clone(),
+            gauge: self.metrics.connections.clone(),
+        };
+        let over = count > self.max;
+        if over {
+            self.metrics.connections_over_limit.inc();
+            self.warn(
+                "over server.max_connections: answering 503 and closing",
+                format!("{count} open, limit {}", self.max),
+            );
+        }
+        Accepted { tcp, conn, over }
+    }
+
+    /// At most one line a second: a flood must not become a flood of logs.
+    fn warn(&self, what: &str, detail: String) {
+        let now = Instant::now();
+        let mut last = self.last_warning.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| now - t >= Duration::from_secs(1)) {
+            *last = Some(now);
+            tracing::warn!(detail, "{what}");
+        }
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -329,7 +375,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Counts a client connection while it lives.
-struct Connection {
+pub(crate) struct Connection {
     open: Arc<AtomicUsize>,
     gauge: prometheus::IntGauge,
 }
