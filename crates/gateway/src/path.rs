@@ -22,7 +22,8 @@ use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use bytes::BytesMut;
+use http_body_util::BodyExt;
 use prepare::{Api, Parsed};
 use respond::{ClientAnswer, ResponseBody, answer, respond};
 use std::future::Future;
@@ -150,7 +151,7 @@ where
     if g.is_draining() {
         return Err(GatewayError::Draining);
     }
-    let body = read_body(body, &g.config.server).await?;
+    let body = read_body(HyperBody(std::pin::pin!(body)), &g.config.server).await?;
     let Admitted {
         route,
         prepared,
@@ -209,31 +210,98 @@ pub(crate) async fn admitted(
     })
 }
 
+/// Where a request's body comes from, a piece at a time: hyper's (or `front`'s) body on the
+/// proxy's port, Envoy's body messages on the picker's. [`read_body`] reads either.
+pub(crate) trait BodySource: Send {
+    /// The length the request declared, if any: over the limit, it is refused unread.
+    fn declared(&self) -> u64 {
+        0
+    }
+
+    /// The next piece; `None` at the body's end.
+    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, GatewayError>> + Send;
+}
+
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).
-async fn read_body<B>(body: B, server: &ServerConfig) -> Result<Bytes, GatewayError>
-where
-    B: hyper::body::Body<Data = Bytes>,
-    B::Error: Into<axum::BoxError>,
-{
+pub(crate) async fn read_body<S: BodySource>(
+    mut body: S,
+    server: &ServerConfig,
+) -> Result<Bytes, GatewayError> {
     let limit = server.max_body_bytes;
     // A declared length over the limit is refused before any of the body is asked for, so an
     // `Expect: 100-continue` client is never told to send it.
-    if body.size_hint().lower() > limit as u64 {
+    if body.declared() > limit as u64 {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    match tokio::time::timeout(server.body_timeout, Limited::new(body, limit).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(GatewayError::BodyTooLarge { limit })
+    let reading = async {
+        // A body in one piece (as `front` reads one) is taken as it is, without a copy.
+        let mut first = Bytes::new();
+        let mut more = BytesMut::new();
+        while let Some(piece) = body.next().await? {
+            if first.len() + more.len() + piece.len() > limit {
+                return Err(GatewayError::BodyTooLarge { limit });
+            }
+            if first.is_empty() && more.is_empty() {
+                first = piece;
+            } else {
+                if more.is_empty() {
+                    more.extend_from_slice(&first);
+                }
+                more.extend_from_slice(&piece);
+            }
         }
-        Ok(Err(e)) if e.downcast_ref::<http1::server::BodyTimedOut>().is_some() => {
-            Err(GatewayError::BodyTimeout(server.body_timeout))
+        Ok(if more.is_empty() { first } else { more.freeze() })
+    };
+    match tokio::time::timeout(server.body_timeout, reading).await {
+        Ok(Err(GatewayError::BodyTimeout(_))) | Err(_) => Err(GatewayError::BodyTimeout(server.body_timeout)),
+        Ok(read) => read,
+    }
+}
+
+impl<S: BodySource> BodySource for &mut S {
+    fn declared(&self) -> u64 {
+        (**self).declared()
+    }
+
+    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, GatewayError>> + Send {
+        (**self).next()
+    }
+}
+
+/// A body as hyper serves it (or `front`, in hyper's shape).
+struct HyperBody<B>(B);
+
+impl<B> BodySource for HyperBody<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    fn declared(&self) -> u64 {
+        self.0.size_hint().lower()
+    }
+
+    async fn next(&mut self) -> Result<Option<Bytes>, GatewayError> {
+        loop {
+            let Some(frame) = self.0.frame().await else {
+                return Ok(None);
+            };
+            let e = match frame {
+                // Trailers (HTTP/2's, or a chunked body's) carry nothing the request path reads.
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => return Ok(Some(data)),
+                    Err(_) => continue,
+                },
+                Err(e) => e.into(),
+            };
+            if e.downcast_ref::<http1::server::BodyTimedOut>().is_some() {
+                // The duration is `read_body`'s to name.
+                return Err(GatewayError::BodyTimeout(std::time::Duration::ZERO));
+            }
+            return Err(GatewayError::bad_request(
+                Invalid::Request,
+                format!("cannot read the request body: {e}"),
+                None,
+            ));
         }
-        Ok(Err(e)) => Err(GatewayError::bad_request(
-            Invalid::Request,
-            format!("cannot read the request body: {e}"),
-            None,
-        )),
-        Err(_) => Err(GatewayError::BodyTimeout(server.body_timeout)),
     }
 }

@@ -52,6 +52,14 @@ pub(crate) enum Api {
 }
 
 impl Api {
+    /// Every endpoint the request path serves: the one table of paths each front door reads.
+    pub(crate) const ALL: [Api; 3] = [Api::Chat, Api::Completions, Api::Embeddings];
+
+    /// The endpoint a POST to `path` (without its query) asks for, if the gateway serves it.
+    pub(crate) fn at(path: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|api| api.path() == path)
+    }
+
     pub(crate) fn path(self) -> &'static str {
         match self {
             Api::Chat => "/v1/chat/completions",

@@ -186,12 +186,7 @@ impl FrontRequest {
         if parsed.method != Method::POST || parsed.size > max_header_bytes {
             return None;
         }
-        let api = match parsed.uri.path() {
-            "/v1/chat/completions" => Api::Chat,
-            "/v1/completions" => Api::Completions,
-            "/v1/embeddings" => Api::Embeddings,
-            _ => return None,
-        };
+        let api = Api::at(parsed.uri.path())?;
         Some(FrontRequest {
             api,
             uri: parsed.uri,

@@ -14,10 +14,11 @@ use crate::path::relay::{Events, Opening, Rang, Whole};
 use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
 use crate::path::verdict::judge;
+use crate::path::{BodySource, read_body};
 use crate::route::{Observation, Route};
 use crate::state::Gateway;
 use axum::http::{HeaderMap, StatusCode, header};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
 use std::net::SocketAddr;
@@ -76,12 +77,7 @@ pub(super) async fn run(
     let path = envoy::pseudo(h, ":path").unwrap_or("/");
     let path = path.split('?').next().unwrap_or(path);
     let method = envoy::pseudo(h, ":method").unwrap_or("GET");
-    let api = match (method, path) {
-        ("POST", "/v1/chat/completions") => Some(Api::Chat),
-        ("POST", "/v1/completions") => Some(Api::Completions),
-        ("POST", "/v1/embeddings") => Some(Api::Embeddings),
-        _ => None,
-    };
+    let api = (method == "POST").then(|| Api::at(path)).flatten();
     let subset = envoy::subset(&first);
     let headers = envoy::headers(h);
     let ends = h.end_of_stream;
@@ -129,8 +125,19 @@ async fn inference(
     let picked = if g.is_draining() {
         Err(GatewayError::Draining)
     } else {
-        match read_body(g, s, ends, &mut trailers).await {
-            Some(Ok(body)) => {
+        let mut source = EnvoyBody {
+            s,
+            ended: ends,
+            trailers: false,
+            gone: false,
+        };
+        let read = read_body(&mut source, &g.config.server).await;
+        trailers = source.trailers;
+        if source.gone {
+            return;
+        }
+        match read {
+            Ok(body) => {
                 // While it waits in the queue, a reset (the client left) ends it: dropping the
                 // stages gives its queue place back.
                 let stages = pick(g, picker, api, &headers, &body, subset.as_deref(), &mut ex);
@@ -139,8 +146,7 @@ async fn inference(
                     () = gone(s, &mut trailers) => return,
                 }
             }
-            Some(Err(e)) => Err(e),
-            None => return,
+            Err(e) => Err(e),
         }
     };
     let picked = match picked {
@@ -240,51 +246,43 @@ async fn pick(
     })
 }
 
-/// The request's body, whole, within `server.max_body_bytes` (413) and `server.body_timeout`
-/// (408); `None` if the stream ended first. `trailers` learns whether trailers followed it.
-async fn read_body(
-    g: &Gateway,
-    s: &mut Stream,
-    ends: bool,
-    trailers: &mut bool,
-) -> Option<Result<Bytes, GatewayError>> {
-    if ends {
-        return Some(Ok(Bytes::new()));
-    }
-    let server = &g.config.server;
-    let limit = server.max_body_bytes;
-    let mut body = BytesMut::new();
-    let reading = async {
-        loop {
-            match s.next().await?.request {
-                Some(Msg::RequestBody(b)) => {
-                    if body.len() + b.body.len() > limit {
-                        return Some(Err(GatewayError::BodyTooLarge { limit }));
-                    }
-                    body.extend_from_slice(&b.body);
-                    if b.end_of_stream {
-                        return Some(Ok(()));
-                    }
-                }
-                Some(Msg::RequestTrailers(_)) => {
-                    *trailers = true;
-                    return Some(Ok(()));
-                }
-                _ => {
-                    return Some(Err(GatewayError::bad_request(
-                        Invalid::Request,
-                        "the request's body did not end before its response began",
-                        None,
-                    )));
-                }
-            }
+/// The request's body as Envoy's messages bring it, for the request path's one reader
+/// ([`read_body`]).
+struct EnvoyBody<'a> {
+    s: &'a mut Stream,
+    /// The body ended (with the headers, its last message, or trailers).
+    ended: bool,
+    /// Trailers followed it.
+    trailers: bool,
+    /// Envoy closed or reset the stream before the body ended.
+    gone: bool,
+}
+
+impl BodySource for EnvoyBody<'_> {
+    async fn next(&mut self) -> Result<Option<Bytes>, GatewayError> {
+        if self.ended {
+            return Ok(None);
         }
-    };
-    match tokio::time::timeout(server.body_timeout, reading).await {
-        Ok(Some(Ok(()))) => Some(Ok(body.freeze())),
-        Ok(Some(Err(e))) => Some(Err(e)),
-        Ok(None) => None,
-        Err(_) => Some(Err(GatewayError::BodyTimeout(server.body_timeout))),
+        let Some(m) = self.s.next().await else {
+            self.gone = true;
+            return Ok(None);
+        };
+        match m.request {
+            Some(Msg::RequestBody(b)) => {
+                self.ended = b.end_of_stream;
+                Ok(Some(Bytes::from(b.body)))
+            }
+            Some(Msg::RequestTrailers(_)) => {
+                self.ended = true;
+                self.trailers = true;
+                Ok(None)
+            }
+            _ => Err(GatewayError::bad_request(
+                Invalid::Request,
+                "the request's body did not end before its response began",
+                None,
+            )),
+        }
     }
 }
 
