@@ -8,6 +8,7 @@ mod balance;
 mod cancellation;
 mod clients;
 mod deploy;
+mod doors;
 mod embeddings;
 mod fair_share;
 mod handoff;
