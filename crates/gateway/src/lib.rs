@@ -161,12 +161,12 @@ pub mod fuzzing {
 
     /// The caller's deadline header, parsed.
     pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
-        crate::path::prepare::caller_deadline(headers)
+        crate::path::hints::caller_deadline(headers)
     }
 
     /// The request ID the gateway would use.
     pub fn request_id(headers: &HeaderMap) -> String {
-        crate::path::prepare::request_id(headers)
+        crate::path::hints::request_id(headers)
     }
 
     /// A request head the public port's own HTTP/1.1 (`front`) serves itself.

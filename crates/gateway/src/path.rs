@@ -5,6 +5,7 @@
 //! Every request gets its ID here first ([`identified`]), whichever server read it.
 
 pub(crate) mod admit;
+pub(crate) mod hints;
 pub(crate) mod ledger;
 pub(crate) mod prepare;
 pub(crate) mod relay;
@@ -19,10 +20,11 @@ use crate::state::Gateway;
 use crate::table::Table;
 use admit::admit;
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
 use bytes::BytesMut;
+pub(crate) use hints::auth;
 use http_body_util::BodyExt;
 use prepare::{Api, Parsed};
 use respond::{ClientAnswer, ResponseBody, answer, respond};
@@ -43,7 +45,7 @@ where
     F: FnOnce(String, axum::http::Request<B>) -> Fut,
     Fut: Future<Output = Response<R>>,
 {
-    let id = prepare::request_id(req.headers());
+    let id = hints::request_id(req.headers());
     let limit = g.config.server.max_header_bytes;
     if head_size(&req) <= limit {
         return serve(id, req).await;
@@ -63,7 +65,7 @@ pub(crate) fn refused(g: &Gateway, id: String, e: GatewayError) -> Response {
 }
 
 /// Named once: a name given as text is parsed again on every insert.
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static(hints::REQUEST_ID_HEADER);
 
 const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
@@ -80,10 +82,6 @@ fn head_size<B>(req: &axum::http::Request<B>) -> usize {
 
 /// What one header line counts toward `server.max_header_bytes`, as `front` counts its heads.
 use http1::server::header_size;
-
-pub(crate) fn auth(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
-}
 
 /// What every answer says of its request besides what the request path adds: its ID, and a
 /// `Server-Timing` of no wait for those that never reached the queue.
@@ -194,7 +192,7 @@ pub(crate) async fn admitted(
     ex.record.route = route.name.clone();
     let budgets = Budgets::new(
         &route.config.timeouts,
-        prepare::caller_deadline(headers)?,
+        hints::caller_deadline(headers)?,
         ex.arrival,
     );
     let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;

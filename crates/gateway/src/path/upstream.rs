@@ -3,8 +3,9 @@
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
+use crate::path::hints::DEADLINE_HEADER;
 use crate::path::ledger::Ledger;
-use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
+use crate::path::prepare::{Api, Prepared};
 use crate::path::relay::{self, Events, Opened, Streamed};
 use crate::path::verdict::{Verdict, judge};
 use crate::route::transport::Response;

@@ -4,7 +4,7 @@
 
 use crate::config::MetricsExposure;
 use crate::error::{GatewayError, Invalid};
-use crate::path::prepare::{self, Api};
+use crate::path::prepare::Api;
 use crate::path::respond::into_hyper;
 use crate::path::{auth, completion, handle, identified, refused, stamp};
 use crate::state::Gateway;
@@ -120,7 +120,7 @@ pub(crate) fn model_list(
 pub(crate) fn settled_id(req: &Request) -> String {
     match req.extensions().get::<RequestId>() {
         Some(RequestId(id)) => id.clone(),
-        None => prepare::request_id(req.headers()),
+        None => crate::path::hints::request_id(req.headers()),
     }
 }
 
@@ -155,7 +155,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
 
     fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
         if let Err(e) = host_checked(&req) {
-            let response = refused(&self.gateway, prepare::request_id(req.headers()), e);
+            let response = refused(&self.gateway, crate::path::hints::request_id(req.headers()), e);
             return Box::pin(std::future::ready(Ok(response)));
         }
         let api = (req.method() == Method::POST)

@@ -9,7 +9,7 @@ use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
 use crate::event::EarlyError;
 use crate::path::ledger::{Ending, Ledger};
-use crate::path::prepare::{self, Api};
+use crate::path::prepare::Api;
 use crate::path::relay::{Events, Opening, Rang, Whole};
 use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
@@ -118,7 +118,7 @@ async fn inference(
     subset: Option<Vec<String>>,
     ends: bool,
 ) {
-    let id = prepare::request_id(&headers);
+    let id = crate::path::hints::request_id(&headers);
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &headers, ex.arrival);
     let mut trailers = false;
@@ -172,7 +172,7 @@ async fn inference(
     // The tenant's key is Spillway's, not the replica's: the proxy does not pass it on either.
     let mutation = envoy::mutation(
         &[
-            (prepare::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
+            (crate::path::hints::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
             (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
         ],
         &[header::AUTHORIZATION.as_str()],
