@@ -221,8 +221,8 @@ mod fed {
         let text = String::from_utf8_lossy(out);
         let data = text
             .lines()
-            .filter_map(|l| l.strip_prefix("data: "))
-            .last()
+            .rev()
+            .find_map(|l| l.strip_prefix("data: "))
             .unwrap()
             .to_owned();
         let v: serde_json::Value = serde_json::from_str(&data).unwrap();
