@@ -1,7 +1,8 @@
 //! The request path. [`serve`] is the list of stages, one call per stage into the module that owns
 //! it, each returning `Result<_, GatewayError>`: `prepare` (parse, caps, class — stages 1–4),
-//! `admit` (the team's quota and a slot — 5–6), `upstream` (a replica, retries — 7–9), `relay`
-//! (the answer — 10), then `respond` makes the response and the `ledger` records how it ended.
+//! `admit` (the team's quota and a slot — 5–6), `upstream` (a replica, retries — 7), `relay`
+//! (the answer — 8), then `respond` makes the response and the `ledger` records how it ended (9),
+//! as `lib.rs` numbers them.
 //! Every request gets its ID here first ([`identified`]), whichever server read it.
 
 pub(crate) mod admit;
@@ -133,7 +134,8 @@ where
     respond(answer, ex, detach)
 }
 
-/// Stages 1–10 of the request path, in order; the first that fails ends the request.
+/// Stages 1–8 of the request path, in order (the 9th, the response and its ledger, is
+/// `respond`'s); the first that fails ends the request.
 async fn serve<B>(
     g: &Gateway,
     table: Option<Arc<Table>>,

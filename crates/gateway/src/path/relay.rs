@@ -1,4 +1,4 @@
-//! Stage 10: the answer. A stream's response head is held until the upstream's first token (so a
+//! Stage 8: the answer. A stream's response head is held until the upstream's first token (so a
 //! failure before it, an error event included, is still a clean status), then the stream is relayed without buffering: all
 //! the bytes ready when the relay wakes go out in one write (the first token's, with the head, may
 //! go out ahead of what was read with it: `front`), each SSE event is timed (TTFT, ITL),

@@ -1,4 +1,4 @@
-//! The response: a replica's answer whole, its own 4xx relayed, a failure in the OpenAI shape, or
+//! Stage 9, the response: a replica's answer whole, its own 4xx relayed, a failure in the OpenAI shape, or
 //! a stream handed to its relay; and the fields every answer of the request path carries.
 
 use super::{SERVER_TIMING, X_REQUEST_ID};
@@ -78,7 +78,7 @@ pub(crate) fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8
     }
 }
 
-/// Stage 10: the replica's answer read whole, or a stream (held until its first token by
+/// Stage 8: the replica's answer read whole, or a stream (held until its first token by
 /// [`upstream::call`]) with what its relay needs.
 pub(super) async fn answer(
     g: &Gateway,

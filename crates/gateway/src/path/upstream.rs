@@ -1,4 +1,4 @@
-//! Stages 7–9: pick a replica, call it under the budgets, classify its answer, and try another —
+//! Stage 7: pick a replica, call it under the budgets, classify its answer, and try another —
 //! only before any byte reached the client, only when the error says a retry is allowed, within
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
