@@ -14,7 +14,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -72,40 +72,9 @@ pub async fn run(
     gateway.start_probes();
     let _shared = gateway.start_shared();
     let _stop_probes = StopProbes(&gateway);
-    let _admin = match &gateway.config.admin {
-        Some(a) => {
-            let admin = bind(a.listen)?;
-            let _ = gateway.admin_addr.set(admin.local_addr()?);
-            let app = crate::serve::admin::router(gateway.clone());
-            Some(AbortOnDrop(tokio::spawn(async move {
-                let _ = axum::serve(admin, app).await;
-            })))
-        }
-        None => None,
-    };
-    let _picker = match &gateway.config.endpoint_picker {
-        Some(p) => {
-            let listener = bind(p.listen)?;
-            let _ = gateway.picker_addr.set(listener.local_addr()?);
-            let fallbacks = p.fallbacks;
-            let (g, accepting) = (gateway.clone(), accepting.clone());
-            Some(AbortOnDrop(tokio::spawn(async move {
-                crate::serve::picker::serve(listener, g, accepting, fallbacks).await;
-            })))
-        }
-        None => None,
-    };
-    let app = HyperService::new(
-        gateway.clone(),
-        true,
-        crate::serve::router::router(gateway.clone()),
-    );
-    let overloaded = HyperService::new(gateway.clone(), false, overloaded_router(gateway.clone(), max));
-    let builder = Arc::new(connection_builder(&server, server.header_timeout));
-    let over_limit_builder = Arc::new(connection_builder(
-        &server,
-        server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
-    ));
+    let _admin = serve_admin(&gateway)?;
+    let _picker = serve_picker(&gateway, &accepting)?;
+    let ports = Ports::new(&gateway, max);
     let graceful = GracefulShutdown::new();
     // The connections `front` serves hold a receiver each; the drain waits for them all to go.
     let (closing, _) = tokio::sync::watch::channel(false);
@@ -123,13 +92,92 @@ pub async fn run(
             _ = sleep_until(until_close) => break,
             a = accepting.accept(&listener) => a,
         };
+        ports.spawn(&gateway, accepted, graceful.watcher(), &closing);
+    }
+    drop(listener);
+    drain(&gateway, graceful, closing).await;
+    // The access log's last lines go out before the process does.
+    let access = gateway.access.clone();
+    let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
+    // So do the spans of the last requests.
+    if let Some(tracer) = gateway.tracer.clone() {
+        let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
+    }
+    Ok(())
+}
+
+/// The admin API on its own listener, if configured, until dropped.
+fn serve_admin(gateway: &Arc<Gateway>) -> std::io::Result<Option<AbortOnDrop>> {
+    let Some(a) = &gateway.config.admin else {
+        return Ok(None);
+    };
+    let admin = bind(a.listen)?;
+    let _ = gateway.admin_addr.set(admin.local_addr()?);
+    let app = crate::serve::admin::router(gateway.clone());
+    Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        let _ = axum::serve(admin, app).await;
+    }))))
+}
+
+/// The endpoint picker on its own listener, if configured, counted by `accepting` with the
+/// public port's connections, until dropped.
+fn serve_picker(gateway: &Arc<Gateway>, accepting: &Accepting) -> std::io::Result<Option<AbortOnDrop>> {
+    let Some(p) = &gateway.config.endpoint_picker else {
+        return Ok(None);
+    };
+    let listener = bind(p.listen)?;
+    let _ = gateway.picker_addr.set(listener.local_addr()?);
+    let fallbacks = p.fallbacks;
+    let (g, accepting) = (gateway.clone(), accepting.clone());
+    Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        crate::serve::picker::serve(listener, g, accepting, fallbacks).await;
+    }))))
+}
+
+/// What serves the public port's connections: hyper's services and builders for those within
+/// the limit and those over it.
+struct Ports {
+    app: HyperService,
+    overloaded: HyperService,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    over_limit_builder: Arc<auto::Builder<TokioExecutor>>,
+}
+
+impl Ports {
+    fn new(gateway: &Arc<Gateway>, max: usize) -> Ports {
+        let server = &gateway.config.server;
+        Ports {
+            app: HyperService::new(
+                gateway.clone(),
+                true,
+                crate::serve::router::router(gateway.clone()),
+            ),
+            overloaded: HyperService::new(gateway.clone(), false, overloaded_router(gateway.clone(), max)),
+            builder: Arc::new(connection_builder(server, server.header_timeout)),
+            over_limit_builder: Arc::new(connection_builder(
+                server,
+                server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
+            )),
+        }
+    }
+
+    /// Serves one accepted connection on a task of its own: over TLS (hyper, after the
+    /// handshake), over the limit (the overloaded router), by hyper from its start
+    /// (`server.http1: hyper`), or by `front`.
+    fn spawn(
+        &self,
+        gateway: &Arc<Gateway>,
+        accepted: Accepted,
+        watcher: Watcher,
+        closing: &tokio::sync::watch::Sender<bool>,
+    ) {
         let Accepted { tcp, conn, over } = accepted;
-        let watcher = graceful.watcher();
+        let server = &gateway.config.server;
         if let Some(tls) = &gateway.tls {
             let (service, builder) = if over {
-                (overloaded.clone(), over_limit_builder.clone())
+                (self.overloaded.clone(), self.over_limit_builder.clone())
             } else {
-                (app.clone(), builder.clone())
+                (self.app.clone(), self.builder.clone())
             };
             let (acceptor, gateway, within) = (tls.acceptor(), gateway.clone(), server.header_timeout);
             tokio::spawn(async move {
@@ -147,16 +195,16 @@ pub async fn run(
                 }
             });
         } else if over {
-            let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
-            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
+            let (service, builder) = (self.overloaded.clone(), self.over_limit_builder.clone());
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 let serving = builder.serve_connection(io, service);
                 let _ = watcher.watch(serving).await;
             });
         } else if server.http1 == crate::config::Http1::Hyper {
-            let (service, builder) = (app.clone(), builder.clone());
-            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
+            let (service, builder) = (self.app.clone(), self.builder.clone());
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 // Boxed, as `front` boxes it once a connection is hyper's.
@@ -166,8 +214,8 @@ pub async fn run(
         } else {
             let serving = crate::serve::front::Serving {
                 gateway: gateway.clone(),
-                front: app.clone(),
-                hyper: builder.clone(),
+                front: self.app.clone(),
+                hyper: self.builder.clone(),
                 watcher,
                 closing: closing.subscribe(),
             };
@@ -177,17 +225,21 @@ pub async fn run(
             });
         }
     }
-    drop(listener);
+}
+
+/// The listener has closed: streams in flight get up to `server.drain_timeout` to finish (on
+/// either port), then the drain's signal cuts what is still open, with `CUT_GRACE` to say so.
+async fn drain(gateway: &Gateway, graceful: GracefulShutdown, closing: tokio::sync::watch::Sender<bool>) {
     tracing::info!(
         in_flight = gateway.in_flight(),
         "closed the listener; waiting for streams in flight"
     );
     closing.send_replace(true);
     let drain = async {
-        tokio::join!(graceful.shutdown(), closing.closed(), picker_streams(&gateway));
+        tokio::join!(graceful.shutdown(), closing.closed(), picker_streams(gateway));
     };
     let mut drain = std::pin::pin!(drain);
-    if tokio::time::timeout(server.drain_timeout, &mut drain)
+    if tokio::time::timeout(gateway.config.server.drain_timeout, &mut drain)
         .await
         .is_err()
     {
@@ -198,14 +250,6 @@ pub async fn run(
         gateway.stop.send_replace(true);
         let _ = tokio::time::timeout(CUT_GRACE, drain).await;
     }
-    // The access log's last lines go out before the process does.
-    let access = gateway.access.clone();
-    let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
-    // So do the spans of the last requests.
-    if let Some(tracer) = gateway.tracer.clone() {
-        let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
-    }
-    Ok(())
 }
 
 /// Resolves once no endpoint picker stream is open (Envoy's requests end as the clients' do).
