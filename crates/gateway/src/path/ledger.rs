@@ -255,51 +255,93 @@ impl Ledger {
     }
 }
 
+/// How a request ended, worked out once when its ledger is dropped, for each step of its end.
+struct Closing {
+    ending: Ending,
+    status: StatusCode,
+    tokens_in: Option<u32>,
+    tokens_out: Option<u32>,
+    /// Its attained service: decode weighed above prefill (see `admission::fair`).
+    service: u64,
+    now: Instant,
+}
+
+/// The request's end, as four steps: what it held is settled with the admission that granted it,
+/// what it measured is learned, it is counted in the metrics, and it is logged.
 impl Drop for Ledger {
     fn drop(&mut self) {
-        let now = Instant::now();
+        let end = self.closing();
+        self.settle_admission(&end);
+        self.learn();
+        self.count(&end);
+        self.log(&end);
+    }
+}
+
+impl Ledger {
+    fn closing(&self) -> Closing {
         // Nothing said how it ended: the client went away (while queued, waiting on the replica,
         // or mid-stream); nginx's 499 where no answer had started.
         let ending = self.ending.unwrap_or(Ending::Cut(Cut::Client));
         let status = self.status.unwrap_or(CLIENT_CLOSED_REQUEST);
-        self.record.status = status.as_u16();
-        let m = &self.metrics;
-        let labels = [&*self.record.route, &*self.record.class];
         let (tokens_in, tokens_out) = match self.usage {
             Some((p, c)) => (Some(p), Some(c)),
             None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
         };
-        // What the request really cost; without usage, what the stream showed of it.
-        let cost = u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0));
+        let service = admission::fair::service_cost(
+            u64::from(tokens_in.unwrap_or(0)),
+            u64::from(tokens_out.unwrap_or(0)),
+        );
+        Closing {
+            ending,
+            status,
+            tokens_in,
+            tokens_out,
+            service,
+            now: Instant::now(),
+        }
+    }
+
+    /// The quota, the shared lease and the slot learn what the request really cost; without
+    /// usage, what the stream showed of it.
+    fn settle_admission(&mut self, end: &Closing) {
+        let cost = u64::from(end.tokens_in.unwrap_or(0)) + u64::from(end.tokens_out.unwrap_or(0));
         if let Some(q) = self.quota.as_mut() {
             q.settle(cost);
         }
         if let Some(l) = self.lease.as_mut() {
             l.settle(cost);
         }
-        // Attained service weighs decode above prefill (see `admission::fair`).
-        let service = admission::fair::service_cost(
-            u64::from(tokens_in.unwrap_or(0)),
-            u64::from(tokens_out.unwrap_or(0)),
-        );
         if let Some(p) = self.permit.as_mut() {
-            p.settle(service);
+            p.settle(end.service);
         }
         if let Some(l) = self.lease.as_mut() {
-            l.settle_service(service);
+            l.settle_service(end.service);
         }
+    }
+
+    /// `balance: slo`'s model learns the stream's time per output token on the replica it picked.
+    fn learn(&self) {
         if let (Some(s), Some(r), Some(first), Some(last)) =
             (&self.slo_sample, &self.replica, self.first_chunk, self.last_chunk)
             && self.chunks > 1
         {
             r.replica.learn_tpot(&s.x, (last - first) / (self.chunks - 1));
         }
+    }
+
+    /// The metrics: cuts and wasted tokens, refusals, requests and tokens by team, duration and
+    /// goodput.
+    fn count(&self, end: &Closing) {
+        let m = &self.metrics;
+        let labels = [&*self.record.route, &*self.record.class];
         let team = &*self.record.team;
+        let (ending, status, service) = (end.ending, end.status, end.service);
         match ending {
             Ending::Cut(cut) => {
                 let l = [labels[0], labels[1], cut.code()];
                 m.cancellations.with_label_values(&l).inc();
-                let wasted = u64::from(tokens_out.unwrap_or(0));
+                let wasted = u64::from(end.tokens_out.unwrap_or(0));
                 if wasted > 0 {
                     m.wasted_tokens.with_label_values(&l).inc_by(wasted);
                 }
@@ -343,9 +385,8 @@ impl Drop for Ledger {
                 }
             }
         }
-        let duration = now - self.arrival;
         if let Some(s) = &self.series {
-            s.duration.observe(duration.as_secs_f64());
+            s.duration.observe((end.now - self.arrival).as_secs_f64());
             if ending == Ending::Finished {
                 s.slo_requests.inc();
                 if self.met_slo() {
@@ -353,10 +394,23 @@ impl Drop for Ledger {
                 }
             }
         }
+    }
+
+    /// The trace's spans and the access log's line.
+    fn log(&mut self, end: &Closing) {
+        let Closing {
+            ending,
+            status,
+            tokens_in,
+            tokens_out,
+            now,
+            ..
+        } = *end;
+        self.record.status = status.as_u16();
         self.record.outcome = ending.outcome();
         self.record.queue_ms = self.queue_wait.map(ms);
         self.record.ttft_ms = self.first_chunk.map(|t| ms(t - self.arrival));
-        self.record.duration_ms = ms(duration);
+        self.record.duration_ms = ms(now - self.arrival);
         self.record.tokens_in = tokens_in;
         self.record.tokens_out = tokens_out;
         if let Some(r) = &self.replica {
