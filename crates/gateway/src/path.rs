@@ -61,7 +61,7 @@ pub(crate) fn refused(g: &Gateway, id: String, e: GatewayError) -> Response {
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.fail(&e);
     let mut response = e.into_response();
-    stamp(&mut response, &ex.record.id);
+    stamp(&mut response, ex.id());
     response
 }
 
@@ -127,7 +127,7 @@ where
 {
     let (parts, body) = req.into_parts();
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
-    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
+    ex.start_trace(g.tracer.as_ref(), &parts.headers);
     let answer = serve(g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
     let detach = (parts.version == axum::http::Version::HTTP_2).then_some(g);
@@ -179,8 +179,8 @@ pub(crate) async fn admitted(
     ex: &mut Ledger,
 ) -> Result<Admitted, GatewayError> {
     let parsed = Parsed::parse(api, body)?;
-    ex.record.stream = parsed.stream();
-    ex.trace.request(
+    ex.parsed(parsed.stream());
+    ex.trace().request(
         api == Api::Chat,
         parsed.model(),
         parsed.max_tokens(),
@@ -189,19 +189,19 @@ pub(crate) async fn admitted(
     let table = table.unwrap_or_else(|| g.table());
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
     let tenant = table.tenants.identify(auth(headers))?;
-    ex.record.team = tenant.team.clone();
+    ex.identified(tenant.team.clone());
     let route = prepare::route_for(&table, &parsed, &tenant, headers)?;
-    ex.record.route = route.name.clone();
+    ex.routed(route.name.clone());
     let budgets = Budgets::new(
         &route.config.timeouts,
         hints::caller_deadline(headers)?,
-        ex.arrival,
+        ex.arrival(),
     );
     let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
     let class = &route.classes[prepared.class];
     ex.classified(class);
-    ex.record.tokens_in = Some(prepared.input_tokens);
-    ex.trace.admitting();
+    ex.counted(prepared.input_tokens);
+    ex.trace().admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     Ok(Admitted {
         route,

@@ -47,18 +47,18 @@ impl Ending {
 pub(crate) struct Ledger {
     metrics: Arc<Metrics>,
     access: AccessLog,
-    pub(crate) arrival: Instant,
-    pub(crate) record: AccessRecord,
+    arrival: Instant,
+    record: AccessRecord,
     series: Option<Arc<ClassSeries>>,
     slo: Option<Slo>,
     /// The admission slot, released when this is dropped (the end of the response body).
     permit: Option<Permit>,
     /// How long it waited for a slot (or before it was refused one).
     queue_wait: Option<Duration>,
-    pub(crate) replica: Option<ReplicaGuard>,
+    replica: Option<ReplicaGuard>,
     /// When the first upstream attempt started and when the upstream's first byte came back.
-    pub(crate) upstream_start: Option<Instant>,
-    pub(crate) upstream_first_byte: Option<Instant>,
+    upstream_start: Option<Instant>,
+    upstream_first_byte: Option<Instant>,
     ending: Option<Ending>,
     /// The status the client got: set when the head goes out or the request ends, whichever
     /// comes first; none means the client left before any answer (logged as 499).
@@ -66,20 +66,20 @@ pub(crate) struct Ledger {
     first_chunk: Option<Instant>,
     last_chunk: Option<Instant>,
     chunks: u32,
-    pub(crate) usage: Option<(u32, u32)>,
+    usage: Option<(u32, u32)>,
     /// The team's quota slot, settled with the real usage when this is dropped.
     /// Boxed, as only a team with a quota has one (see `lease`).
     quota: Option<Box<admission::quota::QuotaPermit>>,
     /// The team's windows for the `x-ratelimit-*` headers.
-    pub(crate) rate_headers: Option<admission::quota::RateHeaders>,
+    rate_headers: Option<admission::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
     /// every request's record (moved several times on its way) twice as large.
-    pub(crate) lease: Option<Box<crate::limits::Lease>>,
+    lease: Option<Box<crate::limits::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
-    pub(crate) trace: crate::traces::Trace,
+    trace: crate::traces::Trace,
     /// Under `balance: slo`: what the replica's TTFT and TPOT are learned against.
-    pub(crate) slo_sample: Option<SloSample>,
+    slo_sample: Option<SloSample>,
 }
 
 /// The features a replica was picked on, and when the request was sent to it.
@@ -119,6 +119,127 @@ impl Ledger {
             trace: crate::traces::Trace::Off,
             slo_sample: None,
         }
+    }
+
+    /// When the request arrived: every budget and duration counts from here.
+    pub(crate) fn arrival(&self) -> Instant {
+        self.arrival
+    }
+
+    /// The request's ID, as its answer and its log line carry it.
+    pub(crate) fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// Its trace starts, from the caller's context in `headers`.
+    pub(crate) fn start_trace(
+        &mut self,
+        tracer: Option<&Arc<crate::traces::Tracer>>,
+        headers: &axum::http::HeaderMap,
+    ) {
+        self.trace = crate::traces::Trace::start(tracer, headers, self.arrival);
+    }
+
+    /// The request's trace, which each stage marks.
+    pub(crate) fn trace(&mut self) -> &mut crate::traces::Trace {
+        &mut self.trace
+    }
+
+    /// The body was parsed: whether it asks for a stream.
+    pub(crate) fn parsed(&mut self, stream: bool) {
+        self.record.stream = stream;
+    }
+
+    /// The caller's team, once its key is known.
+    pub(crate) fn identified(&mut self, team: Arc<str>) {
+        self.record.team = team;
+    }
+
+    /// The route that serves the request.
+    pub(crate) fn routed(&mut self, route: Arc<str>) {
+        self.record.route = route;
+    }
+
+    /// The input tokens the request was counted at.
+    pub(crate) fn counted(&mut self, tokens_in: u32) {
+        self.record.tokens_in = Some(tokens_in);
+    }
+
+    /// The team's windows, for the `x-ratelimit-*` headers of its answer.
+    pub(crate) fn rate_limited(&mut self, headers: Option<admission::quota::RateHeaders>) {
+        self.rate_headers = headers;
+    }
+
+    pub(crate) fn rate_headers(&self) -> Option<&admission::quota::RateHeaders> {
+        self.rate_headers.as_ref()
+    }
+
+    /// Its leases in Redis (or on this gateway's share of the shared limits).
+    pub(crate) fn leased(&mut self, lease: crate::limits::Lease) {
+        self.lease = Some(Box::new(lease));
+    }
+
+    /// The first attempt on a replica starts at `now`.
+    pub(crate) fn calling(&mut self, now: Instant) {
+        self.upstream_start = Some(now);
+    }
+
+    /// `replica` was picked and is now asked.
+    pub(crate) fn picked(&mut self, replica: ReplicaGuard) {
+        self.replica = Some(replica);
+    }
+
+    /// `balance: slo` picked the replica on these features: what it measures is learned against
+    /// them.
+    pub(crate) fn sampled(&mut self, sample: SloSample) {
+        self.slo_sample = Some(sample);
+    }
+
+    /// Another replica serves it than the one picked (a retry, or Envoy's fallback): it is
+    /// counted there, and nothing it measures is learned against the first pick.
+    pub(crate) fn moved(&mut self, replica: ReplicaGuard) {
+        self.record.retries += 1;
+        self.slo_sample = None;
+        self.replica = Some(replica);
+    }
+
+    /// A retry on another replica, picked next.
+    pub(crate) fn retried(&mut self) {
+        self.record.retries += 1;
+    }
+
+    pub(crate) fn retries(&self) -> u32 {
+        self.record.retries
+    }
+
+    /// The replica asked, and its place in the route.
+    pub(crate) fn replica(&self) -> Option<&ReplicaGuard> {
+        self.replica.as_ref()
+    }
+
+    /// The upstream's first byte (a stream's first token) came at `now`.
+    pub(crate) fn first_byte(&mut self, now: Instant) {
+        self.upstream_first_byte = Some(now);
+    }
+
+    /// When the first attempt started and the first byte came, for `Server-Timing`.
+    pub(crate) fn upstream_timing(&self) -> (Option<Instant>, Option<Instant>) {
+        (self.upstream_start, self.upstream_first_byte)
+    }
+
+    /// The usage an event or an answer reported.
+    pub(crate) fn reported(&mut self, usage: (u32, u32)) {
+        self.usage = Some(usage);
+    }
+
+    /// A fact of how it ended the log names (`upstream_body_not_ended`).
+    pub(crate) fn note(&mut self, note: &'static str) {
+        self.record.note = Some(note);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn noted(&self) -> Option<&'static str> {
+        self.record.note
     }
 
     /// The request now belongs to a class: its metrics and objective apply.

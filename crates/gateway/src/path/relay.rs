@@ -125,7 +125,7 @@ pub(crate) fn pass_on(
 ) -> EventKind {
     let kind = event.kind();
     if let Some(usage) = event.usage() {
-        ex.usage = Some(usage);
+        ex.reported(usage);
     }
     match kind {
         EventKind::Tokens => ex.token_chunk(now),
@@ -133,8 +133,8 @@ pub(crate) fn pass_on(
         EventKind::Done => ex.end(Ending::Finished, StatusCode::OK),
         EventKind::Usage | EventKind::Error | EventKind::Other => {}
     }
-    if matches!(ex.trace, crate::traces::Trace::Record(_)) {
-        ex.trace.finish_reasons(event.data());
+    if matches!(ex.trace(), crate::traces::Trace::Record(_)) {
+        ex.trace().finish_reasons(event.data());
     }
     event.append(rename, out);
     kind
@@ -193,7 +193,7 @@ pub(crate) async fn collect(
 
 /// A whole answer as the ledger takes it: its finish reasons, its usage, its end.
 pub(crate) fn whole_answered(ex: &mut Ledger, status: StatusCode, body: &[u8], usage: Option<(u32, u32)>) {
-    ex.trace.finish_reasons(body);
+    ex.trace().finish_reasons(body);
     ex.whole_answer(Instant::now(), usage);
     ex.end(Ending::Finished, status);
 }

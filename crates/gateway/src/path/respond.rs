@@ -62,11 +62,11 @@ pub(crate) fn stream_fields(ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8]
 /// team's rate limits, the request's ID.
 pub(crate) fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&SERVER_TIMING, timing.as_bytes());
-    for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
+    for (name, value) in ex.rate_headers().into_iter().flat_map(|r| r.pairs()) {
         each(&HeaderName::from_static(name), value.as_bytes());
     }
     // Plain and short: `prepare::request_id` keeps no other.
-    each(&X_REQUEST_ID, ex.record.id.as_bytes());
+    each(&X_REQUEST_ID, ex.id().as_bytes());
 }
 
 /// Fields as headers, for hyper's paths and answers that are not streams.
@@ -186,13 +186,14 @@ pub(crate) fn server_timing(ex: &Ledger) -> String {
     let mut out = String::with_capacity(64);
     out.push_str("queue;dur=");
     millis(&mut out, ex.queue_wait().unwrap_or_default());
-    if let Some(start) = ex.upstream_start {
-        let end = ex.upstream_first_byte.unwrap_or_else(Instant::now);
+    let (start, first_byte) = ex.upstream_timing();
+    if let Some(start) = start {
+        let end = first_byte.unwrap_or_else(Instant::now);
         out.push_str(", upstream;dur=");
         millis(&mut out, end.saturating_duration_since(start));
     }
-    if ex.record.retries > 0 {
-        let _ = write!(out, ", retry;desc={}", ex.record.retries);
+    if ex.retries() > 0 {
+        let _ = write!(out, ", retry;desc={}", ex.retries());
     }
     out
 }

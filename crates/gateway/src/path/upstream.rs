@@ -81,26 +81,26 @@ pub(crate) async fn call(
     // One reading of the clock for the first attempt's accounting and pick; a retry reads again.
     let mut now = Instant::now();
     route.budget.request(now);
-    ex.upstream_start = Some(now);
+    ex.calling(now);
     loop {
         let Some(replica) = pick(route, prepared, &tried, now, ex)? else {
             return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
         };
         tried.push(replica.index);
         let index = replica.index;
-        ex.replica = Some(replica);
-        let trace = ex.trace.attempt(&route.replicas[index].url);
-        let result = match attempt(route, api, prepared, budgets, &ex.record.id, index, trace).await {
+        ex.picked(replica);
+        let trace = ex.trace().attempt(&route.replicas[index].url);
+        let result = match attempt(route, api, prepared, budgets, ex.id(), index, trace).await {
             Ok(r) if prepared.stream && r.status().is_success() => {
                 open(route, prepared, budgets, index, r, ex).await
             }
             Ok(r) => {
-                ex.upstream_first_byte = Some(Instant::now());
+                ex.first_byte(Instant::now());
                 Ok(UpstreamAnswer::Response(r))
             }
             Err(e) => Err(e),
         };
-        ex.trace.attempt_done(match &result {
+        ex.trace().attempt_done(match &result {
             Ok(UpstreamAnswer::Response(r)) => Ok(r.status().as_u16()),
             Ok(UpstreamAnswer::Stream(_)) => Ok(200),
             Ok(UpstreamAnswer::Rejected(status, _)) => Ok(status.as_u16()),
@@ -128,7 +128,7 @@ pub(crate) async fn call(
         }
         tokio::time::sleep(wait).await;
         route.retries.inc();
-        ex.record.retries += 1;
+        ex.retried();
         now = Instant::now();
     }
 }
@@ -163,7 +163,7 @@ fn pick_by_slo(
 ) -> Result<Option<crate::route::ReplicaGuard>, GatewayError> {
     use crate::route::balance::{SloAsk, SloVerdict};
     let class = &route.classes[prepared.class];
-    let waited = now.saturating_duration_since(ex.arrival);
+    let waited = now.saturating_duration_since(ex.arrival());
     let ask = SloAsk {
         ttft: prepared.slo.ttft.map(|t| t.saturating_sub(waited)),
         tpot: prepared.slo.tpot,
@@ -203,7 +203,7 @@ fn pick_by_slo(
         }
     };
     class.series.slo_routing(outcome);
-    ex.slo_sample = Some(crate::path::ledger::SloSample { x, sent: now });
+    ex.sampled(crate::path::ledger::SloSample { x, sent: now });
     Ok(Some(replica))
 }
 
@@ -229,7 +229,7 @@ async fn open(
         Instant::now(),
     );
     let opened = relay::open(response.into_body(), events, ex).await;
-    ex.upstream_first_byte = Some(Instant::now());
+    ex.first_byte(Instant::now());
     let early = match opened {
         Ok(Opened::Stream(streamed)) => {
             route.observe(replica, Observation::Served);

@@ -256,7 +256,7 @@ impl Events {
             // The client has its whole stream: it ends as if the body had, and the replica's
             // connection, its body unfinished, is closed.
             self.done = true;
-            ex.record.note = Some("upstream_body_not_ended");
+            ex.note("upstream_body_not_ended");
             return Rang::Ended(None);
         }
         if now >= self.clock.deadline {

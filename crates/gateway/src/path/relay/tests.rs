@@ -318,7 +318,7 @@ mod fed {
         e.take_out();
         assert!(matches!(e.rang(&mut ex, t0 + DONE_GRACE), Rang::Ended(None)));
         assert!(e.is_done() && e.take_out().is_empty());
-        assert_eq!(ex.record.note, Some("upstream_body_not_ended"));
+        assert_eq!(ex.noted(), Some("upstream_body_not_ended"));
     }
 
     #[tokio::test(start_paused = true)]

@@ -120,7 +120,7 @@ async fn inference(
 ) {
     let id = crate::path::hints::request_id(&headers);
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
-    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &headers, ex.arrival);
+    ex.start_trace(g.tracer.as_ref(), &headers);
     let mut trailers = false;
     let picked = if g.is_draining() {
         Err(GatewayError::Draining)
@@ -172,7 +172,7 @@ async fn inference(
     // The tenant's key is Spillway's, not the replica's: the proxy does not pass it on either.
     let mutation = envoy::mutation(
         &[
-            (crate::path::hints::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
+            (crate::path::hints::REQUEST_ID_HEADER, ex.id().as_bytes()),
             (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
         ],
         &[header::AUTHORIZATION.as_str()],
@@ -182,7 +182,7 @@ async fn inference(
     if trailers {
         replies.push(envoy::trailers(true));
     }
-    ex.upstream_start = Some(Instant::now());
+    ex.calling(Instant::now());
     if !s.send_all(replies).await {
         return;
     }
@@ -235,7 +235,7 @@ async fn pick(
             upstream::pick(&route, &prepared, tried, Instant::now(), ex)
         })
         .map_err(|e| e.unwrap_or_else(|| GatewayError::NoHealthyReplica(route.config.model.clone())))?;
-    ex.replica = Some(guard);
+    ex.picked(guard);
     Ok(Picked {
         endpoints,
         body: prepared.body,
@@ -488,7 +488,7 @@ impl Response<'_> {
 
     /// The replica did not answer in time.
     fn timed_out(&self, ex: &Ledger) {
-        if let Some(r) = &ex.replica {
+        if let Some(r) = ex.replica() {
             self.route.observe(&r.replica, Observation::TimedOut);
         }
     }
@@ -537,7 +537,7 @@ impl Response<'_> {
         served: Option<&str>,
         headers: &HeaderMap,
     ) -> ProcessingResponse {
-        ex.upstream_first_byte = Some(Instant::now());
+        ex.first_byte(Instant::now());
         if let Some(served) = served.and_then(|s| s.parse::<SocketAddr>().ok()) {
             self.moved_to(ex, served);
         }
@@ -545,7 +545,7 @@ impl Response<'_> {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        if let Some(r) = &ex.replica {
+        if let Some(r) = ex.replica() {
             let seen = if status.is_success() {
                 // A stream works once its first token comes.
                 (!event_stream).then_some(Observation::Served)
@@ -580,7 +580,7 @@ impl Response<'_> {
     /// that is only backpressure) is not known here, so the first is not marked failed: its
     /// health checks judge it.
     fn moved_to(&self, ex: &mut Ledger, served: SocketAddr) {
-        let Some(r) = &ex.replica else { return };
+        let Some(r) = ex.replica() else { return };
         if self.picker.address(&r.replica.url) == Some(served) {
             return;
         }
@@ -592,9 +592,7 @@ impl Response<'_> {
         else {
             return;
         };
-        ex.record.retries += 1;
-        ex.slo_sample = None;
-        ex.replica = Some(self.route.replicas[index].hold(index));
+        ex.moved(self.route.replicas[index].hold(index));
     }
 
     /// The held head goes out, with the body's first bytes.
@@ -680,7 +678,7 @@ impl Response<'_> {
 
     /// What the replica's health learns, of the replica that answered.
     fn observe(&self, ex: &Ledger, seen: Observation) {
-        if let Some(r) = &ex.replica {
+        if let Some(r) = ex.replica() {
             self.route.observe(&r.replica, seen);
         }
     }
@@ -701,7 +699,7 @@ impl Response<'_> {
     fn early_error(&mut self, ex: &mut Ledger, early: EarlyError) -> ProcessingResponse {
         let verdict = judge(early.status, None);
         self.observe(ex, verdict.observation());
-        let index = ex.replica.as_ref().map_or(0, |r| r.index);
+        let index = ex.replica().map_or(0, |r| r.index);
         let how = " in its stream before the first token";
         match verdict.into_result(&self.route.config.model, index, how) {
             Ok(status) => {
@@ -727,7 +725,7 @@ impl Response<'_> {
             ex.end(Ending::Finished, status);
             return;
         }
-        let index = ex.replica.as_ref().map_or(0, |r| r.index);
+        let index = ex.replica().map_or(0, |r| r.index);
         match judge(Some(status), None).into_result(&self.route.config.model, index, "") {
             Ok(status) => ex.end(Ending::UpstreamRejected, status),
             Err(e) => ex.end(Ending::Failed(e.reason()), status),
