@@ -8,7 +8,8 @@
 //!   [`audit`] logs), `picker` (the endpoint picker Envoy asks over `ext_proc`, the second front
 //!   door: gRPC glue around the same path — stages 1–7 by `path::admitted` and `upstream::pick`,
 //!   the answer fed to the relay's `Events` and judged by `verdict`, the ledger settled at its
-//!   end). Both ports share `listener`'s accept loop and connection cap. Each hands a completion
+//!   end; behind the `picker` feature, on by default, so that a proxy-only build links no gRPC).
+//!   Both ports share `listener`'s accept loop and connection cap. Each hands a completion
 //!   request to `path`.
 //! - `path/` — the request path; `path::serve()` is one call per stage, in this order:
 //!   1. read the body (413/408) — `read_body`, for either front door — and parse it — `prepare`

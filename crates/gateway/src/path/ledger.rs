@@ -197,6 +197,7 @@ impl Ledger {
 
     /// Another replica serves it than the one picked (a retry, or Envoy's fallback): it is
     /// counted there, and nothing it measures is learned against the first pick.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub(crate) fn moved(&mut self, replica: ReplicaGuard) {
         self.record.retries += 1;
         self.slo_sample = None;
@@ -213,6 +214,7 @@ impl Ledger {
     }
 
     /// The replica asked, and its place in the route.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub(crate) fn replica(&self) -> Option<&ReplicaGuard> {
         self.replica.as_ref()
     }
@@ -295,6 +297,7 @@ impl Ledger {
     }
 
     /// The status the client was sent, once it was.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub(crate) fn status(&self) -> Option<StatusCode> {
         self.status
     }

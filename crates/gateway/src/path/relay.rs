@@ -200,11 +200,13 @@ pub(crate) fn whole_answered(ex: &mut Ledger, status: StatusCode, body: &[u8], u
 
 /// A whole answer fed in pieces (the picker's: Envoy's body messages), held within `limit`
 /// bytes (`server.max_response_bytes`) as [`collect`] holds the proxy's.
+#[cfg_attr(not(feature = "picker"), allow(dead_code))]
 pub(crate) struct Whole {
     held: BytesMut,
     limit: usize,
 }
 
+#[cfg_attr(not(feature = "picker"), allow(dead_code))]
 impl Whole {
     pub(crate) fn new(limit: usize) -> Whole {
         Whole {

@@ -125,12 +125,20 @@ fn serve_picker(gateway: &Arc<Gateway>, accepting: &Accepting) -> std::io::Resul
     let Some(p) = &gateway.config.endpoint_picker else {
         return Ok(None);
     };
+    if cfg!(not(feature = "picker")) {
+        return Err(std::io::Error::other(
+            "endpoint_picker is configured, but this build has no endpoint picker (the gateway's `picker` feature)",
+        ));
+    }
     let listener = bind(p.listen)?;
     let _ = gateway.picker_addr.set(listener.local_addr()?);
     let fallbacks = p.fallbacks;
     let (g, accepting) = (gateway.clone(), accepting.clone());
     Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        #[cfg(feature = "picker")]
         crate::serve::picker::serve(listener, g, accepting, fallbacks).await;
+        #[cfg(not(feature = "picker"))]
+        let _ = (listener, g, accepting, fallbacks);
     }))))
 }
 

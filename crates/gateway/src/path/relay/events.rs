@@ -69,7 +69,7 @@ pub(crate) enum Rang {
     Late(GatewayError),
     /// After the head: the stream has ended ([`Events::is_done`]), cut (which way), or after
     /// `[DONE]` as if the body had (`None`).
-    Ended(Option<Cut>),
+    Ended(#[cfg_attr(not(feature = "picker"), allow(dead_code))] Option<Cut>),
 }
 
 impl Events {
