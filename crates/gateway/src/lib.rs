@@ -5,11 +5,15 @@
 //! - `serve/` — the connections: `listener` (accept, connection limits, header and idle
 //!   timeouts, the drain), `front` (the public port's own HTTP/1.1 for the hot path), `router`
 //!   (everything else, and hyper's service), [`admin`] (the operator's API, whose changes
-//!   [`audit`] logs), `picker` (the endpoint picker Envoy asks over `ext_proc`: stages 1–7 by
-//!   `path::admitted` and `upstream::pick`, the response followed to settle the ledger). Each
-//!   hands a completion request to `path`.
+//!   [`audit`] logs), `picker` (the endpoint picker Envoy asks over `ext_proc`, the second front
+//!   door: gRPC glue around the same path — stages 1–7 by `path::admitted` and `upstream::pick`,
+//!   the answer fed to the relay's `Events` and judged by `verdict`, the ledger settled at its
+//!   end; behind the `picker` feature, on by default, so that a proxy-only build links no gRPC).
+//!   Both ports share `listener`'s accept loop and connection cap. Each hands a completion
+//!   request to `path`.
 //! - `path/` — the request path; `path::serve()` is one call per stage, in this order:
-//!   1. read the body (413/408) and parse it — `prepare` (400);
+//!   1. read the body (413/408) — `read_body`, for either front door — and parse it — `prepare`
+//!      (400); the request's hints (ID, deadline, priority, objectives, key) are `hints`';
 //!   2. who is asking — `tenant` (401), before any model is named;
 //!   3. which route serves the model — `prepare::route_for` over the `table` (404/403, rules);
 //!   4. cap the cost, pick the class and priority — `prepare` (400 naming the limit);
@@ -22,7 +26,9 @@
 //!      (502/503/504), with `route` choosing among healthy replicas and [`admission::retry`]
 //!      keeping retries within a budget;
 //!   8. the answer — `relay`: a whole body, or a stream whose head waits for the first token,
-//!      each SSE event read by [`event`] (its kind, its usage, an error, the model's name);
+//!      each SSE event read by [`event`] (its kind, its usage, an error, the model's name); the
+//!      relay's decisions are `relay::Events`, fed bytes and the time by either front door, and
+//!      a replica's error answer is judged once, by `verdict`;
 //!   9. the response — `respond`; the end — `ledger`: one ending per request, written into
 //!      `metrics` and the [`access_log`] when the record is dropped; it owns the admission slot,
 //!      so the slot is held until the body ends.
@@ -161,12 +167,12 @@ pub mod fuzzing {
 
     /// The caller's deadline header, parsed.
     pub fn caller_deadline(headers: &HeaderMap) -> Result<Option<std::time::Duration>, GatewayError> {
-        crate::path::prepare::caller_deadline(headers)
+        crate::path::hints::caller_deadline(headers)
     }
 
     /// The request ID the gateway would use.
     pub fn request_id(headers: &HeaderMap) -> String {
-        crate::path::prepare::request_id(headers)
+        crate::path::hints::request_id(headers)
     }
 
     /// A request head the public port's own HTTP/1.1 (`front`) serves itself.

@@ -42,6 +42,7 @@ pub(crate) struct Metrics {
     pub oldest_wait: prometheus::GaugeVec,
     pub team_service: IntCounterVec,
     pub slo_routing: IntCounterVec,
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub picker_requests: IntCounterVec,
     pub slo_prediction_error: prometheus::GaugeVec,
     pub team_queue_wait: HistogramVec,

@@ -1,15 +1,18 @@
 //! The request path. [`serve`] is the list of stages, one call per stage into the module that owns
 //! it, each returning `Result<_, GatewayError>`: `prepare` (parse, caps, class — stages 1–4),
-//! `admit` (the team's quota and a slot — 5–6), `upstream` (a replica, retries — 7–9), `relay`
-//! (the answer — 10), then `respond` makes the response and the `ledger` records how it ended.
+//! `admit` (the team's quota and a slot — 5–6), `upstream` (a replica, retries — 7), `relay`
+//! (the answer — 8), then `respond` makes the response and the `ledger` records how it ended (9),
+//! as `lib.rs` numbers them.
 //! Every request gets its ID here first ([`identified`]), whichever server read it.
 
 pub(crate) mod admit;
+pub(crate) mod hints;
 pub(crate) mod ledger;
 pub(crate) mod prepare;
 pub(crate) mod relay;
 pub(crate) mod respond;
 pub(crate) mod upstream;
+pub(crate) mod verdict;
 
 use crate::config::ServerConfig;
 use crate::error::{GatewayError, Invalid};
@@ -18,10 +21,12 @@ use crate::state::Gateway;
 use crate::table::Table;
 use admit::admit;
 use axum::body::Body;
-use axum::http::{HeaderMap, HeaderName, HeaderValue, header};
+use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
-use http_body_util::{BodyExt, LengthLimitError, Limited};
+use bytes::BytesMut;
+pub(crate) use hints::auth;
+use http_body_util::BodyExt;
 use prepare::{Api, Parsed};
 use respond::{ClientAnswer, ResponseBody, answer, respond};
 use std::future::Future;
@@ -41,7 +46,7 @@ where
     F: FnOnce(String, axum::http::Request<B>) -> Fut,
     Fut: Future<Output = Response<R>>,
 {
-    let id = prepare::request_id(req.headers());
+    let id = hints::request_id(req.headers());
     let limit = g.config.server.max_header_bytes;
     if head_size(&req) <= limit {
         return serve(id, req).await;
@@ -56,12 +61,12 @@ pub(crate) fn refused(g: &Gateway, id: String, e: GatewayError) -> Response {
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.fail(&e);
     let mut response = e.into_response();
-    stamp(&mut response, &ex.record.id);
+    stamp(&mut response, ex.id());
     response
 }
 
 /// Named once: a name given as text is parsed again on every insert.
-const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+const X_REQUEST_ID: HeaderName = HeaderName::from_static(hints::REQUEST_ID_HEADER);
 
 const SERVER_TIMING: HeaderName = HeaderName::from_static("server-timing");
 
@@ -78,10 +83,6 @@ fn head_size<B>(req: &axum::http::Request<B>) -> usize {
 
 /// What one header line counts toward `server.max_header_bytes`, as `front` counts its heads.
 use http1::server::header_size;
-
-pub(crate) fn auth(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
-}
 
 /// What every answer says of its request besides what the request path adds: its ID, and a
 /// `Server-Timing` of no wait for those that never reached the queue.
@@ -126,14 +127,15 @@ where
 {
     let (parts, body) = req.into_parts();
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
-    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &parts.headers, ex.arrival);
+    ex.start_trace(g.tracer.as_ref(), &parts.headers);
     let answer = serve(g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
     let detach = (parts.version == axum::http::Version::HTTP_2).then_some(g);
     respond(answer, ex, detach)
 }
 
-/// Stages 1–10 of the request path, in order; the first that fails ends the request.
+/// Stages 1–8 of the request path, in order (the 9th, the response and its ledger, is
+/// `respond`'s); the first that fails ends the request.
 async fn serve<B>(
     g: &Gateway,
     table: Option<Arc<Table>>,
@@ -149,7 +151,7 @@ where
     if g.is_draining() {
         return Err(GatewayError::Draining);
     }
-    let body = read_body(body, &g.config.server).await?;
+    let body = read_body(HyperBody(std::pin::pin!(body)), &g.config.server).await?;
     let Admitted {
         route,
         prepared,
@@ -177,8 +179,8 @@ pub(crate) async fn admitted(
     ex: &mut Ledger,
 ) -> Result<Admitted, GatewayError> {
     let parsed = Parsed::parse(api, body)?;
-    ex.record.stream = parsed.stream();
-    ex.trace.request(
+    ex.parsed(parsed.stream());
+    ex.trace().request(
         api == Api::Chat,
         parsed.model(),
         parsed.max_tokens(),
@@ -187,19 +189,19 @@ pub(crate) async fn admitted(
     let table = table.unwrap_or_else(|| g.table());
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
     let tenant = table.tenants.identify(auth(headers))?;
-    ex.record.team = tenant.team.clone();
+    ex.identified(tenant.team.clone());
     let route = prepare::route_for(&table, &parsed, &tenant, headers)?;
-    ex.record.route = route.name.clone();
+    ex.routed(route.name.clone());
     let budgets = Budgets::new(
         &route.config.timeouts,
-        prepare::caller_deadline(headers)?,
-        ex.arrival,
+        hints::caller_deadline(headers)?,
+        ex.arrival(),
     );
     let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
     let class = &route.classes[prepared.class];
     ex.classified(class);
-    ex.record.tokens_in = Some(prepared.input_tokens);
-    ex.trace.admitting();
+    ex.counted(prepared.input_tokens);
+    ex.trace().admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     Ok(Admitted {
         route,
@@ -208,31 +210,98 @@ pub(crate) async fn admitted(
     })
 }
 
+/// Where a request's body comes from, a piece at a time: hyper's (or `front`'s) body on the
+/// proxy's port, Envoy's body messages on the picker's. [`read_body`] reads either.
+pub(crate) trait BodySource: Send {
+    /// The length the request declared, if any: over the limit, it is refused unread.
+    fn declared(&self) -> u64 {
+        0
+    }
+
+    /// The next piece; `None` at the body's end.
+    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, GatewayError>> + Send;
+}
+
 /// The body, whole, within `server.max_body_bytes` (413) and `server.body_timeout` (408).
-async fn read_body<B>(body: B, server: &ServerConfig) -> Result<Bytes, GatewayError>
-where
-    B: hyper::body::Body<Data = Bytes>,
-    B::Error: Into<axum::BoxError>,
-{
+pub(crate) async fn read_body<S: BodySource>(
+    mut body: S,
+    server: &ServerConfig,
+) -> Result<Bytes, GatewayError> {
     let limit = server.max_body_bytes;
     // A declared length over the limit is refused before any of the body is asked for, so an
     // `Expect: 100-continue` client is never told to send it.
-    if body.size_hint().lower() > limit as u64 {
+    if body.declared() > limit as u64 {
         return Err(GatewayError::BodyTooLarge { limit });
     }
-    match tokio::time::timeout(server.body_timeout, Limited::new(body, limit).collect()).await {
-        Ok(Ok(collected)) => Ok(collected.to_bytes()),
-        Ok(Err(e)) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            Err(GatewayError::BodyTooLarge { limit })
+    let reading = async {
+        // A body in one piece (as `front` reads one) is taken as it is, without a copy.
+        let mut first = Bytes::new();
+        let mut more = BytesMut::new();
+        while let Some(piece) = body.next().await? {
+            if first.len() + more.len() + piece.len() > limit {
+                return Err(GatewayError::BodyTooLarge { limit });
+            }
+            if first.is_empty() && more.is_empty() {
+                first = piece;
+            } else {
+                if more.is_empty() {
+                    more.extend_from_slice(&first);
+                }
+                more.extend_from_slice(&piece);
+            }
         }
-        Ok(Err(e)) if e.downcast_ref::<http1::server::BodyTimedOut>().is_some() => {
-            Err(GatewayError::BodyTimeout(server.body_timeout))
+        Ok(if more.is_empty() { first } else { more.freeze() })
+    };
+    match tokio::time::timeout(server.body_timeout, reading).await {
+        Ok(Err(GatewayError::BodyTimeout(_))) | Err(_) => Err(GatewayError::BodyTimeout(server.body_timeout)),
+        Ok(read) => read,
+    }
+}
+
+impl<S: BodySource> BodySource for &mut S {
+    fn declared(&self) -> u64 {
+        (**self).declared()
+    }
+
+    fn next(&mut self) -> impl Future<Output = Result<Option<Bytes>, GatewayError>> + Send {
+        (**self).next()
+    }
+}
+
+/// A body as hyper serves it (or `front`, in hyper's shape).
+struct HyperBody<B>(B);
+
+impl<B> BodySource for HyperBody<B>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + Unpin,
+    B::Error: Into<axum::BoxError>,
+{
+    fn declared(&self) -> u64 {
+        self.0.size_hint().lower()
+    }
+
+    async fn next(&mut self) -> Result<Option<Bytes>, GatewayError> {
+        loop {
+            let Some(frame) = self.0.frame().await else {
+                return Ok(None);
+            };
+            let e = match frame {
+                // Trailers (HTTP/2's, or a chunked body's) carry nothing the request path reads.
+                Ok(frame) => match frame.into_data() {
+                    Ok(data) => return Ok(Some(data)),
+                    Err(_) => continue,
+                },
+                Err(e) => e.into(),
+            };
+            if e.downcast_ref::<http1::server::BodyTimedOut>().is_some() {
+                // The duration is `read_body`'s to name.
+                return Err(GatewayError::BodyTimeout(std::time::Duration::ZERO));
+            }
+            return Err(GatewayError::bad_request(
+                Invalid::Request,
+                format!("cannot read the request body: {e}"),
+                None,
+            ));
         }
-        Ok(Err(e)) => Err(GatewayError::bad_request(
-            Invalid::Request,
-            format!("cannot read the request body: {e}"),
-            None,
-        )),
-        Err(_) => Err(GatewayError::BodyTimeout(server.body_timeout)),
     }
 }

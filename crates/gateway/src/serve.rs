@@ -6,5 +6,6 @@
 pub mod admin;
 pub(crate) mod front;
 pub(crate) mod listener;
+#[cfg(feature = "picker")]
 pub(crate) mod picker;
 pub(crate) mod router;

@@ -61,6 +61,7 @@ pub struct Gateway {
     /// TLS on the public listener, when `server.tls` is configured.
     pub(crate) tls: Option<crate::tls::ServerTls>,
     /// TLS on the endpoint picker's port, when `endpoint_picker.tls` is configured.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub(crate) picker_tls: Option<Arc<rustls::ServerConfig>>,
 }
 

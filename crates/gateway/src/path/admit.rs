@@ -89,12 +89,7 @@ async fn admit_with_redis(
     }
     // Admitted on this gateway's share: Redis learns of it when it is back.
     let team_slot = tenant.limits.max_parallel.is_some();
-    ex.lease = Some(Box::new(shared.local_lease(
-        &route.config.model,
-        &class.config.name,
-        &tenant.team,
-        team_slot,
-    )));
+    ex.leased(shared.local_lease(&route.config.model, &class.config.name, &tenant.team, team_slot));
     if shared.reachable() {
         // Redis is back (or coming back): it learns of the slot now, not at the next renewal,
         // so that the shared count includes it.
@@ -138,7 +133,7 @@ async fn admit_shared(
             // Counted here too, so that this gateway's share starts from it should Redis fail.
             let headers = admitted.headers.unwrap_or_default();
             ex.quota_admitted(tenant.quota.admit_counted(tokens, headers));
-            ex.lease = Some(Box::new(admitted.lease));
+            ex.leased(admitted.lease);
             ex.admitted(admitted.permit);
             Ok(true)
         }
@@ -165,7 +160,7 @@ fn charge_quota(tenant: &Tenant, prepared: &Prepared, ex: &mut Ledger) -> Result
             Ok(())
         }
         Err(e) => {
-            ex.rate_headers = tenant.quota.headers();
+            ex.rate_limited(tenant.quota.headers());
             Err(e.into())
         }
     }

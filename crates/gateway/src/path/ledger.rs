@@ -47,18 +47,18 @@ impl Ending {
 pub(crate) struct Ledger {
     metrics: Arc<Metrics>,
     access: AccessLog,
-    pub(crate) arrival: Instant,
-    pub(crate) record: AccessRecord,
+    arrival: Instant,
+    record: AccessRecord,
     series: Option<Arc<ClassSeries>>,
     slo: Option<Slo>,
     /// The admission slot, released when this is dropped (the end of the response body).
     permit: Option<Permit>,
     /// How long it waited for a slot (or before it was refused one).
     queue_wait: Option<Duration>,
-    pub(crate) replica: Option<ReplicaGuard>,
+    replica: Option<ReplicaGuard>,
     /// When the first upstream attempt started and when the upstream's first byte came back.
-    pub(crate) upstream_start: Option<Instant>,
-    pub(crate) upstream_first_byte: Option<Instant>,
+    upstream_start: Option<Instant>,
+    upstream_first_byte: Option<Instant>,
     ending: Option<Ending>,
     /// The status the client got: set when the head goes out or the request ends, whichever
     /// comes first; none means the client left before any answer (logged as 499).
@@ -66,20 +66,20 @@ pub(crate) struct Ledger {
     first_chunk: Option<Instant>,
     last_chunk: Option<Instant>,
     chunks: u32,
-    pub(crate) usage: Option<(u32, u32)>,
+    usage: Option<(u32, u32)>,
     /// The team's quota slot, settled with the real usage when this is dropped.
     /// Boxed, as only a team with a quota has one (see `lease`).
     quota: Option<Box<admission::quota::QuotaPermit>>,
     /// The team's windows for the `x-ratelimit-*` headers.
-    pub(crate) rate_headers: Option<admission::quota::RateHeaders>,
+    rate_headers: Option<admission::quota::RateHeaders>,
     /// The request's leases in Redis, when limits are shared: given back when this is dropped.
     /// Boxed, as only a gateway sharing limits through Redis has one: it would otherwise make
     /// every request's record (moved several times on its way) twice as large.
-    pub(crate) lease: Option<Box<crate::limits::Lease>>,
+    lease: Option<Box<crate::limits::Lease>>,
     /// The request's trace context and, when sampled, its spans' instants.
-    pub(crate) trace: crate::traces::Trace,
+    trace: crate::traces::Trace,
     /// Under `balance: slo`: what the replica's TTFT and TPOT are learned against.
-    pub(crate) slo_sample: Option<SloSample>,
+    slo_sample: Option<SloSample>,
 }
 
 /// The features a replica was picked on, and when the request was sent to it.
@@ -119,6 +119,129 @@ impl Ledger {
             trace: crate::traces::Trace::Off,
             slo_sample: None,
         }
+    }
+
+    /// When the request arrived: every budget and duration counts from here.
+    pub(crate) fn arrival(&self) -> Instant {
+        self.arrival
+    }
+
+    /// The request's ID, as its answer and its log line carry it.
+    pub(crate) fn id(&self) -> &str {
+        &self.record.id
+    }
+
+    /// Its trace starts, from the caller's context in `headers`.
+    pub(crate) fn start_trace(
+        &mut self,
+        tracer: Option<&Arc<crate::traces::Tracer>>,
+        headers: &axum::http::HeaderMap,
+    ) {
+        self.trace = crate::traces::Trace::start(tracer, headers, self.arrival);
+    }
+
+    /// The request's trace, which each stage marks.
+    pub(crate) fn trace(&mut self) -> &mut crate::traces::Trace {
+        &mut self.trace
+    }
+
+    /// The body was parsed: whether it asks for a stream.
+    pub(crate) fn parsed(&mut self, stream: bool) {
+        self.record.stream = stream;
+    }
+
+    /// The caller's team, once its key is known.
+    pub(crate) fn identified(&mut self, team: Arc<str>) {
+        self.record.team = team;
+    }
+
+    /// The route that serves the request.
+    pub(crate) fn routed(&mut self, route: Arc<str>) {
+        self.record.route = route;
+    }
+
+    /// The input tokens the request was counted at.
+    pub(crate) fn counted(&mut self, tokens_in: u32) {
+        self.record.tokens_in = Some(tokens_in);
+    }
+
+    /// The team's windows, for the `x-ratelimit-*` headers of its answer.
+    pub(crate) fn rate_limited(&mut self, headers: Option<admission::quota::RateHeaders>) {
+        self.rate_headers = headers;
+    }
+
+    pub(crate) fn rate_headers(&self) -> Option<&admission::quota::RateHeaders> {
+        self.rate_headers.as_ref()
+    }
+
+    /// Its leases in Redis (or on this gateway's share of the shared limits).
+    pub(crate) fn leased(&mut self, lease: crate::limits::Lease) {
+        self.lease = Some(Box::new(lease));
+    }
+
+    /// The first attempt on a replica starts at `now`.
+    pub(crate) fn calling(&mut self, now: Instant) {
+        self.upstream_start = Some(now);
+    }
+
+    /// `replica` was picked and is now asked.
+    pub(crate) fn picked(&mut self, replica: ReplicaGuard) {
+        self.replica = Some(replica);
+    }
+
+    /// `balance: slo` picked the replica on these features: what it measures is learned against
+    /// them.
+    pub(crate) fn sampled(&mut self, sample: SloSample) {
+        self.slo_sample = Some(sample);
+    }
+
+    /// Another replica serves it than the one picked (a retry, or Envoy's fallback): it is
+    /// counted there, and nothing it measures is learned against the first pick.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
+    pub(crate) fn moved(&mut self, replica: ReplicaGuard) {
+        self.record.retries += 1;
+        self.slo_sample = None;
+        self.replica = Some(replica);
+    }
+
+    /// A retry on another replica, picked next.
+    pub(crate) fn retried(&mut self) {
+        self.record.retries += 1;
+    }
+
+    pub(crate) fn retries(&self) -> u32 {
+        self.record.retries
+    }
+
+    /// The replica asked, and its place in the route.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
+    pub(crate) fn replica(&self) -> Option<&ReplicaGuard> {
+        self.replica.as_ref()
+    }
+
+    /// The upstream's first byte (a stream's first token) came at `now`.
+    pub(crate) fn first_byte(&mut self, now: Instant) {
+        self.upstream_first_byte = Some(now);
+    }
+
+    /// When the first attempt started and the first byte came, for `Server-Timing`.
+    pub(crate) fn upstream_timing(&self) -> (Option<Instant>, Option<Instant>) {
+        (self.upstream_start, self.upstream_first_byte)
+    }
+
+    /// The usage an event or an answer reported.
+    pub(crate) fn reported(&mut self, usage: (u32, u32)) {
+        self.usage = Some(usage);
+    }
+
+    /// A fact of how it ended the log names (`upstream_body_not_ended`).
+    pub(crate) fn note(&mut self, note: &'static str) {
+        self.record.note = Some(note);
+    }
+
+    #[cfg(test)]
+    pub(crate) fn noted(&self) -> Option<&'static str> {
+        self.record.note
     }
 
     /// The request now belongs to a class: its metrics and objective apply.
@@ -174,6 +297,7 @@ impl Ledger {
     }
 
     /// The status the client was sent, once it was.
+    #[cfg_attr(not(feature = "picker"), allow(dead_code))]
     pub(crate) fn status(&self) -> Option<StatusCode> {
         self.status
     }
@@ -255,51 +379,93 @@ impl Ledger {
     }
 }
 
+/// How a request ended, worked out once when its ledger is dropped, for each step of its end.
+struct Closing {
+    ending: Ending,
+    status: StatusCode,
+    tokens_in: Option<u32>,
+    tokens_out: Option<u32>,
+    /// Its attained service: decode weighed above prefill (see `admission::fair`).
+    service: u64,
+    now: Instant,
+}
+
+/// The request's end, as four steps: what it held is settled with the admission that granted it,
+/// what it measured is learned, it is counted in the metrics, and it is logged.
 impl Drop for Ledger {
     fn drop(&mut self) {
-        let now = Instant::now();
+        let end = self.closing();
+        self.settle_admission(&end);
+        self.learn();
+        self.count(&end);
+        self.log(&end);
+    }
+}
+
+impl Ledger {
+    fn closing(&self) -> Closing {
         // Nothing said how it ended: the client went away (while queued, waiting on the replica,
         // or mid-stream); nginx's 499 where no answer had started.
         let ending = self.ending.unwrap_or(Ending::Cut(Cut::Client));
         let status = self.status.unwrap_or(CLIENT_CLOSED_REQUEST);
-        self.record.status = status.as_u16();
-        let m = &self.metrics;
-        let labels = [&*self.record.route, &*self.record.class];
         let (tokens_in, tokens_out) = match self.usage {
             Some((p, c)) => (Some(p), Some(c)),
             None => (self.record.tokens_in, (self.chunks > 0).then_some(self.chunks)),
         };
-        // What the request really cost; without usage, what the stream showed of it.
-        let cost = u64::from(tokens_in.unwrap_or(0)) + u64::from(tokens_out.unwrap_or(0));
+        let service = admission::fair::service_cost(
+            u64::from(tokens_in.unwrap_or(0)),
+            u64::from(tokens_out.unwrap_or(0)),
+        );
+        Closing {
+            ending,
+            status,
+            tokens_in,
+            tokens_out,
+            service,
+            now: Instant::now(),
+        }
+    }
+
+    /// The quota, the shared lease and the slot learn what the request really cost; without
+    /// usage, what the stream showed of it.
+    fn settle_admission(&mut self, end: &Closing) {
+        let cost = u64::from(end.tokens_in.unwrap_or(0)) + u64::from(end.tokens_out.unwrap_or(0));
         if let Some(q) = self.quota.as_mut() {
             q.settle(cost);
         }
         if let Some(l) = self.lease.as_mut() {
             l.settle(cost);
         }
-        // Attained service weighs decode above prefill (see `admission::fair`).
-        let service = admission::fair::service_cost(
-            u64::from(tokens_in.unwrap_or(0)),
-            u64::from(tokens_out.unwrap_or(0)),
-        );
         if let Some(p) = self.permit.as_mut() {
-            p.settle(service);
+            p.settle(end.service);
         }
         if let Some(l) = self.lease.as_mut() {
-            l.settle_service(service);
+            l.settle_service(end.service);
         }
+    }
+
+    /// `balance: slo`'s model learns the stream's time per output token on the replica it picked.
+    fn learn(&self) {
         if let (Some(s), Some(r), Some(first), Some(last)) =
             (&self.slo_sample, &self.replica, self.first_chunk, self.last_chunk)
             && self.chunks > 1
         {
             r.replica.learn_tpot(&s.x, (last - first) / (self.chunks - 1));
         }
+    }
+
+    /// The metrics: cuts and wasted tokens, refusals, requests and tokens by team, duration and
+    /// goodput.
+    fn count(&self, end: &Closing) {
+        let m = &self.metrics;
+        let labels = [&*self.record.route, &*self.record.class];
         let team = &*self.record.team;
+        let (ending, status, service) = (end.ending, end.status, end.service);
         match ending {
             Ending::Cut(cut) => {
                 let l = [labels[0], labels[1], cut.code()];
                 m.cancellations.with_label_values(&l).inc();
-                let wasted = u64::from(tokens_out.unwrap_or(0));
+                let wasted = u64::from(end.tokens_out.unwrap_or(0));
                 if wasted > 0 {
                     m.wasted_tokens.with_label_values(&l).inc_by(wasted);
                 }
@@ -343,9 +509,8 @@ impl Drop for Ledger {
                 }
             }
         }
-        let duration = now - self.arrival;
         if let Some(s) = &self.series {
-            s.duration.observe(duration.as_secs_f64());
+            s.duration.observe((end.now - self.arrival).as_secs_f64());
             if ending == Ending::Finished {
                 s.slo_requests.inc();
                 if self.met_slo() {
@@ -353,10 +518,23 @@ impl Drop for Ledger {
                 }
             }
         }
+    }
+
+    /// The trace's spans and the access log's line.
+    fn log(&mut self, end: &Closing) {
+        let Closing {
+            ending,
+            status,
+            tokens_in,
+            tokens_out,
+            now,
+            ..
+        } = *end;
+        self.record.status = status.as_u16();
         self.record.outcome = ending.outcome();
         self.record.queue_ms = self.queue_wait.map(ms);
         self.record.ttft_ms = self.first_chunk.map(|t| ms(t - self.arrival));
-        self.record.duration_ms = ms(duration);
+        self.record.duration_ms = ms(now - self.arrival);
         self.record.tokens_in = tokens_in;
         self.record.tokens_out = tokens_out;
         if let Some(r) = &self.replica {

@@ -1,10 +1,10 @@
-//! The response: a replica's answer whole, its own 4xx relayed, a failure in the OpenAI shape, or
+//! Stage 9, the response: a replica's answer whole, its own 4xx relayed, a failure in the OpenAI shape, or
 //! a stream handed to its relay; and the fields every answer of the request path carries.
 
 use super::{SERVER_TIMING, X_REQUEST_ID};
 use crate::error::GatewayError;
 use crate::path::ledger::{Ending, Ledger};
-use crate::path::relay::{self, Events, Relay, RelayConfig};
+use crate::path::relay::{self, Relay, Streamed};
 use crate::path::upstream::{self, Budgets, UpstreamAnswer};
 use crate::route::Route;
 use crate::state::Gateway;
@@ -22,7 +22,7 @@ pub(super) enum ClientAnswer {
     /// A non-streamed answer (a 2xx), read whole, with the usage it carries.
     Whole(StatusCode, Bytes, Option<(u32, u32)>),
     /// A stream whose first token has arrived.
-    Stream(Events, RelayConfig),
+    Stream(Streamed, tokio::sync::watch::Receiver<bool>),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
 }
@@ -62,11 +62,11 @@ pub(crate) fn stream_fields(ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8]
 /// team's rate limits, the request's ID.
 pub(crate) fn request_fields(timing: &str, ex: &Ledger, each: &mut dyn FnMut(&HeaderName, &[u8])) {
     each(&SERVER_TIMING, timing.as_bytes());
-    for (name, value) in ex.rate_headers.iter().flat_map(|r| r.pairs()) {
+    for (name, value) in ex.rate_headers().into_iter().flat_map(|r| r.pairs()) {
         each(&HeaderName::from_static(name), value.as_bytes());
     }
     // Plain and short: `prepare::request_id` keeps no other.
-    each(&X_REQUEST_ID, ex.record.id.as_bytes());
+    each(&X_REQUEST_ID, ex.id().as_bytes());
 }
 
 /// Fields as headers, for hyper's paths and answers that are not streams.
@@ -78,7 +78,7 @@ pub(crate) fn inserting(headers: &mut HeaderMap) -> impl FnMut(&HeaderName, &[u8
     }
 }
 
-/// Stage 10: the replica's answer read whole, or a stream (held until its first token by
+/// Stage 8: the replica's answer read whole, or a stream (held until its first token by
 /// [`upstream::call`]) with what its relay needs.
 pub(super) async fn answer(
     g: &Gateway,
@@ -90,14 +90,7 @@ pub(super) async fn answer(
     let upstream = match answered {
         UpstreamAnswer::Response(upstream) => upstream,
         UpstreamAnswer::Rejected(status, body) => return Ok(ClientAnswer::Relayed(status, body)),
-        UpstreamAnswer::Stream(events) => {
-            let config = RelayConfig {
-                idle: route.config.timeouts.stream_idle,
-                deadline: budgets.deadline,
-                stop: g.stop.subscribe(),
-            };
-            return Ok(ClientAnswer::Stream(events, config));
-        }
+        UpstreamAnswer::Stream(streamed) => return Ok(ClientAnswer::Stream(streamed, g.stop.subscribe())),
     };
     let status = upstream.status();
     let limit = g.config.server.max_response_bytes;
@@ -123,8 +116,8 @@ pub(super) fn respond(
     mut ex: Ledger,
     detach: Option<&Gateway>,
 ) -> Response<ResponseBody> {
-    let (opened, config) = match answer {
-        Ok(ClientAnswer::Stream(opened, config)) => (opened, config),
+    let (streamed, stop) = match answer {
+        Ok(ClientAnswer::Stream(streamed, stop)) => (streamed, stop),
         Ok(ClientAnswer::Whole(status, body, usage)) => {
             return answered(Unstreamed::Whole(status, body, usage), ex);
         }
@@ -132,7 +125,7 @@ pub(super) fn respond(
         Err(e) => return answered(Unstreamed::Failed(e), ex),
     };
     ex.answering(StatusCode::OK);
-    let relay = Relay::new(opened, config, ex);
+    let relay = Relay::new(streamed, stop, ex);
     // The head fields go with the relay ([`stream_fields`]): the front writes them, and
     // `into_hyper` makes them headers.
     let Some(g) = detach else {
@@ -162,9 +155,7 @@ fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
     let timing = server_timing(&ex);
     let mut response = match ended {
         Unstreamed::Whole(status, body, usage) => {
-            ex.trace.finish_reasons(&body);
-            ex.whole_answer(Instant::now(), usage);
-            ex.end(Ending::Finished, status);
+            relay::whole_answered(&mut ex, status, &body, usage);
             relayed(status, body)
         }
         Unstreamed::Relayed(status, body) => {
@@ -195,13 +186,14 @@ pub(crate) fn server_timing(ex: &Ledger) -> String {
     let mut out = String::with_capacity(64);
     out.push_str("queue;dur=");
     millis(&mut out, ex.queue_wait().unwrap_or_default());
-    if let Some(start) = ex.upstream_start {
-        let end = ex.upstream_first_byte.unwrap_or_else(Instant::now);
+    let (start, first_byte) = ex.upstream_timing();
+    if let Some(start) = start {
+        let end = first_byte.unwrap_or_else(Instant::now);
         out.push_str(", upstream;dur=");
         millis(&mut out, end.saturating_duration_since(start));
     }
-    if ex.record.retries > 0 {
-        let _ = write!(out, ", retry;desc={}", ex.record.retries);
+    if ex.retries() > 0 {
+        let _ = write!(out, ", retry;desc={}", ex.retries());
     }
     out
 }

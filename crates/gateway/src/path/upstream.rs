@@ -1,13 +1,15 @@
-//! Stages 7–9: pick a replica, call it under the budgets, classify its answer, and try another —
+//! Stage 7: pick a replica, call it under the budgets, classify its answer, and try another —
 //! only before any byte reached the client, only when the error says a retry is allowed, within
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
+use crate::path::hints::DEADLINE_HEADER;
 use crate::path::ledger::Ledger;
-use crate::path::prepare::{Api, DEADLINE_HEADER, Prepared};
-use crate::path::relay::{self, Events, Opened};
+use crate::path::prepare::{Api, Prepared};
+use crate::path::relay::{self, Events, Opened, Streamed};
+use crate::path::verdict::{Verdict, judge};
 use crate::route::transport::Response;
-use crate::route::{Observation, Route, busy_retry_after};
+use crate::route::{Observation, Route};
 pub(crate) use http1::client as h1;
 
 use axum::http::StatusCode;
@@ -53,7 +55,7 @@ impl Budgets {
 /// What a replica answered that goes to the client.
 pub(crate) enum UpstreamAnswer {
     /// A stream whose first token has arrived.
-    Stream(Events),
+    Stream(Streamed),
     /// A whole answer (2xx), or the replica's own 4xx, still to be read.
     Response(Response),
     /// The replica's own 4xx, sent as an error event in place of a stream's first token: its
@@ -79,26 +81,26 @@ pub(crate) async fn call(
     // One reading of the clock for the first attempt's accounting and pick; a retry reads again.
     let mut now = Instant::now();
     route.budget.request(now);
-    ex.upstream_start = Some(now);
+    ex.calling(now);
     loop {
         let Some(replica) = pick(route, prepared, &tried, now, ex)? else {
             return Err(GatewayError::NoHealthyReplica(route.config.model.clone()));
         };
         tried.push(replica.index);
         let index = replica.index;
-        ex.replica = Some(replica);
-        let trace = ex.trace.attempt(&route.replicas[index].url);
-        let result = match attempt(route, api, prepared, budgets, &ex.record.id, index, trace).await {
+        ex.picked(replica);
+        let trace = ex.trace().attempt(&route.replicas[index].url);
+        let result = match attempt(route, api, prepared, budgets, ex.id(), index, trace).await {
             Ok(r) if prepared.stream && r.status().is_success() => {
                 open(route, prepared, budgets, index, r, ex).await
             }
             Ok(r) => {
-                ex.upstream_first_byte = Some(Instant::now());
+                ex.first_byte(Instant::now());
                 Ok(UpstreamAnswer::Response(r))
             }
             Err(e) => Err(e),
         };
-        ex.trace.attempt_done(match &result {
+        ex.trace().attempt_done(match &result {
             Ok(UpstreamAnswer::Response(r)) => Ok(r.status().as_u16()),
             Ok(UpstreamAnswer::Stream(_)) => Ok(200),
             Ok(UpstreamAnswer::Rejected(status, _)) => Ok(status.as_u16()),
@@ -126,7 +128,7 @@ pub(crate) async fn call(
         }
         tokio::time::sleep(wait).await;
         route.retries.inc();
-        ex.record.retries += 1;
+        ex.retried();
         now = Instant::now();
     }
 }
@@ -161,7 +163,7 @@ fn pick_by_slo(
 ) -> Result<Option<crate::route::ReplicaGuard>, GatewayError> {
     use crate::route::balance::{SloAsk, SloVerdict};
     let class = &route.classes[prepared.class];
-    let waited = now.saturating_duration_since(ex.arrival);
+    let waited = now.saturating_duration_since(ex.arrival());
     let ask = SloAsk {
         ttft: prepared.slo.ttft.map(|t| t.saturating_sub(waited)),
         tpot: prepared.slo.tpot,
@@ -201,14 +203,14 @@ fn pick_by_slo(
         }
     };
     class.series.slo_routing(outcome);
-    ex.slo_sample = Some(crate::path::ledger::SloSample { x, sent: now });
+    ex.sampled(crate::path::ledger::SloSample { x, sent: now });
     Ok(Some(replica))
 }
 
 /// Waits for the first token of replica `index`'s stream (DESIGN rule 10 holds the head until
 /// then), and judges an error event in its place like the status it names: 429 and 503 are the
 /// replica's backpressure (retried elsewhere), another 4xx is the client's, anything else a
-/// failure.
+/// failure ([`judge`], as for an answer's status).
 async fn open(
     route: &Route,
     prepared: &Prepared,
@@ -219,20 +221,19 @@ async fn open(
 ) -> Result<UpstreamAnswer, GatewayError> {
     let replica = &route.replicas[index];
     let name = &route.config.model;
-    let opened = relay::open(
-        response.into_body(),
+    let events = Events::new(
         route.rename.clone(),
         !prepared.client_wants_usage,
-        ex,
-        budgets.first_token_deadline,
-        budgets.first_token,
-    )
-    .await;
-    ex.upstream_first_byte = Some(Instant::now());
+        budgets,
+        route.config.timeouts.stream_idle,
+        Instant::now(),
+    );
+    let opened = relay::open(response.into_body(), events, ex).await;
+    ex.first_byte(Instant::now());
     let early = match opened {
-        Ok(Opened::Stream(events)) => {
+        Ok(Opened::Stream(streamed)) => {
             route.observe(replica, Observation::Served);
-            return Ok(UpstreamAnswer::Stream(events));
+            return Ok(UpstreamAnswer::Stream(streamed));
         }
         Ok(Opened::Error(early)) => early,
         Err(e) => {
@@ -244,30 +245,17 @@ async fn open(
             return Err(e);
         }
     };
-    match early.status {
-        Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
-            // The event carries no Retry-After: the default of a busy answer without one.
-            let retry_after = busy_retry_after(None);
-            route.observe(replica, Observation::Busy { retry_after });
-            Err(GatewayError::UpstreamBusy {
-                route: name.clone(),
-                replica: index,
-                status,
-                retry_after,
-            })
-        }
-        Some(status) if status.is_client_error() => {
-            route.observe(replica, Observation::ClientError);
-            Ok(UpstreamAnswer::Rejected(status, early.body))
-        }
-        status => {
-            route.observe(replica, Observation::Failed);
-            let detail = String::from_utf8_lossy(&early.body[..early.body.len().min(300)]);
-            tracing::warn!(route = %name, replica = %replica.url, ?status, body = %detail, "upstream sent an error event before the first token");
-            let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
-            Err(GatewayError::upstream(format!(
-                "route '{name}' replica {index} answered {named} in its stream before the first token"
-            )))
+    let verdict = judge(early.status, None);
+    route.observe(replica, verdict.observation());
+    match verdict.into_result(name, index, " in its stream before the first token") {
+        // The replica's own 4xx, in place of the stream: the client's, relayed.
+        Ok(status) => Ok(UpstreamAnswer::Rejected(status, early.body)),
+        Err(e) => {
+            if let Verdict::Failed(status) = verdict {
+                let detail = String::from_utf8_lossy(&early.body[..early.body.len().min(300)]);
+                tracing::warn!(route = %name, replica = %replica.url, ?status, body = %detail, "upstream sent an error event before the first token");
+            }
+            Err(e)
         }
     }
 }
@@ -335,30 +323,19 @@ async fn attempt(
         }
     };
     let status = response.status();
-    match status {
-        _ if status.is_success() => {
-            // A stream has served only once its first chunk arrives (the relay says so).
-            if !prepared.stream {
-                route.observe(replica, Observation::Served);
-            }
-            Ok(response)
+    if status.is_success() {
+        // A stream has served only once its first chunk arrives (the relay says so).
+        if !prepared.stream {
+            route.observe(replica, Observation::Served);
         }
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => {
-            let retry_after = busy_retry_after(response.retry_after());
-            route.observe(replica, Observation::Busy { retry_after });
-            Err(GatewayError::UpstreamBusy {
-                route: name.clone(),
-                replica: index,
-                status,
-                retry_after,
-            })
-        }
-        _ if status.is_client_error() => {
-            route.observe(replica, Observation::ClientError);
-            Ok(response)
-        }
-        _ => {
-            route.observe(replica, Observation::Failed);
+        return Ok(response);
+    }
+    let verdict = judge(Some(status), response.retry_after());
+    route.observe(replica, verdict.observation());
+    match verdict.into_result(name, index, "") {
+        Ok(_) => Ok(response),
+        Err(e) if matches!(verdict, Verdict::Busy { .. }) => Err(e),
+        Err(e) => {
             // Read no longer than the head could take: a retry, or the client's 502, waits on it.
             let late = GatewayError::DeadlineExceeded(head_budget);
             let body = relay::collect(response.into_body(), head_deadline, MAX_LOGGED_BODY, late)
@@ -366,9 +343,7 @@ async fn attempt(
                 .unwrap_or_default();
             let detail = String::from_utf8_lossy(&body[..body.len().min(300)]);
             tracing::warn!(route = %name, replica = %replica.url, status = status.as_u16(), body = %detail, "upstream answered an error");
-            Err(GatewayError::upstream(format!(
-                "route '{name}' replica {index} answered {status}"
-            )))
+            Err(e)
         }
     }
 }

@@ -4,13 +4,13 @@
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
 
-use crate::path::prepare::{Api, DEADLINE_HEADER, PRIORITY_HEADER, REQUEST_ID_HEADER, SLO_HEADERS};
+use crate::path::hints::READ_HEADERS;
+use crate::path::prepare::Api;
 use crate::path::relay::Relay;
 use crate::path::respond::ResponseBody;
 use crate::serve::router::HyperService;
 use crate::state::Gateway;
 use crate::table::Table;
-use crate::traces::TRACE_HEADERS;
 use axum::http::{HeaderMap, Method, Uri, Version};
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
@@ -141,23 +141,6 @@ impl Chunks for Box<Relay> {
     }
 }
 
-/// The request headers the request path reads, besides those the routes' rules name: the API key
-/// (`path::auth`), the request's ID, deadline, priority and objectives (`prepare`), and the W3C
-/// trace context (`traces`). A header read anywhere else on the request path belongs here: this
-/// module passes on no other.
-pub(crate) const READ_HEADERS: [&str; 10] = [
-    "authorization",
-    REQUEST_ID_HEADER,
-    DEADLINE_HEADER,
-    PRIORITY_HEADER,
-    SLO_HEADERS[0],
-    SLO_HEADERS[1],
-    SLO_HEADERS[2],
-    SLO_HEADERS[3],
-    TRACE_HEADERS[0],
-    TRACE_HEADERS[1],
-];
-
 /// A completion request's head, parsed once: what the front acts on, and the headers the
 /// request path reads, their values sharing the head's bytes.
 pub(crate) struct FrontRequest {
@@ -186,12 +169,7 @@ impl FrontRequest {
         if parsed.method != Method::POST || parsed.size > max_header_bytes {
             return None;
         }
-        let api = match parsed.uri.path() {
-            "/v1/chat/completions" => Api::Chat,
-            "/v1/completions" => Api::Completions,
-            "/v1/embeddings" => Api::Embeddings,
-            _ => return None,
-        };
+        let api = Api::at(parsed.uri.path())?;
         Some(FrontRequest {
             api,
             uri: parsed.uri,
@@ -461,7 +439,7 @@ Host: x
         assert_eq!(req.uri().query(), Some("x=1"));
         assert_eq!(req.headers()["x-request-id"], "abc");
         assert_eq!(req.headers()["authorization"], "Bearer k");
-        assert_eq!(req.headers()[PRIORITY_HEADER], "low");
+        assert_eq!(req.headers()[crate::path::hints::PRIORITY_HEADER], "low");
         assert_eq!(req.headers().len(), 3, "{:?}", req.headers());
         assert_eq!(req.body().size_hint().exact(), Some(2));
         // A header a routing or class rule names is kept, every line of it.

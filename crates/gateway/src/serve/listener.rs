@@ -12,10 +12,9 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::routing::get;
-use http1::server::ClientIo;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::{GracefulShutdown, Watcher};
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -68,59 +67,17 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let server = gateway.config.server.clone();
-    let max = server.max_connections.unwrap_or_else(default_max_connections);
+    let accepting = Accepting::new(&gateway);
+    let max = accepting.max;
     gateway.start_probes();
     let _shared = gateway.start_shared();
     let _stop_probes = StopProbes(&gateway);
-    let _admin = match &gateway.config.admin {
-        Some(a) => {
-            let admin = bind(a.listen)?;
-            let _ = gateway.admin_addr.set(admin.local_addr()?);
-            let app = crate::serve::admin::router(gateway.clone());
-            Some(AbortOnDrop(tokio::spawn(async move {
-                let _ = axum::serve(admin, app).await;
-            })))
-        }
-        None => None,
-    };
-    let _picker = match &gateway.config.endpoint_picker {
-        Some(p) => {
-            let listener = bind(p.listen)?;
-            let _ = gateway.picker_addr.set(listener.local_addr()?);
-            let fallbacks = p.fallbacks;
-            let g = gateway.clone();
-            Some(AbortOnDrop(tokio::spawn(async move {
-                crate::serve::picker::serve(listener, g, fallbacks).await;
-            })))
-        }
-        None => None,
-    };
-    let app = HyperService::new(
-        gateway.clone(),
-        true,
-        crate::serve::router::router(gateway.clone()),
-    );
-    let overloaded = HyperService::new(gateway.clone(), false, overloaded_router(gateway.clone(), max));
-    let builder = Arc::new(connection_builder(&server, server.header_timeout));
-    let over_limit_builder = Arc::new(connection_builder(
-        &server,
-        server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
-    ));
+    let _admin = serve_admin(&gateway)?;
+    let _picker = serve_picker(&gateway, &accepting)?;
+    let ports = Ports::new(&gateway, max);
     let graceful = GracefulShutdown::new();
     // The connections `front` serves hold a receiver each; the drain waits for them all to go.
     let (closing, _) = tokio::sync::watch::channel(false);
-    let open = Arc::new(AtomicUsize::new(0));
-    let metrics = gateway.metrics.clone();
-    let mut last_warning: Option<Instant> = None;
-    let mut warn = |what: &str, detail: String| {
-        // At most one line a second: a flood must not become a flood of logs.
-        let now = Instant::now();
-        if last_warning.is_none_or(|t| now - t >= Duration::from_secs(1)) {
-            last_warning = Some(now);
-            tracing::warn!(detail, "{what}");
-        }
-    };
-
     let mut shutdown = std::pin::pin!(shutdown);
     let mut drain_started: Option<Instant> = None;
     loop {
@@ -133,40 +90,102 @@ pub async fn run(
                 continue;
             }
             _ = sleep_until(until_close) => break,
-            a = listener.accept() => a,
+            a = accepting.accept(&listener) => a,
         };
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
-            Err(e) => {
-                // Out of descriptors (or another transient failure): count it, say it, and give
-                // connections in flight a moment to end instead of spinning.
-                metrics.accept_errors.inc();
-                warn("cannot accept a connection", e.to_string());
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = tcp.set_nodelay(true);
-        let count = open.fetch_add(1, Ordering::Relaxed) + 1;
-        metrics.connections.set(count as i64);
-        let conn = Connection {
-            open: open.clone(),
-            gauge: metrics.connections.clone(),
-        };
-        let watcher = graceful.watcher();
-        let over = count > max;
-        if over {
-            metrics.connections_over_limit.inc();
-            warn(
-                "over server.max_connections: answering 503 and closing",
-                format!("{count} open, limit {max}"),
-            );
+        ports.spawn(&gateway, accepted, graceful.watcher(), &closing);
+    }
+    drop(listener);
+    drain(&gateway, graceful, closing).await;
+    // The access log's last lines go out before the process does.
+    let access = gateway.access.clone();
+    let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
+    // So do the spans of the last requests.
+    if let Some(tracer) = gateway.tracer.clone() {
+        let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
+    }
+    Ok(())
+}
+
+/// The admin API on its own listener, if configured, until dropped.
+fn serve_admin(gateway: &Arc<Gateway>) -> std::io::Result<Option<AbortOnDrop>> {
+    let Some(a) = &gateway.config.admin else {
+        return Ok(None);
+    };
+    let admin = bind(a.listen)?;
+    let _ = gateway.admin_addr.set(admin.local_addr()?);
+    let app = crate::serve::admin::router(gateway.clone());
+    Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        let _ = axum::serve(admin, app).await;
+    }))))
+}
+
+/// The endpoint picker on its own listener, if configured, counted by `accepting` with the
+/// public port's connections, until dropped.
+fn serve_picker(gateway: &Arc<Gateway>, accepting: &Accepting) -> std::io::Result<Option<AbortOnDrop>> {
+    let Some(p) = &gateway.config.endpoint_picker else {
+        return Ok(None);
+    };
+    if cfg!(not(feature = "picker")) {
+        return Err(std::io::Error::other(
+            "endpoint_picker is configured, but this build has no endpoint picker (the gateway's `picker` feature)",
+        ));
+    }
+    let listener = bind(p.listen)?;
+    let _ = gateway.picker_addr.set(listener.local_addr()?);
+    let fallbacks = p.fallbacks;
+    let (g, accepting) = (gateway.clone(), accepting.clone());
+    Ok(Some(AbortOnDrop(tokio::spawn(async move {
+        #[cfg(feature = "picker")]
+        crate::serve::picker::serve(listener, g, accepting, fallbacks).await;
+        #[cfg(not(feature = "picker"))]
+        let _ = (listener, g, accepting, fallbacks);
+    }))))
+}
+
+/// What serves the public port's connections: hyper's services and builders for those within
+/// the limit and those over it.
+struct Ports {
+    app: HyperService,
+    overloaded: HyperService,
+    builder: Arc<auto::Builder<TokioExecutor>>,
+    over_limit_builder: Arc<auto::Builder<TokioExecutor>>,
+}
+
+impl Ports {
+    fn new(gateway: &Arc<Gateway>, max: usize) -> Ports {
+        let server = &gateway.config.server;
+        Ports {
+            app: HyperService::new(
+                gateway.clone(),
+                true,
+                crate::serve::router::router(gateway.clone()),
+            ),
+            overloaded: HyperService::new(gateway.clone(), false, overloaded_router(gateway.clone(), max)),
+            builder: Arc::new(connection_builder(server, server.header_timeout)),
+            over_limit_builder: Arc::new(connection_builder(
+                server,
+                server.header_timeout.min(OVER_LIMIT_HEADER_TIMEOUT),
+            )),
         }
+    }
+
+    /// Serves one accepted connection on a task of its own: over TLS (hyper, after the
+    /// handshake), over the limit (the overloaded router), by hyper from its start
+    /// (`server.http1: hyper`), or by `front`.
+    fn spawn(
+        &self,
+        gateway: &Arc<Gateway>,
+        accepted: Accepted,
+        watcher: Watcher,
+        closing: &tokio::sync::watch::Sender<bool>,
+    ) {
+        let Accepted { tcp, conn, over } = accepted;
+        let server = &gateway.config.server;
         if let Some(tls) = &gateway.tls {
             let (service, builder) = if over {
-                (overloaded.clone(), over_limit_builder.clone())
+                (self.overloaded.clone(), self.over_limit_builder.clone())
             } else {
-                (app.clone(), builder.clone())
+                (self.app.clone(), self.builder.clone())
             };
             let (acceptor, gateway, within) = (tls.acceptor(), gateway.clone(), server.header_timeout);
             tokio::spawn(async move {
@@ -177,24 +196,23 @@ pub async fn run(
                     return;
                 }
                 let io = crate::serve::front::client_io(tcp, &gateway);
-                let handshake =
-                    tls_handshake(acceptor, io, deadline.saturating_duration_since(Instant::now()));
+                let handshake = handshake(acceptor, io, deadline.saturating_duration_since(Instant::now()));
                 if let Some(io) = handshake.await {
                     let serving = builder.serve_connection(TokioIo::new(io), service);
                     let _ = Box::pin(watcher.watch(serving)).await;
                 }
             });
         } else if over {
-            let (service, builder) = (overloaded.clone(), over_limit_builder.clone());
-            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
+            let (service, builder) = (self.overloaded.clone(), self.over_limit_builder.clone());
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 let serving = builder.serve_connection(io, service);
                 let _ = watcher.watch(serving).await;
             });
         } else if server.http1 == crate::config::Http1::Hyper {
-            let (service, builder) = (app.clone(), builder.clone());
-            let io = TokioIo::new(crate::serve::front::client_io(tcp, &gateway));
+            let (service, builder) = (self.app.clone(), self.builder.clone());
+            let io = TokioIo::new(crate::serve::front::client_io(tcp, gateway));
             tokio::spawn(async move {
                 let _conn = conn;
                 // Boxed, as `front` boxes it once a connection is hyper's.
@@ -204,8 +222,8 @@ pub async fn run(
         } else {
             let serving = crate::serve::front::Serving {
                 gateway: gateway.clone(),
-                front: app.clone(),
-                hyper: builder.clone(),
+                front: self.app.clone(),
+                hyper: self.builder.clone(),
                 watcher,
                 closing: closing.subscribe(),
             };
@@ -215,17 +233,21 @@ pub async fn run(
             });
         }
     }
-    drop(listener);
+}
+
+/// The listener has closed: streams in flight get up to `server.drain_timeout` to finish (on
+/// either port), then the drain's signal cuts what is still open, with `CUT_GRACE` to say so.
+async fn drain(gateway: &Gateway, graceful: GracefulShutdown, closing: tokio::sync::watch::Sender<bool>) {
     tracing::info!(
         in_flight = gateway.in_flight(),
         "closed the listener; waiting for streams in flight"
     );
     closing.send_replace(true);
     let drain = async {
-        tokio::join!(graceful.shutdown(), closing.closed(), picker_streams(&gateway));
+        tokio::join!(graceful.shutdown(), closing.closed(), picker_streams(gateway));
     };
     let mut drain = std::pin::pin!(drain);
-    if tokio::time::timeout(server.drain_timeout, &mut drain)
+    if tokio::time::timeout(gateway.config.server.drain_timeout, &mut drain)
         .await
         .is_err()
     {
@@ -236,14 +258,6 @@ pub async fn run(
         gateway.stop.send_replace(true);
         let _ = tokio::time::timeout(CUT_GRACE, drain).await;
     }
-    // The access log's last lines go out before the process does.
-    let access = gateway.access.clone();
-    let _ = tokio::task::spawn_blocking(move || access.flush(std::time::Duration::from_secs(2))).await;
-    // So do the spans of the last requests.
-    if let Some(tracer) = gateway.tracer.clone() {
-        let _ = tokio::task::spawn_blocking(move || tracer.flush(std::time::Duration::from_secs(2))).await;
-    }
-    Ok(())
 }
 
 /// Resolves once no endpoint picker stream is open (Envoy's requests end as the clients' do).
@@ -301,13 +315,17 @@ async fn refuse_plain_http(mut tcp: tokio::net::TcpStream) {
     let _ = tcp.shutdown().await;
 }
 
-/// A TLS connection's handshake, within the time its request head has (`server.header_timeout`):
-/// then hyper serves it, HTTP/1.1 or h2 as the client speaks (ALPN offers both).
-async fn tls_handshake(
+/// A TLS connection's handshake, within the time its request head has (`server.header_timeout`),
+/// on either port: then hyper serves it, HTTP/1.1 or h2 as the client speaks (ALPN offers both),
+/// or tonic the picker's gRPC.
+pub(crate) async fn handshake<IO>(
     acceptor: tokio_rustls::TlsAcceptor,
-    io: ClientIo<tokio::net::TcpStream>,
+    io: IO,
     within: Duration,
-) -> Option<tokio_rustls::server::TlsStream<ClientIo<tokio::net::TcpStream>>> {
+) -> Option<tokio_rustls::server::TlsStream<IO>>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
     match tokio::time::timeout(within, acceptor.accept(io)).await {
         Ok(Ok(tls)) => Some(tls),
         Ok(Err(e)) => {
@@ -321,6 +339,86 @@ async fn tls_handshake(
     }
 }
 
+/// The accept loop both ports share (the public one and the endpoint picker's): one count of
+/// client connections against `server.max_connections`, failed accepts counted and waited out,
+/// and at most one warning a second.
+#[derive(Clone)]
+pub(crate) struct Accepting {
+    open: Arc<AtomicUsize>,
+    max: usize,
+    metrics: Arc<crate::metrics::Metrics>,
+    last_warning: Arc<std::sync::Mutex<Option<Instant>>>,
+}
+
+/// A connection just accepted: its socket, its place in the count (given back when dropped), and
+/// whether it is over `server.max_connections`.
+pub(crate) struct Accepted {
+    pub(crate) tcp: tokio::net::TcpStream,
+    pub(crate) conn: Connection,
+    pub(crate) over: bool,
+}
+
+impl Accepting {
+    pub(crate) fn new(gateway: &Gateway) -> Accepting {
+        let max = gateway
+            .config
+            .server
+            .max_connections
+            .unwrap_or_else(default_max_connections);
+        Accepting {
+            open: Arc::new(AtomicUsize::new(0)),
+            max,
+            metrics: gateway.metrics.clone(),
+            last_warning: Arc::default(),
+        }
+    }
+
+    /// The next connection on `listener`. Out of descriptors (or another transient failure),
+    /// the failure is counted and said, and connections in flight get a moment to end instead of
+    /// a spin. Cancel-safe: nothing is taken until it returns.
+    pub(crate) async fn accept(&self, listener: &TcpListener) -> Accepted {
+        loop {
+            match listener.accept().await {
+                Ok((tcp, _)) => return self.admit(tcp),
+                Err(e) => {
+                    self.metrics.accept_errors.inc();
+                    self.warn("cannot accept a connection", e.to_string());
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+
+    fn admit(&self, tcp: tokio::net::TcpStream) -> Accepted {
+        let _ = tcp.set_nodelay(true);
+        let count = self.open.fetch_add(1, Ordering::Relaxed) + 1;
+        self.metrics.connections.set(count as i64);
+        let conn = Connection {
+            open: self.open.clone(),
+            gauge: self.metrics.connections.clone(),
+        };
+        let over = count > self.max;
+        if over {
+            self.metrics.connections_over_limit.inc();
+            self.warn(
+                "over server.max_connections: answering 503 and closing",
+                format!("{count} open, limit {}", self.max),
+            );
+        }
+        Accepted { tcp, conn, over }
+    }
+
+    /// At most one line a second: a flood must not become a flood of logs.
+    fn warn(&self, what: &str, detail: String) {
+        let now = Instant::now();
+        let mut last = self.last_warning.lock().unwrap_or_else(|e| e.into_inner());
+        if last.is_none_or(|t| now - t >= Duration::from_secs(1)) {
+            *last = Some(now);
+            tracing::warn!(detail, "{what}");
+        }
+    }
+}
+
 async fn sleep_until(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
@@ -329,7 +427,7 @@ async fn sleep_until(at: Option<Instant>) {
 }
 
 /// Counts a client connection while it lives.
-struct Connection {
+pub(crate) struct Connection {
     open: Arc<AtomicUsize>,
     gauge: prometheus::IntGauge,
 }

@@ -8,6 +8,7 @@ mod exchange;
 
 use crate::error::GatewayError;
 use crate::route::{ReplicaGuard, Route};
+use crate::serve::listener::{Accepted, Accepting, Connection, handshake};
 use crate::state::Gateway;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
     ExternalProcessor, ExternalProcessorServer,
@@ -211,72 +212,87 @@ impl Drop for OpenStream {
     }
 }
 
-/// A connection to the picker over TLS, as tonic takes one.
-struct TlsConn(tokio_rustls::server::TlsStream<tokio::net::TcpStream>);
+/// A connection to the picker, plain or over TLS, as tonic takes one; counted among the
+/// gateway's client connections while it lives.
+struct Conn {
+    io: Box<dyn Io>,
+    _counted: Connection,
+}
 
-impl tonic::transport::server::Connected for TlsConn {
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+impl tonic::transport::server::Connected for Conn {
     type ConnectInfo = ();
     fn connect_info(&self) {}
 }
 
-impl tokio::io::AsyncRead for TlsConn {
+impl tokio::io::AsyncRead for Conn {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
+        Pin::new(&mut self.io).poll_read(cx, buf)
     }
 }
 
-impl tokio::io::AsyncWrite for TlsConn {
+impl tokio::io::AsyncWrite for Conn {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
         buf: &[u8],
     ) -> std::task::Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_flush(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
+        Pin::new(&mut self.io).poll_flush(cx)
     }
     fn poll_shutdown(
         mut self: Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Pin::new(&mut self.io).poll_shutdown(cx)
     }
 }
 
-/// Connections accepted on `listener`, each after its TLS handshake (within `timeout`, on a task of
-/// its own, so that a slow one holds up no other); a failed handshake is dropped.
-fn tls_incoming(
+/// Connections accepted on `listener` by the gateway's accept loop ([`Accepting`]: the one
+/// count against `server.max_connections`; one over it is closed at once), each after its TLS
+/// handshake where the picker has a certificate (within `timeout`, on a task of its own, so that
+/// a slow one holds up no other; a failed handshake is dropped).
+fn incoming(
     listener: TcpListener,
-    tls: Arc<rustls::ServerConfig>,
+    accepting: Accepting,
+    tls: Option<Arc<rustls::ServerConfig>>,
     timeout: Duration,
-) -> impl Stream<Item = std::io::Result<TlsConn>> {
-    let (tx, rx) = tokio::sync::mpsc::channel::<TlsConn>(64);
-    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+) -> impl Stream<Item = std::io::Result<Conn>> {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Conn>(64);
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
     tokio::spawn(async move {
         loop {
             // The server gone (the receiver dropped), the listener goes with this task.
             let accepted = tokio::select! {
-                a = listener.accept() => a,
+                a = accepting.accept(&listener) => a,
                 () = tx.closed() => return,
             };
-            let Ok((tcp, _)) = accepted else {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            let Accepted { tcp, conn, over } = accepted;
+            if over {
+                // gRPC has no answer to give before its own handshake: the connection closes.
                 continue;
-            };
-            let _ = tcp.set_nodelay(true);
-            let (handshake, sender) = (acceptor.clone(), tx.clone());
+            }
+            let (acceptor, sender) = (acceptor.clone(), tx.clone());
             tokio::spawn(async move {
-                if let Ok(Ok(conn)) = tokio::time::timeout(timeout, handshake.accept(tcp)).await {
-                    let _ = sender.send(TlsConn(conn)).await;
-                }
+                let io: Box<dyn Io> = match acceptor {
+                    None => Box::new(tcp),
+                    Some(acceptor) => match handshake(acceptor, tcp, timeout).await {
+                        Some(tls) => Box::new(tls),
+                        None => return,
+                    },
+                };
+                let _ = sender.send(Conn { io, _counted: conn }).await;
             });
         }
     });
@@ -285,7 +301,7 @@ fn tls_incoming(
 
 /// Serves the picker on `listener` until the process ends; its health turns `NOT_SERVING`
 /// (but liveness) once the gateway drains.
-pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8) {
+pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, accepting: Accepting, fallbacks: u8) {
     let picker = Arc::new(Picker {
         g: g.clone(),
         addresses: RwLock::default(),
@@ -318,18 +334,9 @@ pub(crate) async fn serve(listener: TcpListener, g: Arc<Gateway>, fallbacks: u8)
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .add_service(health)
         .add_service(ExternalProcessorServer::new(Service(picker)));
-    let result = match g.picker_tls.clone() {
-        None => {
-            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            router.serve_with_incoming(incoming).await
-        }
-        Some(tls) => {
-            let timeout = g.config.server.header_timeout;
-            router
-                .serve_with_incoming(tls_incoming(listener, tls, timeout))
-                .await
-        }
-    };
+    let timeout = g.config.server.header_timeout;
+    let incoming = incoming(listener, accepting, g.picker_tls.clone(), timeout);
+    let result = router.serve_with_incoming(incoming).await;
     if let Err(e) = result {
         tracing::error!(error = %e, "the endpoint picker stopped");
     }

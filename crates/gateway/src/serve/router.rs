@@ -4,7 +4,7 @@
 
 use crate::config::MetricsExposure;
 use crate::error::{GatewayError, Invalid};
-use crate::path::prepare::{self, Api};
+use crate::path::prepare::Api;
 use crate::path::respond::into_hyper;
 use crate::path::{auth, completion, handle, identified, refused, stamp};
 use crate::state::Gateway;
@@ -22,10 +22,15 @@ use std::sync::Arc;
 
 /// The gateway's public router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
-    let mut router = Router::new()
-        .route("/v1/chat/completions", post(chat))
-        .route("/v1/completions", post(completions))
-        .route("/v1/embeddings", post(embeddings))
+    let mut router = Router::new();
+    for api in Api::ALL {
+        let serve = move |State(g): State<Arc<Gateway>>, req: Request| async move {
+            let id = settled_id(&req);
+            into_hyper(handle(&g, None, api, id, req).await)
+        };
+        router = router.route(api.path(), post(serve));
+    }
+    router = router
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready));
@@ -111,26 +116,11 @@ pub(crate) fn model_list(
     Ok(serde_json::json!({"object": "list", "data": data}))
 }
 
-async fn chat(State(g): State<Arc<Gateway>>, req: Request) -> Response {
-    let id = settled_id(&req);
-    into_hyper(handle(&g, None, Api::Chat, id, req).await)
-}
-
-async fn completions(State(g): State<Arc<Gateway>>, req: Request) -> Response {
-    let id = settled_id(&req);
-    into_hyper(handle(&g, None, Api::Completions, id, req).await)
-}
-
-async fn embeddings(State(g): State<Arc<Gateway>>, req: Request) -> Response {
-    let id = settled_id(&req);
-    into_hyper(handle(&g, None, Api::Embeddings, id, req).await)
-}
-
 /// The request ID the middleware settled (or a new one, for a router without it).
 pub(crate) fn settled_id(req: &Request) -> String {
     match req.extensions().get::<RequestId>() {
         Some(RequestId(id)) => id.clone(),
-        None => prepare::request_id(req.headers()),
+        None => crate::path::hints::request_id(req.headers()),
     }
 }
 
@@ -165,15 +155,12 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for HyperService {
 
     fn call(&self, req: axum::http::Request<Incoming>) -> Self::Future {
         if let Err(e) = host_checked(&req) {
-            let response = refused(&self.gateway, prepare::request_id(req.headers()), e);
+            let response = refused(&self.gateway, crate::path::hints::request_id(req.headers()), e);
             return Box::pin(std::future::ready(Ok(response)));
         }
-        let api = match (req.method(), req.uri().path()) {
-            (&Method::POST, "/v1/chat/completions") => Some(Api::Chat),
-            (&Method::POST, "/v1/completions") => Some(Api::Completions),
-            (&Method::POST, "/v1/embeddings") => Some(Api::Embeddings),
-            _ => None,
-        };
+        let api = (req.method() == Method::POST)
+            .then(|| Api::at(req.uri().path()))
+            .flatten();
         match api {
             Some(api) if self.completions => {
                 let g = self.gateway.clone();

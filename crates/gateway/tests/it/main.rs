@@ -8,6 +8,8 @@ mod balance;
 mod cancellation;
 mod clients;
 mod deploy;
+#[cfg(feature = "picker")]
+mod doors;
 mod embeddings;
 mod fair_share;
 mod handoff;
@@ -15,6 +17,7 @@ mod hostile;
 mod http1;
 mod observability;
 mod operations;
+#[cfg(feature = "picker")]
 mod picker;
 mod quotas;
 mod redis_tls;

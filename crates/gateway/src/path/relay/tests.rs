@@ -13,6 +13,17 @@ async fn call(conns: &Arc<Conns>) -> Result<Response, h1::Error> {
     h1::send(conns, &request, Duration::from_secs(1)).await
 }
 
+/// A stream's events with every budget `secs` seconds from now, nothing renamed.
+fn events_for(secs: u64) -> Events {
+    let t = crate::config::Timeouts {
+        first_token: Duration::from_secs(secs),
+        total: Duration::from_secs(secs),
+        ..crate::config::Timeouts::default()
+    };
+    let budgets = crate::path::upstream::Budgets::new(&t, None, Instant::now());
+    Events::new(None, false, &budgets, Duration::from_secs(secs), Instant::now())
+}
+
 /// What a lone stream's first write gets: the events up to the first with tokens (a role
 /// chunk sent apart, as vLLM sends it, comes along), not those read after it; the relay
 /// passes those on next, without another read.
@@ -38,27 +49,12 @@ async fn the_first_write_ends_with_the_first_token_and_the_rest_follows() {
         crate::access_log::AccessLog::discard(),
         "id".into(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let Opened::Stream(opened) = open(
-        answer.into_body(),
-        None,
-        false,
-        &mut ex,
-        deadline,
-        Duration::from_secs(5),
-    )
-    .await
-    .unwrap() else {
+    let Opened::Stream(opened) = open(answer.into_body(), events_for(5), &mut ex).await.unwrap() else {
         panic!("a stream")
     };
-    assert_eq!(&opened.out[..], [events[0], events[1]].concat().as_bytes());
+    assert_eq!(&opened.events.out[..], [events[0], events[1]].concat().as_bytes());
     let (_stop_tx, stop) = watch::channel(false);
-    let config = RelayConfig {
-        idle: Duration::from_secs(5),
-        deadline,
-        stop,
-    };
-    let mut relay = Relay::new(opened, config, ex);
+    let mut relay = Relay::new(opened, stop, ex);
     relay.written();
     let mut rest = Vec::new();
     while !relay.is_done() {
@@ -85,16 +81,7 @@ async fn open_script(events: &[&str]) -> (Result<Opened, GatewayError>, Ledger) 
         crate::access_log::AccessLog::discard(),
         "id".into(),
     );
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let opened = open(
-        answer.into_body(),
-        None,
-        false,
-        &mut ex,
-        deadline,
-        Duration::from_secs(5),
-    )
-    .await;
+    let opened = open(answer.into_body(), events_for(5), &mut ex).await;
     (opened, ex)
 }
 
@@ -198,4 +185,157 @@ async fn alarms_first_looked_at_without_budget_still_wake_the_task() {
         Duration::from_millis(50),
         "woken by the signal itself"
     );
+}
+
+/// The relay's core is fed bytes and the time, with no socket and no clock of its own: these
+/// drive it as either front door does.
+mod fed {
+    use super::*;
+    use crate::error::Cut;
+    use crate::path::relay::{Opening, Rang};
+
+    const ROLE: &[u8] = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n";
+    const TOKEN: &[u8] = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n";
+    const DONE: &[u8] = b"data: [DONE]\n\n";
+
+    fn ledger() -> Ledger {
+        Ledger::new(
+            Arc::new(crate::metrics::Metrics::new()),
+            crate::access_log::AccessLog::discard(),
+            "id".into(),
+        )
+    }
+
+    /// First token 1 s, idle 2 s, total 5 s, from `t0`.
+    fn events(t0: Instant) -> Events {
+        let t = crate::config::Timeouts {
+            first_token: Duration::from_secs(1),
+            total: Duration::from_secs(5),
+            ..crate::config::Timeouts::default()
+        };
+        let budgets = crate::path::upstream::Budgets::new(&t, None, t0);
+        Events::new(None, true, &budgets, Duration::from_secs(2), t0)
+    }
+
+    fn last_error_code(out: &[u8]) -> String {
+        let text = String::from_utf8_lossy(out);
+        let data = text
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("data: "))
+            .unwrap()
+            .to_owned();
+        let v: serde_json::Value = serde_json::from_str(&data).unwrap();
+        v["error"]["code"].as_str().unwrap().to_owned()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_head_is_held_until_the_first_token_then_the_events_pass_on() {
+        let t0 = Instant::now();
+        let (mut e, mut ex) = (events(t0), ledger());
+        assert!(!e.feed(&mut ex, ROLE, t0));
+        assert!(matches!(e.opening(&mut ex), Ok(Opening::Hold)));
+        assert_eq!(e.due(), t0 + Duration::from_secs(1), "the first token's budget");
+        // Split mid-event: nothing decides until it is whole.
+        assert!(!e.feed(&mut ex, &TOKEN[..10], t0));
+        assert!(e.feed(&mut ex, &TOKEN[10..], t0 + Duration::from_millis(300)));
+        assert!(matches!(e.opening(&mut ex), Ok(Opening::Stream)));
+        assert_eq!(&e.take_out()[..], [ROLE, TOKEN].concat().as_slice());
+        assert_eq!(
+            e.due(),
+            t0 + Duration::from_millis(2300),
+            "stream_idle from the last data"
+        );
+        e.feed(&mut ex, DONE, t0 + Duration::from_millis(400));
+        assert!(e.streamed(&mut ex), "[DONE] moves the timer earlier");
+        assert_eq!(e.due(), t0 + Duration::from_millis(1400), "the body's grace");
+        e.ended(&mut ex);
+        assert!(e.is_done());
+        assert_eq!(&e.take_out()[..], DONE);
+        assert!(ex.ended());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_event_before_the_first_token_is_kept_back_after_it_passed_on() {
+        let t0 = Instant::now();
+        let busy = b"data: {\"error\":{\"message\":\"full\",\"code\":503}}\n\n";
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, &[ROLE, busy.as_slice()].concat(), t0);
+        let Ok(Opening::Error(early)) = e.opening(&mut ex) else {
+            panic!("an early error")
+        };
+        assert_eq!(early.status, Some(StatusCode::SERVICE_UNAVAILABLE));
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, TOKEN, t0);
+        assert!(matches!(e.opening(&mut ex), Ok(Opening::Stream)));
+        e.feed(&mut ex, busy, t0);
+        e.streamed(&mut ex);
+        assert!(
+            e.take_out().ends_with(busy),
+            "after the first token, the stream's own"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_timers_cut_at_the_first_token_idle_total_and_end_quietly_after_done() {
+        let t0 = Instant::now();
+        let second = Duration::from_secs(1);
+        // No first token: late, before the head.
+        let (mut e, mut ex) = (events(t0), ledger());
+        assert!(matches!(
+            e.rang(&mut ex, t0 + second / 2),
+            Rang::NotYet(at) if at == t0 + second
+        ));
+        assert!(matches!(
+            e.rang(&mut ex, t0 + second),
+            Rang::Late(GatewayError::FirstTokenTimeout(_))
+        ));
+        // Idle after the first token.
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, TOKEN, t0);
+        e.opening(&mut ex).unwrap();
+        e.take_out();
+        assert!(matches!(
+            e.rang(&mut ex, t0 + 2 * second),
+            Rang::Ended(Some(Cut::Idle))
+        ));
+        assert_eq!(last_error_code(&e.take_out()), "stream_idle_timeout");
+        // Data keeps coming: the total budget ends it.
+        let (mut e, mut ex) = (events(t0), ledger());
+        for s in 0..5 {
+            e.feed(&mut ex, TOKEN, t0 + s * second);
+        }
+        e.opening(&mut ex).unwrap();
+        assert!(matches!(
+            e.rang(&mut ex, t0 + 5 * second),
+            Rang::Ended(Some(Cut::Deadline))
+        ));
+        assert_eq!(last_error_code(&e.take_out()), "deadline_exceeded");
+        // [DONE] and no end of body: ends as if it had, after the grace.
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, &[TOKEN, DONE].concat(), t0);
+        e.opening(&mut ex).unwrap();
+        e.take_out();
+        assert!(matches!(e.rang(&mut ex, t0 + DONE_GRACE), Rang::Ended(None)));
+        assert!(e.is_done() && e.take_out().is_empty());
+        assert_eq!(ex.noted(), Some("upstream_body_not_ended"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_over_max_event_ends_the_request_before_or_after_the_head() {
+        let t0 = Instant::now();
+        let endless = vec![b'x'; MAX_EVENT + 1];
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, b"data: ", t0);
+        e.feed(&mut ex, &endless, t0);
+        assert!(matches!(e.opening(&mut ex), Err(GatewayError::Upstream { .. })));
+        let (mut e, mut ex) = (events(t0), ledger());
+        e.feed(&mut ex, TOKEN, t0);
+        e.opening(&mut ex).unwrap();
+        e.feed(&mut ex, b"data: ", t0);
+        e.feed(&mut ex, &endless, t0);
+        e.streamed(&mut ex);
+        assert!(e.is_done());
+        assert_eq!(last_error_code(&e.take_out()), "upstream_stream_error");
+    }
 }

@@ -7,19 +7,20 @@
 use super::Picker;
 use super::envoy;
 use crate::error::{Cut, GatewayError, Invalid};
-use crate::event::{EarlyError, EventKind, Reader};
+use crate::event::EarlyError;
 use crate::path::ledger::{Ending, Ledger};
-use crate::path::prepare::{self, Api};
-use crate::path::relay::{DONE_GRACE, MAX_EVENT, pass_on, too_large_message};
+use crate::path::prepare::Api;
+use crate::path::relay::{Events, Opening, Rang, Whole};
 use crate::path::respond::{inserting, request_fields, server_timing};
 use crate::path::upstream;
-use crate::route::{Observation, Route, busy_retry_after};
+use crate::path::verdict::judge;
+use crate::path::{BodySource, read_body};
+use crate::route::{Observation, Route};
 use crate::state::Gateway;
 use axum::http::{HeaderMap, StatusCode, header};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use envoy_types::pb::envoy::service::ext_proc::v3::processing_request::Request as Msg;
 use envoy_types::pb::envoy::service::ext_proc::v3::{ProcessingRequest, ProcessingResponse};
-use protocol::sse::EventSplitter;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -76,12 +77,7 @@ pub(super) async fn run(
     let path = envoy::pseudo(h, ":path").unwrap_or("/");
     let path = path.split('?').next().unwrap_or(path);
     let method = envoy::pseudo(h, ":method").unwrap_or("GET");
-    let api = match (method, path) {
-        ("POST", "/v1/chat/completions") => Some(Api::Chat),
-        ("POST", "/v1/completions") => Some(Api::Completions),
-        ("POST", "/v1/embeddings") => Some(Api::Embeddings),
-        _ => None,
-    };
+    let api = (method == "POST").then(|| Api::at(path)).flatten();
     let subset = envoy::subset(&first);
     let headers = envoy::headers(h);
     let ends = h.end_of_stream;
@@ -122,15 +118,26 @@ async fn inference(
     subset: Option<Vec<String>>,
     ends: bool,
 ) {
-    let id = prepare::request_id(&headers);
+    let id = crate::path::hints::request_id(&headers);
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
-    ex.trace = crate::traces::Trace::start(g.tracer.as_ref(), &headers, ex.arrival);
+    ex.start_trace(g.tracer.as_ref(), &headers);
     let mut trailers = false;
     let picked = if g.is_draining() {
         Err(GatewayError::Draining)
     } else {
-        match read_body(g, s, ends, &mut trailers).await {
-            Some(Ok(body)) => {
+        let mut source = EnvoyBody {
+            s,
+            ended: ends,
+            trailers: false,
+            gone: false,
+        };
+        let read = read_body(&mut source, &g.config.server).await;
+        trailers = source.trailers;
+        if source.gone {
+            return;
+        }
+        match read {
+            Ok(body) => {
                 // While it waits in the queue, a reset (the client left) ends it: dropping the
                 // stages gives its queue place back.
                 let stages = pick(g, picker, api, &headers, &body, subset.as_deref(), &mut ex);
@@ -139,8 +146,7 @@ async fn inference(
                     () = gone(s, &mut trailers) => return,
                 }
             }
-            Some(Err(e)) => Err(e),
-            None => return,
+            Err(e) => Err(e),
         }
     };
     let picked = match picked {
@@ -166,7 +172,7 @@ async fn inference(
     // The tenant's key is Spillway's, not the replica's: the proxy does not pass it on either.
     let mutation = envoy::mutation(
         &[
-            (prepare::REQUEST_ID_HEADER, ex.record.id.as_bytes()),
+            (crate::path::hints::REQUEST_ID_HEADER, ex.id().as_bytes()),
             (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
         ],
         &[header::AUTHORIZATION.as_str()],
@@ -176,22 +182,26 @@ async fn inference(
     if trailers {
         replies.push(envoy::trailers(true));
     }
-    ex.upstream_start = Some(Instant::now());
+    ex.calling(Instant::now());
     if !s.send_all(replies).await {
         return;
     }
+    let events = Events::new(
+        route.rename.clone(),
+        strip_usage,
+        &budgets,
+        route.config.timeouts.stream_idle,
+        Instant::now(),
+    );
     let relay = Response {
         g,
         picker,
         route: &route,
-        strip_usage,
         mode: Mode::Head,
-        served: false,
+        events,
         stream,
         budgets,
-        last_data: Instant::now(),
         held: None,
-        done_by: None,
     };
     relay.run(s, ex).await;
 }
@@ -225,7 +235,7 @@ async fn pick(
             upstream::pick(&route, &prepared, tried, Instant::now(), ex)
         })
         .map_err(|e| e.unwrap_or_else(|| GatewayError::NoHealthyReplica(route.config.model.clone())))?;
-    ex.replica = Some(guard);
+    ex.picked(guard);
     Ok(Picked {
         endpoints,
         body: prepared.body,
@@ -236,51 +246,43 @@ async fn pick(
     })
 }
 
-/// The request's body, whole, within `server.max_body_bytes` (413) and `server.body_timeout`
-/// (408); `None` if the stream ended first. `trailers` learns whether trailers followed it.
-async fn read_body(
-    g: &Gateway,
-    s: &mut Stream,
-    ends: bool,
-    trailers: &mut bool,
-) -> Option<Result<Bytes, GatewayError>> {
-    if ends {
-        return Some(Ok(Bytes::new()));
-    }
-    let server = &g.config.server;
-    let limit = server.max_body_bytes;
-    let mut body = BytesMut::new();
-    let reading = async {
-        loop {
-            match s.next().await?.request {
-                Some(Msg::RequestBody(b)) => {
-                    if body.len() + b.body.len() > limit {
-                        return Some(Err(GatewayError::BodyTooLarge { limit }));
-                    }
-                    body.extend_from_slice(&b.body);
-                    if b.end_of_stream {
-                        return Some(Ok(()));
-                    }
-                }
-                Some(Msg::RequestTrailers(_)) => {
-                    *trailers = true;
-                    return Some(Ok(()));
-                }
-                _ => {
-                    return Some(Err(GatewayError::bad_request(
-                        Invalid::Request,
-                        "the request's body did not end before its response began",
-                        None,
-                    )));
-                }
-            }
+/// The request's body as Envoy's messages bring it, for the request path's one reader
+/// ([`read_body`]).
+struct EnvoyBody<'a> {
+    s: &'a mut Stream,
+    /// The body ended (with the headers, its last message, or trailers).
+    ended: bool,
+    /// Trailers followed it.
+    trailers: bool,
+    /// Envoy closed or reset the stream before the body ended.
+    gone: bool,
+}
+
+impl BodySource for EnvoyBody<'_> {
+    async fn next(&mut self) -> Result<Option<Bytes>, GatewayError> {
+        if self.ended {
+            return Ok(None);
         }
-    };
-    match tokio::time::timeout(server.body_timeout, reading).await {
-        Ok(Some(Ok(()))) => Some(Ok(body.freeze())),
-        Ok(Some(Err(e))) => Some(Err(e)),
-        Ok(None) => None,
-        Err(_) => Some(Err(GatewayError::BodyTimeout(server.body_timeout))),
+        let Some(m) = self.s.next().await else {
+            self.gone = true;
+            return Ok(None);
+        };
+        match m.request {
+            Some(Msg::RequestBody(b)) => {
+                self.ended = b.end_of_stream;
+                Ok(Some(Bytes::from(b.body)))
+            }
+            Some(Msg::RequestTrailers(_)) => {
+                self.ended = true;
+                self.trailers = true;
+                Ok(None)
+            }
+            _ => Err(GatewayError::bad_request(
+                Invalid::Request,
+                "the request's body did not end before its response began",
+                None,
+            )),
+        }
     }
 }
 
@@ -315,36 +317,41 @@ fn json() -> HeaderMap {
 enum Mode {
     /// Its headers have not come yet.
     Head,
-    /// A stream of SSE events: each timed, its usage read (and dropped if the client did not ask
-    /// for it), the model renamed back.
-    Events(EventSplitter, Reader),
+    /// A stream of SSE events, fed to the relay's [`Events`] as the proxy's relay feeds them.
+    Events,
     /// A whole answer, held until its end to read its usage and rename its model, within
-    /// `server.max_response_bytes`; past it, passed on as it comes.
-    Whole(BytesMut),
-    /// Passed on unchanged: an error, or an answer too large to hold.
+    /// `server.max_response_bytes`, as the proxy holds it.
+    Whole(Whole),
+    /// Passed on unchanged: the replica's error answer.
     Plain,
-    /// Ended by the gateway (an event too large): nothing more is passed on.
+    /// Ended by the gateway: nothing more is passed on.
     Cut,
+}
+
+/// What woke the response's loop: a message (`None`: Envoy ended the stream), the timer, or the
+/// drain running out.
+// Lives for one `match` on the stack, as the message itself would.
+#[allow(clippy::large_enum_variant)]
+enum Woke {
+    Message(Option<ProcessingRequest>),
+    Timer,
+    Drain,
 }
 
 struct Response<'a> {
     g: &'a Gateway,
     picker: &'a Picker,
     route: &'a Route,
-    strip_usage: bool,
     mode: Mode,
-    /// The replica's first token came (and was counted as its working).
-    served: bool,
+    /// The stream's events and clocks (the first token's budget runs before its head comes).
+    events: Events,
     stream: bool,
     /// The route's budgets, which the picker keeps as the proxy does: Envoy's own timeouts may
     /// be longer, or none, and a stalled replica would hold its slot until they end.
     budgets: upstream::Budgets,
-    /// When the replica last sent anything (`stream_idle` counts from it).
-    last_data: Instant,
-    /// A stream's head, and the events before its first token, until that token.
-    held: Option<(ProcessingResponse, BytesMut)>,
-    /// Once `[DONE]` has come, when the replica's body must have ended (the relay's grace).
-    done_by: Option<Instant>,
+    /// The response's head and its status, held until the answer may begin: a stream's first
+    /// token, a whole answer's end.
+    held: Option<(ProcessingResponse, StatusCode)>,
 }
 
 impl Response<'_> {
@@ -362,48 +369,27 @@ impl Response<'_> {
                 armed = due;
                 timer.as_mut().reset(due);
             }
-            let cut = tokio::select! {
-                m = s.next() => match m {
-                    Some(m) => Ok(m),
-                    None => break,
-                },
-                () = &mut timer => {
-                    if Instant::now() < due {
-                        armed = due;
-                        timer.as_mut().reset(due);
-                        continue;
-                    }
-                    if self.done_by.is_some() {
-                        Err(None)
-                    } else {
-                        Err(Some(self.expired()))
-                    }
-                }
-                _ = stop.wait_for(|stop| *stop) => Err(Some(Cut::Drain)),
+            let woke = tokio::select! {
+                m = s.next() => Woke::Message(m),
+                () = &mut timer => Woke::Timer,
+                _ = stop.wait_for(|stop| *stop) => Woke::Drain,
             };
-            let m = match cut {
-                Ok(m) => m,
-                Err(Some(cut)) => {
-                    self.cut(s, &mut ex, cut).await;
-                    return;
+            let m = match woke {
+                Woke::Message(Some(m)) => m,
+                Woke::Message(None) => break,
+                Woke::Timer if self.rang(s, &mut ex).await => return,
+                Woke::Timer => {
+                    armed = self.due();
+                    timer.as_mut().reset(armed);
+                    continue;
                 }
-                Err(None) => {
-                    // `[DONE]` came and the replica's body has not ended since: the client has
-                    // its whole stream, whose body ends here as if the replica's had, and Envoy
-                    // closes the replica's request.
-                    ex.record.note = Some("upstream_body_not_ended");
-                    self.mode = Mode::Cut;
-                    let mut replies = Vec::new();
-                    envoy::body(false, &[], true, &mut replies);
-                    let _ = s.send_all(replies).await;
+                Woke::Drain => {
+                    self.cut(s, &mut ex, Cut::Drain).await;
                     return;
                 }
             };
-            if !matches!(m.request, Some(Msg::RequestTrailers(_))) {
-                self.last_data = Instant::now();
-            }
             let mut replies = Vec::new();
-            let end = match m.request {
+            let over = match m.request {
                 Some(Msg::ResponseHeaders(ref h)) => {
                     let status = envoy::pseudo(h, ":status")
                         .and_then(|s| s.parse::<u16>().ok())
@@ -412,11 +398,13 @@ impl Response<'_> {
                     let served = envoy::served(&m);
                     let headers = envoy::headers(h);
                     let head = self.head(&mut ex, status, served.as_deref(), &headers);
-                    if matches!(self.mode, Mode::Events(..)) && !h.end_of_stream {
-                        // As the proxy does, a stream's head waits for its first token, so that
-                        // a replica that never sends one still gets the client a clean 504.
-                        self.held = Some((head, BytesMut::new()));
+                    if matches!(self.mode, Mode::Events | Mode::Whole(_)) && !h.end_of_stream {
+                        // As the proxy does, the head waits for a stream's first token (so that
+                        // a replica that never sends one still gets the client a clean 504), and
+                        // for a whole answer's end.
+                        self.held = Some((head, status));
                     } else {
+                        ex.answering(status);
                         replies.push(head);
                     }
                     if h.end_of_stream {
@@ -425,21 +413,15 @@ impl Response<'_> {
                     h.end_of_stream
                 }
                 Some(Msg::ResponseBody(ref b)) => {
-                    let answered = self.chunk(&mut ex, &b.body, b.end_of_stream, &mut replies);
-                    b.end_of_stream || answered
+                    self.chunk(&mut ex, &b.body, b.end_of_stream, false, &mut replies);
+                    b.end_of_stream || matches!(self.mode, Mode::Cut)
                 }
                 Some(Msg::ResponseTrailers(_)) => {
                     // The body's end came with the trailers rather than its last chunk.
-                    if let Some((head, body)) = self.held.take() {
-                        replies.push(head);
-                        envoy::body(false, &body, false, &mut replies);
+                    self.chunk(&mut ex, &[], true, true, &mut replies);
+                    if !matches!(self.mode, Mode::Cut) {
+                        replies.push(envoy::trailers(false));
                     }
-                    let rest = self.tail(&mut ex);
-                    if !rest.is_empty() {
-                        envoy::body(false, &rest, false, &mut replies);
-                    }
-                    self.finish(&mut ex);
-                    replies.push(envoy::trailers(false));
                     true
                 }
                 Some(Msg::RequestTrailers(_)) => {
@@ -448,7 +430,7 @@ impl Response<'_> {
                 }
                 _ => false,
             };
-            if !s.send_all(replies).await || end {
+            if !s.send_all(replies).await || over {
                 return;
             }
         }
@@ -456,56 +438,69 @@ impl Response<'_> {
         // default ending, 499), or Envoy gave up on the replica.
     }
 
-    /// When the next budget runs out: the first token's (or a whole answer's total) until the
-    /// first token, then `stream_idle` since the last data, never past the total.
+    /// When the next budget runs out: a stream's, by its [`Events`] (the first token's, then
+    /// `stream_idle` since the last data, never past the total); a whole answer's total.
     fn due(&self) -> Instant {
-        let b = &self.budgets;
-        if let Some(by) = self.done_by {
-            return by.min(b.deadline);
-        }
-        if !self.served && self.stream {
-            return b.first_token_deadline;
-        }
-        if !self.stream {
-            return b.deadline;
-        }
-        (self.last_data + self.route.config.timeouts.stream_idle).min(b.deadline)
-    }
-
-    /// Which budget [`Response::due`] was.
-    fn expired(&self) -> Cut {
-        let now = Instant::now();
-        if now >= self.budgets.deadline {
-            Cut::Deadline
-        } else if self.stream && !self.served {
-            Cut::FirstToken
+        if self.stream {
+            self.events.due()
         } else {
-            Cut::Idle
+            self.budgets.deadline
         }
     }
 
-    /// Ends the request as the proxy would: before the response's head, a 504 (or 503 in the
-    /// drain) in Envoy's place; in a stream, an SSE error event that ends its body; in a whole
-    /// answer whose head went out, a failed gRPC stream, which makes Envoy reset it. Envoy then
-    /// closes the replica's request.
-    async fn cut(&mut self, s: &mut Stream, ex: &mut Ledger, cut: Cut) {
-        if let Some(r) = &ex.replica
-            && matches!(cut, Cut::FirstToken | Cut::Idle | Cut::Deadline)
-        {
+    /// The timer rang: true if it ended the request.
+    async fn rang(&mut self, s: &mut Stream, ex: &mut Ledger) -> bool {
+        let now = Instant::now();
+        if !matches!(self.mode, Mode::Events) {
+            if now < self.due() {
+                return false;
+            }
+            let cut = if now >= self.budgets.deadline || !self.stream {
+                Cut::Deadline
+            } else {
+                Cut::FirstToken
+            };
+            self.cut(s, ex, cut).await;
+            return true;
+        }
+        match self.events.rang(ex, now) {
+            Rang::NotYet(_) => false,
+            Rang::Late(e) => {
+                self.timed_out(ex);
+                let _ = s.send(self.refuse(ex, &e)).await;
+                true
+            }
+            Rang::Ended(cut) => {
+                if cut.is_some() {
+                    self.timed_out(ex);
+                }
+                // Cut, or `[DONE]` came and the replica's body has not ended since: the client
+                // has its whole stream, whose body ends here as if the replica's had, and Envoy
+                // closes the replica's request.
+                let mut replies = Vec::new();
+                envoy::body(false, &self.events.take_out(), true, &mut replies);
+                self.mode = Mode::Cut;
+                let _ = s.send_all(replies).await;
+                true
+            }
+        }
+    }
+
+    /// The replica did not answer in time.
+    fn timed_out(&self, ex: &Ledger) {
+        if let Some(r) = ex.replica() {
             self.route.observe(&r.replica, Observation::TimedOut);
         }
-        let message = match cut {
-            Cut::FirstToken => format!(
-                "no first token within {:?} (first_token)",
-                self.budgets.first_token
-            ),
-            Cut::Idle => format!(
-                "no chunk from the replica for {:?} (stream_idle)",
-                self.route.config.timeouts.stream_idle
-            ),
-            Cut::Deadline => "the request's total time budget ran out".to_owned(),
-            _ => "the gateway is shutting down and its drain time ran out".to_owned(),
-        };
+    }
+
+    /// Ends the request as the proxy would at `cut` (the drain, or a budget before a stream's
+    /// events): before the response's head, a 504 (or 503 in the drain) in Envoy's place; in a
+    /// stream, an SSE error event that ends its body; in an error answer whose head went out, a
+    /// failed gRPC stream, which makes Envoy reset it. Envoy then closes the replica's request.
+    async fn cut(&mut self, s: &mut Stream, ex: &mut Ledger, cut: Cut) {
+        if cut != Cut::Drain {
+            self.timed_out(ex);
+        }
         let before_head = self.held.take().is_some() || matches!(self.mode, Mode::Head);
         if before_head {
             let e = match cut {
@@ -516,13 +511,18 @@ impl Response<'_> {
             ex.end(Ending::Cut(cut), e.status());
             let timing = server_timing(ex);
             let _ = s.send(refusal(&e, Some((&timing, ex)))).await;
-        } else if matches!(self.mode, Mode::Events(..)) {
-            ex.end(Ending::Cut(cut), StatusCode::OK);
+        } else if matches!(self.mode, Mode::Events) {
+            self.events.drained(ex);
             let mut replies = Vec::new();
-            envoy::body(false, &GatewayError::stream_cut(cut, message), true, &mut replies);
+            envoy::body(false, &self.events.take_out(), true, &mut replies);
             let _ = s.send_all(replies).await;
         } else {
             ex.end(Ending::Cut(cut), StatusCode::OK);
+            let message = match cut {
+                Cut::FirstToken => "no first token within the first_token budget",
+                Cut::Deadline => "the request's total time budget ran out",
+                _ => "the gateway is shutting down and its drain time ran out",
+            };
             let _ = s.out.send(Err(Status::deadline_exceeded(message))).await;
         }
         self.mode = Mode::Cut;
@@ -537,8 +537,7 @@ impl Response<'_> {
         served: Option<&str>,
         headers: &HeaderMap,
     ) -> ProcessingResponse {
-        ex.upstream_first_byte = Some(Instant::now());
-        ex.answering(status);
+        ex.first_byte(Instant::now());
         if let Some(served) = served.and_then(|s| s.parse::<SocketAddr>().ok()) {
             self.moved_to(ex, served);
         }
@@ -546,16 +545,12 @@ impl Response<'_> {
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
-        if let Some(r) = &ex.replica {
-            let seen = match status {
-                StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE => Some(Observation::Busy {
-                    retry_after: retry_after(headers),
-                }),
-                s if s.is_server_error() => Some(Observation::Failed),
-                s if s.is_client_error() => Some(Observation::ClientError),
+        if let Some(r) = ex.replica() {
+            let seen = if status.is_success() {
                 // A stream works once its first token comes.
-                _ if event_stream => None,
-                _ => Some(Observation::Served),
+                (!event_stream).then_some(Observation::Served)
+            } else {
+                Some(judge(Some(status), retry_after(headers)).observation())
             };
             if let Some(seen) = seen {
                 self.route.observe(&r.replica, seen);
@@ -564,9 +559,9 @@ impl Response<'_> {
         self.mode = if !status.is_success() {
             Mode::Plain
         } else if event_stream {
-            Mode::Events(EventSplitter::default(), Reader::default())
+            Mode::Events
         } else {
-            Mode::Whole(BytesMut::new())
+            Mode::Whole(Whole::new(self.g.config.server.max_response_bytes))
         };
         let timing = server_timing(ex);
         let mut fields = HeaderMap::new();
@@ -585,7 +580,7 @@ impl Response<'_> {
     /// that is only backpressure) is not known here, so the first is not marked failed: its
     /// health checks judge it.
     fn moved_to(&self, ex: &mut Ledger, served: SocketAddr) {
-        let Some(r) = &ex.replica else { return };
+        let Some(r) = ex.replica() else { return };
         if self.picker.address(&r.replica.url) == Some(served) {
             return;
         }
@@ -597,225 +592,151 @@ impl Response<'_> {
         else {
             return;
         };
-        ex.record.retries += 1;
-        ex.slo_sample = None;
-        ex.replica = Some(self.route.replicas[index].hold(index));
+        ex.moved(self.route.replicas[index].hold(index));
     }
 
-    /// One chunk of the response's body; true when the picker answered in Envoy's place and the
+    /// The held head goes out, with the body's first bytes.
+    fn release(&mut self, ex: &mut Ledger, replies: &mut Vec<ProcessingResponse>) {
+        if let Some((head, status)) = self.held.take() {
+            ex.answering(status);
+            replies.push(head);
+        }
+    }
+
+    /// One chunk of the response's body (the last if `end`, then with `trailers` to follow); the
+    /// mode turns `Cut` when the picker answered in Envoy's place or ended the body, and the
     /// stream is over for it.
     fn chunk(
         &mut self,
         ex: &mut Ledger,
         data: &[u8],
         end: bool,
+        trailers: bool,
         replies: &mut Vec<ProcessingResponse>,
-    ) -> bool {
-        let limit = self.g.config.server.max_response_bytes;
-        let mut out = BytesMut::new();
-        match &mut self.mode {
-            Mode::Events(splitter, reader) => {
-                let now = Instant::now();
-                let rename = self.route.rename.as_deref();
-                let strip = self.strip_usage;
-                let mut tokens = false;
-                let mut first = false;
-                let holding = self.held.is_some();
-                let mut early = None;
-                splitter.feed_slices(data, |e| {
-                    if early.is_some() {
+    ) {
+        let out = match &mut self.mode {
+            Mode::Events => {
+                if !data.is_empty() {
+                    self.events.feed(ex, data, Instant::now());
+                }
+                if self.held.is_some() {
+                    let opened = match self.events.opening(ex) {
+                        Ok(Opening::Hold) if !end => return,
+                        Ok(Opening::Hold) => Err(Events::closed_before_first_token()),
+                        Ok(Opening::Stream) => Ok(()),
+                        Ok(Opening::Error(early)) => {
+                            self.held = None;
+                            self.mode = Mode::Cut;
+                            replies.push(self.early_error(ex, early));
+                            return;
+                        }
+                        Err(e) => Err(e),
+                    };
+                    if let Err(e) = opened {
+                        self.observe(ex, Observation::Failed);
+                        replies.push(self.refuse(ex, &e));
                         return;
                     }
-                    let e = reader.read(e);
-                    // An error in place of the first token is answered as the status it names,
-                    // as the proxy answers it: the head has not gone out.
-                    if holding && !first && e.kind() == EventKind::Error {
-                        early = Some(e.early_error());
-                        return;
-                    }
-                    let kind = pass_on(ex, &e, now, rename, strip, &mut out);
-                    tokens |= kind == EventKind::Tokens;
-                    first |= kind != EventKind::Other;
-                });
-                if let Some(early) = early {
-                    self.held = None;
-                    self.mode = Mode::Cut;
-                    replies.push(self.early_error(ex, early));
-                    return true;
-                }
-                if let Some((_, body)) = &mut self.held
-                    && !first
-                    && !end
-                    && splitter.held() <= MAX_EVENT
-                {
-                    // Still before the first token: held with the head.
-                    body.extend_from_slice(&out);
-                    return false;
-                }
-                if let Some((head, body)) = self.held.take() {
-                    replies.push(head);
-                    let mut all = body;
-                    all.extend_from_slice(&out);
-                    out = all;
-                }
-                if tokens
-                    && !self.served
-                    && let Some(r) = &ex.replica
-                {
                     // Its first event with tokens: the replica works.
-                    self.served = true;
-                    self.route.observe(&r.replica, Observation::Served);
-                }
-                if ex.ended() && self.done_by.is_none() {
-                    // `[DONE]` has come: the body's end should follow at once.
-                    self.done_by = Some(now + DONE_GRACE);
-                }
-                if splitter.held() > MAX_EVENT {
-                    out.extend_from_slice(&splitter.rest());
-                    ex.end(Ending::Cut(Cut::Upstream), StatusCode::OK);
-                    out.extend_from_slice(&GatewayError::stream_cut(Cut::Upstream, too_large_message()));
-                    self.mode = Mode::Cut;
-                }
-            }
-            Mode::Whole(held) => {
-                if held.len() + data.len() > limit {
-                    // Too large to hold: what is held, and the rest, goes on as it is.
-                    out.extend_from_slice(held);
-                    out.extend_from_slice(data);
-                    ex.record.note = Some("response_not_read");
-                    self.mode = Mode::Plain;
+                    self.observe(ex, Observation::Served);
+                    self.release(ex, replies);
                 } else {
-                    held.extend_from_slice(data);
+                    self.events.streamed(ex);
                 }
+                if end && !self.events.is_done() {
+                    self.events.ended(ex);
+                }
+                self.events.take_out()
             }
-            Mode::Plain | Mode::Head => out.extend_from_slice(data),
+            Mode::Whole(whole) => {
+                if let Err(e) = whole.feed(data) {
+                    replies.push(self.refuse(ex, &e));
+                    return;
+                }
+                if !end {
+                    return;
+                }
+                let Mode::Whole(whole) = std::mem::replace(&mut self.mode, Mode::Plain) else {
+                    return;
+                };
+                self.release(ex, replies);
+                whole.finish(ex, self.route.rename.as_deref())
+            }
+            Mode::Plain | Mode::Head => Bytes::copy_from_slice(data),
             // The client has had the stream's error event: what follows it is not passed on.
-            Mode::Cut => {}
-        }
+            Mode::Cut => return,
+        };
+        let done = self.events.is_done();
         if end {
-            out.extend_from_slice(&self.tail(ex));
             self.finish(ex);
         }
-        envoy::body(false, &out, end, replies);
-        false
+        envoy::body(false, &out, (end && !trailers) || done, replies);
+        if done {
+            self.mode = Mode::Cut;
+        }
     }
 
-    /// The answer to an error event that came before the first token: a busy replica's 429/503
-    /// becomes the gateway's 503 with `Retry-After` (the proxy would have tried another replica;
-    /// here Envoy has sent the request already), the replica's other 4xx goes to the client as it
-    /// was, anything else is a 502.
-    fn early_error(&self, ex: &mut Ledger, early: EarlyError) -> ProcessingResponse {
-        let replica = ex.replica.as_ref().map(|r| (r.replica.clone(), r.index));
-        let observe = |seen| {
-            if let Some((r, _)) = &replica {
-                self.route.observe(r, seen);
-            }
-        };
+    /// What the replica's health learns, of the replica that answered.
+    fn observe(&self, ex: &Ledger, seen: Observation) {
+        if let Some(r) = ex.replica() {
+            self.route.observe(&r.replica, seen);
+        }
+    }
+
+    /// The request fails with `e` before its head went out: the gateway answers in Envoy's place.
+    fn refuse(&mut self, ex: &mut Ledger, e: &GatewayError) -> ProcessingResponse {
+        self.held = None;
+        self.mode = Mode::Cut;
+        ex.fail(e);
         let timing = server_timing(ex);
-        match early.status {
-            Some(status @ (StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE)) => {
-                let retry_after = busy_retry_after(None);
-                observe(Observation::Busy { retry_after });
-                let e = GatewayError::UpstreamBusy {
-                    route: self.route.config.model.clone(),
-                    replica: replica.map_or(0, |(_, i)| i),
-                    status,
-                    retry_after,
-                };
-                ex.fail(&e);
-                refusal(&e, Some((&timing, ex)))
-            }
-            Some(status) if status.is_client_error() => {
-                observe(Observation::ClientError);
+        refusal(e, Some((&timing, ex)))
+    }
+
+    /// The answer to an error event that came before the first token, judged as the proxy judges
+    /// it ([`judge`]): a busy replica's becomes the gateway's 503 with `Retry-After` (the proxy
+    /// would have tried another replica; here Envoy has sent the request already), the replica's
+    /// other 4xx goes to the client as it was, anything else is a 502.
+    fn early_error(&mut self, ex: &mut Ledger, early: EarlyError) -> ProcessingResponse {
+        let verdict = judge(early.status, None);
+        self.observe(ex, verdict.observation());
+        let index = ex.replica().map_or(0, |r| r.index);
+        let how = " in its stream before the first token";
+        match verdict.into_result(&self.route.config.model, index, how) {
+            Ok(status) => {
                 ex.end(Ending::UpstreamRejected, status);
+                let timing = server_timing(ex);
                 let mut headers = json();
                 request_fields(&timing, ex, &mut inserting(&mut headers));
                 envoy::immediate(status, &headers, &early.body, "upstream_rejected")
             }
-            status => {
-                observe(Observation::Failed);
-                let named = status.map_or_else(|| "an error".to_owned(), |s| s.to_string());
-                let e = GatewayError::upstream(format!(
-                    "route '{}' replica answered {named} in its stream before the first token",
-                    self.route.config.model
-                ));
-                ex.fail(&e);
-                refusal(&e, Some((&timing, ex)))
-            }
+            Err(e) => self.refuse(ex, &e),
         }
     }
 
-    /// What goes out at the body's end besides what came: a whole answer held till now (usage
-    /// read, model renamed), or a stream's error event if it ended before `[DONE]`.
-    fn tail(&mut self, ex: &mut Ledger) -> Bytes {
-        match std::mem::replace(&mut self.mode, Mode::Plain) {
-            Mode::Whole(held) => {
-                let (body, usage) = crate::event::read_whole(held.freeze(), self.route.rename.as_deref());
-                ex.trace.finish_reasons(&body);
-                ex.whole_answer(Instant::now(), usage);
-                ex.end(Ending::Finished, StatusCode::OK);
-                body
-            }
-            Mode::Events(mut splitter, _) => {
-                let mut out = BytesMut::new();
-                let rest = splitter.rest();
-                crate::path::relay::last_event(
-                    ex,
-                    &rest,
-                    self.route.rename.as_deref(),
-                    self.strip_usage,
-                    &mut out,
-                );
-                if !ex.ended() {
-                    if !out.is_empty() && !out.ends_with(b"\n\n") {
-                        out.extend_from_slice(b"\n\n");
-                    }
-                    ex.end(Ending::Cut(Cut::Upstream), StatusCode::OK);
-                    out.extend_from_slice(&GatewayError::stream_cut(
-                        Cut::Upstream,
-                        "the replica ended the stream early",
-                    ));
-                }
-                out.freeze()
-            }
-            Mode::Plain | Mode::Head | Mode::Cut => Bytes::new(),
-        }
-    }
-
-    /// The response ended: how, for the ledger, if its body has not said already.
+    /// The response ended: how, for the ledger, if its body has not said already; a replica's
+    /// error answer as the proxy judges it ([`judge`]).
     fn finish(&mut self, ex: &mut Ledger) {
         if ex.ended() {
             return;
         }
         let Some(status) = ex.status() else { return };
         if status.is_success() {
-            // A whole answer too large to read, or one without a body.
+            // An answer without a body.
             ex.end(Ending::Finished, status);
             return;
         }
-        let e = if status == StatusCode::TOO_MANY_REQUESTS || status == StatusCode::SERVICE_UNAVAILABLE {
-            GatewayError::UpstreamBusy {
-                route: self.route.config.model.clone(),
-                replica: ex.replica.as_ref().map_or(0, |r| r.index),
-                status,
-                retry_after: busy_retry_after(None),
-            }
-        } else if status.is_client_error() {
-            ex.end(Ending::UpstreamRejected, status);
-            return;
-        } else {
-            GatewayError::upstream(format!("the replica answered {status}"))
-        };
-        ex.end(Ending::Failed(e.reason()), status);
+        let index = ex.replica().map_or(0, |r| r.index);
+        match judge(Some(status), None).into_result(&self.route.config.model, index, "") {
+            Ok(status) => ex.end(Ending::UpstreamRejected, status),
+            Err(e) => ex.end(Ending::Failed(e.reason()), status),
+        }
     }
 }
 
-/// A busy replica's `Retry-After`, as the proxy reads it: whole seconds.
-fn retry_after(headers: &HeaderMap) -> std::time::Duration {
-    busy_retry_after(
-        headers
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok()),
-    )
+/// A busy replica's `Retry-After`, as the proxy's client reads it: whole seconds.
+fn retry_after(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
 }
