@@ -18,11 +18,14 @@
 //!   `progress` is the live line on stderr.
 
 pub mod client;
+mod error;
 pub mod html;
 pub mod load;
 pub mod machine;
 mod progress;
 pub mod report;
+pub mod request;
+pub mod result;
 pub mod run;
 pub mod slo_mix;
 pub mod spec;
@@ -32,4 +35,6 @@ pub mod watch;
 pub mod workload;
 
 pub use client::{Endpoint, Target};
-pub use run::{BenchError, Extras, Options, Report, run, run_with};
+pub use error::BenchError;
+pub use result::Report;
+pub use run::{Extras, Options, run, run_with};

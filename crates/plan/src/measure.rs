@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use bench::spec::{Load, Metric, Phase, Slo};
-use bench::stats::Percentiles;
+use bench_schema::spec::{Load, Metric, Phase, Slo};
+use bench_schema::stats::Percentiles;
 use serde::Deserialize;
 
 use crate::PlanError;

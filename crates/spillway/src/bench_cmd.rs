@@ -306,7 +306,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
             output: a.output_len,
         },
     };
-    let phases = Phase::parse_list(a.phases.as_deref().unwrap_or("all"))?;
+    let phases = bench::spec::parse_phases(a.phases.as_deref().unwrap_or("all"))?;
     let opts = Options {
         target: Target {
             url: a.url,
