@@ -17,9 +17,11 @@ use tokio::time::Instant;
 
 use crate::client::{Client, Record, Target};
 pub use crate::error::BenchError;
-pub use crate::result::{BurstReport, DRIFT_WARNING, LevelReport, Parameters, PromptDrift, Report, TimelinePoint, Tool};
 use crate::load::{Driver, LevelRun, Sink, Stop};
 use crate::progress::Progress;
+pub use crate::result::{
+    BurstReport, DRIFT_WARNING, LevelReport, Parameters, PromptDrift, Report, TimelinePoint, Tool,
+};
 use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use crate::stats::{LevelStats, Percentiles};
 use crate::watch::{LoopLag, QueueSummary, QueueWatch};

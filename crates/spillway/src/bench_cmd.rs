@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, bail};
 use bench::load::Stop;
 use bench::slo_mix::SloMix;
-use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
+use bench::spec::{Arrivals, LengthDist, Load, Slo};
 use bench::tenants::{Tenant, TenantSpec};
 use bench::workload::{Source, Workload, load_dataset};
 use bench::{Endpoint, Extras, Options, Target};
