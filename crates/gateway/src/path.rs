@@ -178,6 +178,10 @@ pub(crate) async fn admitted(
 ) -> Result<Admitted, GatewayError> {
     let parsed = Parsed::parse(api, body)?;
     ex.record.stream = parsed.stream();
+    ex.record.arrival_ms = crate::access_log::wall_ms(ex.arrival);
+    ex.record.model = Some(parsed.model().into());
+    ex.record.max_tokens = parsed.max_tokens();
+    ex.record.hash_ids = parsed.hash_ids();
     ex.trace.request(
         api == Api::Chat,
         parsed.model(),
@@ -199,6 +203,7 @@ pub(crate) async fn admitted(
     let class = &route.classes[prepared.class];
     ex.classified(class);
     ex.record.tokens_in = Some(prepared.input_tokens);
+    ex.record.priority = Some(prepared.priority.as_str());
     ex.trace.admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     Ok(Admitted {
