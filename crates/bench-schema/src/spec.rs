@@ -202,6 +202,8 @@ pub enum Phase {
     Burst,
     /// Every tenant's load at once (`--tenant`), in place of the others: not a `--phases` name.
     Tenants,
+    /// A trace sent on its timestamps (`--trace`), in place of the others: not a `--phases` name.
+    Replay,
 }
 
 impl Phase {
@@ -214,6 +216,7 @@ impl Phase {
             Phase::LongMix => "long-mix",
             Phase::Burst => "burst",
             Phase::Tenants => "tenants",
+            Phase::Replay => "replay",
         }
     }
 

@@ -49,6 +49,9 @@ pub struct Parameters {
     pub max_concurrency: u32,
     pub max_in_flight: usize,
     pub seed: u64,
+    /// The trace replayed (`--trace`); absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::replay::ReplayInfo>,
     /// Closed-loop clients waited what `Retry-After` said before sending again.
     pub honor_retry_after: bool,
     /// The objective classes requests drew from (`--slo-mix`); empty without.

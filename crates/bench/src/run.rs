@@ -4,6 +4,7 @@
 
 mod burst;
 mod fit;
+mod replay;
 mod tenants;
 
 pub use burst::recovery;
@@ -100,6 +101,9 @@ pub struct Extras {
     /// `x-spillway-slo-ttft-ms` / `x-spillway-slo-tpot-ms`; each level reports every class
     /// against its own objectives ([`LevelReport::slo_classes`]).
     pub slo_mix: Option<crate::slo_mix::SloMix>,
+    /// A trace sent on its timestamps: the run is then that one level, in place of the phases
+    /// (`loads`, `stop` and `phases` are not used), judged by the SLOs like any level.
+    pub replay: Option<crate::replay::Replay>,
 }
 
 /// See [`Extras::on_level`].
@@ -116,6 +120,10 @@ pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, Bench
         // One level of every tenant at once, in place of the phases (and of their long mix).
         opts.phases = vec![Phase::Tenants];
         opts.loads = vec![crate::tenants::level_load(&extras.tenants)];
+    }
+    if let Some(replay) = &extras.replay {
+        opts.phases = vec![Phase::Replay];
+        opts.loads = vec![Load::Rate(replay.info().rate)];
     }
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
@@ -380,11 +388,23 @@ impl Ctx {
         }
     }
 
+    /// The phases asked for, in the seed's order, and the report over them; or the tenants' one
+    /// level, or a trace's replay, in their place.
     async fn phases(&mut self, started_at: String) -> Report {
+        let loads = self.default_loads();
+        if let Some(replay) = self.extras.replay.clone() {
+            let level = self.replay_level(&replay).await;
+            let summary = replay::summarize(&replay, &level);
+            let found = Found {
+                loads,
+                summary,
+                ..Found::default()
+            };
+            return self.finish(started_at, found);
+        }
         // Several tenants run one level together, in place of the phases.
         let tenant_run = !self.tenant_clients.is_empty();
         let phases = self.opts.phases.clone();
-        let loads = self.default_loads();
         let (tenants, fairness) = if tenant_run {
             let (tenants, fairness) = self.tenants_level(loads[0]).await;
             (tenants, Some(fairness))
@@ -397,47 +417,16 @@ impl Ctx {
             .min_by(|a, b| a.value().total_cmp(&b.value()))
             .unwrap_or(Load::Concurrency(1));
         let mut passed: Vec<Load> = Vec::new();
-        let mut knee = None;
-        let mut baseline = None;
-        if phases.contains(&Phase::Baseline) {
-            let base = match lowest {
-                Load::Concurrency(_) => Load::Concurrency(1),
-                rate => rate,
-            };
-            let r = self.level(Phase::Baseline, base, None).await;
-            if r.pass {
-                passed.push(base);
-            }
-            baseline = Some((base, r.pass));
-        }
-        if phases.contains(&Phase::Staircase) {
-            let mut last_pass = None;
-            for load in loads.iter().copied() {
-                // The staircase's first step is often the baseline's level: that run counts for both.
-                let pass = match baseline {
-                    Some((base, pass)) if base == load => pass,
-                    _ => self.level(Phase::Staircase, load, None).await.pass,
-                };
-                if !pass {
-                    knee = Some(load);
-                    break;
-                }
-                last_pass = Some(load);
-                passed.push(load);
-            }
-            if let (Some(mut lo), Some(mut hi)) = (last_pass, knee) {
-                while let Some(mid) = midpoint(lo, hi) {
-                    let r = self.level(Phase::Staircase, mid, None).await;
-                    if r.pass {
-                        passed.push(mid);
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                knee = Some(hi);
-            }
-        }
+        let baseline = if phases.contains(&Phase::Baseline) {
+            Some(self.baseline(lowest, &mut passed).await)
+        } else {
+            None
+        };
+        let knee = if phases.contains(&Phase::Staircase) {
+            self.staircase(&loads, baseline, &mut passed).await
+        } else {
+            None
+        };
         let highest_first = |v: &mut Vec<Load>| {
             v.sort_by(|a, b| b.value().total_cmp(&a.value()));
             v.dedup();
@@ -452,50 +441,132 @@ impl Ctx {
             highest_first(&mut tries);
         }
         if phases.contains(&Phase::LongMix) {
-            let at = tries.first().copied().unwrap_or(lowest);
-            if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
-                let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
-                self.fitted.long_input = input;
-                if let Some(note) = note {
-                    self.progress.println(format!("note: {note}"));
-                    self.fitted.notes.push(note);
+            self.long_mix(tries.first().copied().unwrap_or(lowest)).await;
+        }
+        let (bursts, safe) = if phases.contains(&Phase::Burst) {
+            self.bursts(&tries, &passed).await
+        } else {
+            (Vec::new(), candidate)
+        };
+        let summary = match &fairness {
+            Some(f) => tenants::summarize(&tenants, f),
+            None => summarize(&phases, baseline, candidate, knee, safe, &bursts),
+        };
+        let (knee, safe) = if tenant_run { (None, None) } else { (knee, safe) };
+        let found = Found {
+            loads,
+            bursts,
+            knee,
+            safe,
+            summary,
+            tenants,
+            fairness,
+        };
+        self.finish(started_at, found)
+    }
+
+    /// The baseline: one client (or the lowest rate) alone. Its load, and whether it passed.
+    async fn baseline(&mut self, lowest: Load, passed: &mut Vec<Load>) -> (Load, bool) {
+        let base = match lowest {
+            Load::Concurrency(_) => Load::Concurrency(1),
+            rate => rate,
+        };
+        let r = self.level(Phase::Baseline, base, None).await;
+        if r.pass {
+            passed.push(base);
+        }
+        (base, r.pass)
+    }
+
+    /// The staircase up to its first failure, then bisection between the last pass and it: the
+    /// knee, if one was found.
+    async fn staircase(
+        &mut self,
+        loads: &[Load],
+        baseline: Option<(Load, bool)>,
+        passed: &mut Vec<Load>,
+    ) -> Option<Load> {
+        let mut knee = None;
+        let mut last_pass = None;
+        for load in loads.iter().copied() {
+            // The staircase's first step is often the baseline's level: that run counts for both.
+            let pass = match baseline {
+                Some((base, pass)) if base == load => pass,
+                _ => self.level(Phase::Staircase, load, None).await.pass,
+            };
+            if !pass {
+                knee = Some(load);
+                break;
+            }
+            last_pass = Some(load);
+            passed.push(load);
+        }
+        if let (Some(mut lo), Some(mut hi)) = (last_pass, knee) {
+            while let Some(mid) = midpoint(lo, hi) {
+                let r = self.level(Phase::Staircase, mid, None).await;
+                if r.pass {
+                    passed.push(mid);
+                    lo = mid;
+                } else {
+                    hi = mid;
                 }
             }
-            let mixed = self.opts.workload.with_long(
-                self.opts.long_share,
-                self.fitted.long_input,
-                self.fitted.long_output,
-            );
-            self.level(Phase::LongMix, at, Some(mixed)).await;
+            knee = Some(hi);
         }
+        knee
+    }
+
+    /// The long mix at `at`, its long lengths refitted to the prompts' measured drift.
+    async fn long_mix(&mut self, at: Load) {
+        if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
+            let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
+            self.fitted.long_input = input;
+            if let Some(note) = note {
+                self.progress.println(format!("note: {note}"));
+                self.fitted.notes.push(note);
+            }
+        }
+        let mixed = self.opts.workload.with_long(
+            self.opts.long_share,
+            self.fitted.long_input,
+            self.fitted.long_output,
+        );
+        self.level(Phase::LongMix, at, Some(mixed)).await;
+    }
+
+    /// Bursts at the highest loads first until one recovers: the bursts and the safe load.
+    async fn bursts(&mut self, tries: &[Load], passed: &[Load]) -> (Vec<BurstReport>, Option<Load>) {
         let mut bursts = Vec::new();
-        let mut safe = candidate;
-        if phases.contains(&Phase::Burst) {
-            safe = None;
-            // The highest load first; if it does not recover, the next ones below it.
-            for load in tries.iter().copied().take(3) {
-                let b = self.burst(load).await;
-                let recovered = b.recovered;
-                bursts.push(b);
-                if recovered {
-                    safe = passed.contains(&load).then_some(load);
-                    break;
-                }
+        let mut safe = None;
+        for load in tries.iter().copied().take(3) {
+            let b = self.burst(load).await;
+            let recovered = b.recovered;
+            bursts.push(b);
+            if recovered {
+                safe = passed.contains(&load).then_some(load);
+                break;
             }
         }
+        (bursts, safe)
+    }
+
+    /// The report over every level run.
+    fn finish(&mut self, started_at: String, found: Found) -> Report {
+        let Found {
+            loads,
+            bursts,
+            knee,
+            safe,
+            summary,
+            tenants,
+            fairness,
+        } = found;
         let distorted_levels = self
             .levels
             .iter()
             .chain(bursts.iter().map(|b| &b.level))
             .filter(|l| l.distorted.is_some())
             .count();
-        let summary = match &fairness {
-            Some(f) => tenants::summarize(&tenants, f),
-            None => summarize(&phases, baseline, candidate, knee, safe, &bursts),
-        };
-        if tenant_run {
-            (knee, safe) = (None, None);
-        }
         let prompt_tokens = self
             .levels
             .iter()
@@ -550,6 +621,7 @@ impl Ctx {
                 max_concurrency: o.max_concurrency,
                 max_in_flight: o.max_in_flight,
                 seed: o.seed,
+                trace: self.extras.replay.as_ref().map(crate::replay::Replay::info),
                 honor_retry_after: self.extras.honor_retry_after,
                 slo_mix: self
                     .extras
@@ -574,6 +646,18 @@ impl Ctx {
             slo: o.slo.clone(),
         }
     }
+}
+
+/// What the phases found, for the report.
+#[derive(Default)]
+struct Found {
+    loads: Vec<Load>,
+    bursts: Vec<BurstReport>,
+    knee: Option<Load>,
+    safe: Option<Load>,
+    summary: String,
+    tenants: Vec<crate::tenants::TenantReport>,
+    fairness: Option<crate::tenants::Fairness>,
 }
 
 /// The next level to try between a pass and a failure; `None` when they are adjacent (concurrency)
