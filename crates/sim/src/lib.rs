@@ -139,12 +139,20 @@ pub fn simulate(
     if !(speed.is_finite() && speed > 0.0) {
         return Err(SimError::Input(format!("--speed {speed}: a positive factor")));
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .map_err(SimError::Runtime)?;
-    rt.block_on(run(trace, engine, c, slo, speed))
+    // A thread of its own: its runtime's paused clock is the simulation's, and a caller may
+    // already be inside a runtime (the binary's), where another cannot be blocked on.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .map_err(SimError::Runtime)?;
+            rt.block_on(run(trace, engine, c, slo, speed))
+        })
+        .join()
+        .unwrap_or_else(|_| Err(SimError::Input(format!("{c}: the simulation panicked"))))
+    })
 }
 
 async fn run(

@@ -7,6 +7,7 @@ mod diagnose_cmd;
 mod engine_cmd;
 mod key_cmd;
 mod plan_cmd;
+mod plan_sim;
 mod serve_cmd;
 mod trace_cmd;
 
