@@ -7,7 +7,7 @@ use std::fmt::Write;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-use crate::run::{BurstReport, LevelReport, Report};
+use crate::result::{BurstReport, LevelReport, Report};
 use crate::spec::{Metric, Phase};
 
 const COLORS: [RGBColor; 4] = [
@@ -500,19 +500,19 @@ pub struct Page<'a> {
 }
 
 /// The whole report as one HTML document.
-pub fn render(r: &Report) -> Result<String, crate::BenchError> {
+pub fn render(r: &Report) -> Result<String, crate::error::BenchError> {
     render_page(r, &Page::default())
 }
 
 /// The report with the caller's sections around it: introduction, `before`, the results,
 /// `after`, then every parameter of the run.
-pub fn render_page(r: &Report, page: &Page<'_>) -> Result<String, crate::BenchError> {
+pub fn render_page(r: &Report, page: &Page<'_>) -> Result<String, crate::error::BenchError> {
     let mut h = head(r, page);
     h.push_str(page.before);
     if !page.results_heading.is_empty() {
         let _ = writeln!(h, "<h2>{}</h2>", esc(page.results_heading));
     }
-    results(r, &mut h).map_err(crate::BenchError::Chart)?;
+    results(r, &mut h).map_err(crate::error::BenchError::Chart)?;
     h.push_str(page.after);
     parameters(r, &mut h);
     h.push_str("</body>\n</html>\n");

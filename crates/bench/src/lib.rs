@@ -4,6 +4,8 @@
 //! # Layout
 //! - [`spec`]: what a run is asked for — length distributions, SLO strings, arrivals, phases.
 //! - [`workload`]: the prompts: synthetic, or a ShareGPT / JSONL dataset, with a long share.
+//! - [`request`]: the words the rest share — where a request goes ([`Target`]) and what was
+//!   measured of it ([`request::Record`], [`request::Outcome`]); `error`: [`BenchError`].
 //! - [`client`]: one streamed request and its measurements (TTFT, every ITL gap, tokens, outcome).
 //! - [`load`]: closed- and open-loop drivers for one level, with an optional burst.
 //! - [`watch`]: the server's queue through `/metrics`, and the client's own timer lateness.
@@ -13,16 +15,23 @@
 //!   fairness index.
 //! - [`slo_mix`]: mixed per-request objectives (`--slo-mix`), sent as headers; each class's
 //!   goodput against its own objectives.
+//! - [`replay`]: a trace (`--trace`) sent on its timestamps, prompts sharing prefix blocks as its
+//!   hash ids say.
 //! - [`run`]: the phases (baseline, staircase + bisection, long mix, burst) and the safe load.
-//! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`run::Report`];
+//! - [`result`]: the run's result, [`Report`], as the JSON carries it (`spillway-bench/1`).
+//! - [`report`] (text), [`html`] (self-contained charts) and serde JSON render a [`Report`];
 //!   `progress` is the live line on stderr.
 
 pub mod client;
+mod error;
 pub mod html;
 pub mod load;
 pub mod machine;
 mod progress;
+pub mod replay;
 pub mod report;
+pub mod request;
+pub mod result;
 pub mod run;
 pub mod slo_mix;
 pub mod spec;
@@ -32,4 +41,6 @@ pub mod watch;
 pub mod workload;
 
 pub use client::{Endpoint, Target};
-pub use run::{BenchError, Extras, Options, Report, run, run_with};
+pub use error::BenchError;
+pub use result::Report;
+pub use run::{Extras, Options, run, run_with};

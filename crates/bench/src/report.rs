@@ -2,7 +2,7 @@
 
 use std::fmt::Write;
 
-use crate::run::{BurstReport, LevelReport, Report};
+use crate::result::{BurstReport, LevelReport, Report};
 use crate::spec::Phase;
 
 /// A duration in seconds shown in the unit a reader expects: µs, ms or s.
@@ -50,10 +50,7 @@ pub fn percent_against(v: f64, bound: f64) -> String {
 }
 
 /// A number with the decimals it needs, at most three: `2`, `1.5`, `0.667`.
-pub fn number(v: f64) -> String {
-    let text = format!("{v:.3}");
-    text.trim_end_matches('0').trim_end_matches('.').to_owned()
-}
+pub use bench_schema::units::number;
 
 /// A configured duration as a person writes it: `30 s`, `1.5 s`, `250 ms`.
 pub fn duration(d: std::time::Duration) -> String {
@@ -246,7 +243,7 @@ pub(crate) fn split_line(l: &LevelReport) -> Option<String> {
 }
 
 /// The prompts' length as asked against the server's count of it.
-pub fn prompt_line(p: &crate::run::PromptDrift) -> String {
+pub fn prompt_line(p: &crate::result::PromptDrift) -> String {
     format!(
         "prompt tokens: {:.0} asked, {:.0} counted by the server on average over {} requests ({} of its chat template's); drift {:+.1}%",
         p.asked_mean,
@@ -798,7 +795,7 @@ mod tests {
     /// of the narrow layout fits 80 columns, and the full one has every column in one row each.
     #[test]
     fn the_tenants_table_fits_80_columns_when_narrow() {
-        use crate::client::{Outcome, Record};
+        use crate::request::{Outcome, Record};
         use crate::spec::Load;
         use crate::tenants::{Tenant, reports};
         use std::time::Duration;
@@ -867,8 +864,8 @@ mod tests {
     /// tables that each fit 80; from 120, one row per class that fits 120.
     #[test]
     fn the_objectives_table_fits_80_columns_when_narrow() {
-        use crate::client::{Outcome, Record};
-        use crate::run::LevelReport;
+        use crate::request::{Outcome, Record};
+        use crate::result::LevelReport;
         use crate::slo_mix::{SloMix, reports};
         use crate::spec::{Load, Phase};
         use std::time::Duration;

@@ -4,6 +4,7 @@
 
 mod burst;
 mod fit;
+mod replay;
 mod tenants;
 
 pub use burst::recovery;
@@ -13,16 +14,19 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::time::{Duration, SystemTime};
 
-use serde::Serialize;
 use tokio::time::Instant;
 
-use crate::client::{Client, Endpoint, Record, Target};
+use crate::client::{Client, Record, Target};
+pub use crate::error::BenchError;
 use crate::load::{Driver, LevelRun, Sink, Stop};
 use crate::progress::Progress;
-use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo, ser_opt_secs, ser_secs};
-use crate::stats::{LevelStats, Percentiles, PromptTokens};
+pub use crate::result::{
+    BurstReport, DRIFT_WARNING, LevelReport, Parameters, PromptDrift, Report, TimelinePoint, Tool,
+};
+use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo};
+use crate::stats::{LevelStats, Percentiles};
 use crate::watch::{LoopLag, QueueSummary, QueueWatch};
-use crate::workload::{Workload, WorkloadInfo};
+use crate::workload::Workload;
 
 /// Everything a run is asked to do.
 #[derive(Debug, Clone)]
@@ -61,239 +65,6 @@ pub struct Options {
     pub quiet: bool,
 }
 
-/// Every parameter, as the JSON report records it.
-#[derive(Debug, Serialize)]
-pub struct Parameters {
-    pub url: String,
-    pub model: String,
-    /// The model's context as the server published it in `/v1/models` (`null`: not published).
-    pub max_model_len: Option<u32>,
-    pub endpoint: Endpoint,
-    pub api_key_env: Option<String>,
-    pub ignore_eos: bool,
-    #[serde(serialize_with = "ser_secs")]
-    pub request_timeout: Duration,
-    pub ca_cert: Option<String>,
-    pub loads: Vec<Load>,
-    pub arrivals: Arrivals,
-    #[serde(serialize_with = "ser_opt_secs")]
-    pub duration_per_level: Option<Duration>,
-    pub requests_per_level: Option<u64>,
-    #[serde(serialize_with = "ser_secs")]
-    pub warmup: Duration,
-    pub input_len: LengthDist,
-    pub output_len: LengthDist,
-    pub dataset: Option<String>,
-    pub workload: WorkloadInfo,
-    pub slo: String,
-    pub metrics_urls: Vec<String>,
-    pub phases: Vec<Phase>,
-    pub long_share: f64,
-    pub long_input_len: LengthDist,
-    pub long_output_len: LengthDist,
-    pub burst_factor: f64,
-    #[serde(serialize_with = "ser_secs")]
-    pub burst_length: Duration,
-    #[serde(serialize_with = "ser_secs")]
-    pub recovery_timeout: Duration,
-    pub max_concurrency: u32,
-    pub max_in_flight: usize,
-    pub seed: u64,
-    /// Closed-loop clients waited what `Retry-After` said before sending again.
-    pub honor_retry_after: bool,
-    /// The objective classes requests drew from (`--slo-mix`); empty without.
-    pub slo_mix: Vec<crate::slo_mix::SloClass>,
-}
-
-/// One level's results and its judgement.
-#[derive(Debug, Clone, Serialize)]
-pub struct LevelReport {
-    pub phase: Phase,
-    pub load: Load,
-    /// Offsets from the run's start, seconds.
-    #[serde(serialize_with = "ser_secs")]
-    pub start: Duration,
-    #[serde(serialize_with = "ser_secs")]
-    pub end: Duration,
-    pub stats: LevelStats,
-    /// Long mix only: the ordinary requests alone, and the long ones alone.
-    pub short: Option<LevelStats>,
-    pub long: Option<LevelStats>,
-    pub queue: Option<QueueSummary>,
-    /// How long a ready task waited for this client's runtime during the level (seconds).
-    pub client_loop_lag: Option<Percentiles>,
-    pub unsent: u64,
-    /// Sent during the warm-up and left out of the statistics.
-    pub warmup_requests: usize,
-    /// Set when the client's own lag was large enough to distort TTFT: the numbers are suspect.
-    pub distorted: Option<String>,
-    /// Set when the level measured too few requests to stand for a steady state.
-    pub too_short: Option<String>,
-    /// SLOs held and the queue drained.
-    pub pass: bool,
-    pub reasons: Vec<String>,
-    /// The first error message of each kind, as the server worded it.
-    pub error_examples: std::collections::BTreeMap<&'static str, String>,
-    /// With `--slo-mix`: each objective class's requests against its own objectives, in the mix's
-    /// order; empty without.
-    pub slo_classes: Vec<crate::slo_mix::SloClassReport>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub records: Option<Vec<Record>>,
-}
-
-/// One point of a burst's timeline.
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct TimelinePoint {
-    /// From the level's start, seconds.
-    pub t: f64,
-    /// TTFT p95 over first tokens that arrived in the last second.
-    pub ttft_p95: Option<f64>,
-    /// First tokens in that second.
-    pub arrivals: usize,
-    pub waiting: Option<f64>,
-}
-
-/// The sustained-plus-burst phase at one load.
-#[derive(Debug, Clone, Serialize)]
-pub struct BurstReport {
-    pub load: Load,
-    pub factor: f64,
-    /// From the level's start, seconds.
-    pub burst_start: f64,
-    pub burst_end: f64,
-    pub timeline: Vec<TimelinePoint>,
-    /// The most requests waiting before the burst: the level the queue must return to.
-    pub baseline_waiting: Option<f64>,
-    /// From the end of the burst until rolling TTFT p95 stayed under the SLO; `None`: never.
-    pub ttft_recovery_seconds: Option<f64>,
-    pub queue_recovery_seconds: Option<f64>,
-    pub recovered: bool,
-    pub level: LevelReport,
-}
-
-/// The whole run, as written to JSON and rendered as text and HTML.
-#[derive(Debug, Serialize)]
-pub struct Report {
-    /// `spillway-bench/1`; see the JSON schema in docs/bench.md.
-    pub schema: &'static str,
-    pub tool: Tool,
-    pub parameters: Parameters,
-    pub started_at: String,
-    pub finished_at: String,
-    /// Where it ran: the client shares the machine with the server when both are local.
-    pub machine: crate::machine::Machine,
-    pub levels: Vec<LevelReport>,
-    pub bursts: Vec<BurstReport>,
-    /// The first staircase level that failed.
-    pub knee: Option<Load>,
-    /// The largest level that passed the SLOs (and recovered from a burst, when that phase ran).
-    pub safe: Option<Load>,
-    pub summary: String,
-    /// The prompts' real length: the server's count of their tokens against the bench's.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub prompt_tokens: Option<PromptDrift>,
-    /// A run of several tenants at once (`--tenant`): what each sent and got, in the order given;
-    /// empty otherwise.
-    pub tenants: Vec<crate::tenants::TenantReport>,
-    /// Jain's index over the tenants' service, unweighted (equal shares are 1; not the gateway's
-    /// weighted index); `null` without tenants.
-    pub fairness: Option<crate::tenants::Fairness>,
-    /// What the run changed on its own, and why (e.g. long-mix lengths fitted to the context).
-    pub notes: Vec<String>,
-    /// Levels whose numbers the client's own lag may have distorted.
-    pub distorted_levels: usize,
-    #[serde(skip)]
-    pub slo: Slo,
-}
-
-/// Prompt tokens asked for against the server's count (`usage.prompt_tokens`), over every
-/// request that had both.
-#[derive(Debug, Clone, Serialize)]
-pub struct PromptDrift {
-    pub requests: usize,
-    pub asked_mean: f64,
-    pub served_mean: f64,
-    /// What the server's chat template adds to each prompt: the first request's count less its
-    /// one word.
-    pub template_tokens: Option<u32>,
-    /// Server tokens per asked token, the template's taken out, less 1: +0.6 is 1.6× as long.
-    pub drift: f64,
-}
-
-/// A drift beyond this is said in a warning: latencies measured are of other prompt lengths than
-/// the ones asked for.
-pub const DRIFT_WARNING: f64 = 0.10;
-
-impl PromptDrift {
-    fn of(tokens: PromptTokens, template_tokens: Option<u32>) -> Option<PromptDrift> {
-        let n = tokens.requests as f64;
-        Some(PromptDrift {
-            requests: tokens.requests,
-            asked_mean: tokens.asked as f64 / n,
-            served_mean: tokens.served as f64 / n,
-            template_tokens,
-            drift: tokens.ratio(template_tokens.unwrap_or(0))? - 1.0,
-        })
-    }
-
-    /// The warning a large drift deserves.
-    pub fn warning(&self) -> Option<String> {
-        (self.drift.abs() > DRIFT_WARNING).then(|| {
-            format!(
-                "WARNING: the server counted the prompts {:+.0}% against the tokens asked ({:.0} asked, {:.0} counted on \
-                 average, its chat template's {} tokens included): its tokenizer is not the bench's four-bytes-a-token \
-                 words, so every length in this report is the asked one, not the one served",
-                self.drift * 100.0,
-                self.asked_mean,
-                self.served_mean,
-                self.template_tokens.map_or("unknown".to_owned(), |t| t.to_string()),
-            )
-        })
-    }
-}
-
-#[derive(Debug, Serialize)]
-pub struct Tool {
-    pub name: &'static str,
-    pub version: &'static str,
-}
-
-/// Why a run could not start or go on.
-#[derive(Debug, thiserror::Error)]
-pub enum BenchError {
-    #[error("{0}")]
-    Setup(String),
-    /// `--url` cannot be used.
-    #[error("--url {url:?}: {reason}")]
-    Url { url: String, reason: String },
-    /// `--ca-cert` cannot be read or holds no certificate.
-    #[error("--ca-cert {path}: {reason}")]
-    CaCert { path: String, reason: String },
-    /// `--dataset` cannot be read or has no usable prompt.
-    #[error("--dataset {path}: {reason}")]
-    Dataset { path: String, reason: String },
-    /// `--phases` names a phase that does not exist.
-    #[error("--phases: {0}")]
-    Phases(String),
-    /// A chart of the HTML report could not be drawn.
-    #[error("cannot draw the report: {0}")]
-    Chart(String),
-    /// `--metrics-url` cannot be read or has no queue series.
-    #[error("--metrics-url {url}: {reason}")]
-    Metrics { url: String, reason: String },
-    /// A tenant's options or its first request.
-    #[error("tenant {name}: {error}")]
-    Tenant { name: String, error: Box<BenchError> },
-    #[error("target {url} is unreachable: {detail}")]
-    Unreachable { url: String, detail: String },
-    #[error("target {url} refused the first request ({status}): {message}")]
-    Rejected {
-        url: String,
-        status: u16,
-        message: String,
-    },
-}
-
 struct Ctx {
     opts: Options,
     max_model_len: Option<u32>,
@@ -330,6 +101,9 @@ pub struct Extras {
     /// `x-spillway-slo-ttft-ms` / `x-spillway-slo-tpot-ms`; each level reports every class
     /// against its own objectives ([`LevelReport::slo_classes`]).
     pub slo_mix: Option<crate::slo_mix::SloMix>,
+    /// A trace sent on its timestamps: the run is then that one level, in place of the phases
+    /// (`loads`, `stop` and `phases` are not used), judged by the SLOs like any level.
+    pub replay: Option<crate::replay::Replay>,
 }
 
 /// See [`Extras::on_level`].
@@ -346,6 +120,10 @@ pub async fn run_with(mut opts: Options, extras: Extras) -> Result<Report, Bench
         // One level of every tenant at once, in place of the phases (and of their long mix).
         opts.phases = vec![Phase::Tenants];
         opts.loads = vec![crate::tenants::level_load(&extras.tenants)];
+    }
+    if let Some(replay) = &extras.replay {
+        opts.phases = vec![Phase::Replay];
+        opts.loads = vec![Load::Rate(replay.info().rate)];
     }
     let started_at = humantime::format_rfc3339_seconds(SystemTime::now()).to_string();
     let epoch = Instant::now();
@@ -610,11 +388,23 @@ impl Ctx {
         }
     }
 
+    /// The phases asked for, in the seed's order, and the report over them; or the tenants' one
+    /// level, or a trace's replay, in their place.
     async fn phases(&mut self, started_at: String) -> Report {
+        let loads = self.default_loads();
+        if let Some(replay) = self.extras.replay.clone() {
+            let level = self.replay_level(&replay).await;
+            let summary = replay::summarize(&replay, &level);
+            let found = Found {
+                loads,
+                summary,
+                ..Found::default()
+            };
+            return self.finish(started_at, found);
+        }
         // Several tenants run one level together, in place of the phases.
         let tenant_run = !self.tenant_clients.is_empty();
         let phases = self.opts.phases.clone();
-        let loads = self.default_loads();
         let (tenants, fairness) = if tenant_run {
             let (tenants, fairness) = self.tenants_level(loads[0]).await;
             (tenants, Some(fairness))
@@ -627,47 +417,16 @@ impl Ctx {
             .min_by(|a, b| a.value().total_cmp(&b.value()))
             .unwrap_or(Load::Concurrency(1));
         let mut passed: Vec<Load> = Vec::new();
-        let mut knee = None;
-        let mut baseline = None;
-        if phases.contains(&Phase::Baseline) {
-            let base = match lowest {
-                Load::Concurrency(_) => Load::Concurrency(1),
-                rate => rate,
-            };
-            let r = self.level(Phase::Baseline, base, None).await;
-            if r.pass {
-                passed.push(base);
-            }
-            baseline = Some((base, r.pass));
-        }
-        if phases.contains(&Phase::Staircase) {
-            let mut last_pass = None;
-            for load in loads.iter().copied() {
-                // The staircase's first step is often the baseline's level: that run counts for both.
-                let pass = match baseline {
-                    Some((base, pass)) if base == load => pass,
-                    _ => self.level(Phase::Staircase, load, None).await.pass,
-                };
-                if !pass {
-                    knee = Some(load);
-                    break;
-                }
-                last_pass = Some(load);
-                passed.push(load);
-            }
-            if let (Some(mut lo), Some(mut hi)) = (last_pass, knee) {
-                while let Some(mid) = midpoint(lo, hi) {
-                    let r = self.level(Phase::Staircase, mid, None).await;
-                    if r.pass {
-                        passed.push(mid);
-                        lo = mid;
-                    } else {
-                        hi = mid;
-                    }
-                }
-                knee = Some(hi);
-            }
-        }
+        let baseline = if phases.contains(&Phase::Baseline) {
+            Some(self.baseline(lowest, &mut passed).await)
+        } else {
+            None
+        };
+        let knee = if phases.contains(&Phase::Staircase) {
+            self.staircase(&loads, baseline, &mut passed).await
+        } else {
+            None
+        };
         let highest_first = |v: &mut Vec<Load>| {
             v.sort_by(|a, b| b.value().total_cmp(&a.value()));
             v.dedup();
@@ -682,50 +441,132 @@ impl Ctx {
             highest_first(&mut tries);
         }
         if phases.contains(&Phase::LongMix) {
-            let at = tries.first().copied().unwrap_or(lowest);
-            if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
-                let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
-                self.fitted.long_input = input;
-                if let Some(note) = note {
-                    self.progress.println(format!("note: {note}"));
-                    self.fitted.notes.push(note);
+            self.long_mix(tries.first().copied().unwrap_or(lowest)).await;
+        }
+        let (bursts, safe) = if phases.contains(&Phase::Burst) {
+            self.bursts(&tries, &passed).await
+        } else {
+            (Vec::new(), candidate)
+        };
+        let summary = match &fairness {
+            Some(f) => tenants::summarize(&tenants, f),
+            None => summarize(&phases, baseline, candidate, knee, safe, &bursts),
+        };
+        let (knee, safe) = if tenant_run { (None, None) } else { (knee, safe) };
+        let found = Found {
+            loads,
+            bursts,
+            knee,
+            safe,
+            summary,
+            tenants,
+            fairness,
+        };
+        self.finish(started_at, found)
+    }
+
+    /// The baseline: one client (or the lowest rate) alone. Its load, and whether it passed.
+    async fn baseline(&mut self, lowest: Load, passed: &mut Vec<Load>) -> (Load, bool) {
+        let base = match lowest {
+            Load::Concurrency(_) => Load::Concurrency(1),
+            rate => rate,
+        };
+        let r = self.level(Phase::Baseline, base, None).await;
+        if r.pass {
+            passed.push(base);
+        }
+        (base, r.pass)
+    }
+
+    /// The staircase up to its first failure, then bisection between the last pass and it: the
+    /// knee, if one was found.
+    async fn staircase(
+        &mut self,
+        loads: &[Load],
+        baseline: Option<(Load, bool)>,
+        passed: &mut Vec<Load>,
+    ) -> Option<Load> {
+        let mut knee = None;
+        let mut last_pass = None;
+        for load in loads.iter().copied() {
+            // The staircase's first step is often the baseline's level: that run counts for both.
+            let pass = match baseline {
+                Some((base, pass)) if base == load => pass,
+                _ => self.level(Phase::Staircase, load, None).await.pass,
+            };
+            if !pass {
+                knee = Some(load);
+                break;
+            }
+            last_pass = Some(load);
+            passed.push(load);
+        }
+        if let (Some(mut lo), Some(mut hi)) = (last_pass, knee) {
+            while let Some(mid) = midpoint(lo, hi) {
+                let r = self.level(Phase::Staircase, mid, None).await;
+                if r.pass {
+                    passed.push(mid);
+                    lo = mid;
+                } else {
+                    hi = mid;
                 }
             }
-            let mixed = self.opts.workload.with_long(
-                self.opts.long_share,
-                self.fitted.long_input,
-                self.fitted.long_output,
-            );
-            self.level(Phase::LongMix, at, Some(mixed)).await;
+            knee = Some(hi);
         }
+        knee
+    }
+
+    /// The long mix at `at`, its long lengths refitted to the prompts' measured drift.
+    async fn long_mix(&mut self, at: Load) {
+        if let Some(ratio) = self.prompt_drift().map(|d| 1.0 + d.drift) {
+            let (input, note) = refit(&self.fitted, &self.opts, self.max_model_len, ratio);
+            self.fitted.long_input = input;
+            if let Some(note) = note {
+                self.progress.println(format!("note: {note}"));
+                self.fitted.notes.push(note);
+            }
+        }
+        let mixed = self.opts.workload.with_long(
+            self.opts.long_share,
+            self.fitted.long_input,
+            self.fitted.long_output,
+        );
+        self.level(Phase::LongMix, at, Some(mixed)).await;
+    }
+
+    /// Bursts at the highest loads first until one recovers: the bursts and the safe load.
+    async fn bursts(&mut self, tries: &[Load], passed: &[Load]) -> (Vec<BurstReport>, Option<Load>) {
         let mut bursts = Vec::new();
-        let mut safe = candidate;
-        if phases.contains(&Phase::Burst) {
-            safe = None;
-            // The highest load first; if it does not recover, the next ones below it.
-            for load in tries.iter().copied().take(3) {
-                let b = self.burst(load).await;
-                let recovered = b.recovered;
-                bursts.push(b);
-                if recovered {
-                    safe = passed.contains(&load).then_some(load);
-                    break;
-                }
+        let mut safe = None;
+        for load in tries.iter().copied().take(3) {
+            let b = self.burst(load).await;
+            let recovered = b.recovered;
+            bursts.push(b);
+            if recovered {
+                safe = passed.contains(&load).then_some(load);
+                break;
             }
         }
+        (bursts, safe)
+    }
+
+    /// The report over every level run.
+    fn finish(&mut self, started_at: String, found: Found) -> Report {
+        let Found {
+            loads,
+            bursts,
+            knee,
+            safe,
+            summary,
+            tenants,
+            fairness,
+        } = found;
         let distorted_levels = self
             .levels
             .iter()
             .chain(bursts.iter().map(|b| &b.level))
             .filter(|l| l.distorted.is_some())
             .count();
-        let summary = match &fairness {
-            Some(f) => tenants::summarize(&tenants, f),
-            None => summarize(&phases, baseline, candidate, knee, safe, &bursts),
-        };
-        if tenant_run {
-            (knee, safe) = (None, None);
-        }
         let prompt_tokens = self
             .levels
             .iter()
@@ -780,6 +621,7 @@ impl Ctx {
                 max_concurrency: o.max_concurrency,
                 max_in_flight: o.max_in_flight,
                 seed: o.seed,
+                trace: self.extras.replay.as_ref().map(crate::replay::Replay::info),
                 honor_retry_after: self.extras.honor_retry_after,
                 slo_mix: self
                     .extras
@@ -804,6 +646,18 @@ impl Ctx {
             slo: o.slo.clone(),
         }
     }
+}
+
+/// What the phases found, for the report.
+#[derive(Default)]
+struct Found {
+    loads: Vec<Load>,
+    bursts: Vec<BurstReport>,
+    knee: Option<Load>,
+    safe: Option<Load>,
+    summary: String,
+    tenants: Vec<crate::tenants::TenantReport>,
+    fairness: Option<crate::tenants::Fairness>,
 }
 
 /// The next level to try between a pass and a failure; `None` when they are adjacent (concurrency)

@@ -11,7 +11,7 @@ use std::time::Duration;
 use rand::Rng;
 use serde::Serialize;
 
-use crate::client::{Outcome, Record};
+use crate::request::{Outcome, Record};
 use crate::spec::{Metric, ser_opt_secs, ser_secs};
 use crate::stats::{Percentiles, values};
 
@@ -48,7 +48,7 @@ pub struct SloClass {
 impl SloClass {
     /// The headers a request of this class carries: milliseconds, with the decimals they need.
     pub fn headers(&self) -> Vec<(&'static str, String)> {
-        let ms = |d: Duration| crate::report::number(d.as_secs_f64() * 1e3);
+        let ms = |d: Duration| bench_schema::units::number(d.as_secs_f64() * 1e3);
         let mut h = vec![(TTFT_HEADER, ms(self.ttft))];
         if let Some(tpot) = self.tpot {
             h.push((TPOT_HEADER, ms(tpot)));
@@ -182,7 +182,7 @@ impl FromStr for SloMix {
         if (sum - 1.0).abs() > SHARE_TOLERANCE {
             return Err(format!(
                 "{s:?}: the shares add up to {}, not 1",
-                crate::report::number(sum)
+                bench_schema::units::number(sum)
             ));
         }
         Ok(SloMix { classes })

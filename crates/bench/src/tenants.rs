@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::client::{Outcome, Record};
+use crate::request::{Outcome, Record};
 use crate::spec::Load;
 use crate::stats::{Percentiles, RetryWaits, values, within_slo};
 

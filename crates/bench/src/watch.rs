@@ -1,7 +1,7 @@
 //! What the bench watches beside its own requests: the server's queue through `/metrics`, and its
 //! own event loop's lateness, which would distort every timestamp it takes.
 
-use crate::run::BenchError;
+use crate::error::BenchError;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The prompts a run sends: synthetic text of a sampled length, or prompts read from a ShareGPT or
 //! JSONL dataset, with an optional share of long requests mixed in.
 
-use crate::run::BenchError;
+use crate::error::BenchError;
 use std::path::Path;
 use std::sync::Arc;
 

@@ -159,7 +159,7 @@ impl EngineConfig {
                 max_num_batched_tokens: 8192,
                 max_model_len: 8192,
                 kv_cache_tokens: 400_000,
-                cost: crate::calibration::LLAMA31_8B_H100,
+                cost: crate::published::LLAMA31_8B_H100,
                 ..base
             },
         }

@@ -97,7 +97,7 @@ pub(crate) async fn embed(
     let body = EmbeddingResponse {
         id: Some(format!("embd-{first}")),
         object: "list".into(),
-        created: Some(crate::server::unix_now()),
+        created: Some(crate::clock::unix_now()),
         model: req.model.clone(),
         data,
         usage: EmbeddingUsage {

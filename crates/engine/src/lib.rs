@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: vLLM's knobs, presets, length distributions.
-//! - [`cost`]: the step-time formula; [`calibration`]: the fitted presets and the published points.
+//! - [`cost`]: the step-time formula; [`published`]: the fitted presets and the published points;
+//!   [`calibration`]: the closed-loop run that holds a preset against them.
 //! - `kv`: the paged KV cache and prefix cache; [`scheduler`]: vLLM V1's continuous batching.
 //! - [`engine`]: one replica's step loop on `tokio::time`, and the [`Engine`] handle that submits
 //!   requests and reads ground truth (running, waiting, aborts, per-request timings).
@@ -12,12 +13,13 @@
 //! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
 //!   `stream` renders tokens as SSE chunks; `text` is the filler output; `embed` answers
 //!   `/v1/embeddings` (each input through the scheduler). Prompts are counted by the shared
-//!   `tokenize` crate.
+//!   `tokenize` crate; `clock` gives the answers their `created` second.
 //!
 //! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
 
 mod agents;
 pub mod calibration;
+mod clock;
 pub mod config;
 pub mod cost;
 mod embed;
@@ -25,6 +27,7 @@ pub mod engine;
 pub mod faults;
 mod kv;
 pub mod metrics;
+pub mod published;
 pub mod scheduler;
 pub mod server;
 mod stream;

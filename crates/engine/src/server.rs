@@ -2,6 +2,7 @@
 //! and an accept loop that can refuse connections or die on command.
 
 use crate::agents;
+use crate::clock::unix_now;
 use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
 use crate::faults::FaultPatch;
 use crate::scheduler::{FinishReason, Progress};
@@ -22,7 +23,7 @@ use protocol::openai::{
 };
 use std::future::Future;
 use std::net::SocketAddr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokenize::chat_prompt;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -180,12 +181,6 @@ async fn health(State(engine): State<Engine>) -> StatusCode {
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     }
-}
-
-pub(crate) fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
 }
 
 async fn models(State(engine): State<Engine>) -> Response {

@@ -36,11 +36,92 @@ pub struct AccessRecord {
     /// Something about the request the outcome does not say, from a fixed vocabulary (e.g.
     /// `upstream_body_not_ended`: the replica sent `[DONE]` but never ended its body).
     pub note: Option<&'static str>,
+    // What makes a day of log a trace to replay (`spillway trace`): refused requests included.
+    /// When it arrived, wall clock, milliseconds since the Unix epoch.
+    pub arrival_ms: Option<u64>,
+    /// The model the client named (the route may serve it under another name).
+    pub model: Option<Arc<str>>,
+    /// The answer's length the client asked (`max_tokens`, `max_completion_tokens`), before caps
+    /// and defaults: with `tokens_in`, what a refused request would have cost.
+    pub max_tokens: Option<u32>,
+    pub priority: Option<&'static str>,
+    /// The prompt's blocks of [`HASH_BLOCK_BYTES`], each hashed with the ones before it and the
+    /// deployment's salt ([`hash_ids`]): equal ids are a shared prefix, and no content is kept.
+    pub hash_ids: Vec<u64>,
+}
+
+/// A prompt block for [`AccessRecord::hash_ids`]: 2048 bytes, about Mooncake's 512 tokens at the
+/// four bytes a token the bench's prompts and the gateway's estimate use.
+pub const HASH_BLOCK_BYTES: usize = 2048;
+
+/// At most this many blocks are hashed (a 2 MB prompt): the line stays bounded.
+pub const MAX_HASH_IDS: usize = 1024;
+
+/// The environment variable that holds the deployment's salt; without it each process draws one,
+/// and ids match only within that process's log.
+pub const SALT_ENV: &str = "SPILLWAY_TRACE_SALT";
+
+/// The wall clock at `at` (an instant of the past), in milliseconds since the Unix epoch.
+pub fn wall_ms(at: tokio::time::Instant) -> Option<u64> {
+    let now = std::time::SystemTime::now().checked_sub(at.elapsed())?;
+    let since = now.duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_millis()).ok()
+}
+
+fn salt() -> &'static [u8] {
+    static SALT: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    SALT.get_or_init(|| match std::env::var(SALT_ENV) {
+        Ok(s) if !s.is_empty() => s.into_bytes(),
+        _ => rand::random::<[u8; 16]>().to_vec(),
+    })
+}
+
+/// Prefix-block ids of a prompt given as its parts in order: SHA-256 of (salt, the previous
+/// block's id, this block's bytes), cut to 53 bits so that every JSON reader holds them exactly.
+/// A chain, as vLLM's prefix cache hashes blocks: a block's id says its whole prefix matched.
+pub fn hash_ids<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u64> {
+    hash_ids_salted(salt(), parts)
+}
+
+fn hash_ids_salted<'a>(salt: &[u8], parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u64> {
+    use sha2::{Digest, Sha256};
+    let start = |previous: u64| {
+        let mut h = Sha256::new();
+        h.update(salt);
+        h.update(previous.to_le_bytes());
+        h
+    };
+    let mut ids = Vec::new();
+    let mut block = start(0);
+    let mut filled = 0;
+    let finish = |h: Sha256| {
+        let d = h.finalize();
+        u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]) & ((1 << 53) - 1)
+    };
+    for mut part in parts {
+        while !part.is_empty() && ids.len() < MAX_HASH_IDS {
+            let take = part.len().min(HASH_BLOCK_BYTES - filled);
+            block.update(&part[..take]);
+            filled += take;
+            part = &part[take..];
+            if filled == HASH_BLOCK_BYTES {
+                let id = finish(std::mem::replace(&mut block, Sha256::new()));
+                ids.push(id);
+                block = start(id);
+                filled = 0;
+            }
+        }
+    }
+    if filled > 0 && ids.len() < MAX_HASH_IDS {
+        ids.push(finish(block));
+    }
+    ids
 }
 
 /// What the writer thread receives: a line, or a request to write out everything before it.
 enum Message {
-    Line(AccessRecord),
+    // Boxed: a record with its trace fields is ~270 bytes, and the channel holds 8,192 messages.
+    Line(Box<AccessRecord>),
     Flush(SyncSender<()>),
 }
 
@@ -146,7 +227,7 @@ impl AccessLog {
     /// Hands the record to the writer without waiting; drops it (and counts it) when the buffer is full.
     pub fn write(&self, record: AccessRecord) {
         match &self.sink {
-            Sink::Writer(tx) => match tx.try_send(Message::Line(record)) {
+            Sink::Writer(tx) => match tx.try_send(Message::Line(Box::new(record))) {
                 Ok(()) => {}
                 Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => self.dropped.inc(),
             },
@@ -250,7 +331,28 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
         Some(s) => string(line, s),
         None => line.extend_from_slice(b"null"),
     }
-    line.extend_from_slice(b"}\n");
+    line.extend_from_slice(b",\"arrival_ms\":");
+    optional(line, r.arrival_ms, int);
+    line.extend_from_slice(b",\"model\":");
+    match &r.model {
+        Some(s) => string(line, s),
+        None => line.extend_from_slice(b"null"),
+    }
+    line.extend_from_slice(b",\"max_tokens\":");
+    optional(line, r.max_tokens, int);
+    line.extend_from_slice(b",\"priority\":");
+    match r.priority {
+        Some(s) => string(line, s),
+        None => line.extend_from_slice(b"null"),
+    }
+    line.extend_from_slice(b",\"hash_ids\":[");
+    for (i, id) in r.hash_ids.iter().enumerate() {
+        if i > 0 {
+            line.push(b',');
+        }
+        int(line, *id);
+    }
+    line.extend_from_slice(b"]}\n");
 }
 
 fn int(line: &mut Vec<u8>, n: impl itoa::Integer) {
@@ -348,11 +450,11 @@ mod tests {
         let (tx, rx) = std::sync::mpsc::sync_channel(4);
         let mut out = Vec::new();
         for id in ["a", "b"] {
-            tx.send(Message::Line(AccessRecord {
+            tx.send(Message::Line(Box::new(AccessRecord {
                 id: id.into(),
                 status: 200,
                 ..AccessRecord::default()
-            }))
+            })))
             .unwrap();
         }
         drop(tx);
@@ -402,6 +504,11 @@ mod tests {
                 tokens_out: (i % 2 == 1).then_some(u32::MAX),
                 retries: i as u32,
                 note: (i % 2 == 0).then_some("upstream_body_not_ended"),
+                arrival_ms: (i % 2 == 0).then_some(1_765_000_000_000 + i as u64),
+                model: (i % 3 == 0).then(|| "meta-llama/Llama-3.1-8B".into()),
+                max_tokens: (i % 2 == 1).then_some(i as u32 * 100),
+                priority: (i % 2 == 0).then_some("sheddable"),
+                hash_ids: (0..i as u64).map(|k| k * 0x1f_ffff_ffff_ffff / 7).collect(),
             });
         }
         for micros in (0..20_000).step_by(7) {
@@ -460,5 +567,28 @@ mod tests {
         let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
         assert_eq!(text.lines().count(), 500);
         assert!(text.lines().last().unwrap().contains("\"r499\""));
+    }
+
+    /// Equal prefixes give equal leading ids, whatever the parts' boundaries; a different salt
+    /// gives different ids; the last block may be partial; the count is bounded.
+    #[test]
+    fn hash_ids_chain_blocks_under_a_salt() {
+        let a = vec![b'a'; HASH_BLOCK_BYTES * 2 + 10];
+        let mut b = a.clone();
+        b[HASH_BLOCK_BYTES * 2 + 3] = b'b';
+        let ids_a = hash_ids_salted(b"s", [&a[..]]);
+        let ids_b = hash_ids_salted(b"s", [&b[..5], &b[5..]]);
+        assert_eq!(ids_a.len(), 3);
+        assert_eq!(ids_a[..2], ids_b[..2], "the shared two blocks");
+        assert_ne!(ids_a[2], ids_b[2], "the partial block differs");
+        assert_ne!(
+            ids_a[0], ids_a[1],
+            "a block's id carries its prefix, not only its bytes"
+        );
+        assert!(ids_a.iter().all(|id| *id < 1 << 53));
+        assert_ne!(hash_ids_salted(b"t", [&a[..]])[0], ids_a[0]);
+        assert_eq!(hash_ids_salted(b"s", [&[][..]]), Vec::<u64>::new());
+        let huge = vec![0u8; HASH_BLOCK_BYTES * (MAX_HASH_IDS + 5)];
+        assert_eq!(hash_ids_salted(b"s", [&huge[..]]).len(), MAX_HASH_IDS);
     }
 }

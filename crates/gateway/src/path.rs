@@ -179,7 +179,7 @@ pub(crate) async fn admitted(
     ex: &mut Ledger,
 ) -> Result<Admitted, GatewayError> {
     let parsed = Parsed::parse(api, body)?;
-    ex.parsed(parsed.stream());
+    ex.parsed(&parsed);
     ex.trace().request(
         api == Api::Chat,
         parsed.model(),
@@ -200,7 +200,7 @@ pub(crate) async fn admitted(
     let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
     let class = &route.classes[prepared.class];
     ex.classified(class);
-    ex.counted(prepared.input_tokens);
+    ex.counted(prepared.input_tokens, prepared.priority.as_str());
     ex.trace().admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     Ok(Admitted {

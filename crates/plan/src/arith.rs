@@ -4,10 +4,12 @@
 
 use std::time::Duration;
 
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 
 use crate::PlanError;
 use crate::measure::{Measurement, Sourced};
+use crate::units::{ceil, floor, opt_secs, secs};
+pub use crate::units::{dur, littles_law, num, round_up};
 
 /// The `schema` of `spillway plan --json`.
 pub const PLAN_SCHEMA: &str = "spillway-plan/1";
@@ -196,51 +198,8 @@ pub struct Plan {
     pub warnings: Vec<String>,
 }
 
-fn secs<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_f64(d.as_secs_f64())
-}
-
-fn opt_secs<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-    match d {
-        Some(d) => s.serialize_some(&d.as_secs_f64()),
-        None => s.serialize_none(),
-    }
-}
-
-/// A number as a person writes it: `24`, `0.8`, `6.25`.
-pub fn num(v: f64) -> String {
-    if (v - v.round()).abs() < 1e-9 {
-        format!("{}", v.round())
-    } else {
-        let s = format!("{v:.3}");
-        s.trim_end_matches('0').trim_end_matches('.').to_owned()
-    }
-}
-
-/// A duration as a person writes it: `2s`, `1.5s`, `450ms`.
-pub fn dur(d: Duration) -> String {
-    if d >= Duration::from_secs(1) {
-        format!("{}s", num(d.as_secs_f64()))
-    } else {
-        format!("{}ms", num((d.as_secs_f64() * 1e4).round() / 10.0))
-    }
-}
-
-/// Budgets are rounded up to 100 ms below ten seconds and to whole seconds above.
-pub fn round_up(d: Duration) -> Duration {
-    let step: u128 = if d <= Duration::from_secs(10) { 100 } else { 1000 };
-    let ms = d.as_nanos().div_ceil(1_000_000);
-    Duration::from_millis(ms.div_ceil(step).saturating_mul(step) as u64)
-}
-
 /// Wq without a TTFT objective to derive it from.
 pub const DEFAULT_WAIT_BUDGET: Duration = Duration::from_secs(2);
-
-/// Little's law: requests in the system = the rate served × the time each spends there. An open
-/// loop gives the rate served, not the rate offered, and a closed loop's C over its latency the same.
-pub fn littles_law(throughput_rps: f64, time_in_system: Duration) -> f64 {
-    throughput_rps * time_in_system.as_secs_f64()
-}
 
 /// The wait budget that keeps a request which waits all of it inside the TTFT objective: what the
 /// objective leaves after the engine's own TTFT tail, and at most half the objective (the engine's
@@ -250,15 +209,6 @@ pub fn wait_budget_for_ttft(objective: Duration, ttft_tail: Option<Duration>) ->
     let left = objective.saturating_sub(ttft_tail.unwrap_or(Duration::ZERO));
     let wq = left.min(objective / 2);
     Duration::from_millis(wq.as_millis() as u64)
-}
-
-// Products of decimal inputs land a hair off the integer (0.29 × 100 = 28.999…): round that away.
-pub(crate) fn floor(v: f64) -> u32 {
-    (v + 1e-9).floor().max(0.0) as u32
-}
-
-fn ceil(v: f64) -> u32 {
-    (v - 1e-9).ceil().max(0.0) as u32
 }
 
 /// Wq and where it came from: pinned, derived from the measurement's TTFT objective, or the default.
@@ -294,8 +244,74 @@ fn wait_budget(m: &Measurement, d: &Deployment) -> (Duration, String) {
     (wq, from)
 }
 
-/// The plan: every figure, the arithmetic and the checks.
+/// The lines of arithmetic and the warnings, gathered as each control point is planned.
+struct Work {
+    lines: Vec<Line>,
+    warnings: Vec<String>,
+}
+
+impl Work {
+    fn line(&mut self, name: &'static str, text: String, from: String) {
+        self.lines.push(Line { name, text, from });
+    }
+}
+
+/// The plan: every figure, the arithmetic and the checks — one step per control point, in the
+/// seed's order (the gateway's C and Q, its share per process, vLLM's bounds, the budgets, the
+/// max_tokens cap, LiteLLM's cap, the binding layer), then the warnings over all of them.
 pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
+    check(d)?;
+    let mut w = Work {
+        lines: Vec::new(),
+        warnings: m.caveats.clone(),
+    };
+    let (wq, wq_from) = wait_budget(m, d);
+    let throughput = throughput(m, d, &mut w);
+    let c = concurrency(m, d, &mut w)?;
+    let q = queue(d, throughput, (wq, &wq_from), &mut w);
+    let per_gateway = per_gateway(d, c, q, &mut w);
+    let max_num_seqs = max_num_seqs(m, d, c, &mut w);
+    let max_num_queued_reqs = max_num_queued_reqs(c, q, max_num_seqs, &mut w);
+    let budgets = budgets(m, d, (wq, &wq_from), &mut |n, t, f| w.line(n, t, f))?;
+    let max_tokens = max_tokens(m, d, &budgets, &mut w);
+    let litellm_max_parallel = litellm_cap(d, c, q, &mut w);
+    let (binding, binding_why) = binding(d, (c, q, wq), max_num_seqs, litellm_max_parallel);
+    let slo = m.slo.as_ref().map(|s| Slo {
+        ttft: s.ttft,
+        itl: s.itl,
+    });
+    let mut p = Plan {
+        schema: PLAN_SCHEMA,
+        names: d.names.clone(),
+        replicas: d.replicas,
+        gateway_replicas: d.gateway_replicas,
+        c_safe: m.c_safe.value,
+        throughput_rps: throughput,
+        headroom: d.headroom,
+        concurrency: c,
+        queue: q,
+        per_gateway,
+        max_num_seqs,
+        max_num_queued_reqs,
+        litellm_max_parallel,
+        litellm: d.litellm,
+        envoy: d.envoy,
+        max_tokens: max_tokens.map(|c| c.value),
+        budgets,
+        slo,
+        binding,
+        binding_why,
+        lines: Vec::new(),
+        warnings: Vec::new(),
+    };
+    warn(m, d, &p, &mut w.warnings);
+    p.lines = w.lines;
+    p.warnings = w.warnings;
+    Ok(p)
+}
+
+/// The deployment's own figures, before any arithmetic.
+fn check(d: &Deployment) -> Result<(), PlanError> {
     if !(d.headroom.is_finite() && d.headroom > 0.0 && d.headroom <= 1.0) {
         return Err(PlanError::Headroom(d.headroom));
     }
@@ -308,23 +324,22 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     if d.caller_deadline.is_zero() {
         return Err(PlanError::Input("--caller-deadline must be above zero".into()));
     }
-    let mut lines = Vec::new();
-    let mut warnings = m.caveats.clone();
-    let mut line = |name: &'static str, text: String, from: String| lines.push(Line { name, text, from });
-    let r = d.replicas;
-    let (wq, wq_from) = wait_budget(m, d);
+    Ok(())
+}
 
-    let c_safe = m.c_safe.value;
+/// The measured throughput scaled to R replicas.
+fn throughput(m: &Measurement, d: &Deployment, w: &mut Work) -> f64 {
+    let r = d.replicas;
     let measured = m.throughput.value;
     let throughput = measured * f64::from(r) / f64::from(m.throughput_replicas);
     if m.throughput_replicas == r {
-        line(
+        w.line(
             "throughput",
             format!("throughput = {} req/s over R = {r} replicas", num(throughput)),
             m.throughput.from.clone(),
         );
     } else {
-        line(
+        w.line(
             "throughput",
             format!(
                 "throughput = measured × R / M = {} × {r} / {} = {} req/s",
@@ -335,7 +350,12 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             format!("measured: {}; R: --replicas", m.throughput.from),
         );
     }
+    throughput
+}
 
+/// The gateway's C: the replicas' safe concurrency with headroom, or the pinned one.
+fn concurrency(m: &Measurement, d: &Deployment, w: &mut Work) -> Result<u32, PlanError> {
+    let (c_safe, r) = (m.c_safe.value, d.replicas);
     let raw_c = f64::from(c_safe) * f64::from(r) * d.headroom;
     let formula_c = floor(raw_c);
     let c_text = format!(
@@ -350,7 +370,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
     );
     let c = match d.pinned.concurrency {
         Some(pinned) => {
-            line(
+            w.line(
                 "C",
                 format!("C = {pinned}, pinned with --concurrency ({c_text})"),
                 c_from,
@@ -358,7 +378,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             pinned
         }
         None => {
-            line("C", c_text, c_from);
+            w.line("C", c_text, c_from);
             formula_c
         }
     };
@@ -368,7 +388,11 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             num(d.headroom)
         )));
     }
+    Ok(c)
+}
 
+/// The gateway's Q: what drains within the wait budget, or the pinned one.
+fn queue(d: &Deployment, throughput: f64, (wq, wq_from): (Duration, &str), w: &mut Work) -> u32 {
     let raw_q = throughput * wq.as_secs_f64();
     let formula_q = ceil(raw_q);
     let q_text = format!(
@@ -377,9 +401,9 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         num(wq.as_secs_f64())
     );
     let q_from = format!("throughput: above; Wq {}: {wq_from}", dur(wq));
-    let q = match d.pinned.queue {
+    match d.pinned.queue {
         Some(pinned) => {
-            line(
+            w.line(
                 "Q",
                 format!("Q = {pinned}, pinned with --queue ({q_text})"),
                 q_from,
@@ -387,47 +411,53 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             pinned
         }
         None => {
-            line("Q", q_text, q_from);
+            w.line("Q", q_text, q_from);
             formula_q
         }
-    };
+    }
+}
 
+/// Each gateway process's share of C and Q when they count apart.
+fn per_gateway(d: &Deployment, c: u32, q: u32, w: &mut Work) -> Share {
     let g = d.gateway_replicas;
-    let per_gateway = if g == 1 {
-        line(
+    if g == 1 {
+        w.line(
             "per gateway",
             format!("one gateway: its counters are the whole C = {c} and Q = {q}"),
             "G 1: --gateway-replicas".into(),
         );
-        Share {
+        return Share {
             concurrency: c,
             queue: q,
-        }
-    } else {
-        let share = Share {
-            concurrency: (c / g).max(1),
-            queue: q / g,
         };
-        line(
-            "per gateway",
-            format!(
-                "per gateway: C / G = floor({c} / {g}) = {}, Q / G = floor({q} / {g}) = {}: each process counts only its own requests, so {g} of them would otherwise admit {g} × C. With counters shared through Redis (Spillway's shared-limit mode) each gateway enforces the whole C and Q: plan with --gateway-replicas 1 then",
-                share.concurrency, share.queue
-            ),
-            format!("G {g}: --gateway-replicas"),
-        );
-        if c < g {
-            warnings.push(format!(
-                "C {c} is below the {g} gateways: each still admits 1, so together they admit {g}"
-            ));
-        }
-        share
+    }
+    let share = Share {
+        concurrency: (c / g).max(1),
+        queue: q / g,
     };
+    w.line(
+        "per gateway",
+        format!(
+            "per gateway: C / G = floor({c} / {g}) = {}, Q / G = floor({q} / {g}) = {}: each process counts only its own requests, so {g} of them would otherwise admit {g} × C. With counters shared through Redis (Spillway's shared-limit mode) each gateway enforces the whole C and Q: plan with --gateway-replicas 1 then",
+            share.concurrency, share.queue
+        ),
+        format!("G {g}: --gateway-replicas"),
+    );
+    if c < g {
+        w.warnings.push(format!(
+            "C {c} is below the {g} gateways: each still admits 1, so together they admit {g}"
+        ));
+    }
+    share
+}
 
+/// vLLM's `--max-num-seqs`: each replica's share of C, or as the engines run.
+fn max_num_seqs(m: &Measurement, d: &Deployment, c: u32, w: &mut Work) -> u32 {
+    let (c_safe, r) = (m.c_safe.value, d.replicas);
     let share = c.div_ceil(r);
     let max_num_seqs = match d.pinned.max_num_seqs {
         Some(n) => {
-            line(
+            w.line(
                 "vLLM",
                 format!(
                     "--max-num-seqs = {n} per replica, as the engines run (each replica's share of C would be ceil(C / R) = ceil({c} / {r}) = {share})"
@@ -437,7 +467,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             n
         }
         None => {
-            line(
+            w.line(
                 "vLLM",
                 format!(
                     "--max-num-seqs = ceil(C / R) = ceil({c} / {r}) = {share}: each replica's share of C, so a balanced engine never queues behind the gateway and an unbalanced one queues rather than batch past its share"
@@ -448,32 +478,37 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         }
     };
     if d.pinned.max_num_seqs.is_none() && max_num_seqs > c_safe {
-        warnings.push(format!(
+        w.warnings.push(format!(
             "--max-num-seqs {max_num_seqs} is above the safe concurrency {c_safe} of one replica: C {c} over {r} replicas asks each for more than it held safely"
         ));
     }
+    max_num_seqs
+}
 
+/// vLLM's `--max-num-queued-reqs`: a backstop of C.
+fn max_num_queued_reqs(c: u32, q: u32, max_num_seqs: u32, w: &mut Work) -> u32 {
     // Q is the gateway's: the engine's own bound only stops what bypasses the gateway, and must
     // never refuse what it admitted. The gateways together hold at most C in flight, all of which
     // can land on one replica when the others are out: C − its batch wait there at most, so a
     // bound of C also leaves a batch of room for aborts vLLM has not yet reaped.
-    let max_num_queued_reqs = c;
-    line(
+    w.line(
         "vLLM",
         format!(
             "--max-num-queued-reqs = C = {c}: a backstop, not the queue — Q {q} waits at the gateway, which can hand one replica at most its C in flight (every other replica out), {max_num_seqs} of them running; vLLM's own bound then refuses only what bypasses the gateway"
         ),
         "C, --max-num-seqs: above".into(),
     );
+    c
+}
 
-    let budgets = budgets(m, d, (wq, &wq_from), &mut line)?;
-
+/// The max_tokens cap the total budget holds for: pinned, else the measurement's longest answer.
+fn max_tokens(m: &Measurement, d: &Deployment, budgets: &Budgets, w: &mut Work) -> Option<Sourced<u32>> {
     let max_tokens = match (d.pinned.max_tokens, &m.output_cap) {
         (Some(cap), _) => Some(Sourced::new(cap, "--max-tokens")),
         (None, cap) => cap.clone(),
     };
     match &max_tokens {
-        Some(cap) => line(
+        Some(cap) => w.line(
             "max_tokens",
             format!(
                 "max_tokens cap = {}: the total {} holds for answers up to that length, so Spillway's config caps max_tokens there (and sends it when a request gives none)",
@@ -482,20 +517,24 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             ),
             cap.from.clone(),
         ),
-        None => warnings.push(format!(
+        None => w.warnings.push(format!(
             "no max_tokens cap to go with the total {}: the measured answers had no stated maximum, and a longer answer can outrun the total; give --max-tokens to state one",
             dur(budgets.total)
         )),
     }
+    max_tokens
+}
 
+/// LiteLLM's `max_parallel_requests`: C + Q, or the pinned one.
+fn litellm_cap(d: &Deployment, c: u32, q: u32, w: &mut Work) -> u32 {
     let formula_cap = c + q;
     let cap_text = format!(
         "LiteLLM max_parallel_requests = C + Q = {c} + {q} = {formula_cap}: every request the gateway can run or queue gets through, so the gateway, not LiteLLM, answers overload"
     );
-    let litellm_max_parallel = match d.pinned.litellm_cap {
+    match d.pinned.litellm_cap {
         Some(pinned) => {
             if d.litellm {
-                line(
+                w.line(
                     "LiteLLM",
                     format!(
                         "LiteLLM max_parallel_requests = {pinned}, pinned with --litellm-cap ({cap_text})"
@@ -507,19 +546,28 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         }
         None => {
             if d.litellm {
-                line("LiteLLM", cap_text, "C, Q: above".into());
+                w.line("LiteLLM", cap_text, "C, Q: above".into());
             }
             formula_cap
         }
-    };
+    }
+}
 
+/// The layer whose limit is met first, and why.
+fn binding(
+    d: &Deployment,
+    (c, q, wq): (u32, u32, Duration),
+    max_num_seqs: u32,
+    litellm_max_parallel: u32,
+) -> (Layer, String) {
+    let r = d.replicas;
     let engines = max_num_seqs * r;
     let litellm_above = if d.litellm {
         format!(" and LiteLLM {litellm_max_parallel} ≥ C")
     } else {
         String::new()
     };
-    let (binding, binding_why) = if d.litellm && litellm_max_parallel < c {
+    if d.litellm && litellm_max_parallel < c {
         (
             Layer::Litellm,
             format!(
@@ -541,8 +589,15 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
                 dur(wq)
             ),
         )
-    };
-    if d.litellm && binding != Layer::Litellm && litellm_max_parallel < c + q {
+    }
+}
+
+/// What the figures together get wrong: LiteLLM below C + Q, C at the knee, a queue that outlasts
+/// the first-token budget, greedy quotas, Wq past the TTFT objective, missing upstreams.
+fn warn(m: &Measurement, d: &Deployment, p: &Plan, warnings: &mut Vec<String>) {
+    let (r, c, q, wq) = (d.replicas, p.concurrency, p.queue, p.budgets.queue_wait);
+    let (litellm_max_parallel, throughput) = (p.litellm_max_parallel, p.throughput_rps);
+    if d.litellm && p.binding != Layer::Litellm && litellm_max_parallel < c + q {
         warnings.push(format!(
             "LiteLLM's cap {litellm_max_parallel} is below C + Q = {}: it rejects before the gateway's queue is full, so only {} of Q's {q} places can be used",
             c + q,
@@ -561,13 +616,13 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         }
     }
     let drain = q as f64 / throughput;
-    if Duration::from_secs_f64(drain) > budgets.first_token {
+    if Duration::from_secs_f64(drain) > p.budgets.first_token {
         warnings.push(format!(
             "Q {q} takes {}s to drain at {} req/s, longer than the first-token budget {}: the back of the queue would time out while waiting; Q ≤ {} fits",
             num(drain),
             num(throughput),
-            dur(budgets.first_token),
-            floor(throughput * budgets.first_token.as_secs_f64())
+            dur(p.budgets.first_token),
+            floor(throughput * p.budgets.first_token.as_secs_f64())
         ));
     }
     for (team, quota) in &d.tenant_quotas {
@@ -577,10 +632,6 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             ));
         }
     }
-    let slo = m.slo.as_ref().map(|s| Slo {
-        ttft: s.ttft,
-        itl: s.itl,
-    });
     if let (Some(objective), Some(tail)) = (m.slo.as_ref().and_then(|s| s.ttft), &m.ttft_tail) {
         let worst = wq + tail.value;
         if worst > objective {
@@ -599,39 +650,14 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
             d.names.upstreams.len()
         ));
     }
-
-    Ok(Plan {
-        schema: PLAN_SCHEMA,
-        names: d.names.clone(),
-        replicas: r,
-        gateway_replicas: g,
-        c_safe,
-        throughput_rps: throughput,
-        headroom: d.headroom,
-        concurrency: c,
-        queue: q,
-        per_gateway,
-        max_num_seqs,
-        max_num_queued_reqs,
-        litellm_max_parallel,
-        litellm: d.litellm,
-        envoy: d.envoy,
-        max_tokens: max_tokens.map(|c| c.value),
-        budgets,
-        slo,
-        binding,
-        binding_why,
-        lines,
-        warnings,
-    })
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::measure::{Figures, Sourced};
 
-    fn names(r: u32) -> Names {
+    pub(crate) fn names(r: u32) -> Names {
         Names {
             model: "corp-chat".into(),
             served_model: "corp-chat".into(),
@@ -648,7 +674,7 @@ mod tests {
         }
     }
 
-    fn seed() -> (Measurement, Deployment) {
+    pub(crate) fn seed() -> (Measurement, Deployment) {
         let m = Measurement::from_figures(
             &Figures {
                 c_safe: 15,
@@ -753,32 +779,6 @@ mod tests {
 
     /// The demo's deployment: no LiteLLM in front, engines that run 16 sequences each. The plan
     /// reasons from those, not from a LiteLLM cap and a --max-num-seqs nobody applied.
-    #[test]
-    fn a_plan_reasons_only_about_the_control_points_it_plans_for() {
-        let (m, mut d) = seed();
-        (d.litellm, d.envoy) = (false, false);
-        d.pinned.max_num_seqs = Some(16);
-        let p = plan(&m, &d).unwrap();
-        assert_eq!(p.concurrency, 24);
-        assert_eq!(p.max_num_seqs, 16);
-        assert_eq!(p.binding, Layer::Gateway);
-        assert!(
-            p.binding_why.ends_with("the engines hold 2 × 16 = 32 ≥ C"),
-            "{}",
-            p.binding_why
-        );
-        let text = crate::report::text(&p);
-        assert!(!text.contains("LiteLLM") && !text.contains("Envoy"), "{text}");
-        assert!(
-            text.contains("--max-num-seqs = 16 per replica, as the engines run"),
-            "{text}"
-        );
-        // With LiteLLM planned for, it is sized and named.
-        d.litellm = true;
-        let text = crate::report::text(&plan(&m, &d).unwrap());
-        assert!(text.contains("LiteLLM 36 ≥ C"), "{text}");
-    }
-
     #[test]
     fn gateways_with_their_own_counters_split_c_and_q() {
         let (m, mut d) = seed();

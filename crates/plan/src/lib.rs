@@ -22,6 +22,7 @@ pub mod emit;
 pub mod measure;
 pub mod names;
 pub mod report;
+mod units;
 
 pub use arith::{Deployment, Names, Plan, Unmeasured, plan};
 pub use emit::{Artifact, Target};

@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
-use bench::spec::{Load, Metric, Phase, Slo};
-use bench::stats::Percentiles;
+use bench_schema::spec::{Load, Metric, Phase, Slo};
+use bench_schema::stats::Percentiles;
 use serde::Deserialize;
 
 use crate::PlanError;
@@ -166,16 +166,16 @@ impl Measurement {
             Load::Rate(_) => {
                 // Little's law with the rate actually served, which an open loop can fall short of.
                 let e2e = level.stats.e2e.map_or(0.0, |p| p.mean);
-                let raw = crate::arith::littles_law(throughput, Duration::from_secs_f64(e2e.max(0.0)));
-                let in_flight = crate::arith::floor(raw);
+                let raw = crate::units::littles_law(throughput, Duration::from_secs_f64(e2e.max(0.0)));
+                let in_flight = crate::units::floor(raw);
                 Sourced::new(
                     in_flight,
                     format!(
                         "{file}: at the safe rate {}, measured {} req/s × mean e2e {} s = {} → {in_flight} in flight (Little's law) over {over}",
                         show(safe),
-                        crate::arith::num(throughput),
-                        crate::arith::num(e2e),
-                        crate::arith::num(raw),
+                        crate::units::num(throughput),
+                        crate::units::num(e2e),
+                        crate::units::num(raw),
                     ),
                 )
             }

@@ -3,7 +3,8 @@
 
 use std::fmt::Write;
 
-use crate::arith::{Plan, dur};
+use crate::arith::Plan;
+use crate::units::dur;
 
 /// The whole plan for a terminal.
 pub fn text(plan: &Plan) -> String {
@@ -83,4 +84,37 @@ pub fn text(plan: &Plan) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::arith::tests::seed;
+    use crate::arith::{Layer, plan};
+
+    #[test]
+    fn a_plan_reasons_only_about_the_control_points_it_plans_for() {
+        let (m, mut d) = seed();
+        (d.litellm, d.envoy) = (false, false);
+        d.pinned.max_num_seqs = Some(16);
+        let p = plan(&m, &d).unwrap();
+        assert_eq!(p.concurrency, 24);
+        assert_eq!(p.max_num_seqs, 16);
+        assert_eq!(p.binding, Layer::Gateway);
+        assert!(
+            p.binding_why.ends_with("the engines hold 2 × 16 = 32 ≥ C"),
+            "{}",
+            p.binding_why
+        );
+        let text = text(&p);
+        assert!(!text.contains("LiteLLM") && !text.contains("Envoy"), "{text}");
+        assert!(
+            text.contains("--max-num-seqs = 16 per replica, as the engines run"),
+            "{text}"
+        );
+        // With LiteLLM planned for, it is sized and named.
+        d.litellm = true;
+        let text = super::text(&plan(&m, &d).unwrap());
+        assert!(text.contains("LiteLLM 36 ≥ C"), "{text}");
+    }
 }

@@ -5,8 +5,9 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, bail};
 use bench::load::Stop;
+use bench::replay::Replay;
 use bench::slo_mix::SloMix;
-use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
+use bench::spec::{Arrivals, LengthDist, Load, Slo};
 use bench::tenants::{Tenant, TenantSpec};
 use bench::workload::{Source, Workload, load_dataset};
 use bench::{Endpoint, Extras, Options, Target};
@@ -150,6 +151,21 @@ pub(crate) struct BenchArgs {
     /// No live progress line.
     #[arg(long, short)]
     quiet: bool,
+    /// Replay a trace on its timestamps instead of the phases: the gateway's access log, Mooncake
+    /// JSONL or the Azure CSV (see `spillway trace`). Each request is sent when the trace says
+    /// (over --speed) with a prompt of its input length, whose blocks are shared where its hash ids
+    /// are, asking for its output length; one level, judged by --slo like any other.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["concurrency", "rate", "requests", "phases", "dataset", "shared_prefix", "tenant", "tenants", "slo_mix"])]
+    trace: Option<PathBuf>,
+    /// The trace's format (access-log, mooncake or azure); by default, told from its first line.
+    #[arg(long, value_name = "FORMAT", requires = "trace")]
+    trace_format: Option<trace::Format>,
+    /// Replay speed: 2 sends the trace in half its time, 0.5 in twice.
+    #[arg(long, default_value_t = 1.0, requires = "trace")]
+    speed: f64,
+    /// Prompt tokens per hash id of a Mooncake trace [default: 512].
+    #[arg(long, value_name = "TOKENS", requires = "trace")]
+    block_size: Option<u32>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -306,7 +322,11 @@ fn options(a: BenchArgs) -> Result<Outputs> {
             output: a.output_len,
         },
     };
-    let phases = Phase::parse_list(a.phases.as_deref().unwrap_or("all"))?;
+    let phases = bench::spec::parse_phases(a.phases.as_deref().unwrap_or("all"))?;
+    let replay = match &a.trace {
+        Some(path) => Some(replay(path, a.trace_format, a.block_size, a.speed)?),
+        None => None,
+    };
     let opts = Options {
         target: Target {
             url: a.url,
@@ -352,8 +372,33 @@ fn options(a: BenchArgs) -> Result<Outputs> {
         on_level: None,
         tenants,
         slo_mix: a.slo_mix,
+        replay,
     };
     Ok((opts, extras, a.json, a.html))
+}
+
+/// The trace to replay, read whole (bounded by the trace crate's limits).
+fn replay(
+    path: &std::path::Path,
+    format: Option<trace::Format>,
+    block: Option<u32>,
+    speed: f64,
+) -> Result<Replay> {
+    if !(speed.is_finite() && speed > 0.0) {
+        bail!("--speed {speed}: a positive factor (2 replays twice as fast)");
+    }
+    let t = crate::trace_cmd::load(path, format, block).context("--trace")?;
+    if t.requests.is_empty() {
+        bail!("--trace {}: no request to replay", path.display());
+    }
+    for s in &t.skipped {
+        eprintln!("spillway: note: --trace left out {s}");
+    }
+    Ok(Replay {
+        trace: std::sync::Arc::new(t),
+        speed,
+        file: path.display().to_string(),
+    })
 }
 
 pub(crate) async fn run(args: BenchArgs) -> Result<()> {

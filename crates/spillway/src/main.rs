@@ -7,7 +7,9 @@ mod diagnose_cmd;
 mod engine_cmd;
 mod key_cmd;
 mod plan_cmd;
+mod plan_sim;
 mod serve_cmd;
+mod trace_cmd;
 
 use clap::{CommandFactory, Parser, Subcommand};
 use std::process::ExitCode;
@@ -49,6 +51,9 @@ enum Command {
     /// timeouts with the arithmetic shown, and config for Spillway, Envoy Gateway, LiteLLM, vLLM
     /// and KServe.
     Plan(Box<plan_cmd::PlanArgs>),
+    /// Read a trace — the gateway's access log, Mooncake JSONL, the Azure LLM inference CSV — and
+    /// summarise it or convert it into another of the formats, to replay with `bench --trace`.
+    Trace(trace_cmd::TraceArgs),
     /// The whole story on this machine without a GPU: simulated engines behind the gateway, a
     /// staircase to the safe concurrency, the planned limits applied by a reload, the same overload
     /// burst without and with them, and diagnose's verdict; writes an HTML report.
@@ -124,6 +129,16 @@ fn main() -> ExitCode {
     if let Command::Check(args) = &cli.command {
         return serve_cmd::check(args);
     }
+    if let Command::Trace(args) = &cli.command {
+        return match trace_cmd::run(args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) if broken_pipe(&e) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("spillway: {e:#}");
+                ExitCode::from(2)
+            }
+        };
+    }
     if let Command::Key(args) = &cli.command {
         return match key_cmd::run(args) {
             Ok(()) => ExitCode::SUCCESS,
@@ -166,7 +181,7 @@ fn main() -> ExitCode {
             Command::Diagnose(args) => diagnose_cmd::run(args).await,
             Command::Plan(args) => plan_cmd::run(*args),
             Command::Demo(args) => demo_cmd::run(args).await,
-            Command::Check(_) | Command::Key(_) | Command::Completions(_) => {
+            Command::Check(_) | Command::Key(_) | Command::Completions(_) | Command::Trace(_) => {
                 unreachable!("handled before the runtime starts")
             }
         }

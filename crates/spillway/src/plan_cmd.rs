@@ -13,7 +13,7 @@ use plan::{Deployment, Figures, Measurement, Target};
 #[derive(Args, Debug)]
 pub(crate) struct PlanArgs {
     /// A `spillway bench --json` result (schema spillway-bench/1).
-    #[arg(long, value_name = "FILE", required_unless_present = "c_safe")]
+    #[arg(long, value_name = "FILE", required_unless_present_any = ["c_safe", "simulate"])]
     bench: Option<PathBuf>,
     /// How many replicas stood behind the bench's target.
     #[arg(long, default_value_t = 1, requires = "bench")]
@@ -120,6 +120,8 @@ pub(crate) struct PlanArgs {
     /// vLLM --max-num-batched-tokens, passed through.
     #[arg(long)]
     max_num_batched_tokens: Option<u32>,
+    #[command(flatten)]
+    sim: crate::plan_sim::SimArgs,
 }
 
 fn measurement(a: &PlanArgs) -> Result<Measurement> {
@@ -199,8 +201,25 @@ fn deployment(a: PlanArgs, m: &Measurement) -> Result<Deployment> {
     })
 }
 
-pub(crate) fn run(args: PlanArgs) -> Result<()> {
-    let m = measurement(&args)?;
+pub(crate) fn run(mut args: PlanArgs) -> Result<()> {
+    let simulated = match &args.sim.simulate {
+        Some(file) => Some(crate::plan_sim::run(&args.sim, file, args.replicas)?),
+        None => None,
+    };
+    let m = match &simulated {
+        Some(s) => {
+            eprint!("{}", crate::plan_sim::table(s));
+            let (m, c) = crate::plan_sim::measurement(s, args.replicas)?;
+            // The chosen candidate's limits, unless pinned by hand.
+            args.concurrency = args.concurrency.or(Some(c.concurrency));
+            args.queue = args.queue.or(Some(c.queue));
+            args.wait_budget = args.wait_budget.or(Some(c.queue_wait));
+            args.max_num_seqs = args.max_num_seqs.or(Some(c.max_num_seqs));
+            args.model = args.model.take().or(s.model.clone());
+            m
+        }
+        None => measurement(&args)?,
+    };
     let (out, json, targets) = (args.out.clone(), args.json, args.emit.clone());
     let d = deployment(args, &m)?;
     let p = plan::plan(&m, &d)?;
@@ -213,7 +232,15 @@ pub(crate) fn run(args: PlanArgs) -> Result<()> {
         }
     }
     if json {
-        let doc = serde_json::json!({ "plan": p, "files": files });
+        let simulation = simulated.as_ref().map(|s| {
+            serde_json::json!({
+                "file": s.file,
+                "wall_seconds": s.wall.as_secs_f64(),
+                "candidates": s.outcomes,
+                "best": s.best,
+            })
+        });
+        let doc = serde_json::json!({ "plan": p, "files": files, "simulation": simulation });
         println!("{}", serde_json::to_string_pretty(&doc)?);
         return Ok(());
     }

@@ -6,6 +6,7 @@ mod accuracy;
 mod context;
 mod knee;
 mod layout;
+mod replay;
 mod report;
 mod retry_after;
 mod slo_mix;

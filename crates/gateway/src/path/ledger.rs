@@ -145,9 +145,14 @@ impl Ledger {
         &mut self.trace
     }
 
-    /// The body was parsed: whether it asks for a stream.
-    pub(crate) fn parsed(&mut self, stream: bool) {
-        self.record.stream = stream;
+    /// The body was parsed: whether it asks for a stream, and what the access log keeps of it
+    /// for a replay (arrival, model, `max_tokens` asked, the prompt's prefix-block hashes).
+    pub(crate) fn parsed(&mut self, parsed: &super::prepare::Parsed) {
+        self.record.stream = parsed.stream();
+        self.record.arrival_ms = crate::access_log::wall_ms(self.arrival);
+        self.record.model = Some(parsed.model().into());
+        self.record.max_tokens = parsed.max_tokens();
+        self.record.hash_ids = parsed.hash_ids();
     }
 
     /// The caller's team, once its key is known.
@@ -160,9 +165,10 @@ impl Ledger {
         self.record.route = route;
     }
 
-    /// The input tokens the request was counted at.
-    pub(crate) fn counted(&mut self, tokens_in: u32) {
+    /// The input tokens the request was counted at, and the priority it was given.
+    pub(crate) fn counted(&mut self, tokens_in: u32, priority: &'static str) {
         self.record.tokens_in = Some(tokens_in);
+        self.record.priority = Some(priority);
     }
 
     /// The team's windows, for the `x-ratelimit-*` headers of its answer.

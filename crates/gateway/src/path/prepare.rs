@@ -161,6 +161,35 @@ impl Parsed {
         }
     }
 
+    /// The prompt's prefix-block ids for the access log, from its parts in order (each message's
+    /// role and text; token ids as little-endian bytes).
+    pub(crate) fn hash_ids(&self) -> Vec<u64> {
+        let ids =
+            |ids: &mut dyn Iterator<Item = &u32>| ids.flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
+        match self {
+            Parsed::Chat(c) => {
+                let texts: Vec<_> = c
+                    .messages
+                    .iter()
+                    .map(|m| m.content.as_ref().map(|c| c.text()))
+                    .collect();
+                let parts = c
+                    .messages
+                    .iter()
+                    .zip(&texts)
+                    .flat_map(|(m, t)| [m.role.as_bytes(), t.as_deref().unwrap_or_default().as_bytes()]);
+                crate::access_log::hash_ids(parts)
+            }
+            Parsed::Completion(CompletionRequest { prompt, .. })
+            | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
+                Prompt::Text(t) => crate::access_log::hash_ids([t.as_bytes()]),
+                Prompt::Texts(ts) => crate::access_log::hash_ids(ts.iter().map(|t| t.as_bytes())),
+                Prompt::Tokens(t) => crate::access_log::hash_ids([&ids(&mut t.iter())[..]]),
+                Prompt::TokenBatches(b) => crate::access_log::hash_ids([&ids(&mut b.iter().flatten())[..]]),
+            },
+        }
+    }
+
     /// Prompt tokens, counted with the route's tokenizer (the chat template is the engine's).
     /// A hash of the start of the prompt: requests sharing a long prefix share it.
     fn prefix_key(&self) -> u64 {

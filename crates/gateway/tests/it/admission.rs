@@ -113,6 +113,29 @@ async fn overload_never_exceeds_c_or_q_and_rejects_fast_with_retry_after() {
             r.queue_ms
         );
     }
+    // Every line is a trace record, the refused ones too: when, which model, what was asked.
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    assert!(eventually(Duration::from_secs(1), || stack.records().len() == 80).await);
+    let records = stack.records();
+    assert!(records.iter().any(|r| r.status == 503));
+    let prompt_ids = &records[0].hash_ids;
+    assert_eq!(prompt_ids.len(), 1, "one partial block of a short prompt");
+    for r in &records {
+        let at = r.arrival_ms.expect("arrival time");
+        assert!(
+            at <= now_ms && now_ms - at < 120_000,
+            "arrived at {at}, now {now_ms}"
+        );
+        assert_eq!(r.model.as_deref(), Some("chat"));
+        assert_eq!(r.max_tokens, Some(60));
+        assert_eq!(r.tokens_in, records[0].tokens_in);
+        assert!(r.tokens_in.is_some());
+        assert_eq!(r.priority, Some("standard"));
+        assert_eq!(&r.hash_ids, prompt_ids, "the same prompt, the same block ids");
+    }
     assert_eq!(gate.in_flight(), 0, "every slot came back");
 }
 

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
-use super::{Budgets, Deployment, dur, num, round_up};
+use super::{Budgets, Deployment};
 use crate::PlanError;
 use crate::measure::{Measurement, Sourced};
+use crate::units::{dur, num, round_up};
 
 /// A tail with this margin on top is a budget, not a prediction of the mean.
 pub const TAIL_MARGIN: f64 = 1.5;

@@ -14,4 +14,5 @@ mod slo_mix;
 mod support;
 mod tenants;
 mod tls;
+mod trace;
 mod vllm;
