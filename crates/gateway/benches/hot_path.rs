@@ -147,6 +147,31 @@ fn request(c: &mut Criterion) {
             })
         });
     }
+    // The access log's prefix-block ids (issue 51), made from every prompt on the path: the
+    // cost grows with the prompt, so an agent's long context is the case to watch. Beside each,
+    // the parse of a body of that size, the work the path already does for it.
+    for kib in [1usize, 32, 256] {
+        let prompt = "tell me more about the spillway ".repeat(kib * 1024 / 32);
+        let body = serde_json::to_vec(&serde_json::json!({
+            "model": "mock", "max_tokens": 16, "stream": true,
+            "messages": [{"role": "user", "content": prompt}],
+        }))
+        .unwrap();
+        g.bench_function(format!("hash_ids_{kib}KiB"), |b| {
+            b.iter(|| {
+                black_box(spillway_gateway::access_log::hash_ids([
+                    b"user".as_slice(),
+                    prompt.as_bytes(),
+                ]))
+            })
+        });
+        g.bench_function(format!("parse_chat_{kib}KiB"), |b| {
+            b.iter(|| {
+                let r: ChatCompletionRequest = protocol::error::parse_json(black_box(&body)).unwrap();
+                black_box(r)
+            })
+        });
+    }
     g.finish();
 }
 

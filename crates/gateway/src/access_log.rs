@@ -76,28 +76,29 @@ fn salt() -> &'static [u8] {
     })
 }
 
-/// Prefix-block ids of a prompt given as its parts in order: SHA-256 of (salt, the previous
-/// block's id, this block's bytes), cut to 53 bits so that every JSON reader holds them exactly.
-/// A chain, as vLLM's prefix cache hashes blocks: a block's id says its whole prefix matched.
+/// Prefix-block ids of a prompt given as its parts in order: each block's bytes through XXH3
+/// (fast: the whole prompt is read on the request path), then SHA-256 of (salt, the previous
+/// block's id, that digest) cut to 53 bits, so that every JSON reader holds them exactly and
+/// nothing of the content can be tested without the salt. A chain, as vLLM's prefix cache
+/// hashes blocks: a block's id says its whole prefix matched.
 pub fn hash_ids<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u64> {
     hash_ids_salted(salt(), parts)
 }
 
 fn hash_ids_salted<'a>(salt: &[u8], parts: impl IntoIterator<Item = &'a [u8]>) -> Vec<u64> {
     use sha2::{Digest, Sha256};
-    let start = |previous: u64| {
+    use xxhash_rust::xxh3::Xxh3;
+    let chain = |previous: u64, block: &Xxh3| {
         let mut h = Sha256::new();
         h.update(salt);
         h.update(previous.to_le_bytes());
-        h
-    };
-    let mut ids = Vec::new();
-    let mut block = start(0);
-    let mut filled = 0;
-    let finish = |h: Sha256| {
+        h.update(block.digest128().to_le_bytes());
         let d = h.finalize();
         u64::from_le_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]]) & ((1 << 53) - 1)
     };
+    let mut ids: Vec<u64> = Vec::new();
+    let mut block = Xxh3::new();
+    let mut filled = 0;
     for mut part in parts {
         while !part.is_empty() && ids.len() < MAX_HASH_IDS {
             let take = part.len().min(HASH_BLOCK_BYTES - filled);
@@ -105,15 +106,14 @@ fn hash_ids_salted<'a>(salt: &[u8], parts: impl IntoIterator<Item = &'a [u8]>) -
             filled += take;
             part = &part[take..];
             if filled == HASH_BLOCK_BYTES {
-                let id = finish(std::mem::replace(&mut block, Sha256::new()));
-                ids.push(id);
-                block = start(id);
+                ids.push(chain(ids.last().copied().unwrap_or(0), &block));
+                block.reset();
                 filled = 0;
             }
         }
     }
     if filled > 0 && ids.len() < MAX_HASH_IDS {
-        ids.push(finish(block));
+        ids.push(chain(ids.last().copied().unwrap_or(0), &block));
     }
     ids
 }
