@@ -59,16 +59,16 @@ fn user() -> String {
 /// `POST /v1/messages` (and `count_tokens`): what the simulator reads of it.
 #[derive(Debug, Deserialize)]
 pub(crate) struct MessagesRequest {
-    pub(crate) model: String,
-    pub(crate) max_tokens: Option<u32>,
+    model: String,
+    max_tokens: Option<u32>,
     messages: Vec<Turn>,
     #[serde(default)]
     system: Option<Content>,
     #[serde(default)]
-    pub(crate) stream: bool,
+    stream: bool,
     /// vLLM's extension, as on its OpenAI routes: generate to `max_tokens`.
     #[serde(default)]
-    pub(crate) ignore_eos: bool,
+    ignore_eos: bool,
 }
 
 /// The input of `POST /v1/responses`: a string, or items with a role and content.
@@ -82,30 +82,63 @@ pub(crate) enum Input {
 /// `POST /v1/responses`: what the simulator reads of it.
 #[derive(Debug, Deserialize)]
 pub(crate) struct ResponsesRequest {
-    pub(crate) model: String,
+    model: String,
     input: Input,
     #[serde(default)]
     instructions: Option<String>,
-    pub(crate) max_output_tokens: Option<u32>,
+    max_output_tokens: Option<u32>,
     #[serde(default)]
-    pub(crate) stream: bool,
+    stream: bool,
     #[serde(default)]
-    pub(crate) previous_response_id: Option<String>,
+    previous_response_id: Option<String>,
     #[serde(default)]
-    pub(crate) background: bool,
+    background: bool,
     #[serde(default)]
-    pub(crate) ignore_eos: bool,
+    ignore_eos: bool,
 }
 
-impl MessagesRequest {
+/// What the server needs of either API's request: its checks, its prompt and limits, and the
+/// answer it gets once its generation has an id.
+pub(crate) trait AgentRequest: serde::de::DeserializeOwned {
+    fn model(&self) -> &str;
+    /// What vLLM refuses of it before generating.
+    fn check(&self) -> Result<(), ApiError>;
     /// The prompt's text through the chat template, the system prompt first.
-    pub(crate) fn prompt(&self) -> String {
+    fn prompt(&self) -> String;
+    fn max_tokens(&self) -> Option<u32>;
+    fn ignore_eos(&self) -> bool;
+    fn stream(&self) -> bool;
+    fn answer(self, generation: &Generation, created: u64) -> Answer;
+}
+
+impl AgentRequest for MessagesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn max_tokens(&self) -> Option<u32> {
+        self.max_tokens
+    }
+
+    fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+
+    fn answer(self, generation: &Generation, created: u64) -> Answer {
+        Answer::new(Agent::Messages, generation, created, self.model)
+    }
+
+    fn prompt(&self) -> String {
         let system = self.system.as_ref().map(|s| ("system", s.text()));
         let turns = self.messages.iter().map(|m| (m.role.as_str(), m.content.text()));
         tokenize::chat_prompt(system.into_iter().chain(turns))
     }
 
-    pub(crate) fn check(&self) -> Result<(), ApiError> {
+    fn check(&self) -> Result<(), ApiError> {
         if self.max_tokens.is_none() {
             // vLLM's own answer: its validation error, OpenAI-shaped even on this route.
             return Err(ApiError::bad_request(
@@ -123,8 +156,31 @@ impl MessagesRequest {
     }
 }
 
-impl ResponsesRequest {
-    pub(crate) fn prompt(&self) -> String {
+impl AgentRequest for ResponsesRequest {
+    fn model(&self) -> &str {
+        &self.model
+    }
+
+    fn max_tokens(&self) -> Option<u32> {
+        self.max_output_tokens
+    }
+
+    fn ignore_eos(&self) -> bool {
+        self.ignore_eos
+    }
+
+    fn stream(&self) -> bool {
+        self.stream
+    }
+
+    fn answer(self, generation: &Generation, created: u64) -> Answer {
+        let mut answer = Answer::new(Agent::Responses, generation, created, self.model);
+        answer.max_output_tokens = self.max_output_tokens;
+        answer.instructions = self.instructions;
+        answer
+    }
+
+    fn prompt(&self) -> String {
         let system = self.instructions.as_deref().map(|s| ("system", Cow::Borrowed(s)));
         let turns: Vec<(&str, Cow<'_, str>)> = match &self.input {
             Input::Text(t) => vec![("user", Cow::Borrowed(t.as_str()))],
@@ -137,7 +193,7 @@ impl ResponsesRequest {
     }
 
     /// What vLLM refuses without its response store.
-    pub(crate) fn check(&self) -> Result<(), ApiError> {
+    fn check(&self) -> Result<(), ApiError> {
         if let Some(id) = &self.previous_response_id {
             return Err(ApiError::vllm(
                 404,
@@ -187,7 +243,7 @@ pub(crate) struct Answer {
 }
 
 impl Answer {
-    pub(crate) fn new(agent: Agent, generation: &Generation, created: u64, model: String) -> Self {
+    fn new(agent: Agent, generation: &Generation, created: u64, model: String) -> Self {
         let seq = generation.id;
         let id = match agent {
             // vLLM answers Messages with its chat completion's id.
@@ -205,12 +261,6 @@ impl Answer {
             max_output_tokens: None,
             instructions: None,
         }
-    }
-
-    pub(crate) fn for_responses(mut self, req: &ResponsesRequest) -> Self {
-        self.max_output_tokens = req.max_output_tokens;
-        self.instructions = req.instructions.clone();
-        self
     }
 
     fn text(&self, tokens: u32) -> String {

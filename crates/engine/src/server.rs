@@ -370,18 +370,7 @@ async fn messages(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = (|| {
-        let body = body.map_err(body_error)?;
-        let req: agents::MessagesRequest = parse_json(&body)?;
-        check_model(&engine, &req.model)?;
-        req.check()?;
-        let params = agent_params(&engine, &req.prompt(), req.max_tokens, req.ignore_eos);
-        let model = req.model;
-        let answer: AnswerOf =
-            Box::new(move |g| agents::Answer::new(agents::Agent::Messages, g, unix_now(), model));
-        Ok((params, req.stream, answer))
-    })();
-    let response = match agent(&engine, prepared).await {
+    let response = match agent::<agents::MessagesRequest>(&engine, body).await {
         Ok(r) => r,
         Err(e) if e.status == 400 && e.body.error.kind == "BadRequestError" => error_response(&e),
         Err(e) => {
@@ -401,7 +390,7 @@ async fn messages(
 async fn count_tokens(State(engine): State<Engine>, body: Result<Bytes, BytesRejection>) -> Response {
     let counted = body.map_err(body_error).and_then(|b| {
         let req: agents::MessagesRequest = parse_json(&b)?;
-        check_model(&engine, &req.model)?;
+        check_model(&engine, agents::AgentRequest::model(&req))?;
         Ok(agents::count_tokens(&engine, &req))
     });
     match counted {
@@ -416,46 +405,30 @@ async fn responses(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let prepared = (|| {
-        let body = body.map_err(body_error)?;
-        let req: agents::ResponsesRequest = parse_json(&body)?;
-        check_model(&engine, &req.model)?;
-        req.check()?;
-        let params = agent_params(&engine, &req.prompt(), req.max_output_tokens, req.ignore_eos);
-        let stream = req.stream;
-        let answer: AnswerOf = Box::new(move |g| {
-            agents::Answer::new(agents::Agent::Responses, g, unix_now(), req.model.clone())
-                .for_responses(&req)
-        });
-        Ok((params, stream, answer))
-    })();
-    let response = agent(&engine, prepared)
+    let response = agent::<agents::ResponsesRequest>(&engine, body)
         .await
         .unwrap_or_else(|e| error_response(&e));
     with_request_id(response, &headers)
 }
 
-/// How an agent API's answer is made once its generation has an id.
-type AnswerOf = Box<dyn FnOnce(&Generation) -> agents::Answer + Send>;
-
-fn agent_params(engine: &Engine, prompt: &str, max_tokens: Option<u32>, ignore_eos: bool) -> GenerateParams {
-    GenerateParams {
-        prompt: engine.tokenize(prompt),
-        max_tokens,
-        n: 1,
-        ignore_eos,
-    }
-}
-
-/// Admits and submits an agent API's request, then answers it.
-async fn agent(
+/// Either agent API's request: read and checked, admitted, submitted, answered.
+async fn agent<R: agents::AgentRequest>(
     engine: &Engine,
-    prepared: Result<(GenerateParams, bool, AnswerOf), ApiError>,
+    body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let (params, stream, answer_of) = prepared?;
+    let req: R = parse_json(&body.map_err(body_error)?)?;
+    check_model(engine, req.model())?;
+    req.check()?;
+    let params = GenerateParams {
+        prompt: engine.tokenize(&req.prompt()),
+        max_tokens: req.max_tokens(),
+        n: 1,
+        ignore_eos: req.ignore_eos(),
+    };
+    let stream = req.stream();
     engine.frontend_admit().await;
     let generation = engine.submit(params)?;
-    let answer = answer_of(&generation);
+    let answer = req.answer(&generation, unix_now());
     Ok(agent_answer(generation, answer, stream).await)
 }
 
