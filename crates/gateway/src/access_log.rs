@@ -225,6 +225,12 @@ impl AccessLog {
     }
 
     /// Hands the record to the writer without waiting; drops it (and counts it) when the buffer is full.
+    /// Whether lines go anywhere: with `access_log: false` nothing is written, so nothing need be
+    /// worked out for a line (the prompt's block hashes read the whole prompt).
+    pub fn keeps_lines(&self) -> bool {
+        !matches!(self.sink, Sink::Discard)
+    }
+
     pub fn write(&self, record: AccessRecord) {
         match &self.sink {
             Sink::Writer(tx) => match tx.try_send(Message::Line(Box::new(record))) {

@@ -152,7 +152,9 @@ impl Ledger {
         self.record.arrival_ms = crate::access_log::wall_ms(self.arrival);
         self.record.model = Some(parsed.model().into());
         self.record.max_tokens = parsed.max_tokens();
-        self.record.hash_ids = parsed.hash_ids();
+        if self.access.keeps_lines() {
+            self.record.hash_ids = parsed.hash_ids();
+        }
     }
 
     /// The caller's team, once its key is known.
