@@ -261,6 +261,12 @@ impl Ctx {
             .await;
         drop(ticker);
         let report = self.judge(phase, load, run, phase == Phase::LongMix);
+        self.kept(report)
+    }
+
+    /// Tells [`Extras::on_level`], if set, that a level ended.
+    /// A level judged: its line on the terminal, the caller's hook, and kept for the report.
+    fn kept(&mut self, report: LevelReport) -> LevelReport {
         self.progress.println(crate::report::one_line_for(
             &report,
             crate::report::Width::of_stderr(),
@@ -270,7 +276,6 @@ impl Ctx {
         report
     }
 
-    /// Tells [`Extras::on_level`], if set, that a level ended.
     pub(crate) fn level_done(&self, report: &LevelReport) {
         if let Some(on_level) = &self.extras.on_level {
             on_level(report);

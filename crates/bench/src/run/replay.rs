@@ -13,13 +13,7 @@ impl Ctx {
         let run = self.driver.replay(replay, self.sink.clone()).await;
         drop(ticker);
         let report = self.judge(Phase::Replay, load, run, false);
-        self.progress.println(crate::report::one_line_for(
-            &report,
-            crate::report::Width::of_stderr(),
-        ));
-        self.level_done(&report);
-        self.levels.push(report.clone());
-        report
+        self.kept(report)
     }
 }
 

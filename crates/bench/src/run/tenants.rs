@@ -25,12 +25,7 @@ impl Ctx {
         let (tenants, fairness) =
             crate::tenants::reports(&self.extras.tenants, &measured, &warmup, wall, &self.opts.slo);
         let report = self.judge(Phase::Tenants, load, run, false);
-        self.progress.println(crate::report::one_line_for(
-            &report,
-            crate::report::Width::of_stderr(),
-        ));
-        self.level_done(&report);
-        self.levels.push(report);
+        self.kept(report);
         (tenants, fairness)
     }
 }
