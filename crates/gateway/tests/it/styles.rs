@@ -188,19 +188,14 @@ async fn done_in_the_first_read_ends_the_stream_though_the_body_never_ends() {
         .into_bytes();
         answer.extend_from_slice(&events);
         answer.extend_from_slice(b"\r\n");
-        let (replica, _seen) = testkit::serve_script(vec![answer], false).await;
-        let yaml = ROUTE.replace("stream_idle: 400ms", "stream_idle: 10s").replace(
-            "    replicas: [{E0}]",
-            "    replicas: [{E0}]\n    health: { enabled: false }",
-        );
-        let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
+        let gateway = scripted(
+            answer,
+            false,
+            &ROUTE.replace("stream_idle: 400ms", "stream_idle: 10s"),
+        )
+        .await;
         let started = tokio::time::Instant::now();
-        let r = http()
-            .post(format!("{}/v1/chat/completions", gateway.url))
-            .json(&chat("chat", 5, true))
-            .send()
-            .await
-            .unwrap();
+        let r = ask(&gateway, true).await;
         let status = r.status();
         let (body, _, _) = read_stream(r).await;
         assert_eq!(status, 200, "{name}: {body}");
@@ -233,18 +228,8 @@ async fn done_whose_last_line_feed_never_comes_still_ends_the_stream() {
     let answer = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
         data: {\"model\":\"sim\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"t0 \"}}]}\r\n\r\n\
         data: [DONE]\r\n\r";
-    let (replica, _seen) = testkit::serve_script(vec![answer], true).await;
-    let yaml = ROUTE.replace(
-        "    replicas: [{E0}]",
-        "    replicas: [{E0}]\n    health: { enabled: false }",
-    );
-    let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
-    let r = http()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .json(&chat("chat", 5, true))
-        .send()
-        .await
-        .unwrap();
+    let gateway = scripted(answer, true, ROUTE).await;
+    let r = ask(&gateway, true).await;
     assert_eq!(r.status(), 200);
     let (body, _, _) = read_stream(r).await;
     assert!(
@@ -260,19 +245,30 @@ async fn done_whose_last_line_feed_never_comes_still_ends_the_stream() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_busy_replicas_retry_after_is_passed_on_within_a_minute() {
     let answer = "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 100000\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
-    let (replica, _seen) = testkit::serve_script(vec![answer], true).await;
-    let yaml = ROUTE.replace(
-        "    replicas: [{E0}]",
-        "    replicas: [{E0}]\n    health: { enabled: false }",
-    );
-    let gateway = testkit::Gateway::start(&yaml, &[replica]).await;
-    let r = http()
-        .post(format!("{}/v1/chat/completions", gateway.url))
-        .json(&chat("chat", 5, false))
-        .send()
-        .await
-        .unwrap();
+    let gateway = scripted(answer, true, ROUTE).await;
+    let r = ask(&gateway, false).await;
     assert_eq!(r.status(), 503);
     let advised: u64 = r.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&advised), "Retry-After: {advised}");
+}
+
+/// A gateway before one replica that answers `answer` (closing after it when `close`), its health
+/// checks off so that the scripted answer goes to the request.
+async fn scripted(answer: impl Into<Vec<u8>>, close: bool, route: &str) -> testkit::Gateway {
+    let (replica, _seen) = testkit::serve_script(vec![answer.into()], close).await;
+    let yaml = route.replace(
+        "    replicas: [{E0}]",
+        "    replicas: [{E0}]\n    health: { enabled: false }",
+    );
+    testkit::Gateway::start(&yaml, &[replica]).await
+}
+
+/// One chat request for 5 tokens through `gateway`.
+async fn ask(gateway: &testkit::Gateway, stream: bool) -> reqwest::Response {
+    http()
+        .post(format!("{}/v1/chat/completions", gateway.url))
+        .json(&chat("chat", 5, stream))
+        .send()
+        .await
+        .unwrap()
 }
