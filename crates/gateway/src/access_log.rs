@@ -23,6 +23,9 @@ pub struct AccessRecord {
     pub status: u16,
     /// `ok`, or why it ended otherwise (a rejection reason, `client_disconnect`, `stream_idle_timeout`…).
     pub outcome: &'static str,
+    /// The endpoint it came in on (`chat`, `completions`, `embeddings`, `responses`, `messages`,
+    /// `count_tokens`); none for a request refused before its endpoint was known.
+    pub api: Option<&'static str>,
     pub stream: bool,
     pub queue_ms: Option<f64>,
     /// Requests ahead of it in its lane's order (by arrival, or by fair share between teams)
@@ -313,6 +316,11 @@ fn write_line(r: &AccessRecord, line: &mut Vec<u8>) {
     int(line, r.status);
     line.extend_from_slice(b",\"outcome\":");
     string(line, r.outcome);
+    line.extend_from_slice(b",\"api\":");
+    match r.api {
+        Some(s) => string(line, s),
+        None => line.extend_from_slice(b"null"),
+    }
     line.extend_from_slice(if r.stream {
         b",\"stream\":true"
     } else {
@@ -501,6 +509,7 @@ mod tests {
                 replica: Some("http://10.0.0.7:8000".into()),
                 status: 200,
                 outcome: "ok",
+                api: (i % 2 == 0).then_some("responses"),
                 stream: i % 2 == 0,
                 queue_ms: Some(v),
                 queue_ahead: (i % 2 == 1).then_some(i as u32),

@@ -1,10 +1,12 @@
 //! Every way a request can fail, where it came from, whether a retry could help, and the one place
 //! each maps to a status code and an OpenAI-shaped body.
 
+use crate::path::prepare::Shape;
 use admission::{Limits, QuotaExceeded, Rejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use protocol::ErrorBody;
+use protocol::agents::Dialect;
 use protocol::error::ErrorDetail;
 use std::time::Duration;
 
@@ -197,6 +199,9 @@ pub enum GatewayError {
     ModelNotFound(String),
     #[error("{0}")]
     NotFound(String),
+    /// A stored response the gateway does not know (vLLM's words for an id it does not hold).
+    #[error("Response with id '{0}' not found.")]
+    ResponseNotFound(String),
     #[error("{0}")]
     MethodNotAllowed(&'static str),
     #[error("missing API key: send 'Authorization: Bearer <key>'")]
@@ -303,6 +308,7 @@ impl GatewayError {
             | HeadersTooLarge { .. }
             | ModelNotFound(_)
             | NotFound(_)
+            | ResponseNotFound(_)
             | MethodNotAllowed(_)
             | MissingKey
             | InvalidKey
@@ -331,7 +337,7 @@ impl GatewayError {
             Overloaded { status, .. } => *status,
             MissingKey | InvalidKey | AdminToken => StatusCode::UNAUTHORIZED,
             ModelNotAllowed { .. } => StatusCode::FORBIDDEN,
-            ModelNotFound(_) | NotFound(_) => StatusCode::NOT_FOUND,
+            ModelNotFound(_) | NotFound(_) | ResponseNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             BodyTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -369,6 +375,7 @@ impl GatewayError {
             HeadersTooLarge { .. } => "headers_too_large",
             ModelNotFound(_) => "model_not_found",
             NotFound(_) => "not_found",
+            ResponseNotFound(_) => "response_not_found",
             MethodNotAllowed(_) => "method_not_allowed",
             MissingKey => "missing_api_key",
             InvalidKey => "invalid_api_key",
@@ -414,6 +421,7 @@ impl GatewayError {
         match self {
             GatewayError::BadRequest { param, .. } => *param,
             GatewayError::ModelNotFound(_) | GatewayError::ModelNotAllowed { .. } => Some("model"),
+            GatewayError::ResponseNotFound(_) => Some("response_id"),
             _ => None,
         }
     }
@@ -450,34 +458,78 @@ impl GatewayError {
         }
     }
 
-    /// A stream cut after its head went out, as the one SSE error event the client gets.
-    pub(crate) fn stream_cut(cut: Cut, message: impl Into<String>) -> bytes::Bytes {
+    /// A stream cut after its head went out, as the one SSE error event the client gets, in
+    /// its API's own form (`dialect`; OpenAI's completions' without one).
+    pub(crate) fn stream_cut(cut: Cut, message: impl Into<String>, dialect: Option<Dialect>) -> bytes::Bytes {
         let e = GatewayError::MidStream {
             cut,
             message: message.into(),
         };
-        protocol::sse::event(&e.body())
+        let data = match dialect {
+            None => return protocol::sse::event(&e.body()),
+            Some(Dialect::Messages) => e.anthropic_body(),
+            // Responses' `error` event: its code, message and param at the top.
+            Some(Dialect::Responses) => serde_json::json!({
+                "type": "error",
+                "code": e.code(),
+                "message": e.to_string(),
+                "param": null,
+            }),
+        };
+        let mut out = b"event: error\ndata: ".to_vec();
+        out.extend_from_slice(&serde_json::to_vec(&data).unwrap_or_default());
+        out.extend_from_slice(b"\n\n");
+        out.into()
+    }
+
+    /// The body in Anthropic's shape, for a client of the Messages API: its SDK reads the type
+    /// (and retries `rate_limit_error` and `overloaded_error` after `retry-after`).
+    fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self.status().as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            s if s >= 500 => "api_error",
+            _ if self.cut().is_some() => "api_error",
+            _ => "invalid_request_error",
+        };
+        serde_json::json!({
+            "type": "error",
+            "error": {"type": kind, "message": self.to_string()},
+        })
     }
 }
 
 impl GatewayError {
     /// The answer's status, headers (its type, `Retry-After`) and OpenAI-shaped body, for the
     /// proxy's response and the endpoint picker's immediate answer alike.
-    pub(crate) fn render(&self) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    /// (The body in `shape`, the form its client reads.)
+    pub(crate) fn render_as(&self, shape: Shape) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
         let mut headers = axum::http::HeaderMap::new();
         headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
         if let Some(after) = self.retry_after() {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
-        let body = serde_json::to_vec(&self.body()).unwrap_or_default();
-        (self.status(), headers, body)
+        let body = match shape {
+            Shape::OpenAi => serde_json::to_vec(&self.body()),
+            Shape::Anthropic => serde_json::to_vec(&self.anthropic_body()),
+        };
+        (self.status(), headers, body.unwrap_or_default())
+    }
+
+    /// The response, in `shape`.
+    pub(crate) fn into_response_as(self, shape: Shape) -> Response {
+        let (status, headers, body) = self.render_as(shape);
+        (status, headers, body).into_response()
     }
 }
 
 impl IntoResponse for GatewayError {
     fn into_response(self) -> Response {
-        let (status, headers, body) = self.render();
-        (status, headers, body).into_response()
+        self.into_response_as(Shape::OpenAi)
     }
 }
 
@@ -548,7 +600,7 @@ mod tests {
     #[test]
     fn a_cut_is_rendered_with_its_own_code_and_type() {
         let rendered = |cut: Cut| {
-            let event = GatewayError::stream_cut(cut, "m");
+            let event = GatewayError::stream_cut(cut, "m", None);
             let json = std::str::from_utf8(&event)
                 .unwrap()
                 .trim()
@@ -595,6 +647,7 @@ mod tests {
             GatewayError::HeadersTooLarge { limit: 1 },
             GatewayError::ModelNotFound("m".into()),
             GatewayError::NotFound("x".into()),
+            GatewayError::ResponseNotFound("resp_1".into()),
             GatewayError::MethodNotAllowed("x"),
             GatewayError::MissingKey,
             GatewayError::InvalidKey,
@@ -647,6 +700,7 @@ mod tests {
                 | GatewayError::HeadersTooLarge { .. }
                 | GatewayError::ModelNotFound(_)
                 | GatewayError::NotFound(_)
+                | GatewayError::ResponseNotFound(_)
                 | GatewayError::MethodNotAllowed(_)
                 | GatewayError::MissingKey
                 | GatewayError::InvalidKey

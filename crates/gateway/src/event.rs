@@ -4,6 +4,7 @@
 //! data, whatever the replica's JSON style or line ends — shared with the load tester.
 
 use bytes::{Bytes, BytesMut};
+use protocol::agents::{self, Dialect};
 use protocol::judge::{self, Data, Judgement};
 
 pub use protocol::judge::Kind as EventKind;
@@ -13,12 +14,46 @@ pub struct Event<'a> {
     raw: &'a [u8],
     judgement: Judgement,
     data: Option<Data<'a>>,
+    /// The agents' API it is in; `None` for OpenAI's completions.
+    dialect: Option<Dialect>,
+    /// The response or message it announces (an agents' stream's first event names it).
+    named: Option<String>,
 }
 
 impl<'a> Event<'a> {
     pub fn read(raw: &'a [u8]) -> Event<'a> {
         let (judgement, data) = judge::judge(raw);
-        Event { raw, judgement, data }
+        Event {
+            raw,
+            judgement,
+            data,
+            dialect: None,
+            named: None,
+        }
+    }
+
+    /// An event of a stream in `dialect` (an agents' API), or of OpenAI's completions.
+    pub fn read_in(dialect: Option<Dialect>, raw: &'a [u8]) -> Event<'a> {
+        let Some(d) = dialect else {
+            return Event::read(raw);
+        };
+        let data = judge::data(raw);
+        let (judgement, named) = match &data {
+            Some(data) => agents::judge_event(d, data.bytes()),
+            None => agents::judge_event(d, b""),
+        };
+        Event {
+            raw,
+            judgement,
+            data,
+            dialect,
+            named,
+        }
+    }
+
+    /// The id of the response or message the event announces, if it does.
+    pub fn named(&self) -> Option<&str> {
+        self.named.as_deref()
     }
 
     pub fn kind(&self) -> EventKind {
@@ -63,6 +98,15 @@ impl<'a> Event<'a> {
             out.extend_from_slice(self.raw);
             return;
         };
+        if self.dialect.is_some() {
+            let renamed = memchr::memmem::find(data.bytes(), r.upstream.as_bytes())
+                .and_then(|_| agents::renamed(data.bytes(), &r.upstream, &r.public_name));
+            match renamed {
+                Some(new) => write_data(self.raw, &new, out),
+                None => out.extend_from_slice(self.raw),
+            }
+            return;
+        }
         let models = &self.judgement.models;
         if let Data::Line { at, .. } = data {
             // The name spliced straight into `out`: no copy of the event but the one.
@@ -77,24 +121,26 @@ impl<'a> Event<'a> {
         }
         match judge::renamed(data.bytes(), models, &r.upstream, &r.public) {
             None => out.extend_from_slice(self.raw),
-            Some(new) => {
-                // Data over several lines: the event's other fields as they were, then the new
-                // data, a `data:` line per line of it, and the blank line.
-                for (_, line) in judge::lines(self.raw) {
-                    if !line.is_empty() && !line.starts_with(b"data") {
-                        out.extend_from_slice(line);
-                        out.extend_from_slice(b"\n");
-                    }
-                }
-                for line in new.split(|b| *b == b'\n') {
-                    out.extend_from_slice(b"data: ");
-                    out.extend_from_slice(line);
-                    out.extend_from_slice(b"\n");
-                }
-                out.extend_from_slice(b"\n");
-            }
+            Some(new) => write_data(self.raw, &new, out),
         }
     }
+}
+
+/// `raw`, an event, with `new` as its data: its other fields as they were, then the new data, a
+/// `data:` line per line of it, and the blank line.
+fn write_data(raw: &[u8], new: &[u8], out: &mut BytesMut) {
+    for (_, line) in judge::lines(raw) {
+        if !line.is_empty() && !line.starts_with(b"data") {
+            out.extend_from_slice(line);
+            out.extend_from_slice(b"\n");
+        }
+    }
+    for line in new.split(|b| *b == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line);
+        out.extend_from_slice(b"\n");
+    }
+    out.extend_from_slice(b"\n");
 }
 
 /// Reads a stream's events, each as [`Event::read`] would, with a short way for the common case:
@@ -106,6 +152,11 @@ impl<'a> Event<'a> {
 pub struct Reader {
     /// Boxed: the relay's state stays small, and a stream allocates it once or twice.
     template: Option<Box<Template>>,
+    /// The agents' API the stream is in, read by its own rules (no short way).
+    dialect: Option<Dialect>,
+    /// Messages: the prompt's count from `message_start`, for a `message_delta` that gives only
+    /// the output's (as Anthropic's own API writes it).
+    prompt_tokens: Option<u32>,
 }
 
 /// The last event read in full whose bytes a next chunk may share.
@@ -120,7 +171,26 @@ struct Template {
 }
 
 impl Reader {
+    /// A reader of a stream in `dialect` (an agents' API), or of OpenAI's completions.
+    pub fn new(dialect: Option<Dialect>) -> Reader {
+        Reader {
+            dialect,
+            ..Reader::default()
+        }
+    }
+
     pub fn read<'a>(&mut self, raw: &'a [u8]) -> Event<'a> {
+        if self.dialect.is_some() {
+            let mut e = Event::read_in(self.dialect, raw);
+            if let Some(u) = e.judgement.usage.as_mut() {
+                match (u.prompt_tokens, u.completion_tokens) {
+                    (Some(p), None) => self.prompt_tokens = Some(p),
+                    (None, Some(_)) => u.prompt_tokens = self.prompt_tokens,
+                    _ => {}
+                }
+            }
+            return e;
+        }
         if let Some(e) = self.short(raw) {
             return e;
         }
@@ -181,6 +251,8 @@ impl Reader {
                 value: &raw[*at..at + len],
                 at: *at,
             }),
+            dialect: None,
+            named: None,
         })
     }
 }
@@ -193,13 +265,29 @@ pub fn classify(event: &[u8]) -> EventKind {
 /// A whole (non-streamed) answer: its usage, and its body with the public model name put back,
 /// from one parse.
 pub fn read_whole(body: Bytes, rename: Option<&Rename>) -> (Bytes, Option<(u32, u32)>) {
+    read_whole_in(None, body, rename).0
+}
+
+/// A whole answer in `dialect` (an agents' API's, or OpenAI's completions'): as [`read_whole`],
+/// and the id of the response it made.
+pub fn read_whole_in(
+    dialect: Option<Dialect>,
+    body: Bytes,
+    rename: Option<&Rename>,
+) -> ((Bytes, Option<(u32, u32)>), Option<String>) {
+    if let Some(d) = dialect {
+        let (j, id) = agents::judge_answer(d, &body);
+        let usage = j.usage.and_then(|u| u.pair());
+        let renamed = rename.and_then(|r| agents::renamed(&body, &r.upstream, &r.public_name));
+        return ((renamed.map_or(body, Bytes::from), usage), id);
+    }
     let j = judge::judge_whole(&body);
     let usage = j.usage.and_then(|u| u.pair());
     let body = match rename.and_then(|r| judge::renamed(&body, &j.models, &r.upstream, &r.public)) {
         Some(new) => Bytes::from(new),
         None => body,
     };
-    (body, usage)
+    ((body, usage), None)
 }
 
 /// Reads `prompt_tokens` and `completion_tokens` out of a whole answer.
@@ -214,6 +302,8 @@ pub struct Rename {
     upstream: String,
     /// The public name as a JSON string, quotes included.
     public: Vec<u8>,
+    /// The public name as it is.
+    public_name: String,
 }
 
 impl Rename {
@@ -221,6 +311,7 @@ impl Rename {
         Rename {
             upstream: upstream.to_owned(),
             public: serde_json::Value::from(public).to_string().into_bytes(),
+            public_name: public.to_owned(),
         }
     }
 

@@ -51,6 +51,7 @@ mod metrics;
 mod path;
 mod route;
 mod serve;
+mod sessions;
 mod state;
 mod table;
 mod tenant;

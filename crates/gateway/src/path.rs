@@ -11,6 +11,7 @@ pub(crate) mod ledger;
 pub(crate) mod prepare;
 pub(crate) mod relay;
 pub(crate) mod respond;
+pub(crate) mod stored;
 pub(crate) mod upstream;
 pub(crate) mod verdict;
 
@@ -128,10 +129,20 @@ where
     let (parts, body) = req.into_parts();
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.start_trace(g.tracer.as_ref(), &parts.headers);
+    came_in(g, api, &mut ex);
     let answer = serve(g, table, api, &parts.headers, body, &mut ex).await;
     // hyper's HTTP/2 server stops polling a stream's body when its client stops reading it.
     let detach = (parts.version == axum::http::Version::HTTP_2).then_some(g);
     respond(answer, ex, detach)
+}
+
+/// The ledger learns the endpoint a request came in on, on either front door: how its answer is
+/// read and its errors written, and where the responses it makes are remembered.
+pub(crate) fn came_in(g: &Gateway, api: Api, ex: &mut Ledger) {
+    ex.came_in_by(api);
+    if api == Api::Responses {
+        ex.remembers(g.sessions.clone());
+    }
 }
 
 /// Stages 1–8 of the request path, in order (the 9th, the response and its ledger, is
@@ -158,7 +169,7 @@ where
         budgets,
     } = admitted(g, table, api, headers, &body, ex).await?;
     let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
-    answer(g, &route, answered, prepared.stream, &budgets).await
+    answer(g, &route, answered, prepared.stream, &budgets, prepared.dialect).await
 }
 
 /// A request past stages 1–6: its route, what goes to the replica, and its budgets.
@@ -197,10 +208,21 @@ pub(crate) async fn admitted(
         hints::caller_deadline(headers)?,
         ex.arrival(),
     );
-    let prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
+    let mut prepared = prepare::prepare(parsed, body, &route, &tenant, table.tenants.is_open(), headers)?;
+    if let Some(id) = &prepared.previous {
+        prepared.pinned = Some(made_by(g, &route, &tenant, id, ex.arrival())?);
+    }
     let class = &route.classes[prepared.class];
-    ex.classified(class);
     ex.counted(prepared.input_tokens, prepared.priority.as_str());
+    if !api.takes_slot() {
+        // A token count: checked and routed, counted under no class, and given no slot.
+        return Ok(Admitted {
+            route,
+            prepared,
+            budgets,
+        });
+    }
+    ex.classified(class);
     ex.trace().admitting();
     admit(g, &route, class, &tenant, &prepared, &budgets, ex).await?;
     Ok(Admitted {
@@ -208,6 +230,23 @@ pub(crate) async fn admitted(
         prepared,
         budgets,
     })
+}
+
+/// The replica that made response `id`, which a request continuing it must go to: one of this
+/// route's, made for this tenant's team; else the API's own not-found (another replica would not
+/// hold it, and a team may not build on another's).
+fn made_by(
+    g: &Gateway,
+    route: &crate::route::Route,
+    tenant: &crate::tenant::Tenant,
+    id: &str,
+    now: tokio::time::Instant,
+) -> Result<Arc<str>, GatewayError> {
+    g.sessions
+        .find(id, now)
+        .filter(|m| m.team == tenant.team && route.replicas.iter().any(|r| r.url == m.replica))
+        .map(|m| m.replica)
+        .ok_or_else(|| GatewayError::ResponseNotFound(id.chars().take(100).collect()))
 }
 
 /// Where a request's body comes from, a piece at a time: hyper's (or `front`'s) body on the

@@ -213,9 +213,29 @@ impl Route {
         prefix_key: u64,
         now: Instant,
     ) -> Option<ReplicaGuard> {
+        self.pick_by(self.config.balance, pool, tried, prefix_key, now)
+    }
+
+    /// As [`Route::pick`], by `balance` rather than the route's own.
+    pub(crate) fn pick_by(
+        &self,
+        balance: crate::config::Balance,
+        pool: &[usize],
+        tried: &[usize],
+        prefix_key: u64,
+        now: Instant,
+    ) -> Option<ReplicaGuard> {
         let candidates = &self.candidates(pool, tried, now);
-        let index = balance::pick(self.config.balance, &self.replicas, candidates, prefix_key, now)?;
+        let index = balance::pick(balance, &self.replicas, candidates, prefix_key, now)?;
         Some(self.replicas[index].hold(index))
+    }
+
+    /// The replica at `url` when it may take a request (healthy, not ejected, not tried):
+    /// whatever its class's pool or its load, since only it holds what the request continues.
+    pub(crate) fn pick_pinned(&self, url: &str, tried: &[usize], now: Instant) -> Option<ReplicaGuard> {
+        let index = self.replicas.iter().position(|r| &*r.url == url)?;
+        (!tried.contains(&index) && self.replicas[index].eligible(now))
+            .then(|| self.replicas[index].hold(index))
     }
 
     /// The eligible replicas of `pool` not in `tried`: those not busy, or all of them if every

@@ -58,6 +58,8 @@ pub struct Gateway {
     pub(crate) load: Arc<http1::server::Load>,
     /// Counts a client write cut by `server.send_timeout`; one for every connection.
     pub(crate) send_cut: Arc<dyn Fn() + Send + Sync>,
+    /// Which replica made each stored response (the Responses API's state lives there).
+    pub(crate) sessions: Arc<crate::sessions::Sessions>,
     /// TLS on the public listener, when `server.tls` is configured.
     pub(crate) tls: Option<crate::tls::ServerTls>,
     /// TLS on the endpoint picker's port, when `endpoint_picker.tls` is configured.
@@ -136,6 +138,7 @@ impl Gateway {
             admin_addr: std::sync::OnceLock::new(),
             picker_addr: std::sync::OnceLock::new(),
             picker_streams: std::sync::atomic::AtomicUsize::new(0),
+            sessions: Arc::default(),
         }))
     }
 

@@ -239,8 +239,11 @@ fn expire<S>(idle: &mut VecDeque<(Pooled<S>, Instant)>, now: Instant) {
     }
 }
 
-/// A POST to a replica: its path under the replica's URL, extra headers, and the JSON body.
+/// A request to a replica: its method, its path under the replica's URL, extra headers, and the JSON
+/// body.
 pub struct Request<'a> {
+    /// `POST` for the request path; `GET` to read a stored response.
+    pub method: &'a str,
     pub path: &'a str,
     pub headers: &'a [(&'a str, &'a [u8])],
     pub body: &'a Bytes,
@@ -291,7 +294,8 @@ fn request_head<T: Transport>(conns: &Conns<T>, request: &Request<'_>) -> Vec<u8
     let mut head = Vec::with_capacity(256);
     let mut put = |parts: &[&[u8]]| parts.iter().for_each(|p| head.extend_from_slice(p));
     put(&[
-        b"POST ",
+        request.method.as_bytes(),
+        b" ",
         conns.prefix.as_bytes(),
         request.path.as_bytes(),
         b" HTTP/1.1\r\nhost: ",

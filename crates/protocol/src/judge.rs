@@ -164,7 +164,7 @@ pub struct Judgement {
 }
 
 impl Judgement {
-    fn of_kind(kind: Kind) -> Judgement {
+    pub(crate) fn of_kind(kind: Kind) -> Judgement {
         Judgement {
             kind,
             usage: None,

@@ -51,6 +51,40 @@ pub struct RouteConfig {
     /// Q = 64, Wq = 2s (or half of `first_token`, if that is shorter).
     #[serde(default)]
     pub classes: Vec<ClassConfig>,
+    /// The agents' APIs (Responses, Messages): their sessions and background work.
+    #[serde(default)]
+    pub agents: AgentsConfig,
+}
+
+/// How a route serves agents: which headers name a session, and what a background request gets.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AgentsConfig {
+    /// Request headers whose value names an agent's session, the first present taken: a session's
+    /// turns go to one replica (its prefix cache holds the conversation) while it is healthy and
+    /// not overloaded, as prefix affinity sends a shared prefix. Empty: no session affinity.
+    pub session_headers: Vec<String>,
+    /// Responses' `background: true`: `refuse` (400 naming `background`), since the replica
+    /// answers at once and generates with no client connected, which a slot released at the
+    /// answer's end would let exceed C unseen.
+    pub background: Background,
+}
+
+impl Default for AgentsConfig {
+    fn default() -> Self {
+        AgentsConfig {
+            session_headers: ["x-session-affinity", "session_id", "x-claude-code-session-id"]
+                .map(String::from)
+                .to_vec(),
+            background: Background::Refuse,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Background {
+    Refuse,
 }
 
 impl RouteConfig {

@@ -6,6 +6,7 @@ use crate::access_log::{AccessLog, AccessRecord};
 use crate::config::Slo;
 use crate::error::{CLIENT_CLOSED_REQUEST, Cut, GatewayError};
 use crate::metrics::{ClassSeries, Metrics, NO_CLASS, UNKNOWN_ROUTE};
+use crate::path::prepare::{Api, Shape};
 use crate::route::ReplicaGuard;
 use admission::Permit;
 use axum::http::StatusCode;
@@ -80,6 +81,10 @@ pub(crate) struct Ledger {
     trace: crate::traces::Trace,
     /// Under `balance: slo`: what the replica's TTFT and TPOT are learned against.
     slo_sample: Option<SloSample>,
+    /// The endpoint it came in on: how its answer is read and its errors written.
+    api: Option<Api>,
+    /// Where the responses it makes are remembered (Responses' requests only).
+    sessions: Option<Arc<crate::sessions::Sessions>>,
 }
 
 /// The features a replica was picked on, and when the request was sent to it.
@@ -118,7 +123,43 @@ impl Ledger {
             lease: None,
             trace: crate::traces::Trace::Off,
             slo_sample: None,
+            api: None,
+            sessions: None,
         }
+    }
+
+    /// The responses this request makes are remembered in `sessions`, with the replica that
+    /// made them.
+    pub(crate) fn remembers(&mut self, sessions: Arc<crate::sessions::Sessions>) {
+        self.sessions = Some(sessions);
+    }
+
+    /// The answer named the response it made: later requests naming it go to this replica.
+    pub(crate) fn made_response(&mut self, id: &str) {
+        if let (Some(s), Some(r)) = (&self.sessions, &self.replica) {
+            let made = crate::sessions::Made {
+                route: self.record.route.clone(),
+                replica: r.replica.url.clone(),
+                team: self.record.team.clone(),
+            };
+            s.remember(id, made, Instant::now());
+        }
+    }
+
+    /// The endpoint the request came in on.
+    pub(crate) fn came_in_by(&mut self, api: Api) {
+        self.api = Some(api);
+        self.record.api = Some(api.name());
+    }
+
+    /// How its errors are written for its client.
+    pub(crate) fn shape(&self) -> Shape {
+        self.api.map(Api::shape).unwrap_or_default()
+    }
+
+    /// How its answer is read: an agents' API's, or OpenAI's completions (`None`).
+    pub(crate) fn dialect(&self) -> Option<protocol::agents::Dialect> {
+        self.api.and_then(Api::dialect)
     }
 
     /// When the request arrived: every budget and duration counts from here.

@@ -9,6 +9,7 @@ use crate::tenant::Tenant;
 use axum::http::HeaderMap;
 use bytes::Bytes;
 use memchr::memmem;
+use protocol::agents::{Dialect, MessagesRequest, ResponsesRequest};
 use protocol::error::parse_json;
 use protocol::openai::{ChatCompletionRequest, CompletionRequest, EmbeddingRequest, Prompt, StreamOptions};
 use std::sync::{Arc, LazyLock};
@@ -16,18 +17,42 @@ use std::sync::{Arc, LazyLock};
 pub(crate) use super::hints::Objectives;
 use super::hints::{objectives, priority};
 
-/// Which OpenAI endpoint a request came in on.
+/// Which endpoint a request came in on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Api {
     Chat,
     Completions,
     /// Admitted as the others are; its cost is its input, and its answer is never a stream.
     Embeddings,
+    /// OpenAI's Responses API, which agents speak.
+    Responses,
+    /// Anthropic's Messages API: its bodies, events and errors are Anthropic's.
+    Messages,
+    /// Messages' token count: checked and routed as the others, and passed through without a
+    /// slot, since the replica generates nothing for it.
+    CountTokens,
+}
+
+/// The shape of the errors a client of an endpoint understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Shape {
+    /// `{"error":{"message","type","param","code"}}`.
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`, with Anthropic's type names.
+    Anthropic,
 }
 
 impl Api {
     /// Every endpoint the request path serves: the one table of paths each front door reads.
-    pub(crate) const ALL: [Api; 3] = [Api::Chat, Api::Completions, Api::Embeddings];
+    pub(crate) const ALL: [Api; 6] = [
+        Api::Chat,
+        Api::Completions,
+        Api::Embeddings,
+        Api::Responses,
+        Api::Messages,
+        Api::CountTokens,
+    ];
 
     /// The endpoint a POST to `path` (without its query) asks for, if the gateway serves it.
     pub(crate) fn at(path: &str) -> Option<Api> {
@@ -39,7 +64,43 @@ impl Api {
             Api::Chat => "/v1/chat/completions",
             Api::Completions => "/v1/completions",
             Api::Embeddings => "/v1/embeddings",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+            Api::CountTokens => "/v1/messages/count_tokens",
         }
+    }
+
+    /// Its name in the access log and the metrics' `api` label.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Embeddings => "embeddings",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+            Api::CountTokens => "count_tokens",
+        }
+    }
+
+    /// How its streams' events and whole answers are read: `None` for OpenAI's completions.
+    pub(crate) fn dialect(self) -> Option<Dialect> {
+        match self {
+            Api::Responses => Some(Dialect::Responses),
+            Api::Messages | Api::CountTokens => Some(Dialect::Messages),
+            Api::Chat | Api::Completions | Api::Embeddings => None,
+        }
+    }
+
+    pub(crate) fn shape(self) -> Shape {
+        match self {
+            Api::Messages | Api::CountTokens => Shape::Anthropic,
+            _ => Shape::OpenAi,
+        }
+    }
+
+    /// Whether a request takes a slot: all but a token count, which generates nothing.
+    pub(crate) fn takes_slot(self) -> bool {
+        self != Api::CountTokens
     }
 }
 
@@ -48,6 +109,12 @@ pub(crate) enum Parsed {
     Chat(ChatCompletionRequest),
     Completion(CompletionRequest),
     Embedding(EmbeddingRequest),
+    Responses(Box<ResponsesRequest>),
+    /// A message, or (`count`) a count of its tokens.
+    Messages {
+        request: Box<MessagesRequest>,
+        count: bool,
+    },
 }
 
 impl Parsed {
@@ -58,6 +125,11 @@ impl Parsed {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
             Api::Embeddings => Parsed::Embedding(parse_json(body).map_err(to_err)?),
+            Api::Responses => Parsed::Responses(parse_json(body).map_err(to_err)?),
+            Api::Messages | Api::CountTokens => Parsed::Messages {
+                request: parse_json(body).map_err(to_err)?,
+                count: api == Api::CountTokens,
+            },
         };
         if let Parsed::Chat(c) = &parsed
             && c.messages.is_empty()
@@ -76,6 +148,8 @@ impl Parsed {
             Parsed::Chat(c) => &c.model,
             Parsed::Completion(c) => &c.model,
             Parsed::Embedding(e) => &e.model,
+            Parsed::Responses(r) => &r.model,
+            Parsed::Messages { request, .. } => &request.model,
         }
     }
 
@@ -83,15 +157,19 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.stream,
             Parsed::Completion(c) => c.stream,
+            Parsed::Responses(r) => r.stream,
+            Parsed::Messages { request, count } => request.stream.filter(|_| !count),
             Parsed::Embedding(_) => None,
         }
         .unwrap_or(false)
     }
 
+    /// Whether the client gets a stream's usage: the agents' APIs always carry it.
     fn wants_usage(&self) -> bool {
         StreamOptions::wants_usage(match self {
             Parsed::Chat(c) => c.stream_options.as_ref(),
             Parsed::Completion(c) => c.stream_options.as_ref(),
+            Parsed::Responses(_) | Parsed::Messages { .. } => return true,
             Parsed::Embedding(_) => None,
         })
     }
@@ -100,7 +178,7 @@ impl Parsed {
         match self {
             Parsed::Chat(c) => c.n,
             Parsed::Completion(c) => c.n,
-            Parsed::Embedding(_) => None,
+            Parsed::Embedding(_) | Parsed::Responses(_) | Parsed::Messages { .. } => None,
         }
         .unwrap_or(1)
     }
@@ -110,7 +188,7 @@ impl Parsed {
         let extra = match self {
             Parsed::Chat(c) => &c.extra,
             Parsed::Completion(c) => &c.extra,
-            Parsed::Embedding(_) => return Ok(None),
+            Parsed::Embedding(_) | Parsed::Responses(_) | Parsed::Messages { .. } => return Ok(None),
         };
         match extra.get("best_of") {
             None | Some(serde_json::Value::Null) => Ok(None),
@@ -133,7 +211,7 @@ impl Parsed {
     /// `/v1/embeddings`, may be a list.
     fn prompts(&self) -> usize {
         let prompt = match self {
-            Parsed::Chat(_) => return 1,
+            Parsed::Chat(_) | Parsed::Responses(_) | Parsed::Messages { .. } => return 1,
             Parsed::Completion(c) => &c.prompt,
             Parsed::Embedding(e) => &e.input,
         };
@@ -149,14 +227,61 @@ impl Parsed {
         match self {
             Parsed::Chat(_) => "messages",
             Parsed::Completion(_) => "prompt",
-            Parsed::Embedding(_) => "input",
+            Parsed::Embedding(_) | Parsed::Responses(_) => "input",
+            Parsed::Messages { .. } => "messages",
         }
+    }
+
+    /// The field that caps the answer's length, for errors to name.
+    fn max_tokens_param(&self) -> &'static str {
+        match self {
+            Parsed::Responses(_) => "max_output_tokens",
+            _ => "max_tokens",
+        }
+    }
+
+    /// The text of an agent request's parts in order (instructions or system first).
+    fn agent_texts(&self) -> Option<Vec<String>> {
+        let mut out = Vec::new();
+        match self {
+            Parsed::Responses(r) => {
+                for part in [&r.instructions, &r.input].into_iter().flatten() {
+                    protocol::agents::texts(part, &mut out);
+                }
+            }
+            Parsed::Messages { request, .. } => {
+                if let Some(system) = &request.system {
+                    protocol::agents::texts(system, &mut out);
+                }
+                request
+                    .messages
+                    .iter()
+                    .for_each(|m| protocol::agents::texts(m, &mut out));
+            }
+            _ => return None,
+        }
+        Some(out)
+    }
+
+    /// What a request of the agents' APIs asks about a stored response: the id it continues.
+    pub(crate) fn previous_response_id(&self) -> Option<&str> {
+        match self {
+            Parsed::Responses(r) => r.previous_response_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Whether it asks to run in the background (Responses' `background: true`).
+    pub(crate) fn background(&self) -> bool {
+        matches!(self, Parsed::Responses(r) if r.background == Some(true))
     }
 
     pub(crate) fn max_tokens(&self) -> Option<u32> {
         match self {
             Parsed::Chat(c) => c.requested_max_tokens(),
             Parsed::Completion(c) => c.max_tokens,
+            Parsed::Responses(r) => r.max_output_tokens,
+            Parsed::Messages { request, count } => request.max_tokens.filter(|_| !count),
             Parsed::Embedding(_) => None,
         }
     }
@@ -166,6 +291,9 @@ impl Parsed {
     pub(crate) fn hash_ids(&self) -> Vec<u64> {
         let ids =
             |ids: &mut dyn Iterator<Item = &u32>| ids.flat_map(|t| t.to_le_bytes()).collect::<Vec<u8>>();
+        if let Some(texts) = self.agent_texts() {
+            return crate::access_log::hash_ids(texts.iter().map(String::as_bytes));
+        }
         match self {
             Parsed::Chat(c) => {
                 let texts: Vec<_> = c
@@ -180,6 +308,7 @@ impl Parsed {
                     .flat_map(|(m, t)| [m.role.as_bytes(), t.as_deref().unwrap_or_default().as_bytes()]);
                 crate::access_log::hash_ids(parts)
             }
+            Parsed::Responses(_) | Parsed::Messages { .. } => Vec::new(),
             Parsed::Completion(CompletionRequest { prompt, .. })
             | Parsed::Embedding(EmbeddingRequest { input: prompt, .. }) => match prompt {
                 Prompt::Text(t) => crate::access_log::hash_ids([t.as_bytes()]),
@@ -202,6 +331,10 @@ impl Parsed {
             *budget = budget.saturating_sub(bytes.len());
         };
         let mut budget = 512;
+        if let Some(texts) = self.agent_texts() {
+            texts.iter().for_each(|t| feed(t.as_bytes(), &mut budget));
+            return h;
+        }
         match self {
             Parsed::Chat(c) => {
                 for m in &c.messages {
@@ -221,11 +354,16 @@ impl Parsed {
                     .flatten()
                     .for_each(|t| feed(&t.to_le_bytes(), &mut budget)),
             },
+            Parsed::Responses(_) | Parsed::Messages { .. } => {}
         }
         h
     }
 
     pub(crate) fn input_tokens(&self, route: &Route) -> u32 {
+        if let Some(texts) = self.agent_texts() {
+            let n: usize = texts.iter().map(|t| route.tokenizer.count(t)).sum();
+            return u32::try_from(n).unwrap_or(u32::MAX);
+        }
         let n = match self {
             Parsed::Chat(c) => {
                 let text = tokenize::chat_prompt(c.messages.iter().map(|m| {
@@ -243,6 +381,7 @@ impl Parsed {
                 Prompt::Tokens(ids) => ids.len(),
                 Prompt::TokenBatches(b) => b.iter().map(Vec::len).sum(),
             },
+            Parsed::Responses(_) | Parsed::Messages { .. } => 0,
         };
         u32::try_from(n).unwrap_or(u32::MAX)
     }
@@ -266,6 +405,15 @@ pub(crate) struct Prepared {
     /// Its own TTFT and TPOT objectives (headers, else the class's `slo`), kept only where the
     /// route balances by them (`balance: slo`); the headers are checked on every route.
     pub slo: Objectives,
+    /// How its answer is read: an agents' API's, or OpenAI's completions (`None`).
+    pub dialect: Option<Dialect>,
+    /// The stored response it continues (`previous_response_id`): only the replica that made it
+    /// holds it.
+    pub previous: Option<String>,
+    /// Its agent session's hash, from the route's `agents.session_headers`.
+    pub affinity: Option<u64>,
+    /// The replica it must go to (the URL of the one holding `previous`).
+    pub pinned: Option<Arc<str>>,
 }
 
 /// Applies the route's cost caps, picks the class and priority, and writes the upstream body
@@ -342,11 +490,12 @@ pub(crate) fn prepare(
         ));
     }
     let mut max_tokens = parsed.max_tokens();
+    let max_param = parsed.max_tokens_param();
     if max_tokens == Some(0) {
         return Err(GatewayError::bad_request(
             Invalid::Request,
-            "'max_tokens' must be at least 1",
-            Some("max_tokens"),
+            format!("'{max_param}' must be at least 1"),
+            Some(max_param),
         ));
     }
     if let (Some(m), Some(cap)) = (max_tokens, limits.max_tokens.cap)
@@ -356,14 +505,22 @@ pub(crate) fn prepare(
             OverCap::Reject => {
                 return Err(GatewayError::bad_request(
                     Invalid::MaxTokensOverCap,
-                    format!("max_tokens = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
-                    Some("max_tokens"),
+                    format!("{max_param} = {m} exceeds this model's cap of {cap} (max_tokens.cap)"),
+                    Some(max_param),
                 ));
             }
             OverCap::Clamp => max_tokens = Some(cap.get()),
         }
     }
-    if max_tokens.is_none() && !embedding {
+    if parsed.background() {
+        return Err(GatewayError::bad_request(
+            Invalid::Request,
+            "'background' requests are refused on this route (agents.background: refuse): the replica would generate with no client connected, outside the route's concurrency limit",
+            Some("background"),
+        ));
+    }
+    let counting = matches!(parsed, Parsed::Messages { count: true, .. });
+    if max_tokens.is_none() && !embedding && !counting {
         max_tokens = limits.max_tokens.default.map(|d| d.get());
     }
     let class = route.classify(max_tokens, input_tokens, headers);
@@ -371,6 +528,13 @@ pub(crate) fn prepare(
     let stream = parsed.stream();
     let client_wants_usage = parsed.wants_usage();
     let prefix_key = parsed.prefix_key();
+    let dialect = match &parsed {
+        Parsed::Responses(_) => Some(Dialect::Responses),
+        Parsed::Messages { .. } => Some(Dialect::Messages),
+        _ => None,
+    };
+    let previous = parsed.previous_response_id().map(str::to_owned);
+    let affinity = dialect.and_then(|_| session_key(headers, &route.config.agents.session_headers));
     // Checked on every route, so that a malformed header is the same 400 whichever route serves
     // the request; kept only where the route balances by it.
     let asked = objectives(headers, route.classes[class].config.slo)?;
@@ -386,6 +550,8 @@ pub(crate) fn prepare(
         .unwrap_or(&route.config.model);
     let unchanged = parsed.model() == upstream_model && parsed.max_tokens() == max_tokens;
     let kept = match (unchanged, stream, client_wants_usage) {
+        // The agents' streams carry their usage unasked.
+        _ if unchanged && dialect.is_some() => Some(raw.clone()),
         (true, false, _) | (true, true, true) => Some(raw.clone()),
         (true, true, false) if !mentions_stream_options(raw) => with_usage_asked(raw).map(Bytes::from),
         _ => None,
@@ -405,7 +571,21 @@ pub(crate) fn prepare(
         body,
         prefix_key,
         slo,
+        dialect,
+        previous,
+        affinity,
+        pinned: None,
     })
+}
+
+/// A hash of the session a request names in the first of `names` it carries, if any.
+fn session_key(headers: &HeaderMap, names: &[String]) -> Option<u64> {
+    let value = names.iter().find_map(|n| headers.get(n.as_str()))?;
+    if value.is_empty() {
+        return None;
+    }
+    // Unseeded: every gateway of a fleet sends a session to the same replica.
+    Some(xxhash_rust::xxh3::xxh3_64(value.as_bytes()))
 }
 
 /// The request written again for the replica: its model and `max_tokens` as the gateway set
@@ -444,6 +624,18 @@ fn rewritten(
         Parsed::Embedding(mut e) => {
             e.model = model;
             serde_json::to_vec(&e)
+        }
+        Parsed::Responses(mut r) => {
+            r.model = model;
+            r.max_output_tokens = max_tokens;
+            serde_json::to_vec(&r)
+        }
+        Parsed::Messages { mut request, count } => {
+            request.model = model;
+            if !count {
+                request.max_tokens = max_tokens;
+            }
+            serde_json::to_vec(&request)
         }
     }
     .map_err(|e| {

@@ -15,7 +15,7 @@ pub(crate) use detached::detached;
 pub(crate) use events::{Events, Opening, Rang};
 
 use crate::error::GatewayError;
-use crate::event::{EarlyError, Event, EventKind, Rename};
+use crate::event::{EarlyError, Event, EventKind, Reader, Rename};
 use crate::path::ledger::{Ending, Ledger};
 use crate::route::transport::Body;
 use alarms::Alarms;
@@ -127,6 +127,9 @@ pub(crate) fn pass_on(
     if let Some(usage) = event.usage() {
         ex.reported(usage);
     }
+    if let Some(id) = event.named() {
+        ex.made_response(id);
+    }
     match kind {
         EventKind::Tokens => ex.token_chunk(now),
         EventKind::Usage if strip_usage => return kind,
@@ -146,12 +149,13 @@ pub(crate) fn pass_on(
 pub(crate) fn last_event(
     ex: &mut Ledger,
     rest: &[u8],
+    reader: &mut Reader,
     rename: Option<&Rename>,
     strip_usage: bool,
     out: &mut BytesMut,
 ) {
     if !rest.is_empty() && protocol::sse::whole_at_end(rest) {
-        pass_on(ex, &Event::read(rest), Instant::now(), rename, strip_usage, out);
+        pass_on(ex, &reader.read(rest), Instant::now(), rename, strip_usage, out);
     } else {
         out.extend_from_slice(rest);
     }
@@ -161,17 +165,37 @@ pub(crate) fn too_large_message() -> String {
     format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 
+/// A non-streamed answer, read: its body with the public model name, its usage, and the id of
+/// the response it made (the agents' APIs).
+pub(crate) struct WholeAnswer {
+    pub(crate) body: Bytes,
+    pub(crate) usage: Option<(u32, u32)>,
+    pub(crate) made: Option<String>,
+}
+
+impl WholeAnswer {
+    pub(crate) fn read(
+        body: Bytes,
+        rename: Option<&Rename>,
+        dialect: Option<protocol::agents::Dialect>,
+    ) -> Self {
+        let ((body, usage), made) = crate::event::read_whole_in(dialect, body, rename);
+        WholeAnswer { body, usage, made }
+    }
+}
+
 /// Reads a non-streamed answer whole within the total budget and `limit` bytes
-/// (`server.max_response_bytes`): the body with the public model name, and its usage.
+/// (`server.max_response_bytes`).
 pub(crate) async fn whole(
     upstream: Body,
     deadline: Instant,
     budget: Duration,
     limit: usize,
     rename: Option<&Rename>,
-) -> Result<(Bytes, Option<(u32, u32)>), GatewayError> {
+    dialect: Option<protocol::agents::Dialect>,
+) -> Result<WholeAnswer, GatewayError> {
     let body = collect(upstream, deadline, limit, GatewayError::DeadlineExceeded(budget)).await?;
-    Ok(crate::event::read_whole(body, rename))
+    Ok(WholeAnswer::read(body, rename, dialect))
 }
 
 /// A replica's body, whole, by `deadline` (else `late`) and within `limit` bytes.
@@ -191,10 +215,14 @@ pub(crate) async fn collect(
     }
 }
 
-/// A whole answer as the ledger takes it: its finish reasons, its usage, its end.
-pub(crate) fn whole_answered(ex: &mut Ledger, status: StatusCode, body: &[u8], usage: Option<(u32, u32)>) {
-    ex.trace().finish_reasons(body);
-    ex.whole_answer(Instant::now(), usage);
+/// A whole answer as the ledger takes it: its finish reasons, its usage, the response it made,
+/// its end.
+pub(crate) fn whole_answered(ex: &mut Ledger, status: StatusCode, answer: &WholeAnswer) {
+    ex.trace().finish_reasons(&answer.body);
+    ex.whole_answer(Instant::now(), answer.usage);
+    if let Some(id) = &answer.made {
+        ex.made_response(id);
+    }
     ex.end(Ending::Finished, status);
 }
 
@@ -226,9 +254,9 @@ impl Whole {
 
     /// The answer is whole: its body with the public model name, settled in the ledger.
     pub(crate) fn finish(self, ex: &mut Ledger, rename: Option<&Rename>) -> Bytes {
-        let (body, usage) = crate::event::read_whole(self.held.freeze(), rename);
-        whole_answered(ex, StatusCode::OK, &body, usage);
-        body
+        let answer = WholeAnswer::read(self.held.freeze(), rename, ex.dialect());
+        whole_answered(ex, StatusCode::OK, &answer);
+        answer.body
     }
 }
 

@@ -20,7 +20,7 @@ use tokio::time::Instant;
 #[allow(clippy::large_enum_variant)]
 pub(super) enum ClientAnswer {
     /// A non-streamed answer (a 2xx), read whole, with the usage it carries.
-    Whole(StatusCode, Bytes, Option<(u32, u32)>),
+    Whole(StatusCode, relay::WholeAnswer),
     /// A stream whose first token has arrived.
     Stream(Streamed, tokio::sync::watch::Receiver<bool>),
     /// The replica's own 4xx, relayed as it was.
@@ -86,6 +86,7 @@ pub(super) async fn answer(
     answered: UpstreamAnswer,
     stream: bool,
     budgets: &Budgets,
+    dialect: Option<protocol::agents::Dialect>,
 ) -> Result<ClientAnswer, GatewayError> {
     let upstream = match answered {
         UpstreamAnswer::Response(upstream) => upstream,
@@ -98,15 +99,16 @@ pub(super) async fn answer(
         let body = upstream::error_body(upstream, budgets, stream, limit).await?;
         return Ok(ClientAnswer::Relayed(status, body));
     }
-    let (body, usage) = relay::whole(
+    let whole = relay::whole(
         upstream.into_body(),
         budgets.deadline,
         budgets.total,
         limit,
         route.rename.as_deref(),
+        dialect,
     )
     .await?;
-    Ok(ClientAnswer::Whole(status, body, usage))
+    Ok(ClientAnswer::Whole(status, whole))
 }
 
 /// The response for what the stages produced; the ledger ends in [`answered`], or lives on in
@@ -118,8 +120,8 @@ pub(super) fn respond(
 ) -> Response<ResponseBody> {
     let (streamed, stop) = match answer {
         Ok(ClientAnswer::Stream(streamed, stop)) => (streamed, stop),
-        Ok(ClientAnswer::Whole(status, body, usage)) => {
-            return answered(Unstreamed::Whole(status, body, usage), ex);
+        Ok(ClientAnswer::Whole(status, whole)) => {
+            return answered(Unstreamed::Whole(status, whole), ex);
         }
         Ok(ClientAnswer::Relayed(status, body)) => return answered(Unstreamed::Relayed(status, body), ex),
         Err(e) => return answered(Unstreamed::Failed(e), ex),
@@ -144,7 +146,7 @@ pub(super) fn respond(
 
 /// How a request ends that is not a stream.
 enum Unstreamed {
-    Whole(StatusCode, Bytes, Option<(u32, u32)>),
+    Whole(StatusCode, relay::WholeAnswer),
     Relayed(StatusCode, Bytes),
     Failed(GatewayError),
 }
@@ -154,9 +156,9 @@ fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
     // Timed before the ledger ends, as the stages left it.
     let timing = server_timing(&ex);
     let mut response = match ended {
-        Unstreamed::Whole(status, body, usage) => {
-            relay::whole_answered(&mut ex, status, &body, usage);
-            relayed(status, body)
+        Unstreamed::Whole(status, whole) => {
+            relay::whole_answered(&mut ex, status, &whole);
+            relayed(status, whole.body)
         }
         Unstreamed::Relayed(status, body) => {
             ex.end(Ending::UpstreamRejected, status);
@@ -164,7 +166,7 @@ fn answered(ended: Unstreamed, mut ex: Ledger) -> Response<ResponseBody> {
         }
         Unstreamed::Failed(e) => {
             ex.fail(&e);
-            e.into_response()
+            e.into_response_as(ex.shape())
         }
     };
     request_fields(&timing, &ex, &mut inserting(response.headers_mut()));

@@ -142,11 +142,20 @@ pub(crate) fn pick(
     now: Instant,
     ex: &mut Ledger,
 ) -> Result<Option<crate::route::ReplicaGuard>, GatewayError> {
+    if let Some(url) = &prepared.pinned {
+        return Ok(route.pick_pinned(url, tried, now));
+    }
     if route.config.balance == crate::config::Balance::Slo {
         pick_by_slo(route, prepared, tried, now, ex)
     } else {
         let pool = &route.classes[prepared.class].pool;
-        Ok(route.pick(pool, tried, prepared.prefix_key, now))
+        match prepared.affinity {
+            // An agent's session stays where its conversation is cached, within a bounded load.
+            Some(session) => {
+                Ok(route.pick_by(crate::config::Balance::PrefixAffinity, pool, tried, session, now))
+            }
+            None => Ok(route.pick(pool, tried, prepared.prefix_key, now)),
+        }
     }
 }
 
@@ -168,7 +177,7 @@ fn pick_by_slo(
         ttft: prepared.slo.ttft.map(|t| t.saturating_sub(waited)),
         tpot: prepared.slo.tpot,
         input_tokens: prepared.input_tokens,
-        prefix_key: prepared.prefix_key,
+        prefix_key: prepared.affinity.unwrap_or(prepared.prefix_key),
         fallback: route.config.slo_fallback,
     };
     let Some((replica, x, verdict)) = route.pick_slo(&class.pool, tried, &ask, now) else {
@@ -222,6 +231,7 @@ async fn open(
     let replica = &route.replicas[index];
     let name = &route.config.model;
     let events = Events::new(
+        prepared.dialect,
         route.rename.clone(),
         !prepared.client_wants_usage,
         budgets,
@@ -292,6 +302,7 @@ async fn attempt(
         }
     }
     let request = h1::Request {
+        method: "POST",
         path: api.path(),
         headers: &headers[..n],
         body: &prepared.body,

@@ -167,6 +167,7 @@ mod tests {
         let conns = Arc::new(Upstream::conns(&url, None));
         let body = bytes::Bytes::from_static(b"{}");
         let request = http1::client::Request {
+            method: "POST",
             path: "/v1/embeddings",
             headers: &[],
             body: &body,

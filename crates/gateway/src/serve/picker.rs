@@ -57,11 +57,13 @@ impl Picker {
     /// The first replica `pick` chooses (holding it) and up to `fallbacks` more from `pool` by the
     /// route's balancer, as a comma-separated `ip:port` list. Replicas whose address is unknown,
     /// or outside the data plane's `subset`, are never named. `Err(None)`: no replica is left.
+    /// A request `pinned` to the replica holding its state gets no fallback.
     fn endpoints(
         &self,
         route: &Route,
         pool: &[usize],
         prefix_key: u64,
+        pinned: bool,
         subset: Option<&[String]>,
         mut pick: impl FnMut(&[usize]) -> Result<Option<ReplicaGuard>, GatewayError>,
     ) -> Result<(String, ReplicaGuard), Option<GatewayError>> {
@@ -90,7 +92,8 @@ impl Picker {
         let mut list = address(first.index).map(|a| a.to_string()).unwrap_or_default();
         tried.push(first.index);
         let now = Instant::now();
-        for _ in 0..self.fallbacks {
+        let fallbacks = if pinned { 0 } else { self.fallbacks };
+        for _ in 0..fallbacks {
             // Held only while chosen: the request is counted on the replica that serves it.
             let Some(next) = route.pick(pool, &tried, prefix_key, now) else {
                 break;

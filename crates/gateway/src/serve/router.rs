@@ -6,10 +6,11 @@ use crate::config::MetricsExposure;
 use crate::error::{GatewayError, Invalid};
 use crate::path::prepare::Api;
 use crate::path::respond::into_hyper;
+use crate::path::stored::Ask;
 use crate::path::{auth, completion, handle, identified, refused, stamp};
 use crate::state::Gateway;
 use axum::Router;
-use axum::extract::{Request, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -31,6 +32,8 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         router = router.route(api.path(), post(serve));
     }
     router = router
+        .route("/v1/responses/{id}", get(read_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/v1/models", get(models))
         .route("/health", get(|| async { StatusCode::OK }))
         .route("/ready", get(ready));
@@ -83,7 +86,17 @@ pub(crate) async fn metrics(State(g): State<Arc<Gateway>>) -> Response {
 }
 
 /// The 404's message for a path the gateway does not serve (here, and through the endpoint picker).
-pub(crate) const UNKNOWN_PATH: &str = "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings and /v1/models";
+pub(crate) const UNKNOWN_PATH: &str = "no such endpoint: the gateway serves /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses (and GET /v1/responses/{id}, POST /v1/responses/{id}/cancel), /v1/messages, /v1/messages/count_tokens and /v1/models";
+
+/// `GET /v1/responses/{id}`: from the replica that made it.
+async fn read_response(State(g): State<Arc<Gateway>>, Path(id): Path<String>, req: Request) -> Response {
+    crate::path::stored::serve(&g, Ask::Read, &id, req.headers(), settled_id(&req)).await
+}
+
+/// `POST /v1/responses/{id}/cancel`: on the replica that made it.
+async fn cancel_response(State(g): State<Arc<Gateway>>, Path(id): Path<String>, req: Request) -> Response {
+    crate::path::stored::serve(&g, Ask::Cancel, &id, req.headers(), settled_id(&req)).await
+}
 
 async fn models(State(g): State<Arc<Gateway>>, req: Request) -> Response {
     match model_list(&g, req.headers()) {

@@ -196,6 +196,7 @@ fn a_head_may_have_as_many_headers_as_the_limit_and_no_more() {
 async fn call<T: Transport>(conns: &Arc<Conns<T>>) -> Result<Response<T>, Error> {
     let body = Bytes::from_static(b"{}");
     let request = Request {
+        method: "POST",
         path: "/v1/chat/completions",
         headers: &[("x-request-id", b"abc")],
         body: &body,

@@ -36,6 +36,9 @@ pub(crate) struct Events {
     /// The stream has ended: what `out` holds is its last bytes.
     done: bool,
     clock: Clock,
+    /// The agents' API the stream is in (its events' rules, its cut's form); `None` for OpenAI's
+    /// completions.
+    dialect: Option<protocol::agents::Dialect>,
 }
 
 /// The budgets of a stream as instants, and when the replica last sent anything.
@@ -75,6 +78,7 @@ pub(crate) enum Rang {
 impl Events {
     /// A stream's events, timed from `now` by `budgets` and `idle` (`stream_idle`).
     pub(crate) fn new(
+        dialect: Option<protocol::agents::Dialect>,
         rename: Option<Arc<Rename>>,
         strip_usage: bool,
         budgets: &Budgets,
@@ -83,7 +87,7 @@ impl Events {
     ) -> Events {
         Events {
             splitter: EventSplitter::default(),
-            reader: Reader::default(),
+            reader: Reader::new(dialect),
             rename,
             strip_usage,
             out: BytesMut::with_capacity(OUT_CAPACITY),
@@ -99,6 +103,7 @@ impl Events {
                 last_data: now,
                 done_by: None,
             },
+            dialect,
         }
     }
 
@@ -206,7 +211,14 @@ impl Events {
     pub(crate) fn ended(&mut self, ex: &mut Ledger) {
         self.done = true;
         let rest = self.splitter.rest();
-        last_event(ex, &rest, self.rename.as_deref(), self.strip_usage, &mut self.out);
+        last_event(
+            ex,
+            &rest,
+            &mut self.reader,
+            self.rename.as_deref(),
+            self.strip_usage,
+            &mut self.out,
+        );
         if !ex.ended() {
             // The upstream closed without `[DONE]`: tell the client rather than end quietly.
             if !rest.is_empty() && !rest.ends_with(b"\n\n") {
@@ -277,7 +289,7 @@ impl Events {
         self.done = true;
         ex.end(Ending::Cut(cut), StatusCode::OK);
         self.out
-            .extend_from_slice(&GatewayError::stream_cut(cut, message));
+            .extend_from_slice(&GatewayError::stream_cut(cut, message, self.dialect));
     }
 
     /// The stream has ended: what is left in [`Events::out`] is its last bytes.

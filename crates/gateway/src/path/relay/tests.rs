@@ -6,6 +6,7 @@ use std::sync::Arc;
 async fn call(conns: &Arc<Conns>) -> Result<Response, h1::Error> {
     let body = Bytes::from_static(b"{}");
     let request = h1::Request {
+        method: "POST",
         path: "/v1/chat/completions",
         headers: &[],
         body: &body,
@@ -21,7 +22,14 @@ fn events_for(secs: u64) -> Events {
         ..crate::config::Timeouts::default()
     };
     let budgets = crate::path::upstream::Budgets::new(&t, None, Instant::now());
-    Events::new(None, false, &budgets, Duration::from_secs(secs), Instant::now())
+    Events::new(
+        None,
+        None,
+        false,
+        &budgets,
+        Duration::from_secs(secs),
+        Instant::now(),
+    )
 }
 
 /// What a lone stream's first write gets: the events up to the first with tokens (a role
@@ -214,7 +222,7 @@ mod fed {
             ..crate::config::Timeouts::default()
         };
         let budgets = crate::path::upstream::Budgets::new(&t, None, t0);
-        Events::new(None, true, &budgets, Duration::from_secs(2), t0)
+        Events::new(None, None, true, &budgets, Duration::from_secs(2), t0)
     }
 
     fn last_error_code(out: &[u8]) -> String {

@@ -121,6 +121,7 @@ async fn inference(
     let id = crate::path::hints::request_id(&headers);
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), id);
     ex.start_trace(g.tracer.as_ref(), &headers);
+    crate::path::came_in(g, api, &mut ex);
     let mut trailers = false;
     let picked = if g.is_draining() {
         Err(GatewayError::Draining)
@@ -187,6 +188,7 @@ async fn inference(
         return;
     }
     let events = Events::new(
+        ex.dialect(),
         route.rename.clone(),
         strip_usage,
         &budgets,
@@ -231,9 +233,14 @@ async fn pick(
     let prepared = admitted.prepared;
     let pool = &route.classes[prepared.class].pool;
     let (endpoints, guard) = picker
-        .endpoints(&route, pool, prepared.prefix_key, subset, |tried| {
-            upstream::pick(&route, &prepared, tried, Instant::now(), ex)
-        })
+        .endpoints(
+            &route,
+            pool,
+            prepared.prefix_key,
+            prepared.pinned.is_some(),
+            subset,
+            |tried| upstream::pick(&route, &prepared, tried, Instant::now(), ex),
+        )
         .map_err(|e| e.unwrap_or_else(|| GatewayError::NoHealthyReplica(route.config.model.clone())))?;
     ex.picked(guard);
     Ok(Picked {
@@ -298,7 +305,8 @@ async fn gone(s: &mut Stream, trailers: &mut bool) {
 /// The gateway's refusal as Envoy's immediate answer: the status, the OpenAI-shaped body and
 /// every header the proxy would send with it (`Retry-After`, the rate limits, the request ID).
 fn refusal(e: &GatewayError, ex: Option<(&str, &Ledger)>) -> ProcessingResponse {
-    let (status, mut headers, body) = e.render();
+    let shape = ex.map(|(_, ex)| ex.shape()).unwrap_or_default();
+    let (status, mut headers, body) = e.render_as(shape);
     if let Some((timing, ex)) = ex {
         request_fields(timing, ex, &mut inserting(&mut headers));
     }
