@@ -60,15 +60,17 @@ impl Table {
             .enumerate()
             .map(|(i, r)| (r.config.model.clone(), i))
             .collect();
+        // The headers the routes' own rules read (classes, redirects, agent sessions), which the
+        // public port's HTTP/1.1 keeps with the request path's own.
         let mut rule_headers: Vec<String> = Vec::new();
         for route in &config.routes {
             let classes = route.classes.iter().filter_map(|c| c.when.as_ref());
-            for when in classes.chain(route.redirect.iter().map(|r| &r.when)) {
-                if let Some(h) = &when.header {
-                    let name = h.name.to_ascii_lowercase();
-                    if !rule_headers.contains(&name) {
-                        rule_headers.push(name);
-                    }
+            let whens = classes.chain(route.redirect.iter().map(|r| &r.when));
+            let named = whens.filter_map(|w| w.header.as_ref().map(|h| &h.name));
+            for name in named.chain(&route.agents.session_headers) {
+                let name = name.to_ascii_lowercase();
+                if !rule_headers.contains(&name) {
+                    rule_headers.push(name);
                 }
             }
         }

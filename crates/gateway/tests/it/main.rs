@@ -2,6 +2,7 @@
 
 mod adaptive;
 mod admission;
+mod agents;
 mod audit;
 mod bad_input;
 mod balance;
