@@ -265,21 +265,29 @@ pub fn classify(event: &[u8]) -> EventKind {
 /// A whole (non-streamed) answer: its usage, and its body with the public model name put back,
 /// from one parse.
 pub fn read_whole(body: Bytes, rename: Option<&Rename>) -> (Bytes, Option<(u32, u32)>) {
-    read_whole_in(None, body, rename).0
+    let whole = read_whole_in(None, body, rename);
+    (whole.body, whole.usage)
 }
 
-/// A whole answer in `dialect` (an agents' API's, or OpenAI's completions'): as [`read_whole`],
-/// and the id of the response it made.
-pub fn read_whole_in(
-    dialect: Option<Dialect>,
-    body: Bytes,
-    rename: Option<&Rename>,
-) -> ((Bytes, Option<(u32, u32)>), Option<String>) {
+/// A non-streamed answer, read: its body with the public model name, its usage, and the id of
+/// the response it made (the agents' APIs).
+pub struct Whole {
+    pub body: Bytes,
+    pub usage: Option<(u32, u32)>,
+    pub made: Option<String>,
+}
+
+/// A whole answer in `dialect` (an agents' API's, or OpenAI's completions').
+pub fn read_whole_in(dialect: Option<Dialect>, body: Bytes, rename: Option<&Rename>) -> Whole {
     if let Some(d) = dialect {
-        let (j, id) = agents::judge_answer(d, &body);
+        let (j, made) = agents::judge_answer(d, &body);
         let usage = j.usage.and_then(|u| u.pair());
         let renamed = rename.and_then(|r| agents::renamed(&body, &r.upstream, &r.public_name));
-        return ((renamed.map_or(body, Bytes::from), usage), id);
+        return Whole {
+            body: renamed.map_or(body, Bytes::from),
+            usage,
+            made,
+        };
     }
     let j = judge::judge_whole(&body);
     let usage = j.usage.and_then(|u| u.pair());
@@ -287,7 +295,11 @@ pub fn read_whole_in(
         Some(new) => Bytes::from(new),
         None => body,
     };
-    ((body, usage), None)
+    Whole {
+        body,
+        usage,
+        made: None,
+    }
 }
 
 /// Reads `prompt_tokens` and `completion_tokens` out of a whole answer.

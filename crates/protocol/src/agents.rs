@@ -80,14 +80,19 @@ pub fn texts(value: &Value, out: &mut Vec<String>) {
             if let Some(Value::String(role)) = map.get("role") {
                 out.push(role.clone());
             }
+            const READ: [&str; 8] = [
+                "text",
+                "content",
+                "input",
+                "output",
+                "arguments",
+                "thinking",
+                "instructions",
+                "system",
+            ];
             for (k, v) in map {
-                match (k.as_str(), v) {
-                    (
-                        "text" | "content" | "input" | "output" | "arguments" | "thinking" | "instructions"
-                        | "system",
-                        _,
-                    ) => texts(v, out),
-                    _ => {}
+                if READ.contains(&k.as_str()) {
+                    texts(v, out);
                 }
             }
         }

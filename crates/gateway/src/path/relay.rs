@@ -165,24 +165,7 @@ pub(crate) fn too_large_message() -> String {
     format!("the replica sent an SSE event over {} KiB", MAX_EVENT / 1024)
 }
 
-/// A non-streamed answer, read: its body with the public model name, its usage, and the id of
-/// the response it made (the agents' APIs).
-pub(crate) struct WholeAnswer {
-    pub(crate) body: Bytes,
-    pub(crate) usage: Option<(u32, u32)>,
-    pub(crate) made: Option<String>,
-}
-
-impl WholeAnswer {
-    pub(crate) fn read(
-        body: Bytes,
-        rename: Option<&Rename>,
-        dialect: Option<protocol::agents::Dialect>,
-    ) -> Self {
-        let ((body, usage), made) = crate::event::read_whole_in(dialect, body, rename);
-        WholeAnswer { body, usage, made }
-    }
-}
+pub(crate) use crate::event::Whole as WholeAnswer;
 
 /// Reads a non-streamed answer whole within the total budget and `limit` bytes
 /// (`server.max_response_bytes`).
@@ -195,7 +178,7 @@ pub(crate) async fn whole(
     dialect: Option<protocol::agents::Dialect>,
 ) -> Result<WholeAnswer, GatewayError> {
     let body = collect(upstream, deadline, limit, GatewayError::DeadlineExceeded(budget)).await?;
-    Ok(WholeAnswer::read(body, rename, dialect))
+    Ok(crate::event::read_whole_in(dialect, body, rename))
 }
 
 /// A replica's body, whole, by `deadline` (else `late`) and within `limit` bytes.
@@ -254,7 +237,7 @@ impl Whole {
 
     /// The answer is whole: its body with the public model name, settled in the ledger.
     pub(crate) fn finish(self, ex: &mut Ledger, rename: Option<&Rename>) -> Bytes {
-        let answer = WholeAnswer::read(self.held.freeze(), rename, ex.dialect());
+        let answer = crate::event::read_whole_in(ex.dialect(), self.held.freeze(), rename);
         whole_answered(ex, StatusCode::OK, &answer);
         answer.body
     }

@@ -121,7 +121,7 @@ async fn forward(
     let body = relay::collect(response.into_body(), deadline, limit, late).await?;
     let body = match &route.rename {
         Some(r) if status.is_success() => {
-            relay::WholeAnswer::read(body, Some(r), Some(protocol::agents::Dialect::Responses)).body
+            crate::event::read_whole_in(Some(protocol::agents::Dialect::Responses), body, Some(r)).body
         }
         _ => body,
     };
