@@ -25,6 +25,7 @@ const QUEUE_BUCKETS: &[f64] = &[
 pub(crate) struct Metrics {
     pub registry: Registry,
     pub requests: IntCounterVec,
+    pub api_requests: IntCounterVec,
     pub rejections: IntCounterVec,
     pub cancellations: IntCounterVec,
     pub queue_wait: HistogramVec,
@@ -176,6 +177,11 @@ impl Metrics {
                 "spillway_requests_total",
                 "Requests answered, by team and final HTTP status.",
                 &["route", "class", "team", "status"],
+            ),
+            api_requests: counter(
+                "spillway_api_requests_total",
+                "Requests answered, by the endpoint they came in on (chat, completions, embeddings, responses, messages, count_tokens) and final HTTP status.",
+                &["route", "api", "status"],
             ),
             rejections: counter(
                 "spillway_rejections_total",

@@ -192,7 +192,7 @@ pub(crate) async fn admitted(
     let parsed = Parsed::parse(api, body)?;
     ex.parsed(&parsed);
     ex.trace().request(
-        api == Api::Chat,
+        (api.operation(), api.path()),
         parsed.model(),
         parsed.max_tokens(),
         parsed.stream(),

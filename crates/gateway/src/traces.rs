@@ -63,6 +63,8 @@ pub(crate) struct Recording {
     wall: SystemTime,
     arrival: Instant,
     operation: &'static str,
+    /// The endpoint's path, for `url.path`.
+    path: &'static str,
     model: String,
     max_tokens: Option<u32>,
     stream: bool,
@@ -247,6 +249,7 @@ impl Trace {
             wall: SystemTime::now(),
             arrival,
             operation: "chat",
+            path: "/v1/chat/completions",
             model: String::new(),
             max_tokens: None,
             stream: false,
@@ -264,10 +267,18 @@ impl Trace {
         }
     }
 
-    /// What was asked: the operation, the model by the name the caller used, the output cap.
-    pub(crate) fn request(&mut self, chat: bool, model: &str, max_tokens: Option<u32>, stream: bool) {
+    /// What was asked: the operation and the endpoint's path, the model by the name the caller
+    /// used, the output cap.
+    pub(crate) fn request(
+        &mut self,
+        (operation, path): (&'static str, &'static str),
+        model: &str,
+        max_tokens: Option<u32>,
+        stream: bool,
+    ) {
         if let Some(r) = self.recording() {
-            r.operation = if chat { "chat" } else { "text_completion" };
+            r.operation = operation;
+            r.path = path;
             r.model = model.to_owned();
             r.max_tokens = max_tokens;
             r.stream = stream;
@@ -439,14 +450,7 @@ impl Recording {
         let mut attrs = vec![
             KeyValue::new("gen_ai.operation.name", r.operation),
             KeyValue::new("http.request.method", "POST"),
-            KeyValue::new(
-                "url.path",
-                if r.operation == "chat" {
-                    "/v1/chat/completions"
-                } else {
-                    "/v1/completions"
-                },
-            ),
+            KeyValue::new("url.path", r.path),
             KeyValue::new("http.response.status_code", i64::from(s.status)),
             KeyValue::new("spillway.request_id", s.id),
             KeyValue::new("spillway.route", s.route),

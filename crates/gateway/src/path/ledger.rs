@@ -526,6 +526,11 @@ impl Ledger {
             }
             Ending::Finished | Ending::Failed(_) | Ending::UpstreamRejected => {}
         }
+        if let Some(api) = self.api {
+            m.api_requests
+                .with_label_values(&[labels[0], api.name(), status_label(status)])
+                .inc();
+        }
         // The usual ending (status 200) moves its team's series without a label lookup.
         let usage = self
             .usage

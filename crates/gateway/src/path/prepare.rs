@@ -82,6 +82,15 @@ impl Api {
         }
     }
 
+    /// Its GenAI operation name in a trace's spans (OpenTelemetry's semantic conventions).
+    pub(crate) fn operation(self) -> &'static str {
+        match self {
+            Api::Completions => "text_completion",
+            Api::Embeddings => "embeddings",
+            Api::Chat | Api::Responses | Api::Messages | Api::CountTokens => "chat",
+        }
+    }
+
     /// How its streams' events and whole answers are read: `None` for OpenAI's completions.
     pub(crate) fn dialect(self) -> Option<Dialect> {
         match self {
