@@ -752,3 +752,62 @@ async fn done_then_no_end_of_body_ends_the_stream_through_envoy_in_every_style()
         );
     }
 }
+
+/// The agents' APIs through Envoy and the picker as through the proxy: the official SDKs' calls
+/// (tests/python/agents_gateway.py: Responses and Messages, streamed and whole, a token count,
+/// Anthropic's not-found), and a response continued on the replica that made it, with no fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agents_apis_through_envoy_and_a_response_continued_where_it_was_made() {
+    let p = picked(2, false).await;
+    let report = testkit::run_python("agents_gateway.py", &[&p.envoy.url, "chat"]).await;
+    assert!(report.contains("ok: 6 checks"), "{report}");
+    let engines: Vec<SocketAddr> = p.stack.engines.iter().map(|e| e.addr).collect();
+    let before = p.stack.records().len();
+    let mut makers = Vec::new();
+    for _ in 0..8 {
+        let body = serde_json::json!({"model": "chat", "input": "hi", "max_output_tokens": 2});
+        let r = http()
+            .post(format!("{}/v1/responses", p.envoy.url))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let made: serde_json::Value = r.json().await.unwrap();
+        let id = made["id"].as_str().unwrap().to_owned();
+        let n = before + makers.len() * 3 + 1;
+        assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == n).await);
+        let maker = replica_of(p.stack.records()[n - 1].replica.as_deref().unwrap(), &engines);
+        for _ in 0..2 {
+            let next = serde_json::json!({"model": "chat", "input": "on", "max_output_tokens": 2, "previous_response_id": id});
+            let _ = http()
+                .post(format!("{}/v1/responses", p.envoy.url))
+                .json(&next)
+                .send()
+                .await
+                .unwrap()
+                .bytes()
+                .await;
+        }
+        assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == n + 2).await);
+        for r in &p.stack.records()[n..n + 2] {
+            assert_eq!(
+                replica_of(r.replica.as_deref().unwrap(), &engines),
+                maker,
+                "{r:?}"
+            );
+        }
+        makers.push(maker);
+    }
+    assert!(
+        makers.iter().any(|m| *m != makers[0]),
+        "made on both replicas: {makers:?}"
+    );
+    let unknown = serde_json::json!({"model": "chat", "input": "x", "previous_response_id": "resp_none"});
+    let r = http()
+        .post(format!("{}/v1/responses", p.envoy.url))
+        .json(&unknown)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 404);
+}
