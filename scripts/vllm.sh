@@ -3,10 +3,12 @@
 #
 #   scripts/vllm.sh install               vLLM 0.32 (CPU) in target/vllm-venv, unless a working one
 #                                         is there, and the tiny models in target/vllm-model/
-#   scripts/vllm.sh serve PORT [--think] [VLLM ARGS...]
+#   scripts/vllm.sh serve PORT [--think] [--store] [VLLM ARGS...]
 #                                         serves the tiny model as `tiny` on 127.0.0.1:PORT with
 #                                         dummy weights; --think serves the reasoning variant with
-#                                         --reasoning-parser deepseek_r1. Prints one line when ready.
+#                                         --reasoning-parser deepseek_r1; --store turns on the
+#                                         Responses API's store (VLLM_ENABLE_RESPONSES_API_STORE=1).
+#                                         Prints one line when ready.
 #                                         SPILLWAY_VLLM_EXIT_WITH=PID: stops when PID is gone.
 #   scripts/vllm.sh check                 exits 0 when the install works (what `install` checks)
 #
@@ -96,15 +98,21 @@ install_models() {
 }
 
 serve() {
-  [ $# -ge 1 ] || die "usage: scripts/vllm.sh serve PORT [--think] [VLLM ARGS...]"
+  [ $# -ge 1 ] || die "usage: scripts/vllm.sh serve PORT [--think] [--store] [VLLM ARGS...]"
   local port=$1
   shift
   local model="$models/tiny-llama" extra=()
-  if [ "${1:-}" = --think ]; then
+  while [ $# -gt 0 ]; do
+    case "$1" in
+      --think)
+        model="$models/tiny-llama-think"
+        extra=(--reasoning-parser deepseek_r1)
+        ;;
+      --store) export VLLM_ENABLE_RESPONSES_API_STORE=1 ;;
+      *) break ;;
+    esac
     shift
-    model="$models/tiny-llama-think"
-    extra=(--reasoning-parser deepseek_r1)
-  fi
+  done
   [ -x "$venv/bin/vllm" ] || die "no vLLM in $venv: run scripts/vllm.sh install"
   [ -f "$model/config.json" ] || die "no model in $model: run scripts/vllm.sh install"
   export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_HUB_DISABLE_TELEMETRY=1
@@ -150,5 +158,5 @@ case "${1:-}" in
     shift
     serve "$@"
     ;;
-  *) die "usage: scripts/vllm.sh install | check | serve PORT [--think] [VLLM ARGS...]" ;;
+  *) die "usage: scripts/vllm.sh install | check | serve PORT [--think] [--store] [VLLM ARGS...]" ;;
 esac

@@ -4,6 +4,7 @@
 use admission::{Admission, Claim, Fairness, Limits, Priority};
 use bytes::BytesMut;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use protocol::agents::Dialect;
 use protocol::sse::EventSplitter;
 use spillway_gateway::event::{Event, Reader, Rename, classify};
 use std::hint::black_box;
@@ -114,6 +115,48 @@ fn relay(c: &mut Criterion) {
             assert!(out.len() > stream.len() / 2);
         })
     });
+    // The agents' APIs: each event read by its API's rules (a typed parse of its data, no short
+    // way), beside the chat stream's reads above.
+    let responses = br#"event: response.output_text.delta
+data: {"content_index":0,"delta":" below","item_id":"msg_882a225d2ebffbee","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}
+
+"#;
+    let messages = br#"event: content_block_delta
+data: {"type":"content_block_delta","delta":{"type":"text_delta","text":" below"},"index":0}
+
+"#;
+    for (name, dialect, event) in [
+        (
+            "split_read_rename_append_16_responses_deltas",
+            Dialect::Responses,
+            &responses[..],
+        ),
+        (
+            "split_read_rename_append_16_messages_deltas",
+            Dialect::Messages,
+            &messages[..],
+        ),
+    ] {
+        let stream: Vec<u8> = event.iter().copied().cycle().take(event.len() * 16).collect();
+        g.throughput(Throughput::Bytes(stream.len() as u64));
+        g.bench_function(name, |b| {
+            let mut out = BytesMut::with_capacity(8192);
+            b.iter(|| {
+                out.clear();
+                let mut s = EventSplitter::default();
+                let mut reader = Reader::new(Some(dialect));
+                let mut tokens = 0;
+                s.feed_slices(black_box(&stream), |e| {
+                    let e = reader.read(e);
+                    tokens += usize::from(e.kind() == spillway_gateway::event::EventKind::Tokens);
+                    e.append(Some(&rename), &mut out);
+                });
+                assert_eq!(tokens, 16);
+            })
+        });
+    }
+    let stream: Vec<u8> = chunk.iter().copied().cycle().take(chunk.len() * 16).collect();
+    g.throughput(Throughput::Bytes(stream.len() as u64));
     g.bench_function("split_judge_rename_append_16_chunks", |b| {
         let mut out = BytesMut::with_capacity(8192);
         b.iter(|| {
@@ -147,6 +190,23 @@ fn request(c: &mut Criterion) {
             })
         });
     }
+    // The agents' requests of the same sizes: the small one, and one with instructions and tools.
+    let responses = br#"{"model":"mock","input":"Say something about load balancing in a few words, please.","max_output_tokens":16,"stream":true}"#;
+    let messages = br#"{"model":"llama","system":"You are a helpful assistant that answers briefly.","messages":[{"role":"user","content":"What is the weather in Paris?"},{"role":"assistant","content":[{"type":"tool_use","id":"c1","name":"weather","input":{"city":"Paris"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"c1","content":"18C, cloudy"}]}],"tools":[{"name":"weather","input_schema":{"type":"object","properties":{"city":{"type":"string"}}}}],"temperature":0.2,"max_tokens":128,"stream":true}"#;
+    g.bench_function("parse_responses_small", |b| {
+        b.iter(|| {
+            let r: protocol::agents::ResponsesRequest =
+                protocol::error::parse_json(black_box(&responses[..])).unwrap();
+            black_box(r)
+        })
+    });
+    g.bench_function("parse_messages_tools", |b| {
+        b.iter(|| {
+            let r: protocol::agents::MessagesRequest =
+                protocol::error::parse_json(black_box(&messages[..])).unwrap();
+            black_box(r)
+        })
+    });
     // The access log's prefix-block ids (issue 51), made from every prompt on the path: the
     // cost grows with the prompt, so an agent's long context is the case to watch. Beside each,
     // the parse of a body of that size, the work the path already does for it.

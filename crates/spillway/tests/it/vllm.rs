@@ -14,6 +14,7 @@
 //! Tests marked "needs issue 34's gateway/bench/plan fixes" check behaviour that the issue
 //! specifies and that Spillway does not have before those fixes land.
 
+mod agents;
 mod gateway;
 mod tools;
 
@@ -237,7 +238,12 @@ impl Gateway {
             "routes:\n  - model: {MODEL}\n    replicas: [{}]\n{route_extra}",
             replicas.join(", ")
         );
-        let process = testkit::Process::gateway(BIN, &config, &[], |_| {});
+        Gateway::with_config(&config)
+    }
+
+    /// `spillway serve` with `config` (its `listen` is added).
+    pub(crate) fn with_config(config: &str) -> Gateway {
+        let process = testkit::Process::gateway(BIN, config, &[], |_| {});
         Gateway {
             port: process.port,
             process,
