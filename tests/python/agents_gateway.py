@@ -31,7 +31,8 @@ an = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0, timeout
 # Responses, whole and streamed.
 r = oa.responses.create(model=model, input="Say something about gateways.", max_output_tokens=8)
 say("responses.create", {"id": r.id, "model": r.model, "status": r.status, "usage": r.usage.model_dump(), "text": r.output_text})
-assert r.model == model and r.usage.output_tokens == 8 and r.output_text, r
+# A model may end before its cap (a real vLLM's dummy weights can draw EOS): at most the cap.
+assert r.model == model and 1 <= r.usage.output_tokens <= 8 and r.output_text, r
 checks += 1
 
 kinds, text, done = [], "", None
@@ -43,21 +44,24 @@ with oa.responses.create(model=model, input="Say something.", max_output_tokens=
         if event.type in ("response.completed", "response.incomplete"):
             done = event.response
 say("responses.create(stream=True)", {"events": kinds, "text": text, "usage": done.usage.model_dump() if done else None})
-assert done is not None and done.usage.output_tokens == 6 and text, kinds
-assert kinds[0] == "response.created" and kinds.count("response.output_text.delta") == 6, kinds
+assert done is not None and 1 <= done.usage.output_tokens <= 6 and text, kinds
+# vLLM may put several tokens in one delta: at least one, at most one a token.
+deltas = kinds.count("response.output_text.delta")
+assert kinds[0] == "response.created" and 1 <= deltas <= done.usage.output_tokens, kinds
 checks += 1
 
 # Messages, whole and streamed (the SDK's `messages.stream` helper).
 m = an.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "Say something."}])
 say("messages.create", m.model_dump())
-assert m.model == model and m.usage.output_tokens == 8 and m.content[0].text, m
+assert m.model == model and 1 <= m.usage.output_tokens <= 8 and m.content[0].text, m
 checks += 1
 
 with an.messages.stream(model=model, max_tokens=6, messages=[{"role": "user", "content": "Say more."}]) as s:
     streamed = "".join(s.text_stream)
     final = s.get_final_message()
 say("messages.stream", {"text": streamed, "usage": final.usage.model_dump(), "stop_reason": final.stop_reason})
-assert streamed and final.usage.output_tokens == 6 and final.stop_reason == "max_tokens", final
+assert streamed and 1 <= final.usage.output_tokens <= 6, final
+assert final.stop_reason == ("max_tokens" if final.usage.output_tokens == 6 else "end_turn"), final
 checks += 1
 
 n = an.messages.count_tokens(model=model, messages=[{"role": "user", "content": "How many tokens is this?"}])

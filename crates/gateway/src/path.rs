@@ -169,7 +169,7 @@ where
         budgets,
     } = admitted(g, table, api, headers, &body, ex).await?;
     let answered = upstream::call(&route, api, &prepared, &budgets, ex).await?;
-    answer(g, &route, answered, prepared.stream, &budgets, prepared.dialect).await
+    answer(g, &route, answered, &prepared, &budgets, ex.replica()).await
 }
 
 /// A request past stages 1–6: its route, what goes to the replica, and its budgets.

@@ -64,9 +64,10 @@ pub struct AgentsConfig {
     /// turns go to one replica (its prefix cache holds the conversation) while it is healthy and
     /// not overloaded, as prefix affinity sends a shared prefix. Empty: no session affinity.
     pub session_headers: Vec<String>,
-    /// Responses' `background: true`: `refuse` (400 naming `background`), since the replica
-    /// answers at once and generates with no client connected, which a slot released at the
-    /// answer's end would let exceed C unseen.
+    /// Responses' `background: true`: the replica answers at once and generates with no client
+    /// connected, which a slot released at the answer's end would let exceed C unseen. `refuse`
+    /// (400 naming `background`), or `hold`: the slot is kept until the replica reports the
+    /// response finished.
     pub background: Background,
 }
 
@@ -85,7 +86,13 @@ impl Default for AgentsConfig {
 #[serde(rename_all = "snake_case")]
 pub enum Background {
     Refuse,
+    /// The slot is held, and the response's `GET` asked every [`BACKGROUND_POLL`], until the
+    /// replica reports it finished (or the route's total budget cancels it).
+    Hold,
 }
+
+/// How often a held background response is asked whether it has finished.
+pub const BACKGROUND_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 impl RouteConfig {
     /// The status of an overload refusal: `overflow_status`, which validation holds to 429 or 503.

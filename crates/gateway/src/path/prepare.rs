@@ -423,6 +423,8 @@ pub(crate) struct Prepared {
     pub affinity: Option<u64>,
     /// The replica it must go to (the URL of the one holding `previous`).
     pub pinned: Option<Arc<str>>,
+    /// Responses' `background: true`, on a route that holds its slot until it finishes.
+    pub background: bool,
 }
 
 /// Applies the route's cost caps, picks the class and priority, and writes the upstream body
@@ -521,10 +523,20 @@ pub(crate) fn prepare(
             OverCap::Clamp => max_tokens = Some(cap.get()),
         }
     }
-    if parsed.background() {
+    let background = parsed.background();
+    if background && route.config.agents.background == crate::config::Background::Refuse {
         return Err(GatewayError::bad_request(
             Invalid::Request,
             "'background' requests are refused on this route (agents.background: refuse): the replica would generate with no client connected, outside the route's concurrency limit",
+            Some("background"),
+        ));
+    }
+    if background && parsed.stream() {
+        // A client that leaves a background stream leaves the response running on the replica,
+        // where its slot could no longer be followed.
+        return Err(GatewayError::bad_request(
+            Invalid::Request,
+            "'background' with 'stream' is refused on this route: ask without 'stream' and read the response by its id",
             Some("background"),
         ));
     }
@@ -584,6 +596,7 @@ pub(crate) fn prepare(
         previous,
         affinity,
         pinned: None,
+        background,
     })
 }
 

@@ -25,6 +25,9 @@ pub(super) enum ClientAnswer {
     Stream(Streamed, tokio::sync::watch::Receiver<bool>),
     /// The replica's own 4xx, relayed as it was.
     Relayed(StatusCode, Bytes),
+    /// A background response, answered at once and still generating: its slot is held until it
+    /// finishes.
+    Background(StatusCode, relay::WholeAnswer, crate::path::stored::Background),
 }
 
 /// An answer's body. A stream's relay is left bare for the public port's own HTTP/1.1
@@ -84,10 +87,11 @@ pub(super) async fn answer(
     g: &Gateway,
     route: &Route,
     answered: UpstreamAnswer,
-    stream: bool,
+    prepared: &crate::path::prepare::Prepared,
     budgets: &Budgets,
-    dialect: Option<protocol::agents::Dialect>,
+    replica: Option<&crate::route::ReplicaGuard>,
 ) -> Result<ClientAnswer, GatewayError> {
+    let stream = prepared.stream;
     let upstream = match answered {
         UpstreamAnswer::Response(upstream) => upstream,
         UpstreamAnswer::Rejected(status, body) => return Ok(ClientAnswer::Relayed(status, body)),
@@ -105,9 +109,18 @@ pub(super) async fn answer(
         budgets.total,
         limit,
         route.rename.as_deref(),
-        dialect,
+        prepared.dialect,
     )
     .await?;
+    if let (true, Some(id), Some(replica)) = (prepared.background, &whole.made, replica) {
+        let follow = crate::path::stored::Background {
+            conns: replica.replica.conns.clone(),
+            id: id.clone(),
+            deadline: budgets.deadline,
+            connect: route.config.timeouts.connect,
+        };
+        return Ok(ClientAnswer::Background(status, whole, follow));
+    }
     Ok(ClientAnswer::Whole(status, whole))
 }
 
@@ -124,6 +137,17 @@ pub(super) fn respond(
             return answered(Unstreamed::Whole(status, whole), ex);
         }
         Ok(ClientAnswer::Relayed(status, body)) => return answered(Unstreamed::Relayed(status, body), ex),
+        Ok(ClientAnswer::Background(status, whole, follow)) => {
+            let timing = server_timing(&ex);
+            if let Some(id) = &whole.made {
+                ex.made_response(id);
+            }
+            ex.answering(status);
+            let mut response = relayed(status, whole.body);
+            request_fields(&timing, &ex, &mut inserting(response.headers_mut()));
+            tokio::spawn(follow.follow(ex));
+            return response.map(ResponseBody::Body);
+        }
         Err(e) => return answered(Unstreamed::Failed(e), ex),
     };
     ex.answering(StatusCode::OK);

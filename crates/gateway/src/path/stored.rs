@@ -6,6 +6,7 @@
 use super::ledger::{Ending, Ledger};
 use super::prepare::Api;
 use super::relay;
+use crate::config::BACKGROUND_POLL;
 use crate::error::GatewayError;
 use crate::state::Gateway;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -126,4 +127,78 @@ async fn forward(
         _ => body,
     };
     Ok((status, body))
+}
+
+/// A background response the replica is still generating: the ledger, which holds the request's
+/// slot, lives on here and ends when the replica reports the response finished — asked by its
+/// `GET` every [`BACKGROUND_POLL`] — or, at `deadline` (the route's total budget), cancels it.
+pub(crate) struct Background {
+    pub(crate) conns: std::sync::Arc<crate::route::transport::Conns>,
+    pub(crate) id: String,
+    pub(crate) deadline: Instant,
+    pub(crate) connect: std::time::Duration,
+}
+
+impl Background {
+    pub(crate) async fn follow(self, mut ex: Ledger) {
+        let read = format!("/v1/responses/{}", self.id);
+        let empty = bytes::Bytes::new();
+        loop {
+            tokio::time::sleep(BACKGROUND_POLL).await;
+            if Instant::now() >= self.deadline {
+                let cancel = format!("{read}/cancel");
+                let request = h1::Request {
+                    method: "POST",
+                    path: &cancel,
+                    headers: &[],
+                    body: &empty,
+                };
+                let _ = tokio::time::timeout(self.connect * 2, h1::send(&self.conns, &request, self.connect))
+                    .await;
+                ex.end(Ending::Cut(crate::error::Cut::Deadline), StatusCode::OK);
+                return;
+            }
+            let request = h1::Request {
+                method: "GET",
+                path: &read,
+                headers: &[],
+                body: &empty,
+            };
+            let Ok(Ok(response)) =
+                tokio::time::timeout_at(self.deadline, h1::send(&self.conns, &request, self.connect)).await
+            else {
+                // Unreachable for now: asked again until the deadline.
+                continue;
+            };
+            let status = response.status();
+            let late = GatewayError::DeadlineExceeded(std::time::Duration::ZERO);
+            let Ok(body) = relay::collect(response.into_body(), self.deadline, 1 << 20, late).await else {
+                continue;
+            };
+            if !status.is_success() {
+                // The replica no longer holds it (restarted): nothing more can be learned.
+                ex.end(Ending::Failed("upstream_error"), StatusCode::OK);
+                return;
+            }
+            #[derive(serde::Deserialize)]
+            struct Status {
+                status: Option<String>,
+            }
+            let now = serde_json::from_slice::<Status>(&body)
+                .ok()
+                .and_then(|s| s.status);
+            if let Some(done @ ("completed" | "incomplete" | "failed" | "cancelled")) = now.as_deref() {
+                let whole =
+                    crate::event::read_whole_in(Some(protocol::agents::Dialect::Responses), body, None);
+                ex.whole_answer(Instant::now(), whole.usage);
+                let ending = match done {
+                    "failed" => Ending::Failed("upstream_error"),
+                    "cancelled" => Ending::Cut(crate::error::Cut::Client),
+                    _ => Ending::Finished,
+                };
+                ex.end(ending, StatusCode::OK);
+                return;
+            }
+        }
+    }
 }

@@ -231,6 +231,14 @@ async fn pick(
     let admitted = crate::path::admitted(g, None, api, headers, body, ex).await?;
     let route = admitted.route;
     let prepared = admitted.prepared;
+    if prepared.background {
+        // The picker's ledger ends with Envoy's answer: it cannot hold the slot after it.
+        return Err(GatewayError::bad_request(
+            crate::error::Invalid::Request,
+            "'background' requests are held only on the gateway's own port (agents.background: hold); through Envoy they are refused",
+            Some("background"),
+        ));
+    }
     let pool = &route.classes[prepared.class].pool;
     let (endpoints, guard) = picker
         .endpoints(

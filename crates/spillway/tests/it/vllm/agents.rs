@@ -158,3 +158,63 @@ fn a_second_turn_lands_on_the_vllm_that_stored_the_first() {
     );
     assert_eq!(unknown.status, 404, "{}", unknown.body);
 }
+
+#[test]
+#[ignore = "real vLLM: scripts/test.sh runs it (scripts/vllm.sh installs it)"]
+fn a_background_response_holds_its_slot_until_vllm_finishes_it() {
+    let Some(_serial) = servers() else { return };
+    let Some(store) = storing() else { return };
+    let gw = Gateway::start(
+        &[store.port],
+        "    agents: { background: hold }\n    classes: [ { name: only, concurrency: 1, queue: 0, queue_wait: 0s } ]\n",
+    );
+    let asked = serde_json::json!({
+        "model": MODEL, "input": "Tell me about spillways.", "max_output_tokens": 400,
+        "ignore_eos": true, "background": true,
+    });
+    let r = post(gw.port, "/v1/responses", &asked);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let answer = r.json();
+    assert!(
+        matches!(answer["status"].as_str(), Some("queued" | "in_progress")),
+        "{answer}"
+    );
+    let id = answer["id"].as_str().unwrap().to_owned();
+    // Its slot is held while vLLM generates with nobody connected.
+    let small = serde_json::json!({"model": MODEL, "input": "x", "max_output_tokens": 2});
+    let busy = post(gw.port, "/v1/responses", &small);
+    assert_eq!(
+        busy.status, 503,
+        "the background response holds the only slot: {}",
+        busy.body
+    );
+    let mut done = serde_json::Value::Null;
+    assert!(
+        wait_until(2400, || {
+            done = request(gw.port, "GET", &format!("/v1/responses/{id}"), "").json();
+            done["status"] == "completed"
+        }),
+        "{done}"
+    );
+    assert_eq!(done["usage"]["output_tokens"], 400, "{done}");
+    // Given back once vLLM reports it finished (the gateway asks every 250 ms).
+    assert!(wait_until(40, || post(gw.port, "/v1/responses", &small).status == 200));
+    let lines = gw.access_log();
+    let held = lines
+        .iter()
+        .find(|l| l["tokens_out"] == 400)
+        .expect("the background response's line");
+    assert_eq!(
+        (held["status"].as_u64(), held["outcome"].as_str()),
+        (Some(200), Some("ok")),
+        "{held}"
+    );
+    assert!(
+        held["duration_ms"].as_f64()
+            > lines
+                .iter()
+                .find(|l| l["status"] == 503)
+                .and_then(|l| l["duration_ms"].as_f64()),
+        "{held}"
+    );
+}
