@@ -255,6 +255,14 @@ fn the_response_store_answers_as_vllms() {
     let ours = script(sim.port);
     assert_eq!(real.len(), ours.len());
     for (r, o) in real.iter().zip(&ours) {
+        // The transcript in the test's output: what was compared, step by step.
+        eprintln!(
+            "{:<38} vLLM {} | spillway engine {} | {} fields",
+            r.name,
+            r.status,
+            o.status,
+            r.shape.matches(',').count() + 1
+        );
         assert_eq!(
             (r.status, &r.shape),
             (o.status, &o.shape),
