@@ -70,7 +70,8 @@ impl Answer {
         let id = match agent {
             // vLLM answers Messages with its chat completion's id.
             Agent::Messages => format!("chatcmpl-{seq:016x}"),
-            Agent::Responses => format!("resp_{seq:016x}"),
+            // Random, as vLLM's are: ids of two replicas never collide (main's 20987ef3).
+            Agent::Responses => format!("resp_{:016x}", rand::random::<u64>()),
         };
         Self {
             agent,
