@@ -36,7 +36,7 @@ except openai.NotFoundError as e:
 checks += 1
 
 # Background: queued at once, cancelled while it runs, read back cancelled.
-bg = client.responses.create(model=model, input="hello", max_output_tokens=3000, background=True, extra_body=extra)
+bg = client.responses.create(model=model, input="hello", max_output_tokens=2000, background=True, extra_body=extra)
 assert bg.status == "queued" and bg.background, bg
 cancelled = client.responses.cancel(bg.id)
 assert cancelled.status == "cancelled", cancelled

@@ -127,6 +127,10 @@ fn yes() -> bool {
 /// the answer it gets once its generation has an id.
 pub(crate) trait AgentRequest: serde::de::DeserializeOwned {
     fn model(&self) -> &str;
+    /// What vLLM's request model refuses, before it looks at the model's name.
+    fn validate(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
     /// What vLLM refuses of it before generating, the store (or its absence) considered.
     fn check(&self, store: Option<&ResponseStore>) -> Result<(), ApiError>;
     /// The conversation the prompt is made of, the system prompt first (for a Responses request
@@ -268,14 +272,18 @@ impl AgentRequest for ResponsesRequest {
         Ok(out)
     }
 
-    fn check(&self, store: Option<&ResponseStore>) -> Result<(), ApiError> {
-        // vLLM's request model refuses this before anything else, store or not.
+    fn validate(&self) -> Result<(), ApiError> {
+        // Store on or off, before the model is looked at.
         if self.background && !self.store {
             return Err(ApiError::bad_request(
                 "background can only be used when `store` is true (parameter=background)",
                 Some("background"),
             ));
         }
+        Ok(())
+    }
+
+    fn check(&self, store: Option<&ResponseStore>) -> Result<(), ApiError> {
         if self.background && store.is_none() {
             return Err(ApiError::vllm(
                 400,

@@ -24,6 +24,7 @@ pub(crate) async fn create<R: AgentRequest>(
     body: &Bytes,
 ) -> Result<Response, ApiError> {
     let req: R = parse_json(body)?;
+    req.validate()?;
     check_model(engine, req.model())?;
     let plain = store.map(Arc::as_ref);
     req.check(plain)?;

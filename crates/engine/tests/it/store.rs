@@ -107,9 +107,13 @@ async fn the_store_refuses_as_vllm_does() {
     let mut bad = turn("hello", 2);
     bad["background"] = json!(true);
     bad["store"] = json!(false);
-    let (status, body) = post(url.clone(), bad).await;
+    let (status, body) = post(url.clone(), bad.clone()).await;
     assert_eq!(status, 400);
     assert_eq!(parse(&body), real("responses-background-no-store.json"));
+    // vLLM's request model refuses it before the model's name is looked at.
+    bad["model"] = json!("nope");
+    let (status, body) = post(url.clone(), bad).await;
+    assert_eq!(status, 400, "{body}");
 }
 
 /// `background: true` answers `queued` at once and generates with no client: the sequence runs
