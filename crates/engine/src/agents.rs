@@ -1,19 +1,29 @@
 //! The agents' APIs as vLLM 0.32 serves them: Anthropic's Messages (`POST /v1/messages`,
-//! `POST /v1/messages/count_tokens`) and OpenAI's Responses (`POST /v1/responses`), streamed and
+//! `POST /v1/messages/count_tokens`) and OpenAI's Responses (`POST /v1/responses`, and with the
+//! response store `GET /v1/responses/{id}` and `POST /v1/responses/{id}/cancel`), streamed and
 //! whole, with the events, ids, usage and errors vLLM writes (`tests/fixtures/vllm-0.32/` holds
-//! its own answers). vLLM's response store is off unless `VLLM_ENABLE_RESPONSES_API_STORE=1`, and
-//! the simulator has none: `previous_response_id` is answered not found and `background` refused,
-//! as vLLM answers them without the store.
+//! its own answers).
+//!
+//! - this file: what the simulator reads of each request, and the prompt it makes of it;
+//! - `answer`: the answer's bodies (a Message, a Responses object in each status);
+//! - `events`: a streamed answer's events, live or replayed;
+//! - `store`: vLLM's response store (off unless `VLLM_ENABLE_RESPONSES_API_STORE=1` or
+//!   `--responses-store`), bounded where vLLM's grows without limit;
+//! - `serve`: a request from its body to its answer: admitted, submitted, kept, in the background.
+
+mod answer;
+mod events;
+pub(crate) mod serve;
+pub(crate) mod store;
+
+pub(crate) use answer::Answer;
 
 use crate::engine::{Engine, Generation};
-use crate::scheduler::FinishReason;
-use crate::text;
-use axum::body::Body;
-use bytes::Bytes;
 use protocol::ApiError;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::borrow::Cow;
+use store::{History, ResponseStore};
 
 /// Which of the two APIs a request came in by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +31,9 @@ pub(crate) enum Agent {
     Messages,
     Responses,
 }
+
+/// One turn of a conversation as the chat template sees it: (role, text).
+pub(crate) type Message = (String, String);
 
 /// Message content: a string, or blocks of which the text ones count.
 #[derive(Debug, Deserialize)]
@@ -54,6 +67,12 @@ pub(crate) struct Turn {
 
 fn user() -> String {
     "user".into()
+}
+
+impl Turn {
+    fn message(&self) -> Message {
+        (self.role.clone(), self.content.text().into_owned())
+    }
 }
 
 /// `POST /v1/messages` (and `count_tokens`): what the simulator reads of it.
@@ -93,22 +112,47 @@ pub(crate) struct ResponsesRequest {
     previous_response_id: Option<String>,
     #[serde(default)]
     background: bool,
+    /// OpenAI's default is to store; vLLM stores only with its store switched on.
+    #[serde(default = "yes")]
+    store: bool,
     #[serde(default)]
     ignore_eos: bool,
 }
 
-/// What the server needs of either API's request: its checks, its prompt and limits, and the
-/// answer it gets once its generation has an id.
+fn yes() -> bool {
+    true
+}
+
+/// What the server needs of either API's request: its checks, its conversation and limits, and
+/// the answer it gets once its generation has an id.
 pub(crate) trait AgentRequest: serde::de::DeserializeOwned {
     fn model(&self) -> &str;
-    /// What vLLM refuses of it before generating.
-    fn check(&self) -> Result<(), ApiError>;
-    /// The prompt's text through the chat template, the system prompt first.
-    fn prompt(&self) -> String;
+    /// What vLLM's request model refuses, before it looks at the model's name.
+    fn validate(&self) -> Result<(), ApiError> {
+        Ok(())
+    }
+    /// What vLLM refuses of it before generating, the store (or its absence) considered.
+    fn check(&self, store: Option<&ResponseStore>) -> Result<(), ApiError>;
+    /// The conversation the prompt is made of, the system prompt first (for a Responses request
+    /// naming a previous one: that one's conversation and output before the new input).
+    fn conversation(&self, store: Option<&ResponseStore>) -> Result<Vec<Message>, ApiError>;
     fn max_tokens(&self) -> Option<u32>;
     fn ignore_eos(&self) -> bool;
     fn stream(&self) -> bool;
-    fn answer(self, generation: &Generation, created: u64) -> Answer;
+    /// Whether the answer goes into the store (only Responses, only with the store on).
+    fn stored(&self, store: Option<&ResponseStore>) -> bool;
+    /// Whether it generates with no client waiting (Responses' `background`).
+    fn background(&self) -> bool;
+    fn answer(self, generation: &Generation, created: u64, max_model_len: u32) -> Answer;
+}
+
+/// The prompt's text through the chat template.
+pub(crate) fn prompt(conversation: &[Message]) -> String {
+    tokenize::chat_prompt(
+        conversation
+            .iter()
+            .map(|(role, text)| (role.as_str(), Cow::Borrowed(text.as_str()))),
+    )
 }
 
 impl AgentRequest for MessagesRequest {
@@ -128,17 +172,30 @@ impl AgentRequest for MessagesRequest {
         self.stream
     }
 
-    fn answer(self, generation: &Generation, created: u64) -> Answer {
+    fn stored(&self, _: Option<&ResponseStore>) -> bool {
+        false
+    }
+
+    fn background(&self) -> bool {
+        false
+    }
+
+    fn answer(self, generation: &Generation, created: u64, _: u32) -> Answer {
         Answer::new(Agent::Messages, generation, created, self.model)
     }
 
-    fn prompt(&self) -> String {
-        let system = self.system.as_ref().map(|s| ("system", s.text()));
-        let turns = self.messages.iter().map(|m| (m.role.as_str(), m.content.text()));
-        tokenize::chat_prompt(system.into_iter().chain(turns))
+    fn conversation(&self, _: Option<&ResponseStore>) -> Result<Vec<Message>, ApiError> {
+        let system = self
+            .system
+            .as_ref()
+            .map(|s| ("system".to_owned(), s.text().into_owned()));
+        Ok(system
+            .into_iter()
+            .chain(self.messages.iter().map(Turn::message))
+            .collect())
     }
 
-    fn check(&self) -> Result<(), ApiError> {
+    fn check(&self, _: Option<&ResponseStore>) -> Result<(), ApiError> {
         if self.max_tokens.is_none() {
             // vLLM's own answer: its validation error, OpenAI-shaped even on this route.
             return Err(ApiError::bad_request(
@@ -173,36 +230,61 @@ impl AgentRequest for ResponsesRequest {
         self.stream
     }
 
-    fn answer(self, generation: &Generation, created: u64) -> Answer {
+    fn stored(&self, store: Option<&ResponseStore>) -> bool {
+        store.is_some() && self.store
+    }
+
+    fn background(&self) -> bool {
+        self.background
+    }
+
+    fn answer(self, generation: &Generation, created: u64, max_model_len: u32) -> Answer {
         let mut answer = Answer::new(Agent::Responses, generation, created, self.model);
-        answer.max_output_tokens = self.max_output_tokens;
+        // vLLM shows the limit it sampled with: the one asked, within what the context leaves.
+        let room = max_model_len.saturating_sub(generation.prompt_tokens);
+        answer.max_output_tokens = Some(self.max_output_tokens.map_or(room, |m| m.min(room)));
         answer.instructions = self.instructions;
+        answer.previous_response_id = self.previous_response_id;
+        answer.background = self.background;
         answer
     }
 
-    fn prompt(&self) -> String {
-        let system = self.instructions.as_deref().map(|s| ("system", Cow::Borrowed(s)));
-        let turns: Vec<(&str, Cow<'_, str>)> = match &self.input {
-            Input::Text(t) => vec![("user", Cow::Borrowed(t.as_str()))],
-            Input::Items(items) => items
-                .iter()
-                .map(|m| (m.role.as_str(), m.content.text()))
-                .collect(),
-        };
-        tokenize::chat_prompt(system.into_iter().chain(turns))
+    /// vLLM's `construct_input_messages`: the new instructions, the previous conversation
+    /// without its system turns (instructions do not carry over), the previous output as the
+    /// assistant's turns, then the new input.
+    fn conversation(&self, store: Option<&ResponseStore>) -> Result<Vec<Message>, ApiError> {
+        let mut out: Vec<Message> = self
+            .instructions
+            .iter()
+            .map(|s| ("system".to_owned(), s.clone()))
+            .collect();
+        if let Some(id) = &self.previous_response_id {
+            let History { messages, output } = store
+                .and_then(|s| s.history(id))
+                .ok_or_else(|| store::not_found(id))?;
+            out.extend(messages.into_iter().filter(|(role, _)| role != "system"));
+            out.extend(output.into_iter().map(|text| ("assistant".to_owned(), text)));
+        }
+        match &self.input {
+            Input::Text(t) => out.push(("user".to_owned(), t.clone())),
+            Input::Items(items) => out.extend(items.iter().map(Turn::message)),
+        }
+        Ok(out)
     }
 
-    /// What vLLM refuses without its response store.
-    fn check(&self) -> Result<(), ApiError> {
-        if let Some(id) = &self.previous_response_id {
-            return Err(ApiError::vllm(
-                404,
-                "invalid_request_error",
-                format!("Response with id '{id}' not found."),
-                Some("response_id"),
+    fn validate(&self) -> Result<(), ApiError> {
+        // Store on or off, before the model is looked at.
+        if self.background && !self.store {
+            return Err(ApiError::bad_request(
+                "background can only be used when `store` is true (parameter=background)",
+                Some("background"),
             ));
         }
-        if self.background {
+        Ok(())
+    }
+
+    fn check(&self, store: Option<&ResponseStore>) -> Result<(), ApiError> {
+        if self.background && store.is_none() {
             return Err(ApiError::vllm(
                 400,
                 "invalid_request_error",
@@ -216,7 +298,8 @@ impl AgentRequest for ResponsesRequest {
 
 /// `POST /v1/messages/count_tokens`: the prompt's tokens, as vLLM answers it.
 pub(crate) fn count_tokens(engine: &Engine, req: &MessagesRequest) -> Vec<u8> {
-    let n = engine.tokenize(&req.prompt()).len();
+    let conversation = req.conversation(None).unwrap_or_default();
+    let n = engine.tokenize(&prompt(&conversation)).len();
     serde_json::to_vec(&json!({"input_tokens": n, "context_management": {"original_input_tokens": n}}))
         .unwrap_or_default()
 }
@@ -227,300 +310,4 @@ pub(crate) fn messages_error(err: &ApiError) -> Vec<u8> {
     let body =
         json!({"type": "error", "error": {"type": err.body.error.kind, "message": err.body.error.message}});
     serde_json::to_vec(&body).unwrap_or_default()
-}
-
-/// Everything one answer's events share.
-pub(crate) struct Answer {
-    agent: Agent,
-    id: String,
-    item: String,
-    created: u64,
-    model: String,
-    seed: u64,
-    prompt_tokens: u32,
-    max_output_tokens: Option<u32>,
-    instructions: Option<String>,
-}
-
-impl Answer {
-    fn new(agent: Agent, generation: &Generation, created: u64, model: String) -> Self {
-        let seq = generation.id;
-        let id = match agent {
-            // vLLM answers Messages with its chat completion's id.
-            Agent::Messages => format!("chatcmpl-{seq:016x}"),
-            // Random, as vLLM's are: ids of two replicas never collide.
-            Agent::Responses => format!("resp_{:016x}", rand::random::<u64>()),
-        };
-        Self {
-            agent,
-            id,
-            item: format!("msg_{:016x}", seq.rotate_left(17)),
-            created,
-            model,
-            seed: seq,
-            prompt_tokens: generation.prompt_tokens,
-            max_output_tokens: None,
-            instructions: None,
-        }
-    }
-
-    fn text(&self, tokens: u32) -> String {
-        (0..tokens).map(|i| text::token(self.seed, i)).collect()
-    }
-
-    fn stop_reason(finish: FinishReason) -> &'static str {
-        match finish {
-            FinishReason::Length => "max_tokens",
-            _ => "end_turn",
-        }
-    }
-
-    /// The Responses object, `output` holding the message so far (none while in progress).
-    fn response(&self, status: &str, tokens: u32, finish: Option<FinishReason>) -> Value {
-        let output = if status == "in_progress" {
-            json!([])
-        } else {
-            json!([self.message_item("completed", &self.text(tokens))])
-        };
-        let incomplete = finish
-            .filter(|f| *f == FinishReason::Length)
-            .map(|_| json!({"reason": "max_output_tokens"}));
-        let usage = (status != "in_progress").then(|| {
-            json!({
-                "input_tokens": self.prompt_tokens,
-                "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0, "input_tokens_per_turn": [], "cached_tokens_per_turn": []},
-                "output_tokens": tokens,
-                "output_tokens_details": {"reasoning_tokens": 0, "tool_output_tokens": 0, "output_tokens_per_turn": [], "tool_output_tokens_per_turn": []},
-                "total_tokens": self.prompt_tokens + tokens,
-            })
-        });
-        json!({
-            "id": self.id, "created_at": self.created, "incomplete_details": incomplete,
-            "instructions": self.instructions, "metadata": null, "model": self.model,
-            "object": "response", "output": output, "parallel_tool_calls": true,
-            "temperature": 1.0, "tool_choice": "none", "tools": [], "top_p": 1.0,
-            "background": false, "max_output_tokens": self.max_output_tokens, "max_tool_calls": null,
-            "previous_response_id": null, "prompt": null, "reasoning": null, "service_tier": "auto",
-            "status": status, "text": null, "top_logprobs": null, "truncation": "disabled",
-            "usage": usage, "user": null, "presence_penalty": 0.0, "frequency_penalty": 0.0,
-            "kv_transfer_params": null, "ec_transfer_params": null, "input_messages": null,
-            "output_messages": null,
-        })
-    }
-
-    fn message_item(&self, status: &str, text: &str) -> Value {
-        let content = if status == "in_progress" {
-            json!([])
-        } else {
-            json!([{"annotations": [], "text": text, "type": "output_text", "logprobs": null}])
-        };
-        json!({"id": self.item, "content": content, "role": "assistant", "status": status, "type": "message", "phase": null})
-    }
-
-    /// The whole answer, once the generation finished with `tokens` and `finish`.
-    pub(crate) fn whole(&self, tokens: u32, finish: FinishReason) -> Vec<u8> {
-        let body = match self.agent {
-            Agent::Messages => json!({
-                "id": self.id, "type": "message", "role": "assistant",
-                "content": [{"type": "text", "text": self.text(tokens)}],
-                "model": self.model, "stop_reason": Self::stop_reason(finish),
-                "usage": {"input_tokens": self.prompt_tokens, "output_tokens": tokens},
-            }),
-            Agent::Responses => {
-                let status = if finish == FinishReason::Length {
-                    "incomplete"
-                } else {
-                    "completed"
-                };
-                self.response(status, tokens, Some(finish))
-            }
-        };
-        serde_json::to_vec(&body).unwrap_or_default()
-    }
-}
-
-/// A streamed answer's events, written as vLLM writes them (`event:` then `data:`).
-struct Events {
-    answer: Answer,
-    out: Vec<u8>,
-    sequence: u64,
-}
-
-impl Events {
-    fn event(&mut self, name: &str, mut data: Value) {
-        if self.answer.agent == Agent::Responses {
-            data["sequence_number"] = json!(self.sequence);
-            data["type"] = json!(name);
-            self.sequence += 1;
-        }
-        self.out.extend_from_slice(b"event: ");
-        self.out.extend_from_slice(name.as_bytes());
-        self.out.extend_from_slice(b"\ndata: ");
-        self.out
-            .extend_from_slice(&serde_json::to_vec(&data).unwrap_or_default());
-        self.out.extend_from_slice(b"\n\n");
-    }
-
-    fn start(&mut self) {
-        let a = &self.answer;
-        match a.agent {
-            Agent::Messages => {
-                let message = json!({
-                    "id": a.id, "type": "message", "role": "assistant", "content": [], "model": a.model,
-                    "stop_reason": null, "stop_sequence": null,
-                    "usage": {"input_tokens": a.prompt_tokens, "output_tokens": 0},
-                });
-                self.event(
-                    "message_start",
-                    json!({"type": "message_start", "message": message}),
-                );
-                let block = json!({"type": "content_block_start", "content_block": {"type": "text", "text": ""}, "index": 0});
-                self.event("content_block_start", block);
-            }
-            Agent::Responses => {
-                let response = a.response("in_progress", 0, None);
-                let item = a.message_item("in_progress", "");
-                let part = json!({"annotations": [], "text": "", "type": "output_text", "logprobs": []});
-                let id = a.item.clone();
-                self.event("response.created", json!({"response": response.clone()}));
-                self.event("response.in_progress", json!({"response": response}));
-                self.event(
-                    "response.output_item.added",
-                    json!({"item": item, "output_index": 0}),
-                );
-                self.event(
-                    "response.content_part.added",
-                    json!({"content_index": 0, "item_id": id, "output_index": 0, "part": part}),
-                );
-            }
-        }
-    }
-
-    fn token(&mut self, word: &str) {
-        match self.answer.agent {
-            Agent::Messages => self.event(
-                "content_block_delta",
-                json!({"type": "content_block_delta", "delta": {"type": "text_delta", "text": word}, "index": 0}),
-            ),
-            Agent::Responses => {
-                let id = self.answer.item.clone();
-                self.event(
-                    "response.output_text.delta",
-                    json!({"content_index": 0, "delta": word, "item_id": id, "logprobs": [], "output_index": 0}),
-                );
-            }
-        }
-    }
-
-    fn end(&mut self, tokens: u32, finish: FinishReason) {
-        let a = &self.answer;
-        match a.agent {
-            Agent::Messages => {
-                let usage = json!({"input_tokens": a.prompt_tokens, "output_tokens": tokens});
-                let reason = Answer::stop_reason(finish);
-                self.event(
-                    "content_block_stop",
-                    json!({"type": "content_block_stop", "index": 0}),
-                );
-                self.event(
-                    "message_delta",
-                    json!({"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": null}, "usage": usage}),
-                );
-                self.event("message_stop", json!({"type": "message_stop"}));
-            }
-            Agent::Responses => {
-                let (id, text) = (a.item.clone(), a.text(tokens));
-                let part = json!({"annotations": [], "text": text, "type": "output_text", "logprobs": null});
-                let item = a.message_item("completed", &text);
-                let status = if finish == FinishReason::Length {
-                    "incomplete"
-                } else {
-                    "completed"
-                };
-                let response = a.response(status, tokens, Some(finish));
-                self.event(
-                    "response.output_text.done",
-                    json!({"content_index": 0, "item_id": id, "logprobs": [], "output_index": 0, "text": text}),
-                );
-                self.event(
-                    "response.content_part.done",
-                    json!({"content_index": 0, "item_id": id, "output_index": 0, "part": part}),
-                );
-                self.event(
-                    "response.output_item.done",
-                    json!({"item": item, "output_index": 0}),
-                );
-                // vLLM ends with `response.completed` whatever the status (`incomplete` at a cap).
-                self.event("response.completed", json!({"response": response}));
-            }
-        }
-    }
-
-    fn take(&mut self) -> Bytes {
-        Bytes::from(std::mem::take(&mut self.out))
-    }
-}
-
-/// The streamed answer's body: each new token as its event; dropping it (the client left) drops
-/// the generation, which aborts the sequence.
-pub(crate) fn stream(generation: Generation, answer: Answer) -> Body {
-    let state = Streaming {
-        generation,
-        events: Events {
-            answer,
-            out: Vec::new(),
-            sequence: 0,
-        },
-        started: false,
-        sent: 0,
-        done: false,
-    };
-    let stream = futures::stream::unfold(state, |mut s| async move { s.next().await.map(|item| (item, s)) });
-    Body::from_stream(stream)
-}
-
-struct Streaming {
-    generation: Generation,
-    events: Events,
-    started: bool,
-    sent: u32,
-    done: bool,
-}
-
-impl Streaming {
-    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
-        if self.done {
-            return None;
-        }
-        if !self.started {
-            self.started = true;
-            self.events.start();
-        }
-        loop {
-            let p = *self.generation.choices[0].borrow_and_update();
-            for t in self.sent..p.tokens {
-                self.events.token(text::token(self.events.answer.seed, t));
-            }
-            self.sent = self.sent.max(p.tokens);
-            match p.finish {
-                Some(FinishReason::Error | FinishReason::Abort) => {
-                    // Cut as a dying server would: no closing events.
-                    self.done = true;
-                    return Some(Err(std::io::Error::other("engine failed during generation")));
-                }
-                Some(finish) => {
-                    self.events.end(self.sent, finish);
-                    self.done = true;
-                }
-                None => {}
-            }
-            if !self.events.out.is_empty() {
-                return Some(Ok(self.events.take()));
-            }
-            if self.generation.choices[0].changed().await.is_err() {
-                self.done = true;
-                return Some(Err(std::io::Error::other("engine dropped the request")));
-            }
-        }
-    }
 }

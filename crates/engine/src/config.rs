@@ -100,6 +100,23 @@ pub struct EngineConfig {
     pub faults: Faults,
     /// How streamed events are written: vLLM's compact JSON, or another server's style.
     pub sse_style: protocol::sse::Style,
+    /// vLLM's response store (`VLLM_ENABLE_RESPONSES_API_STORE=1`): `GET /v1/responses/{id}`,
+    /// cancel, `previous_response_id`, `background`. `None`: off, as in vLLM.
+    pub responses_store: Option<StoreLimit>,
+}
+
+/// How much the response store keeps: vLLM's keeps everything; this one evicts the oldest ended
+/// responses once their JSON and conversations pass `max_bytes`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreLimit {
+    pub max_bytes: usize,
+}
+
+impl Default for StoreLimit {
+    /// 64 MiB: thousands of agent turns of a few thousand tokens each.
+    fn default() -> Self {
+        StoreLimit { max_bytes: 64 << 20 }
+    }
 }
 
 impl EngineConfig {
@@ -132,6 +149,7 @@ impl EngineConfig {
             core_thread: false,
             faults: Faults::default(),
             sse_style: protocol::sse::Style::Compact,
+            responses_store: None,
         };
         match preset {
             Preset::Tiny => EngineConfig {

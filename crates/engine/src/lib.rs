@@ -12,7 +12,8 @@
 //! - [`faults`]: scripted failures, by flag or through `POST /admin/faults`.
 //! - [`server`]: the OpenAI HTTP surface and an accept loop that can refuse or die on command;
 //!   `stream` renders tokens as SSE chunks; `text` is the filler output; `embed` answers
-//!   `/v1/embeddings` (each input through the scheduler). Prompts are counted by the shared
+//!   `/v1/embeddings` (each input through the scheduler); `agents` serves the Messages and
+//!   Responses APIs and vLLM's response store; `reply` holds the answers every route shares. Prompts are counted by the shared
 //!   `tokenize` crate; `clock` gives the answers their `created` second.
 //!
 //! Tests start replicas in-process with [`spawn`] on a bound `127.0.0.1:0` listener.
@@ -28,6 +29,7 @@ pub mod faults;
 mod kv;
 pub mod metrics;
 pub mod published;
+mod reply;
 pub mod scheduler;
 pub mod server;
 mod stream;
@@ -35,7 +37,7 @@ mod text;
 pub use protocol::sse::Style as SseStyle;
 pub use tokenize;
 
-pub use config::{EngineConfig, LengthDist, Preset};
+pub use config::{EngineConfig, LengthDist, Preset, StoreLimit};
 pub use engine::{Engine, GenerateParams, Lateness, ListenerState, Snapshot};
 pub use faults::{FailEvery, FaultPatch, Faults};
 pub use metrics::GpuReading;

@@ -2,15 +2,17 @@
 //! and an accept loop that can refuse connections or die on command.
 
 use crate::agents;
+use crate::agents::store::ResponseStore;
 use crate::clock::unix_now;
 use crate::engine::{Engine, GenerateParams, Generation, ListenerState};
 use crate::faults::FaultPatch;
+use crate::reply::{check_model, error_response};
 use crate::scheduler::{FinishReason, Progress};
 use crate::stream::{Render, RenderKind, TokenStream};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, RawQuery, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,6 +25,7 @@ use protocol::openai::{
 };
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 use tokenize::chat_prompt;
 use tokio::net::TcpListener;
@@ -31,8 +34,27 @@ use tokio::sync::watch;
 /// Request bodies above this are refused with 413, long before they could hold a valid prompt.
 const MAX_BODY: usize = 32 * 1024 * 1024;
 
+/// What the routes share: the engine, and the response store when it is on (one per replica,
+/// as vLLM's lives in its API server).
+#[derive(Clone)]
+struct App {
+    engine: Engine,
+    store: Option<Arc<ResponseStore>>,
+}
+
+impl FromRef<App> for Engine {
+    fn from_ref(app: &App) -> Engine {
+        app.engine.clone()
+    }
+}
+
 /// The router of one replica.
 pub fn router(engine: Engine) -> Router {
+    let store = engine
+        .config()
+        .responses_store
+        .map(|limit| Arc::new(ResponseStore::new(limit.max_bytes)));
+    let app = App { engine, store };
     Router::new()
         .route("/health", get(health))
         .route("/v1/models", get(models))
@@ -42,13 +64,15 @@ pub fn router(engine: Engine) -> Router {
         .route("/v1/messages", post(messages))
         .route("/v1/messages/count_tokens", post(count_tokens))
         .route("/v1/responses", post(responses))
+        .route("/v1/responses/{id}", get(retrieve_response))
+        .route("/v1/responses/{id}/cancel", post(cancel_response))
         .route("/metrics", get(metrics))
         .route("/admin/faults", get(get_faults).post(post_faults))
         .route("/admin/state", get(state))
         .route("/admin/lateness/reset", post(reset_lateness))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(MAX_BODY))
-        .with_state(engine)
+        .with_state(app)
 }
 
 /// Serves `engine` on `listener` until `shutdown` resolves, following the engine's listener state:
@@ -150,16 +174,6 @@ async fn connection(stream: tokio::net::TcpStream, app: Router, mut cmd: watch::
             }
         }
     }
-}
-
-fn error_response(err: &ApiError) -> Response {
-    let status = StatusCode::from_u16(err.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (
-        status,
-        [(header::CONTENT_TYPE, "application/json")],
-        err.to_json(),
-    )
-        .into_response()
 }
 
 fn body_error(rejection: BytesRejection) -> ApiError {
@@ -284,19 +298,6 @@ async fn not_found() -> Response {
     error_response(&ApiError::vllm(404, "NotFoundError", "Not Found", None))
 }
 
-fn check_model(engine: &Engine, model: &str) -> Result<(), ApiError> {
-    if model == engine.model() {
-        Ok(())
-    } else {
-        Err(ApiError::vllm(
-            404,
-            "NotFoundError",
-            format!("The model `{model}` does not exist."),
-            Some("model"),
-        ))
-    }
-}
-
 async fn chat(
     State(engine): State<Engine>,
     headers: HeaderMap,
@@ -366,11 +367,15 @@ async fn completions(
 /// `POST /v1/messages`: Anthropic's Messages API as vLLM serves it, its errors in Anthropic's
 /// envelope (vLLM's own validation errors stay OpenAI-shaped, as vLLM's do).
 async fn messages(
-    State(engine): State<Engine>,
+    State(app): State<App>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let response = match agent::<agents::MessagesRequest>(&engine, body).await {
+    let answer = match body.map_err(body_error) {
+        Ok(b) => agents::serve::create::<agents::MessagesRequest>(&app.engine, None, &b).await,
+        Err(e) => Err(e),
+    };
+    let response = match answer {
         Ok(r) => r,
         Err(e) if e.status == 400 && e.body.error.kind == "BadRequestError" => error_response(&e),
         Err(e) => {
@@ -399,71 +404,51 @@ async fn count_tokens(State(engine): State<Engine>, body: Result<Bytes, BytesRej
     }
 }
 
-/// `POST /v1/responses`: OpenAI's Responses API as vLLM serves it without its response store.
+/// `POST /v1/responses`: OpenAI's Responses API as vLLM serves it, with its store when on.
 async fn responses(
-    State(engine): State<Engine>,
+    State(app): State<App>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let response = agent::<agents::ResponsesRequest>(&engine, body)
-        .await
-        .unwrap_or_else(|e| error_response(&e));
-    with_request_id(response, &headers)
-}
-
-/// Either agent API's request: read and checked, admitted, submitted, answered.
-async fn agent<R: agents::AgentRequest>(
-    engine: &Engine,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let req: R = parse_json(&body.map_err(body_error)?)?;
-    check_model(engine, req.model())?;
-    req.check()?;
-    let params = GenerateParams {
-        prompt: engine.tokenize(&req.prompt()),
-        max_tokens: req.max_tokens(),
-        n: 1,
-        ignore_eos: req.ignore_eos(),
+    let answer = match body.map_err(body_error) {
+        Ok(b) => agents::serve::create::<agents::ResponsesRequest>(&app.engine, app.store.as_ref(), &b).await,
+        Err(e) => Err(e),
     };
-    let stream = req.stream();
-    engine.frontend_admit().await;
-    let generation = engine.submit(params)?;
-    let answer = req.answer(&generation, unix_now());
-    Ok(agent_answer(generation, answer, stream).await)
+    with_request_id(answer.unwrap_or_else(|e| error_response(&e)), &headers)
 }
 
-/// An agent API's answer: its events as they come, or the whole answer at the end.
-async fn agent_answer(mut generation: Generation, answer: agents::Answer, stream: bool) -> Response {
-    if stream {
-        return (
-            [
-                (
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("text/event-stream; charset=utf-8"),
-                ),
-                (header::CACHE_CONTROL, HeaderValue::from_static("no-cache")),
-            ],
-            agents::stream(generation, answer),
-        )
-            .into_response();
+/// `GET /v1/responses/{id}`'s query as vLLM reads it: `stream` (true/false) and
+/// `starting_after` (an event's number); other keys are ignored.
+fn retrieve_query(query: Option<&str>) -> (bool, Option<u64>) {
+    let mut out = (false, None);
+    for (k, v) in query
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+    {
+        match k {
+            "stream" => out.0 = v.eq_ignore_ascii_case("true") || v == "1",
+            "starting_after" => out.1 = v.parse().ok(),
+            _ => {}
+        }
     }
-    let done = generation.choices[0]
-        .wait_for(|p| p.finish.is_some())
-        .await
-        .map(|p| *p);
-    match done {
-        Ok(p) if !matches!(p.finish, Some(FinishReason::Error | FinishReason::Abort)) => (
-            [(header::CONTENT_TYPE, "application/json")],
-            answer.whole(p.tokens, p.finish.unwrap_or(FinishReason::Stop)),
-        )
-            .into_response(),
-        _ => error_response(&ApiError::vllm(
-            500,
-            "InternalServerError",
-            "the engine failed during generation",
-            None,
-        )),
-    }
+    out
+}
+
+/// `GET /v1/responses/{id}`: a stored response (404 without the store, as vLLM's empty one).
+async fn retrieve_response(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let (stream, starting_after) = retrieve_query(query.as_deref());
+    agents::serve::retrieve(app.store.as_deref(), &id, stream, starting_after)
+        .unwrap_or_else(|e| error_response(&e))
+}
+
+/// `POST /v1/responses/{id}/cancel`: a background response stopped.
+async fn cancel_response(State(app): State<App>, Path(id): Path<String>) -> Response {
+    agents::serve::cancel(app.store.as_deref(), &id).unwrap_or_else(|e| error_response(&e))
 }
 
 fn with_request_id(mut response: Response, headers: &HeaderMap) -> Response {

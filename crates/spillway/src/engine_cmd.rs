@@ -86,6 +86,26 @@ pub(crate) struct EngineArgs {
     /// Fault: refuse connections from the start.
     #[arg(long)]
     fault_refuse_connections: bool,
+    /// Keep Responses API answers as vLLM does with VLLM_ENABLE_RESPONSES_API_STORE=1 (which
+    /// also turns it on): GET /v1/responses/{id}, cancel, previous_response_id, background.
+    /// Off by default, as in vLLM.
+    #[arg(long)]
+    responses_store: bool,
+    /// The store's bound, in MiB of kept JSON and conversations (vLLM's never forgets); the
+    /// oldest ended responses go first.
+    #[arg(long, value_name = "MIB", default_value_t = 64)]
+    responses_store_mib: usize,
+}
+
+/// vLLM's switch: `bool(int(os.getenv("VLLM_ENABLE_RESPONSES_API_STORE", "0")))`, so any
+/// non-zero integer turns it on and anything else but an integer stops the server.
+fn vllm_store_env(value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(false),
+        Some(v) => v.parse::<i64>().map(|n| n != 0).with_context(|| {
+            format!("VLLM_ENABLE_RESPONSES_API_STORE={v:?} is not an integer (vLLM reads it with int())")
+        }),
+    }
 }
 
 fn parse_fail_every(s: &str) -> Result<FailEvery, String> {
@@ -114,8 +134,11 @@ fn parse_frontend(s: &str) -> Result<engine::cost::FrontendCost, String> {
 }
 
 impl EngineArgs {
-    fn config(&self) -> EngineConfig {
+    fn config(&self, env_store: bool) -> EngineConfig {
         let mut c = EngineConfig::preset(self.preset);
+        c.responses_store = (self.responses_store || env_store).then(|| engine::StoreLimit {
+            max_bytes: self.responses_store_mib.saturating_mul(1 << 20),
+        });
         c.model.clone_from(&self.model);
         if let Some(v) = self.max_num_seqs {
             c.max_num_seqs = v;
@@ -172,7 +195,8 @@ pub(crate) async fn run(args: EngineArgs) -> Result<()> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
-    let config = args.config();
+    let env_store = vllm_store_env(std::env::var("VLLM_ENABLE_RESPONSES_API_STORE").ok().as_deref())?;
+    let config = args.config(env_store);
     config.validate()?;
     let mut running = Vec::new();
     for i in 0..args.replicas {
@@ -254,4 +278,18 @@ enum SseStyle {
     Dumps,
     Pretty,
     Crlf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::vllm_store_env;
+
+    #[test]
+    fn the_store_switch_reads_as_vllm_reads_it() {
+        assert!(!vllm_store_env(None).unwrap());
+        assert!(!vllm_store_env(Some("0")).unwrap());
+        assert!(vllm_store_env(Some("1")).unwrap());
+        assert!(vllm_store_env(Some("2")).unwrap(), "any non-zero integer");
+        assert!(vllm_store_env(Some("true")).is_err(), "vLLM's int() fails on it");
+    }
 }

@@ -219,12 +219,17 @@ impl Process {
     /// with `--replicas N`: on PORT and the ports after it). PORT + 1 was free when chosen: a second
     /// replica's, or, with one, a port where nothing listens for a test that wants one.
     pub fn engine(bin: &str, args: &[&str]) -> Process {
+        Process::engine_with(bin, args, |_| {})
+    }
+
+    /// [`Process::engine`], with `adjust` changing the command before it starts (its environment).
+    pub fn engine_with(bin: &str, args: &[&str], adjust: impl FnOnce(&mut Command)) -> Process {
         let _ports = PORTS.lock().unwrap_or_else(|e| e.into_inner());
         let port = free_port_pair();
         let listen = format!("127.0.0.1:{port}");
         let mut cmd = Command::new(bin);
         cmd.args(["engine", "--listen", &listen]).args(args);
-        let p = Process::start(cmd, port, "engine", None, |_| {});
+        let p = Process::start(cmd, port, "engine", None, adjust);
         // With `--replicas N`, the others on the ports after it, all up before the lock goes.
         let replicas: u16 = args
             .iter()

@@ -85,6 +85,17 @@ impl Vllm {
     /// Starts `scripts/vllm.sh serve PORT [--think] ARGS` and waits for `/health`; its log goes
     /// to `target/vllm-logs/NAME-PORT.log`.
     pub fn start(name: &str, think: bool, args: &[&str]) -> Result<Vllm, String> {
+        Vllm::start_with_env(name, think, args, &[])
+    }
+
+    /// [`Vllm::start`] with variables added to its environment (e.g.
+    /// `VLLM_ENABLE_RESPONSES_API_STORE=1`, which vLLM reads at start).
+    pub fn start_with_env(
+        name: &str,
+        think: bool,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<Vllm, String> {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|l| l.local_addr())
             .map_err(|e| e.to_string())?
@@ -103,6 +114,7 @@ impl Vllm {
         let mut child = cmd
             .args(args)
             .env("SPILLWAY_VLLM_EXIT_WITH", std::process::id().to_string())
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(out.try_clone().map_err(|e| e.to_string())?)
             .stderr(out)

@@ -6,7 +6,7 @@ use crate::support::{MODEL, http, start, tiny};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-fn fixture(name: &str) -> String {
+pub(crate) fn fixture(name: &str) -> String {
     let path = format!("{}/tests/fixtures/vllm-0.32/{name}", env!("CARGO_MANIFEST_DIR"));
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
@@ -35,7 +35,7 @@ fn fields(v: &Value, at: &str, out: &mut Vec<String>) {
     }
 }
 
-fn shape(v: &Value) -> Vec<String> {
+pub(crate) fn shape(v: &Value) -> Vec<String> {
     let mut out = Vec::new();
     fields(v, "", &mut out);
     out.sort();
@@ -44,7 +44,7 @@ fn shape(v: &Value) -> Vec<String> {
 }
 
 /// A stream's events: (name, data) in order.
-fn events(text: &str) -> Vec<(String, Value)> {
+pub(crate) fn events(text: &str) -> Vec<(String, Value)> {
     text.split("\n\n")
         .filter(|e| !e.trim().is_empty())
         .map(|e| {
@@ -63,7 +63,7 @@ fn events(text: &str) -> Vec<(String, Value)> {
 }
 
 /// The event names with runs of one name written once, and each name's first data's shape.
-fn stream_shape(text: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
+pub(crate) fn stream_shape(text: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
     let all = events(text);
     let mut names: Vec<String> = all.iter().map(|(n, _)| n.clone()).collect();
     names.dedup();
@@ -74,7 +74,7 @@ fn stream_shape(text: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
     (names, shapes)
 }
 
-async fn post(url: String, body: Value) -> (u16, String) {
+pub(crate) async fn post(url: String, body: Value) -> (u16, String) {
     let r = http().post(url).json(&body).send().await.unwrap();
     (r.status().as_u16(), r.text().await.unwrap())
 }

@@ -7,6 +7,7 @@ mod clients;
 mod faults;
 mod metrics;
 mod scheduling;
+mod store;
 mod support;
 mod tokenizer;
 mod vllm;

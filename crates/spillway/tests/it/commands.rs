@@ -346,3 +346,49 @@ fn a_reader_that_has_gone_ends_a_command_quietly() {
         );
     }
 }
+
+/// `--responses-store` (or vLLM's `VLLM_ENABLE_RESPONSES_API_STORE=1`) keeps Responses answers for
+/// `GET /v1/responses/{id}`; without either, as in vLLM, nothing is kept (404).
+#[test]
+fn the_response_store_is_off_unless_asked() {
+    use std::io::{Read, Write};
+    let ask = |port: u16, method: &str, path: &str, body: &str| {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).unwrap();
+        answer
+    };
+    let kept = |engine: &Process| {
+        let answer = ask(
+            engine.port,
+            "POST",
+            "/v1/responses",
+            r#"{"model":"m","input":"hi","max_output_tokens":2}"#,
+        );
+        let id = answer
+            .split("\"id\":\"")
+            .nth(1)
+            .and_then(|s| s.split('"').next())
+            .unwrap();
+        ask(engine.port, "GET", &format!("/v1/responses/{id}"), "")
+    };
+    let flag = Process::engine(BIN, &["--model", "m", "--responses-store"]);
+    assert!(kept(&flag).starts_with("HTTP/1.1 200"), "--responses-store");
+    let env = Process::engine_with(BIN, &["--model", "m"], |c| {
+        c.env("VLLM_ENABLE_RESPONSES_API_STORE", "1");
+    });
+    assert!(
+        kept(&env).starts_with("HTTP/1.1 200"),
+        "VLLM_ENABLE_RESPONSES_API_STORE=1"
+    );
+    let off = Process::engine_with(BIN, &["--model", "m"], |c| {
+        c.env_remove("VLLM_ENABLE_RESPONSES_API_STORE");
+    });
+    assert!(kept(&off).starts_with("HTTP/1.1 404"), "off by default");
+}

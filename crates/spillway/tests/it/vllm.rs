@@ -16,6 +16,7 @@
 
 mod agents;
 mod gateway;
+mod store;
 mod tools;
 
 use std::io::{Read, Write};
@@ -34,18 +35,25 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 type Shared = OnceLock<Result<Vllm, String>>;
 
-fn shared(cell: &'static Shared, name: &str, think: bool, args: &[&str]) -> Option<&'static Vllm> {
+fn shared(
+    cell: &'static Shared,
+    name: &str,
+    think: bool,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Option<&'static Vllm> {
     if !installed() {
         return None;
     }
-    match cell.get_or_init(|| Vllm::start(name, think, args)) {
+    match cell.get_or_init(|| Vllm::start_with_env(name, think, args, env)) {
         Ok(v) => Some(v),
         Err(e) => panic!("{e}"),
     }
 }
 
 /// The shared plain server: 4 sequences a step, 8 requests in flight at most, requests logged
-/// (so an abort shows in its log).
+/// (so an abort shows in its log), and the response store on (`store::`'s tests; it changes
+/// nothing but `/v1/responses`).
 pub(crate) fn plain() -> Option<&'static Vllm> {
     static CELL: Shared = OnceLock::new();
     shared(
@@ -59,13 +67,14 @@ pub(crate) fn plain() -> Option<&'static Vllm> {
             "8",
             "--enable-log-requests",
         ],
+        &[("VLLM_ENABLE_RESPONSES_API_STORE", "1")],
     )
 }
 
 /// The shared reasoning server (`--reasoning-parser deepseek_r1`).
 pub(crate) fn think() -> Option<&'static Vllm> {
     static CELL: Shared = OnceLock::new();
-    shared(&CELL, "think", true, &["--max-num-seqs", "4"])
+    shared(&CELL, "think", true, &["--max-num-seqs", "4"], &[])
 }
 
 /// Holds the one-test-at-a-time lock, and both servers, started side by side.
