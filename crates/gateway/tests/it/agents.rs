@@ -246,9 +246,17 @@ async fn refusals_and_cuts_come_in_each_apis_own_shape() {
     );
 }
 
+/// The tiny engine with vLLM's response store on (`VLLM_ENABLE_RESPONSES_API_STORE=1`).
+fn storing() -> engine::EngineConfig {
+    let mut c = tiny();
+    c.responses_store = Some(engine::StoreLimit { max_bytes: 1 << 20 });
+    c
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stored_response_is_asked_of_the_replica_that_made_it() {
-    let stack = Stack::start(vec![engine(tiny()).await, engine(tiny()).await], TWO).await;
+    // Each replica keeps its own responses: a turn sent to the other one would be a 404.
+    let stack = Stack::start(vec![engine(storing()).await, engine(storing()).await], TWO).await;
     // An id the gateway never saw: vLLM's not-found, and no replica is asked.
     let r = post(
         &stack,
@@ -338,4 +346,67 @@ async fn an_agents_session_stays_on_one_replica() {
         replicas.iter().any(|r| r != &replicas[0]),
         "sessions spread over both replicas"
     );
+}
+
+const HOLD: &str = r#"
+listen: 127.0.0.1:0
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    agents: { background: hold }
+    timeouts: { connect: 200ms, first_token: 5s, stream_idle: 5s, total: 30s }
+    classes:
+      - { name: default, concurrency: 1, queue: 0, queue_wait: 1s }
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_background_response_holds_its_slot_until_the_replica_finishes_it() {
+    // 10 ms a step: 100 tokens take about a second, generated with nobody connected.
+    let mut slow = storing();
+    slow.cost.overhead = Duration::from_millis(10);
+    let stack = Stack::start(vec![engine(slow).await], HOLD).await;
+    let asked = json!({"model": "chat", "input": "go on", "max_output_tokens": 100, "background": true});
+    let r = post(&stack, "/v1/responses", &asked).await;
+    assert_eq!(r.status(), 200);
+    let queued: Value = r.json().await.unwrap();
+    assert_eq!(queued["status"], "queued", "{queued}");
+    let id = queued["id"].as_str().unwrap().to_owned();
+    let busy = post(&stack, "/v1/messages", &messages(2, false)).await;
+    assert_eq!(busy.status(), 503, "the background response holds the only slot");
+    let done = testkit::poll(
+        Duration::from_secs(20),
+        || async {
+            let r = http()
+                .get(format!("{}/v1/responses/{id}", stack.url))
+                .send()
+                .await
+                .unwrap();
+            r.json::<Value>().await.unwrap()
+        },
+        |v: &Value| v["status"] == "incomplete" || v["status"] == "completed",
+    )
+    .await;
+    assert_eq!(done["usage"]["output_tokens"], 100, "{done}");
+    // Given back once the replica says it finished (asked every 250 ms).
+    let mut served = false;
+    for _ in 0..40 {
+        if post(&stack, "/v1/messages", &messages(2, false)).await.status() == 200 {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the slot came back");
+    let held = stack
+        .records()
+        .into_iter()
+        .find(|r| r.tokens_out == Some(100))
+        .expect("its line");
+    assert_eq!((held.status, held.outcome), (200, "ok"), "{held:?}");
+    assert!(held.duration_ms >= 900.0, "held while it generated: {held:?}");
+    // Refused where the slot cannot be followed: with a stream.
+    let mut streamed = asked.clone();
+    streamed["stream"] = json!(true);
+    assert_eq!(post(&stack, "/v1/responses", &streamed).await.status(), 400);
 }

@@ -100,7 +100,8 @@ fn a_client_that_leaves_a_messages_stream_aborts_it_in_vllm() {
     );
 }
 
-/// A vLLM with the Responses API's store on (`VLLM_ENABLE_RESPONSES_API_STORE=1`), shared.
+/// A second vLLM with the Responses API's store on (`VLLM_ENABLE_RESPONSES_API_STORE=1`), beside
+/// the shared `plain` one (which stores too): two replicas, each holding its own responses.
 fn storing() -> Option<&'static Vllm> {
     static CELL: OnceLock<Result<Vllm, String>> = OnceLock::new();
     if !installed() {
@@ -117,7 +118,8 @@ fn storing() -> Option<&'static Vllm> {
 fn a_second_turn_lands_on_the_vllm_that_stored_the_first() {
     let Some(s) = servers() else { return };
     let Some(store) = storing() else { return };
-    // Two replicas, balanced by load: only one of them keeps responses.
+    // Two replicas balanced by load, each with a store of its own: a turn sent to the one that
+    // did not make the response would be answered 404.
     let gw = Gateway::start(&[store.port, s.plain.port], "");
     let first =
         serde_json::json!({"model": MODEL, "input": "Tell me about spillways.", "max_output_tokens": 4});
