@@ -10,7 +10,8 @@
 //! - [`envoy`]: a real Envoy asking an endpoint picker over `ext_proc`, as the Gateway API
 //!   Inference Extension sets it up;
 //! - [`tls`]: certificates made on the spot, their PEM files, and a TLS front before a server;
-//! - [`serve_script`]: a replica that answers each request with scripted bytes;
+//! - [`serve_script`], [`serve_text`], [`eventually`], [`poll`]: from `testkit-wire`, the floor
+//!   the crates below the gateway (`http1`) test with alone;
 //! - [`tiny_engine`], [`http`], [`sse_data`]: the small engine, the HTTP client and the SSE
 //!   reading every crate's integration tests use;
 //! - [`vllm`]: a real vLLM (CPU, the tiny model) as a process group, skipped where not installed;
@@ -24,11 +25,12 @@ pub mod tls;
 pub mod vllm;
 
 pub use spawn::{Engine, Gateway, GatewayOptions, Process};
+pub use testkit_wire::{eventually, poll, serve_script, serve_text};
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// The engine's tiny preset serving `model`: fast steps, a small KV cache, for tests.
 pub fn tiny_engine(model: &str) -> engine::EngineConfig {
@@ -134,36 +136,6 @@ pub async fn run_python(script: &str, args: &[&str]) -> String {
     report
 }
 
-/// Polls `cond` every 2 ms until it holds or `within` passes; returns whether it held.
-pub async fn eventually(within: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < deadline {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
-    cond()
-}
-
-/// Calls `probe` every 20 ms until what it returns satisfies `done` or `within` passes (on the
-/// runtime's clock); returns the last value, for the test's assertion on it. For state a test
-/// reads through a request (a metric, an endpoint), where [`eventually`] takes a plain condition.
-pub async fn poll<T, F, Fut>(within: Duration, mut probe: F, done: impl Fn(&T) -> bool) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = T>,
-{
-    let deadline = tokio::time::Instant::now() + within;
-    loop {
-        let value = probe().await;
-        if done(&value) || tokio::time::Instant::now() >= deadline {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// Saves a word-level Hugging Face tokenizer (whitespace pre-tokenizer, `[UNK]` for the rest) that
 /// knows `words`, as `dir/tokenizer.json`: a real tokenizer file, without downloading a model.
 pub fn word_tokenizer(dir: &std::path::Path, words: &[&str]) -> PathBuf {
@@ -211,70 +183,6 @@ pub fn assert_error_mentions(body: &serde_json::Value, needle: &str) {
         .as_str()
         .unwrap_or_else(|| panic!("not an OpenAI error body: {body}"));
     assert!(message.contains(needle), "{needle:?} not in {body}");
-}
-
-/// A server for one connection: it reads one request (head, and body by content-length) per
-/// step and writes `answers[i]`; after the last it keeps the connection open, or closes it if
-/// `close_after`. It ends, returning each request's peer and head, when its client closes.
-pub async fn serve_script<A: AsRef<[u8]> + Send + 'static>(
-    answers: Vec<A>,
-    close_after: bool,
-) -> (String, tokio::task::JoinHandle<Vec<String>>) {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        let mut answers = answers.into_iter();
-        let (mut s, peer) = listener.accept().await.unwrap();
-        loop {
-            let mut got = Vec::new();
-            let mut byte = [0u8; 1];
-            while !got.ends_with(b"\r\n\r\n") {
-                if s.read(&mut byte).await.unwrap_or(0) == 0 {
-                    return seen;
-                }
-                got.push(byte[0]);
-            }
-            let head = String::from_utf8(got).unwrap();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length: "))
-                .map_or(0, |v| v.trim().parse().unwrap());
-            let mut body = vec![0u8; len];
-            s.read_exact(&mut body).await.unwrap();
-            seen.push(format!("{peer} {head}"));
-            let Some(answer) = answers.next() else { return seen };
-            s.write_all(answer.as_ref()).await.unwrap();
-            if close_after && answers.len() == 0 {
-                return seen;
-            }
-        }
-    });
-    (url, task)
-}
-
-/// Serves `text` to every request, as a `/metrics` endpoint, until the runtime ends: a metrics
-/// cache frozen on one moment, or a replica whose exposition a test writes by hand.
-pub async fn serve_text(text: String) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let answer = format!(
-        "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{text}",
-        text.len()
-    );
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            let answer = answer.clone();
-            tokio::spawn(async move {
-                // The request is one small GET: read its head, then answer and close.
-                let mut head = [0u8; 4096];
-                let _ = conn.read(&mut head).await;
-                let _ = conn.write_all(answer.as_bytes()).await;
-                let _ = conn.shutdown().await;
-            });
-        }
-    });
-    url
 }
 
 #[cfg(test)]

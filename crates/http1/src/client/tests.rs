@@ -1,5 +1,5 @@
 use super::*;
-use testkit::serve_script;
+use testkit_wire::serve_script;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
