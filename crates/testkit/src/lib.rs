@@ -4,7 +4,6 @@
 //! - [`tool`]: the path of an installed program, with a message that says how to get it;
 //! - [`promtool_check`]: runs the real `promtool check metrics` over an exposition;
 //! - [`python`]: the Python that has the official `openai` client (scripts/test.sh makes it);
-//! - [`eventually`], [`poll`]: poll a condition, or what a request reads, on the runtime's clock;
 //! - [`word_tokenizer`]: a real Hugging Face `tokenizer.json`, built in code;
 //! - [`crd`]: Kubernetes objects validated strictly against their projects' CRDs;
 //! - [`envoy`]: a real Envoy asking an endpoint picker over `ext_proc`, as the Gateway API
