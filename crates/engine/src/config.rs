@@ -142,6 +142,7 @@ impl EngineConfig {
                 cost: CostModel {
                     overhead: Duration::from_micros(1000),
                     prefill_token: Duration::from_nanos(2000),
+                    prefill_attention_per_million_pairs: Duration::ZERO,
                     decode_seq: Duration::from_micros(20),
                     context_token: Duration::from_nanos(20),
                 },

@@ -8,6 +8,9 @@ use std::time::Duration;
 pub struct StepShape {
     /// Prompt tokens computed this step (new prefills, prefill chunks and recomputation).
     pub prefill_tokens: u32,
+    /// (prompt token, attended token) pairs of those prefills: each token computed at position p
+    /// attends to the p + 1 tokens up to and including itself, cached or computed earlier.
+    pub prefill_pairs: u64,
     /// Sequences producing one output token this step.
     pub decode_seqs: u32,
     /// Tokens of context the decoding sequences attend to (the KV cache they read).
@@ -25,17 +28,24 @@ impl StepShape {
     }
 }
 
-/// `step = overhead + prefill_token × prefill tokens + decode_seq × decoding sequences
-///         + context_token × context tokens attended by the decodes`.
+/// `step = overhead + prefill_token × prefill tokens + prefill_attention × prefill pairs / 10⁶
+///         + decode_seq × decoding sequences + context_token × context tokens attended by the decodes`.
 ///
-/// The four terms are the ones that move a real step: a fixed launch/sampling cost, compute-bound
-/// prefill, per-sequence decode work, and memory-bound attention over the KV cache.
+/// The terms are the ones that move a real step: a fixed launch/sampling cost, compute-bound
+/// prefill, the prefill's attention over the context it attends (quadratic in a prompt's length:
+/// a 2k-token prompt costs more than twice a 1k one), per-sequence decode work, and memory-bound
+/// attention over the KV cache.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct CostModel {
     #[serde(with = "humantime_serde_compat")]
     pub overhead: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub prefill_token: Duration,
+    /// Per million (prompt token, attended token) pairs: a duration per pair would round the
+    /// picoseconds a GPU spends on one to zero.
+    #[serde(default, with = "humantime_serde_compat")]
+    pub prefill_attention_per_million_pairs: Duration,
     #[serde(with = "humantime_serde_compat")]
     pub decode_seq: Duration,
     #[serde(with = "humantime_serde_compat")]
@@ -47,6 +57,7 @@ impl CostModel {
     pub const ZERO: CostModel = CostModel {
         overhead: Duration::ZERO,
         prefill_token: Duration::ZERO,
+        prefill_attention_per_million_pairs: Duration::ZERO,
         decode_seq: Duration::ZERO,
         context_token: Duration::ZERO,
     };
@@ -57,6 +68,8 @@ impl CostModel {
         }
         let nanos = self.overhead.as_nanos()
             + self.prefill_token.as_nanos() * u128::from(shape.prefill_tokens)
+            + self.prefill_attention_per_million_pairs.as_nanos() * u128::from(shape.prefill_pairs)
+                / 1_000_000
             + self.decode_seq.as_nanos() * u128::from(shape.decode_seqs)
             + self.context_token.as_nanos() * u128::from(shape.decode_context_tokens);
         Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
@@ -112,15 +125,31 @@ mod tests {
         let m = CostModel {
             overhead: Duration::from_millis(4),
             prefill_token: Duration::from_micros(10),
+            prefill_attention_per_million_pairs: Duration::from_micros(300),
             decode_seq: Duration::from_micros(20),
             context_token: Duration::from_nanos(5),
         };
         let shape = StepShape {
             prefill_tokens: 100,
+            prefill_pairs: 5050,
             decode_seqs: 10,
             decode_context_tokens: 2000,
         };
-        assert_eq!(m.step_time(&shape), Duration::from_micros(4000 + 1000 + 200 + 10));
+        // 5,050 pairs at 300 µs per million: 1,515 ns.
+        assert_eq!(
+            m.step_time(&shape),
+            Duration::from_nanos(4_000_000 + 1_000_000 + 1_515 + 200_000 + 10_000)
+        );
         assert_eq!(m.step_time(&StepShape::default()), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_file_without_the_attention_term_still_reads() {
+        let m: CostModel = serde_json::from_str(
+            r#"{"overhead":"4ms","prefill_token":"28us","decode_seq":"14us","context_token":"10ns"}"#,
+        )
+        .unwrap();
+        assert_eq!(m.prefill_attention_per_million_pairs, Duration::ZERO);
+        assert_eq!(m.prefill_token, Duration::from_micros(28));
     }
 }
