@@ -199,6 +199,12 @@ impl EngineConfig {
         Ok(())
     }
 
+    /// The cost model and API-server cost of a file in place of the preset's.
+    pub fn use_cost_file(&mut self, file: &crate::cost::CostFile) {
+        self.cost = file.cost;
+        self.frontend = file.frontend;
+    }
+
     pub fn num_blocks(&self) -> usize {
         (self.kv_cache_tokens / self.block_size) as usize
     }

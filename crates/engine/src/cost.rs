@@ -102,6 +102,63 @@ impl FrontendCost {
     }
 }
 
+/// The schema of a cost-model file.
+pub const COST_FILE_SCHEMA: &str = "spillway-cost-model/1";
+
+/// A cost model in a file (`spillway engine fit` writes one; `spillway engine --cost-model` and
+/// `spillway plan --simulate --cost-model` read it): JSON, durations as humantime strings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CostFile {
+    /// [`COST_FILE_SCHEMA`]; another version is refused rather than misread.
+    pub schema: String,
+    /// Where the numbers came from, for the reader.
+    #[serde(default)]
+    pub source: String,
+    pub cost: CostModel,
+    #[serde(default = "no_frontend")]
+    pub frontend: FrontendCost,
+    /// How well the fit explained its measurement, when the file came from one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fit: Option<FitNote>,
+}
+
+fn no_frontend() -> FrontendCost {
+    FrontendCost::ZERO
+}
+
+/// A fit's summary as the file keeps it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FitNote {
+    pub ttft_requests: usize,
+    pub itl_requests: usize,
+    pub ttft_rms_relative_error: f64,
+    pub itl_rms_relative_error: f64,
+    /// The measured engine's step budget the fit assumed.
+    pub max_num_batched_tokens: u32,
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl CostFile {
+    pub fn from_json(text: &str) -> Result<CostFile, crate::EngineError> {
+        let file: CostFile = serde_json::from_str(text)
+            .map_err(|e| crate::EngineError::Invalid(format!("not a cost-model file: {e}")))?;
+        if file.schema != COST_FILE_SCHEMA {
+            return Err(crate::EngineError::Invalid(format!(
+                "cost-model schema '{}' is not {COST_FILE_SCHEMA}",
+                file.schema
+            )));
+        }
+        Ok(file)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+}
+
 mod humantime_serde_compat {
     use serde::{Deserialize, Deserializer, Serializer};
     use std::time::Duration;
@@ -141,6 +198,31 @@ mod tests {
             Duration::from_nanos(4_000_000 + 1_000_000 + 1_515 + 200_000 + 10_000)
         );
         assert_eq!(m.step_time(&StepShape::default()), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_cost_file_round_trips_and_refuses_another_schema() {
+        let file = CostFile {
+            schema: COST_FILE_SCHEMA.into(),
+            source: "test".into(),
+            cost: CostModel {
+                overhead: Duration::from_micros(4400),
+                prefill_token: Duration::from_nanos(28_123),
+                prefill_attention_per_million_pairs: Duration::from_micros(1500),
+                decode_seq: Duration::from_nanos(14_000),
+                context_token: Duration::from_nanos(10),
+            },
+            frontend: FrontendCost {
+                per_request: Duration::from_micros(300),
+                per_output_token: Duration::ZERO,
+            },
+            fit: None,
+        };
+        let text = file.to_json();
+        assert_eq!(CostFile::from_json(&text).unwrap(), file);
+        let other = text.replace("spillway-cost-model/1", "spillway-cost-model/2");
+        assert!(CostFile::from_json(&other).is_err());
+        assert!(CostFile::from_json(&text.replace("\"overhead\"", "\"overheads\"")).is_err());
     }
 
     #[test]
