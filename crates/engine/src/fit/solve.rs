@@ -86,10 +86,11 @@ fn gauss(mut a: Vec<Vec<f64>>) -> Vec<f64> {
         if p.abs() < 1e-300 {
             continue;
         }
-        for r in c + 1..m {
-            let f = a[r][c] / p;
-            for k in c..=m {
-                a[r][k] -= f * a[c][k];
+        let pivot_row = a[c].clone();
+        for row in a.iter_mut().skip(c + 1) {
+            let f = row[c] / p;
+            for (v, q) in row.iter_mut().zip(&pivot_row).skip(c) {
+                *v -= f * q;
             }
         }
     }
