@@ -34,6 +34,9 @@ pub(crate) struct SimArgs {
     /// The simulated engine: a `spillway engine` preset.
     #[arg(long, default_value = "llama-3.1-8b-h100", requires = "simulate")]
     engine_preset: Preset,
+    /// A cost-model file (`spillway engine fit` writes one) in place of the preset's step costs.
+    #[arg(long, value_name = "FILE", requires = "simulate")]
+    cost_model: Option<PathBuf>,
     /// The simulated engines cache prompt prefixes (vLLM V1's default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, requires = "simulate")]
     enable_prefix_caching: bool,
@@ -67,6 +70,9 @@ pub(crate) fn run(a: &SimArgs, file: &std::path::Path, replicas: u32) -> Result<
         bail!("--simulate {}: no request in the trace", file.display());
     }
     let mut engine = EngineConfig::preset(a.engine_preset);
+    if let Some(path) = &a.cost_model {
+        engine.use_cost_file(&crate::engine_cmd::cost_file(path)?);
+    }
     engine.enable_prefix_caching = a.enable_prefix_caching;
     let grid = sim::grid(
         &a.grid_concurrency,
