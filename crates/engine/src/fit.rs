@@ -110,6 +110,14 @@ pub fn fit(samples: &[Sample], options: FitOptions) -> Result<Fit, crate::Engine
     }
     let mut fixed = [false; TERMS.len()];
     let mut notes = Vec::new();
+    let bursts = rows::bursts(samples).iter().filter(|&&b| b).count();
+    if bursts > 0 {
+        notes.push(format!(
+            "{bursts} of {} requests got their tokens in one burst (mean gap under a fifth of their \
+             level's median: the API server wrote several steps at once) and are left out",
+            samples.len()
+        ));
+    }
     if ttft_n == 0 {
         fixed[1] = true;
         notes.push(

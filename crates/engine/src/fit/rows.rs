@@ -74,11 +74,37 @@ impl Span {
     }
 }
 
+/// Requests whose tokens came in one burst: their mean gap under a fifth of their level's median.
+/// An API server slower than its engine writes several steps' tokens at once (vLLM on a CPU with
+/// a tiny model does), and then neither the first token nor the gaps time a step.
+pub(crate) fn bursts(samples: &[Sample]) -> Vec<bool> {
+    let mean = |s: &Sample| s.itl.iter().sum::<f64>() / s.itl.len().max(1) as f64;
+    let mut by_level: BTreeMap<&str, Vec<f64>> = BTreeMap::new();
+    for s in samples.iter().filter(|s| !s.itl.is_empty()) {
+        by_level.entry(&s.level).or_default().push(mean(s));
+    }
+    let medians: BTreeMap<&str, f64> = by_level
+        .into_iter()
+        .map(|(level, mut v)| {
+            v.sort_by(f64::total_cmp);
+            (level, v[v.len() / 2])
+        })
+        .collect();
+    samples
+        .iter()
+        .map(|s| !s.itl.is_empty() && mean(s) < 0.2 * medians.get(s.level.as_str()).copied().unwrap_or(0.0))
+        .collect()
+}
+
 pub(crate) fn build(samples: &[Sample], options: FitOptions) -> Vec<Row> {
     let spans: Vec<Span> = samples.iter().map(Span::of).collect();
     let budget = f64::from(options.max_num_batched_tokens.max(1));
+    let burst = bursts(samples);
     let mut rows = Vec::new();
     for (i, (s, me)) in samples.iter().zip(&spans).enumerate() {
+        if burst[i] {
+            continue;
+        }
         let alone = spans
             .iter()
             .enumerate()

@@ -1,5 +1,5 @@
 //! Least squares on relative error with every term kept at or above zero (a step cannot get
-//! cheaper with more work): solve, drop the most negative term, solve again.
+//! cheaper with more work).
 
 use super::TERMS;
 use super::rows::{Kind, Row};
@@ -24,21 +24,34 @@ pub(crate) fn nonnegative_least_squares(rows: &[Row], fixed: [bool; N]) -> [f64;
             (r.x.map(|v| v * w), w * r.y)
         })
         .collect();
-    let mut free = [true; N];
-    for k in 0..N {
-        let scale = column_scale(&weighted, k);
-        free[k] = !fixed[k] && scale > 0.0;
+    let mut allowed = [false; N];
+    for (k, a) in allowed.iter_mut().enumerate() {
+        *a = !fixed[k] && column_scale(&weighted, k) > 0.0;
     }
-    loop {
+    // Six terms: every subset of them, solved without bounds, and the best whose terms are all
+    // non-negative is the constrained optimum (the optimum is the free solution on its support).
+    let mut best = ([0.0; N], f64::INFINITY);
+    for mask in 0u32..1 << N {
+        let free: [bool; N] = std::array::from_fn(|k| mask >> k & 1 == 1);
+        if (0..N).any(|k| free[k] && !allowed[k]) {
+            continue;
+        }
         let theta = least_squares(&weighted, free);
-        let worst = (0..N)
-            .filter(|&k| free[k] && theta[k] < 0.0)
-            .min_by(|&a, &b| theta[a].total_cmp(&theta[b]));
-        match worst {
-            Some(k) => free[k] = false,
-            None => return theta,
+        if theta.iter().any(|&t| t < 0.0) {
+            continue;
+        }
+        let cost: f64 = weighted
+            .iter()
+            .map(|(x, y)| {
+                let e = x.iter().zip(&theta).map(|(a, b)| a * b).sum::<f64>() - y;
+                e * e
+            })
+            .sum();
+        if cost < best.1 {
+            best = (theta, cost);
         }
     }
+    best.0
 }
 
 fn column_scale(rows: &[([f64; N], f64)], k: usize) -> f64 {
