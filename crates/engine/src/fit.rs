@@ -113,7 +113,7 @@ pub fn fit(samples: &[Sample], options: FitOptions) -> Result<Fit, crate::Engine
     let bursts = rows::bursts(samples).iter().filter(|&&b| b).count();
     if bursts > 0 {
         notes.push(format!(
-            "{bursts} of {} requests got their tokens in one burst (mean gap under a fifth of their \
+            "{bursts} of {} requests got their tokens in one burst (mean gap under a twentieth of their \
              level's median: the API server wrote several steps at once) and are left out",
             samples.len()
         ));

@@ -74,7 +74,7 @@ impl Span {
     }
 }
 
-/// Requests whose tokens came in one burst: their mean gap under a fifth of their level's median.
+/// Requests whose tokens came in one burst: their mean gap under a twentieth of their level's median.
 /// An API server slower than its engine writes several steps' tokens at once (vLLM on a CPU with
 /// a tiny model does), and then neither the first token nor the gaps time a step.
 pub(crate) fn bursts(samples: &[Sample]) -> Vec<bool> {
@@ -92,7 +92,7 @@ pub(crate) fn bursts(samples: &[Sample]) -> Vec<bool> {
         .collect();
     samples
         .iter()
-        .map(|s| !s.itl.is_empty() && mean(s) < 0.2 * medians.get(s.level.as_str()).copied().unwrap_or(0.0))
+        .map(|s| !s.itl.is_empty() && mean(s) < 0.05 * medians.get(s.level.as_str()).copied().unwrap_or(0.0))
         .collect()
 }
 
