@@ -160,18 +160,38 @@ fn decode_terms(spans: &[Span], i: usize) -> Option<[f64; TERMS.len()]> {
     Some([1.0, 0.0, prefill / g, prefill_pairs / g, seqs / g, context / g])
 }
 
-/// Measured against predicted means: TTFT by prompt length (powers of two), ITL by level.
+/// The group a row is reported (and weighed) in: TTFT by prompt length (powers of two), ITL by
+/// level.
+fn group(r: &Row) -> (u8, u64, String) {
+    match r.kind {
+        Kind::Ttft => {
+            let top = r.prompt.max(1).next_power_of_two();
+            let name = format!("{}-{} tokens", top / 2 + 1, top);
+            (0, u64::from(top), name)
+        }
+        Kind::Itl => (1, level_order(&r.level), r.level.clone()),
+    }
+}
+
+/// Each row's group's median measurement.
+pub(crate) fn group_medians(rows: &[Row]) -> Vec<f64> {
+    let mut ys: BTreeMap<(u8, u64, String), Vec<f64>> = BTreeMap::new();
+    for r in rows {
+        ys.entry(group(r)).or_default().push(r.y);
+    }
+    for v in ys.values_mut() {
+        v.sort_by(f64::total_cmp);
+    }
+    rows.iter()
+        .map(|r| ys.get(&group(r)).map_or(r.y, |v| v[v.len() / 2]))
+        .collect()
+}
+
+/// Measured against predicted means, by group.
 pub(crate) fn residuals(rows: &[Row], theta: &[f64; TERMS.len()]) -> Vec<Residual> {
     let mut groups: BTreeMap<(u8, u64, String), (usize, f64, f64)> = BTreeMap::new();
     for r in rows {
-        let key = match r.kind {
-            Kind::Ttft => {
-                let top = r.prompt.max(1).next_power_of_two();
-                let name = format!("{}-{} tokens", top / 2 + 1, top);
-                (0, u64::from(top), name)
-            }
-            Kind::Itl => (1, level_order(&r.level), r.level.clone()),
-        };
+        let key = group(r);
         let g = groups.entry(key).or_default();
         g.0 += 1;
         g.1 += r.y;

@@ -1,4 +1,4 @@
-//! Least squares on relative error with every term kept at or above zero (a step cannot get
+//! Least squares on error relative to each group's typical measurement, with every term kept at or above zero (a step cannot get
 //! cheaper with more work).
 
 use super::TERMS;
@@ -6,21 +6,25 @@ use super::rows::{Kind, Row};
 
 const N: usize = TERMS.len();
 
-/// θ minimising Σ ((x·θ − y) / y)² with θ ≥ 0; `fixed` terms stay at zero.
+/// θ minimising Σ ((x·θ − y) / typical y)² with θ ≥ 0; `fixed` terms stay at zero.
 pub(crate) fn nonnegative_least_squares(rows: &[Row], fixed: [bool; N]) -> [f64; N] {
-    // Each row divided by its measurement (a 2 ms gap and a 900 ms TTFT weigh alike), and each
-    // kind weighing as much as the other in total: the few clean TTFTs of requests that were alone
+    // Each row divided by the median measurement of its group (a level's gaps, a prompt-length
+    // bin's TTFTs), so that 2 ms gaps and 900 ms TTFTs weigh alike; not by its own measurement,
+    // which lets a few short outliers (part of a stream written at once) pull the fit low. Each
+    // kind weighs as much as the other in total: the few clean TTFTs of requests that were alone
     // are what tells the prefill terms from the overhead, and the many gaps would drown them.
     let count = |k| rows.iter().filter(|r| r.kind == k && r.y > 0.0).count().max(1) as f64;
     let (ttft, itl) = (count(Kind::Ttft), count(Kind::Itl));
+    let typical = super::rows::group_medians(rows);
     let weighted: Vec<([f64; N], f64)> = rows
         .iter()
-        .filter(|r| r.y > 0.0)
-        .map(|r| {
+        .zip(&typical)
+        .filter(|(r, _)| r.y > 0.0)
+        .map(|(r, m)| {
             let w = match r.kind {
                 Kind::Ttft => 1.0 / ttft.sqrt(),
                 Kind::Itl => 1.0 / itl.sqrt(),
-            } / r.y;
+            } / m;
             (r.x.map(|v| v * w), w * r.y)
         })
         .collect();
