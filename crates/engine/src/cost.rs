@@ -143,15 +143,21 @@ pub struct FitNote {
 
 impl CostFile {
     pub fn from_json(text: &str) -> Result<CostFile, crate::EngineError> {
-        let file: CostFile = serde_json::from_str(text)
-            .map_err(|e| crate::EngineError::Invalid(format!("not a cost-model file: {e}")))?;
-        if file.schema != COST_FILE_SCHEMA {
-            return Err(crate::EngineError::Invalid(format!(
+        let bad = |m: String| crate::EngineError::Invalid(m);
+        // The version first, so that another one is named as such rather than as a field it lacks.
+        #[derive(Deserialize)]
+        struct Versioned {
+            schema: String,
+        }
+        let v: Versioned =
+            serde_json::from_str(text).map_err(|e| bad(format!("not a cost-model file: {e}")))?;
+        if v.schema != COST_FILE_SCHEMA {
+            return Err(bad(format!(
                 "cost-model schema '{}' is not {COST_FILE_SCHEMA}",
-                file.schema
+                v.schema
             )));
         }
-        Ok(file)
+        serde_json::from_str(text).map_err(|e| bad(format!("not a cost-model file: {e}")))
     }
 
     pub fn to_json(&self) -> String {
