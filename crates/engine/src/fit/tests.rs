@@ -102,6 +102,7 @@ async fn recovers_the_terms_of_a_known_engine() {
     .unwrap();
     let (got, want) = (fit.cost, truth());
     let report = fit.render();
+    eprintln!("{report}");
     assert!(fit.ttft_requests >= 20, "{report}");
     assert!(near(got.overhead, want.overhead, 0.10), "{report}");
     assert!(near(got.prefill_token, want.prefill_token, 0.10), "{report}");
@@ -143,6 +144,7 @@ async fn an_api_server_in_front_shows_as_its_per_request_time() {
     let samples = bench(config, &[1, 8], (64, 2000), 16).await;
     let fit = fit(&samples, FitOptions::default()).unwrap();
     let report = fit.render();
+    eprintln!("{report}");
     assert!(
         near(fit.frontend.per_request, Duration::from_millis(30), 0.15),
         "{report}"

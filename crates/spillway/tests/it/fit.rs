@@ -85,6 +85,7 @@ fn a_bench_run_of_a_known_engine_fits_back_to_its_terms() {
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout).into_owned();
+    eprintln!("{report}");
     assert!(
         out.status.success(),
         "{report}{}",
