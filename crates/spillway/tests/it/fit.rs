@@ -109,9 +109,11 @@ fn a_bench_run_of_a_known_engine_fits_back_to_its_terms() {
         ),
         "{report}"
     );
-    // One more decoding sequence at the run's mean context (the prompts' mean plus half the answer).
+    // One more decoding sequence at the run's mean context (the prompts' mean plus half the
+    // answer): the least determined of the terms (−19% in the run docs/engine-calibration.md
+    // reports), so the widest band but the attention's.
     let per_seq = |m: &CostModel| m.decode_seq + m.context_token * 1564;
-    assert!(within(per_seq(&got), per_seq(&want), 0.25), "{report}");
+    assert!(within(per_seq(&got), per_seq(&want), 0.35), "{report}");
     let fit = file.fit.as_ref().expect("the fit's summary");
     assert!(fit.ttft_requests >= 5 && fit.itl_requests >= 50, "{report}");
     assert!(fit.itl_rms_relative_error < 0.25, "{report}");
