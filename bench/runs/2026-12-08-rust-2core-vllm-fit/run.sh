@@ -6,7 +6,9 @@
 # by side (compare.py). Run from the repo root after `cargo build -p spillway`. Ports 18652/18653.
 set -euo pipefail
 BIN=${BIN:-target/debug/spillway}
-D=bench/runs/2026-12-08-rust-2core-vllm-fit
+HERE=bench/runs/2026-12-08-rust-2core-vllm-fit
+D=${D:-$HERE}
+mkdir -p "$D"
 SRC=bench/runs/2026-12-07-rust-2core-trace-sim/trace.jsonl
 VPORT=${VPORT:-18652}
 GPORT=18653
@@ -20,7 +22,9 @@ DRIFT=1.42
 
 # 0. vLLM, unless one is already up on VPORT.
 if ! curl -sf "http://127.0.0.1:$VPORT/health" >/dev/null 2>&1; then
-  setsid scripts/vllm.sh serve "$VPORT" > "$D/vllm.log" 2>&1 &
+  setsid scripts/vllm.sh serve "$VPORT" > "$D/vllm.log" 2>&1 & VGROUP=$!
+  # Stopped with its engine core (its own process group) when this script ends.
+  trap 'kill -TERM -- "-$VGROUP" 2>/dev/null || true' EXIT
   until grep -q "vllm ready" "$D/vllm.log" 2>/dev/null; do sleep 2; done
 fi
 
@@ -72,5 +76,5 @@ YAML
     --json "$D/replay-c$1-q$2.json" --quiet > "$D/replay-c$1-q$2.txt" 2>&1
   kill "$GPID"; wait "$GPID" 2>/dev/null || true
 done
-python3 "$D/compare.py" "$D" > "$D/compare.txt"
+python3 "$HERE/compare.py" "$D" > "$D/compare.txt"
 cat "$D/compare.txt"
