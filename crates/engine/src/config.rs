@@ -160,6 +160,7 @@ impl EngineConfig {
                 cost: CostModel {
                     overhead: Duration::from_micros(1000),
                     prefill_token: Duration::from_nanos(2000),
+                    prefill_attention_per_million_pairs: Duration::ZERO,
                     decode_seq: Duration::from_micros(20),
                     context_token: Duration::from_nanos(20),
                 },
@@ -214,6 +215,12 @@ impl EngineConfig {
             return Err("the slow-down factor must be a positive number".into());
         }
         Ok(())
+    }
+
+    /// The cost model and API-server cost of a file in place of the preset's.
+    pub fn use_cost_file(&mut self, file: &crate::cost::CostFile) {
+        self.cost = file.cost;
+        self.frontend = file.frontend;
     }
 
     pub fn num_blocks(&self) -> usize {

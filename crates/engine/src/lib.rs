@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //! - [`config`]: vLLM's knobs, presets, length distributions.
-//! - [`cost`]: the step-time formula; [`published`]: the fitted presets and the published points;
-//!   [`calibration`]: the closed-loop run that holds a preset against them.
+//! - [`cost`]: the step-time formula and its file; [`published`]: the fitted presets and the
+//!   published points; [`calibration`]: the closed-loop run that holds a preset against them;
+//!   [`fit`]: a cost model fitted to a bench run's records of a real engine.
 //! - `kv`: the paged KV cache and prefix cache; [`scheduler`]: vLLM V1's continuous batching.
 //! - [`engine`]: one replica's step loop on `tokio::time`, and the [`Engine`] handle that submits
 //!   requests and reads ground truth (running, waiting, aborts, per-request timings).
@@ -26,6 +27,7 @@ pub mod cost;
 mod embed;
 pub mod engine;
 pub mod faults;
+pub mod fit;
 mod kv;
 pub mod metrics;
 pub mod published;

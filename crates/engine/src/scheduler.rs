@@ -408,6 +408,9 @@ fn account(shape: &mut StepShape, seq: &Seq, new: u32) {
         shape.decode_context_tokens += u64::from(seq.computed + 1);
     } else {
         shape.prefill_tokens += new;
+        // Positions computed+1 ..= computed+new, each attending to everything up to itself.
+        let (before, new) = (u64::from(seq.computed), u64::from(new));
+        shape.prefill_pairs += new * before + new * (new + 1) / 2;
     }
 }
 

@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use tokio::net::TcpListener;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct EngineArgs {
+    #[command(subcommand)]
+    action: Option<EngineAction>,
     /// Address of the first replica; replica i listens on its port + i.
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: SocketAddr,
@@ -23,6 +26,10 @@ pub(crate) struct EngineArgs {
     /// llama-3.1-8b-h100 (calibrated to NVIDIA's published NIM numbers).
     #[arg(long, default_value = "tiny")]
     preset: Preset,
+    /// A cost-model file (`spillway engine fit` writes one) in place of the preset's step costs
+    /// and API-server cost; the preset still sets the limits.
+    #[arg(long, value_name = "FILE")]
+    cost_model: Option<PathBuf>,
     /// Most sequences running in one step (vLLM's --max-num-seqs).
     #[arg(long)]
     max_num_seqs: Option<usize>,
@@ -133,9 +140,26 @@ fn parse_frontend(s: &str) -> Result<engine::cost::FrontendCost, String> {
     })
 }
 
+#[derive(clap::Subcommand, Debug)]
+enum EngineAction {
+    /// Fit a cost model to a bench run of a real engine (`spillway bench --json FILE --records`,
+    /// a concurrency-1 level and varied prompt lengths among its levels) and write it for
+    /// `--cost-model`; prints the terms and how far they are from each level's measurement.
+    Fit(crate::engine_fit_cmd::FitArgs),
+}
+
+/// Reads a cost-model file for `--cost-model`.
+pub(crate) fn cost_file(path: &std::path::Path) -> Result<engine::cost::CostFile> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("--cost-model {}", path.display()))?;
+    engine::cost::CostFile::from_json(&text).with_context(|| format!("--cost-model {}", path.display()))
+}
+
 impl EngineArgs {
-    fn config(&self, env_store: bool) -> EngineConfig {
+    fn config(&self, env_store: bool) -> Result<EngineConfig> {
         let mut c = EngineConfig::preset(self.preset);
+        if let Some(path) = &self.cost_model {
+            c.use_cost_file(&cost_file(path)?);
+        }
         c.responses_store = (self.responses_store || env_store).then(|| engine::StoreLimit {
             max_bytes: self.responses_store_mib.saturating_mul(1 << 20),
         });
@@ -177,7 +201,7 @@ impl EngineArgs {
         if let Some(f) = self.fault_slow {
             c.faults.slow_factor = f;
         }
-        c
+        Ok(c)
     }
 }
 
@@ -192,11 +216,14 @@ fn length_dist(s: &str) -> Result<LengthDist, String> {
 }
 
 pub(crate) async fn run(args: EngineArgs) -> Result<()> {
+    if let Some(EngineAction::Fit(fit)) = &args.action {
+        return crate::engine_fit_cmd::run(fit);
+    }
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
     let env_store = vllm_store_env(std::env::var("VLLM_ENABLE_RESPONSES_API_STORE").ok().as_deref())?;
-    let config = args.config(env_store);
+    let config = args.config(env_store)?;
     config.validate()?;
     let mut running = Vec::new();
     for i in 0..args.replicas {

@@ -5,6 +5,7 @@ mod completions_cmd;
 mod demo_cmd;
 mod diagnose_cmd;
 mod engine_cmd;
+mod engine_fit_cmd;
 mod key_cmd;
 mod plan_cmd;
 mod plan_sim;

@@ -34,6 +34,17 @@ pub(crate) struct SimArgs {
     /// The simulated engine: a `spillway engine` preset.
     #[arg(long, default_value = "llama-3.1-8b-h100", requires = "simulate")]
     engine_preset: Preset,
+    /// A cost-model file (`spillway engine fit` writes one) in place of the preset's step costs.
+    #[arg(long, value_name = "FILE", requires = "simulate")]
+    cost_model: Option<PathBuf>,
+    /// The simulated engines' step budget, when it is not the preset's (a fitted engine's:
+    /// vLLM's CPU build defaults to 2048).
+    #[arg(long, requires = "simulate")]
+    engine_max_num_batched_tokens: Option<u32>,
+    /// The simulated engines' KV cache in tokens, when it is not the preset's (vLLM logs its own
+    /// as "KV cache size").
+    #[arg(long, requires = "simulate")]
+    engine_kv_cache_tokens: Option<u32>,
     /// The simulated engines cache prompt prefixes (vLLM V1's default).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, requires = "simulate")]
     enable_prefix_caching: bool,
@@ -67,6 +78,15 @@ pub(crate) fn run(a: &SimArgs, file: &std::path::Path, replicas: u32) -> Result<
         bail!("--simulate {}: no request in the trace", file.display());
     }
     let mut engine = EngineConfig::preset(a.engine_preset);
+    if let Some(path) = &a.cost_model {
+        engine.use_cost_file(&crate::engine_cmd::cost_file(path)?);
+    }
+    if let Some(v) = a.engine_max_num_batched_tokens {
+        engine.max_num_batched_tokens = v;
+    }
+    if let Some(v) = a.engine_kv_cache_tokens {
+        engine.kv_cache_tokens = v;
+    }
     engine.enable_prefix_caching = a.enable_prefix_caching;
     let grid = sim::grid(
         &a.grid_concurrency,

@@ -74,6 +74,11 @@ fn long_prompts_are_prefilled_in_chunks_within_the_budget() {
     assert_eq!(shapes[1].prefill_tokens, 36);
     assert_eq!(shapes[2].decode_seqs, 1);
     assert_eq!(records[0].output_tokens, 2);
+    // The second chunk attends to the first: the pairs add up as if the prompt went in whole.
+    assert_eq!(shapes[0].prefill_pairs, 64 * 65 / 2);
+    assert_eq!(shapes[1].prefill_pairs, 36 * 64 + 36 * 37 / 2);
+    assert_eq!(shapes[0].prefill_pairs + shapes[1].prefill_pairs, 100 * 101 / 2);
+    assert_eq!(shapes[2].prefill_pairs, 0);
 }
 
 #[test]

@@ -6,6 +6,7 @@ mod demo;
 mod deploy;
 mod deploy_picker;
 mod diagnose;
+mod fit;
 mod image;
 mod manifests;
 mod plan;

@@ -140,3 +140,73 @@ fn plan_simulates_a_trace_over_a_grid_and_plans_from_the_best() {
     assert_eq!(v["plan"]["concurrency"], 4);
     assert_eq!(v["plan"]["max_num_seqs"], 4);
 }
+
+#[test]
+fn plan_simulates_with_a_cost_model_file_in_place_of_the_presets() {
+    let dir = std::env::temp_dir().join(format!("spillway-sim-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = dir.join("slow.json");
+    // Every step 3 s whatever it holds: a first token takes at least one step.
+    std::fs::write(
+        &model,
+        r#"{"schema":"spillway-cost-model/1","cost":{"overhead":"3s","prefill_token":"0s",
+            "decode_seq":"0s","context_token":"0s"}}"#,
+    )
+    .unwrap();
+    let ttft_p50 = |extra: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["plan", "--simulate", &fixture("mooncake.jsonl"), "--model", "m"])
+            .args([
+                "--replicas",
+                "1",
+                "--engine-preset",
+                "llama-3.1-8b-h100",
+                "--speed",
+                "1000",
+            ])
+            .args([
+                "--grid-concurrency",
+                "4",
+                "--grid-queue",
+                "0",
+                "--grid-max-num-seqs",
+                "4",
+            ])
+            .args([
+                "--slo",
+                "ttft_p95=1000s,error_rate=1%",
+                "--caller-deadline",
+                "1h",
+                "--json",
+            ])
+            .args(extra)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["simulation"]["candidates"][0]["ttft"]["p50"].as_f64().unwrap()
+    };
+    let preset = ttft_p50(&[]);
+    let fitted = ttft_p50(&["--cost-model", model.to_str().unwrap()]);
+    assert!(preset < 3.0, "the preset's first token: {preset} s");
+    assert!(fitted >= 3.0, "a 3 s step's first token: {fitted} s");
+
+    std::fs::write(&model, r#"{"schema":"spillway-cost-model/9","cost":{}}"#).unwrap();
+    let out = Command::new(BIN)
+        .args(["plan", "--simulate", &fixture("mooncake.jsonl"), "--model", "m"])
+        .args(["--replicas", "1", "--cost-model", model.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("--cost-model") && stderr.contains("spillway-cost-model/9"),
+        "{stderr}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
