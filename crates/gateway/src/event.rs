@@ -394,5 +394,60 @@ pub fn check(bytes: &[u8]) {
     }
 }
 
+/// The agents' streams' counterpart of [`check`]: `bytes` as events of each agents' API, read
+/// as the relay reads them, then renamed and appended; the rewritten event is read the same
+/// (kind, usage, error, the response it names), and every `model` it held that named the replica's
+/// model names the public one. Panics on a difference: the `agents_judge` fuzz target calls it.
+pub fn check_agents(bytes: &[u8]) {
+    for dialect in [Dialect::Responses, Dialect::Messages] {
+        let mut events = Vec::new();
+        let mut s = protocol::sse::EventSplitter::default();
+        s.feed(bytes, |e| events.push(e));
+        events.push(s.rest());
+        let rename = Rename::new("up", "public");
+        for e in &events {
+            let read = Event::read_in(Some(dialect), e);
+            let mut out = BytesMut::new();
+            read.append(Some(&rename), &mut out);
+            let again = Event::read_in(Some(dialect), &out);
+            assert_eq!(
+                (
+                    &read.judgement.kind,
+                    &read.judgement.usage,
+                    &read.judgement.error,
+                    &read.named
+                ),
+                (
+                    &again.judgement.kind,
+                    &again.judgement.usage,
+                    &again.judgement.error,
+                    &again.named
+                ),
+                "{dialect:?}: {:?} became {:?}",
+                String::from_utf8_lossy(e),
+                String::from_utf8_lossy(&out)
+            );
+            let models = |data: &[u8]| -> Vec<Option<String>> {
+                let v: serde_json::Value = serde_json::from_slice(data).unwrap_or_default();
+                let at = |p: Option<&serde_json::Value>| {
+                    p.and_then(|x| x.get("model"))
+                        .and_then(|m| m.as_str())
+                        .map(str::to_owned)
+                };
+                vec![at(Some(&v)), at(v.get("response")), at(v.get("message"))]
+            };
+            if out[..] != e[..] {
+                let (before, after) = (models(read.data()), models(again.data()));
+                for (b, a) in before.iter().zip(&after) {
+                    let expected = b
+                        .as_ref()
+                        .map(|m| if m == "up" { "public".to_owned() } else { m.clone() });
+                    assert_eq!(a, &expected, "{dialect:?}: {:?}", String::from_utf8_lossy(&out));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -254,3 +254,25 @@ fn a_streams_next_chunks_are_read_the_short_way_and_judged_alike() {
         );
     }
 }
+
+/// The agents' streams as vLLM writes them, and as other servers might (a renamed model at each
+/// place it stands, pretty JSON over several lines, CR LF), hold to `check_agents`.
+#[test]
+fn the_agents_streams_read_alike_before_and_after_a_rename() {
+    for fixture in ["messages-stream.sse", "responses-stream.sse"] {
+        let path = format!(
+            "{}/../engine/tests/fixtures/vllm-0.32/{fixture}",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let text = std::fs::read_to_string(path).unwrap();
+        check_agents(text.as_bytes());
+        check_agents(text.replace("\"tiny\"", "\"up\"").as_bytes());
+        check_agents(
+            text.replace('\n', "\r\n")
+                .replace("\"tiny\"", "\"up\"")
+                .as_bytes(),
+        );
+    }
+    check_agents(b"event: message_start\ndata: {\"type\":\"message_start\",\ndata: \"message\":{\"id\":\"m\",\"model\":\"up\",\"usage\":{\"input_tokens\":3}}}\n\n");
+    check_agents(b"data: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"x\"},\"model\":\"up\"}\n\n");
+}
