@@ -23,17 +23,18 @@
 
 mod handoff;
 mod health;
+pub(crate) mod node;
 
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
 use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
 use admission::{Admission, Limits, Permit, Rejection};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Script, ScriptInvocation};
+use redis::aio::ConnectionManagerConfig;
+use redis::{ErrorKind, Script, ScriptInvocation, ServerErrorKind};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -65,8 +66,8 @@ fn class_script(body: &str) -> Script {
 
 /// The connection to Redis and what this gateway holds there.
 pub(crate) struct SharedLimits {
-    client: redis::Client,
-    conn: OnceLock<ConnectionManager>,
+    /// The node holding the namespace, followed through failovers and slot moves.
+    nodes: node::Nodes,
     config: RedisConfig,
     /// `spillway:{namespace}`: the prefix, and hash tag, of every key.
     prefix: String,
@@ -98,6 +99,7 @@ pub(crate) struct SharedLimits {
     calls: IntCounterVec,
     seconds: HistogramVec,
     grant_seconds: Histogram,
+    node_changes: IntCounterVec,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -267,7 +269,8 @@ impl SharedLimits {
         password: Option<String>,
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
-        let client = client(url, password, config.tls.as_ref())?;
+        let prefix = format!("spillway:{{{}}}", config.namespace);
+        let nodes = nodes(url, password, config.tls.as_ref(), &prefix)?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
@@ -313,8 +316,17 @@ impl SharedLimits {
             ]),
         )
         .expect("metric definition");
+        let node_changes = IntCounterVec::new(
+            Opts::new(
+                "spillway_redis_node_changes_total",
+                "Moves of the shared limits to another Redis node, by how it was found (sentinel: a failover; cluster, moved: the namespace's slot moved)",
+            ),
+            &["found_by"],
+        )
+        .expect("metric definition");
         for m in [
             Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(node_changes.clone()),
             Box::new(changes.clone()),
             Box::new(calls.clone()),
             Box::new(seconds.clone()),
@@ -322,10 +334,8 @@ impl SharedLimits {
         ] {
             let _ = registry.register(m);
         }
-        let prefix = format!("spillway:{{{}}}", config.namespace);
         let shared = SharedLimits {
-            client,
-            conn: OnceLock::new(),
+            nodes,
             config: config.clone(),
             live: format!("{prefix}:gateways"),
             to: format!("{prefix}:to:"),
@@ -351,15 +361,16 @@ impl SharedLimits {
             calls,
             seconds,
             grant_seconds,
+            node_changes,
         };
         shared.set_mode(false);
         Ok(Arc::new(shared))
     }
 
     /// Opens the connection and starts the background work: renewals, the probe that finds Redis
-    /// again, the subscriber that wakes this gateway's waiters and their backstop poll; the
-    /// caller ends them.
-    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 3] {
+    /// again, the subscriber that wakes this gateway's waiters and their backstop poll, and
+    /// under Sentinel or Cluster the search for the node that moved; the caller ends them.
+    pub(crate) fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         // The client's own response timeout only unsticks a connection that hangs (then it
         // reconnects): each call has its budget (see `call`), and a slow answer is an answer.
         let config = ConnectionManagerConfig::new()
@@ -367,17 +378,25 @@ impl SharedLimits {
             .set_response_timeout(Some(self.background_budget()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
-            Ok(conn) => {
-                let _ = self.conn.set(conn);
-            }
-            Err(e) => tracing::warn!(error = ?e.kind(), "cannot set up the Redis connection"),
-        }
-        [
+        self.nodes.start(config);
+        let mut tasks = vec![
             tokio::spawn(self.clone().keep_leases()),
             tokio::spawn(self.clone().listen()),
             tokio::spawn(self.clone().backstop()),
-        ]
+        ];
+        if self.nodes.follows() {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move {
+                me.nodes
+                    .follow(|found_by| me.node_changes.with_label_values(&[found_by]).inc())
+                    .await;
+            }));
+        }
+        if self.nodes.is_sentinel() {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move { me.nodes.hear_sentinels().await }));
+        }
+        tasks
     }
 
     /// Limits are shared right now.
@@ -444,12 +463,8 @@ impl SharedLimits {
         invocation: &ScriptInvocation<'_>,
         budget: Duration,
     ) -> Result<T, Unavailable> {
-        let Some(conn) = self.conn.get() else {
-            return Err(Unavailable);
-        };
-        let mut conn = conn.clone();
         let start = Instant::now();
-        let answer = invocation.invoke_async::<T>(&mut conn);
+        let answer = self.run(invocation);
         tokio::pin!(answer);
         let silent = tokio::time::sleep_until(start + self.config.down_after);
         tokio::pin!(silent);
@@ -490,16 +505,73 @@ impl SharedLimits {
                 Ok(v)
             }
             Some(Err(e)) => {
+                self.nodes.suspect(&e);
                 if self.health.failed(self.config.down_after) {
                     self.fall_back(&format!("{op}: {e}"));
                 }
                 Err(Unavailable)
             }
             None => {
+                // Silence may be a primary cut off from the rest: look where the namespace is.
+                self.nodes.announce();
                 if self.health.failed(self.config.down_after) {
                     self.fall_back(&format!("{op}: no answer within {budget:?}"));
                 }
                 Err(Unavailable)
+            }
+        }
+    }
+
+    /// Runs a script on the node holding the namespace, following Redis Cluster's redirections
+    /// (after which the script has not run, so running it again is safe): MOVED to the node
+    /// named, ASK once there, TRYAGAIN after a pause. The caller bounds the time.
+    async fn run<T: redis::FromRedisValue>(
+        &self,
+        invocation: &ScriptInvocation<'_>,
+    ) -> redis::RedisResult<T> {
+        const REDIRECTS: usize = 5;
+        let mut tries = 0;
+        loop {
+            let Some(node) = self.nodes.current() else {
+                self.nodes.announce();
+                return Err(redis::RedisError::from((
+                    ErrorKind::Io,
+                    "no Redis node found yet",
+                )));
+            };
+            let mut conn = node.conn.clone();
+            let r = invocation.invoke_async::<T>(&mut conn).await;
+            tries += 1;
+            let Err(e) = &r else { return r };
+            if tries > REDIRECTS {
+                return r;
+            }
+            match e.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved) => {
+                    let Some((host, port)) = e.redirect_node().and_then(|(a, _)| node::split_addr(a)) else {
+                        return r;
+                    };
+                    if self.nodes.switch(host, port, "moved") {
+                        self.node_changes.with_label_values(&["moved"]).inc();
+                    }
+                }
+                ErrorKind::Server(ServerErrorKind::Ask) => {
+                    let Some((addr, _)) = e.redirect_node() else {
+                        return r;
+                    };
+                    let addr = addr.to_owned();
+                    let asked = self.nodes.asking(&addr, invocation).await;
+                    // Asked again by the node asked: the migration ends soon; try from the start.
+                    if !matches!(&asked, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)) {
+                        return asked;
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                // A slot's keys are split between two nodes for a moment while it migrates.
+                ErrorKind::Server(ServerErrorKind::TryAgain) => {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                _ => return r,
             }
         }
     }
@@ -901,59 +973,67 @@ impl SharedLimits {
     }
 }
 
-/// The Redis client: the URL (`redis://` or `rediss://`), the password from the environment, and
-/// for TLS the CA and client certificate of `redis.tls`. Errors name the part that is wrong,
-/// never the URL or the password.
-fn client(
+/// The nodes holding the namespace: the URL (`redis://`, `rediss://`, `redis+sentinel://…` or
+/// `redis+cluster://…`, see [`node::parse`]), the password from the environment, and for TLS
+/// the CA and client certificate of `redis.tls`. Errors name the part that is wrong, never the
+/// URL or the password.
+fn nodes(
     url: &str,
     password: Option<String>,
     tls: Option<&crate::config::RedisTls>,
-) -> Result<redis::Client, crate::config::ConfigError> {
+    prefix: &str,
+) -> Result<node::Nodes, crate::config::ConfigError> {
     use redis::IntoConnectionInfo;
     let bad_url = |e: redis::RedisError| {
         crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
     };
-    let mut info = url.into_connection_info().map_err(bad_url)?;
+    let parsed = node::parse(url)
+        .map_err(|why| crate::config::err("redis.url_env", format!("not a Redis URL: {why}")))?;
+    let mut info = parsed.node_url.as_str().into_connection_info().map_err(bad_url)?;
     if let Some(p) = password {
         let settings = info.redis_settings().clone().set_password(p);
         info = info.set_redis_settings(settings);
     }
-    let Some(tls) = tls else {
-        return redis::Client::open(info).map_err(bad_url);
-    };
-    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-        return Err(crate::config::err(
-            "redis.tls",
-            "is for a rediss:// URL; this one is not TLS",
-        ));
-    }
-    let read = |field: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
-    };
-    let root_cert = match &tls.ca_file {
-        Some(p) => Some(read("redis.tls.ca_file", p)?),
+    let certificates = match tls {
         None => None,
+        Some(tls) => {
+            if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+                return Err(crate::config::err(
+                    "redis.tls",
+                    "is for a rediss:// URL; this one is not TLS",
+                ));
+            }
+            let read = |field: &str, path: &std::path::Path| {
+                std::fs::read(path)
+                    .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
+            };
+            let root_cert = match &tls.ca_file {
+                Some(p) => Some(read("redis.tls.ca_file", p)?),
+                None => None,
+            };
+            let client_tls = match (&tls.cert_file, &tls.key_file) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read("redis.tls.cert_file", cert)?,
+                    client_key: read("redis.tls.key_file", key)?,
+                }),
+                _ => None,
+            };
+            Some(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            })
+        }
     };
-    let client_tls = match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-            client_cert: read("redis.tls.cert_file", cert)?,
-            client_key: read("redis.tls.key_file", key)?,
-        }),
-        _ => None,
-    };
-    redis::Client::build_with_tls(
-        info,
-        redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )
-    .map_err(|e| {
-        crate::config::err(
-            "redis.tls",
-            format!("the certificates are not usable ({:?})", e.kind()),
-        )
+    let has_tls = certificates.is_some();
+    node::Nodes::new(parsed.topology, info, certificates, prefix.to_owned()).map_err(|e| {
+        if has_tls {
+            crate::config::err(
+                "redis.tls",
+                format!("the certificates are not usable ({:?})", e.kind()),
+            )
+        } else {
+            bad_url(e)
+        }
     })
 }
 

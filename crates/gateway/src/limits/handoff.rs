@@ -130,25 +130,41 @@ impl SharedLimits {
     /// after a pause when the subscription breaks.
     pub(super) async fn listen(self: Arc<Self>) {
         let channel = format!("{}{}", self.to, self.gateway);
+        let mut node_changed = self.nodes.watch();
         loop {
+            node_changed.borrow_and_update();
+            let Some(node) = self.nodes.current() else {
+                let _ = tokio::time::timeout(super::PROBE, node_changed.changed()).await;
+                continue;
+            };
             if let Ok(Ok(mut pubsub)) =
-                tokio::time::timeout(self.config.down_after, self.client.get_async_pubsub()).await
+                tokio::time::timeout(self.config.down_after, node.client.get_async_pubsub()).await
                 && pubsub.subscribe(&channel).await.is_ok()
             {
                 self.waiters.subscribed.store(true, Ordering::Release);
                 self.waiters.subscriptions.fetch_add(1, Ordering::AcqRel);
                 let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    let Some((told, member, at)) = parse(msg.get_payload_bytes()) else {
-                        continue;
-                    };
-                    if self.waiters.tell(member, told) && told == Told::Granted {
-                        self.grant_latency(at);
+                loop {
+                    tokio::select! {
+                        msg = messages.next() => {
+                            let Some(msg) = msg else { break };
+                            let Some((told, member, at)) = parse(msg.get_payload_bytes()) else {
+                                continue;
+                            };
+                            if self.waiters.tell(member, told) && told == Told::Granted {
+                                self.grant_latency(at);
+                            }
+                        }
+                        // The namespace moved (a failover): listen where grants are published.
+                        _ = node_changed.changed() => break,
                     }
                 }
                 self.waiters.subscribed.store(false, Ordering::Release);
+                if node_changed.has_changed().unwrap_or(false) {
+                    continue;
+                }
             }
-            tokio::time::sleep(super::PROBE).await;
+            let _ = tokio::time::timeout(super::PROBE, node_changed.changed()).await;
         }
     }
 

@@ -1,0 +1,340 @@
+//! Shared limits on the Redis deployments operators run for availability, all real Debian
+//! servers on loopback: a primary, a replica and three sentinels whose primary is killed under
+//! load; a three-node Redis Cluster whose slot moves.
+
+use crate::shared::{Gw, Statuses, closed_loop, metrics, one};
+use crate::support::{engine, tiny};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+/// `redis-server` is there; else `None` with the reason printed (scripts/test.sh installs it, and
+/// `redis-sentinel`, which is the same program: `redis-server --sentinel` stands in for it).
+fn installed() -> bool {
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_ok()
+    {
+        return true;
+    }
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "redis-server is missing on CI: scripts/test.sh installs it"
+    );
+    eprintln!("skipped: redis-server is not installed (scripts/test.sh installs it)");
+    false
+}
+
+async fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .await
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// One server process on its own port, killed when dropped.
+struct Server {
+    port: u16,
+    child: Child,
+}
+
+impl Server {
+    /// A data node (`extra`: its replication or cluster settings) in `dir`.
+    async fn redis(dir: &std::path::Path, extra: &[&str]) -> Server {
+        let port = free_port().await;
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
+            .args(["--dir", &dir.display().to_string()])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-server starts");
+        let s = Server { port, child };
+        s.answers().await;
+        s
+    }
+
+    /// A sentinel watching `primary` as `m` (quorum 2), quick to judge it down (1 s).
+    async fn sentinel(dir: &std::path::Path, primary: u16) -> Server {
+        let port = free_port().await;
+        let conf = dir.join(format!("sentinel-{port}.conf"));
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
+                 sentinel monitor m 127.0.0.1 {primary} 2\n\
+                 sentinel down-after-milliseconds m 1000\n\
+                 sentinel failover-timeout m 4000\nsentinel parallel-syncs m 1\n",
+                dir.display()
+            ),
+        )
+        .unwrap();
+        let has_sentinel = std::process::Command::new("redis-sentinel")
+            .arg("--version")
+            .output()
+            .is_ok();
+        let mut cmd = Command::new(if has_sentinel {
+            "redis-sentinel"
+        } else {
+            "redis-server"
+        });
+        cmd.arg(&conf);
+        if !has_sentinel {
+            cmd.arg("--sentinel");
+        }
+        let child = cmd
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("redis-sentinel starts");
+        let s = Server { port, child };
+        s.answers().await;
+        s
+    }
+
+    async fn conn(&self) -> Option<redis::aio::MultiplexedConnection> {
+        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .ok()
+    }
+
+    async fn query<T: redis::FromRedisValue>(&self, cmd: &redis::Cmd) -> Option<T> {
+        cmd.query_async(&mut self.conn().await?).await.ok()
+    }
+
+    async fn answers(&self) {
+        for _ in 0..400 {
+            if self.query::<String>(&redis::cmd("PING")).await.is_some() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("the server on port {} did not answer", self.port);
+    }
+
+    async fn kill(&mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+async fn gateways(yaml: &str, url: &str, engine: &engine::RunningEngine) -> Vec<Gw> {
+    let mut out = Vec::new();
+    for _ in 0..3 {
+        let options = testkit::GatewayOptions {
+            replicas: vec![engine.url()],
+            env: vec![("SPILLWAY_REDIS_URL".into(), url.to_owned())],
+            ..testkit::GatewayOptions::default()
+        };
+        out.push(testkit::Gateway::start_with(yaml, options).await);
+    }
+    for g in &out {
+        assert!(
+            crate::support::eventually(Duration::from_secs(10), || g.gateway.limits_shared()
+                == Some(true))
+            .await,
+            "each gateway finds the primary and shares limits"
+        );
+    }
+    out
+}
+
+/// The value of a counter or gauge line of `g`'s metrics (0 if absent).
+async fn metric(g: &Gw, line_start: &str) -> u64 {
+    metrics(g)
+        .await
+        .lines()
+        .find(|l| l.starts_with(line_start))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// C = 6 over three gateways (a share of 2 each); Q and the wait large enough that the load
+/// below (24 closed-loop clients) is never refused, in shared mode or on the shares: every
+/// request must be served.
+const HA: &str = r#"
+listen: 127.0.0.1:0
+redis: { gateways: 3, lease_ttl: 3s, namespace: NS }
+routes:
+  - model: chat
+    upstream_model: sim
+    replicas: [{E0}]
+    timeouts: { connect: 1s, first_token: 30s, stream_idle: 10s, total: 60s }
+    classes:
+      - name: interactive
+        concurrency: 6
+        queue: 96
+        queue_wait: 20s
+"#;
+
+/// The engine's running count, peaked per phase (`phase` set by the test) every 0.5 ms.
+fn watch_peaks(
+    engine: &engine::RunningEngine,
+    phase: &Arc<AtomicUsize>,
+) -> (Arc<std::sync::Mutex<[usize; 4]>>, tokio::task::JoinHandle<()>) {
+    let peaks = Arc::new(std::sync::Mutex::new([0usize; 4]));
+    let (phase, p, e) = (phase.clone(), peaks.clone(), engine.engine.clone());
+    let task = tokio::spawn(async move {
+        loop {
+            let running = e.snapshot().running;
+            let i = phase.load(Ordering::Relaxed);
+            {
+                let mut k = p.lock().unwrap();
+                k[i] = k[i].max(running);
+            }
+            // The sampling interval of the peak, not a wait.
+            tokio::time::sleep(Duration::from_micros(500)).await;
+        }
+    });
+    (peaks, task)
+}
+
+/// Every request was answered in full: none lost to the move.
+fn all_served(statuses: &Statuses) -> usize {
+    let statuses = statuses.lock().unwrap();
+    for (status, body) in statuses.iter() {
+        assert_eq!(*status, 200, "a request lost to the move: {status} {body}");
+        assert!(body.contains("[DONE]"), "a stream cut short: {body}");
+    }
+    statuses.len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switchs_bound() {
+    if !installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut primary = Server::redis(dir.path(), &[]).await;
+    let replica = Server::redis(
+        dir.path(),
+        &["--replicaof", "127.0.0.1", &primary.port.to_string()],
+    )
+    .await;
+    let mut sentinels = Vec::new();
+    for _ in 0..3 {
+        sentinels.push(Server::sentinel(dir.path(), primary.port).await);
+    }
+    // A failover needs the replica in sync, and each sentinel to know the replica and the two
+    // other sentinels (they meet through the primary every 2 s).
+    let ready = testkit::poll(
+        Duration::from_secs(30),
+        || async {
+            let mut ok = replica
+                .query::<redis::InfoDict>(&redis::cmd("INFO").arg("replication"))
+                .await
+                .and_then(|i| i.get::<String>("master_link_status"))
+                .is_some_and(|s| s == "up");
+            for s in &sentinels {
+                let others: Vec<redis::Value> = s
+                    .query(&redis::cmd("SENTINEL").arg("sentinels").arg("m"))
+                    .await
+                    .unwrap_or_default();
+                let replicas: Vec<redis::Value> = s
+                    .query(&redis::cmd("SENTINEL").arg("replicas").arg("m"))
+                    .await
+                    .unwrap_or_default();
+                ok &= others.len() == 2 && replicas.len() == 1;
+            }
+            ok
+        },
+        |ok| *ok,
+    )
+    .await;
+    assert!(ready, "the sentinels know each other and the replica");
+    let hosts: Vec<String> = sentinels
+        .iter()
+        .map(|s| format!("127.0.0.1:{}", s.port))
+        .collect();
+    let url = format!("redis+sentinel://{}/m", hosts.join(","));
+    let engine = engine(tiny()).await;
+    let gws = gateways(&HA.replace("NS", "failover"), &url, &engine).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let statuses: Statuses = Arc::default();
+    let load = closed_loop(&gws, &stop, &statuses);
+    let phase = Arc::new(AtomicUsize::new(0));
+    let (peaks, watcher) = watch_peaks(&engine, &phase);
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), || statuses.lock().unwrap().len() >= 24).await,
+        "the load runs"
+    );
+    // Phase 1: from the kill until every gateway shares again on the new primary.
+    phase.store(1, Ordering::Relaxed);
+    let served_before = statuses.lock().unwrap().len();
+    primary.kill().await;
+    let killed = Instant::now();
+    let mut went_local = 0;
+    let deadline = killed + Duration::from_secs(30);
+    let followed = loop {
+        let mut moved = 0;
+        for g in &gws {
+            moved += metric(g, "spillway_redis_node_changes_total{found_by=\"sentinel\"}").await;
+        }
+        let shared = gws.iter().all(|g| g.gateway.limits_shared() == Some(true));
+        if gws.iter().any(|g| g.gateway.limits_shared() == Some(false)) {
+            went_local = went_local.max(
+                gws.iter()
+                    .filter(|g| g.gateway.limits_shared() == Some(false))
+                    .count(),
+            );
+        }
+        if moved == 3 && shared {
+            break killed.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateways follow the failover within 30 s (moved: {moved} of 3)"
+        );
+        // The interval of the check, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Phase 2: the first 300 ms shared again; phase 3: a second shared on the new primary.
+    phase.store(2, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    phase.store(3, Ordering::Relaxed);
+    let served_switch = statuses.lock().unwrap().len() - served_before;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    watcher.abort();
+    let peaks = *peaks.lock().unwrap();
+    let total = all_served(&statuses);
+    eprintln!(
+        "failover followed {followed:?} after the kill ({went_local} of 3 gateways on their \
+         shares meanwhile); {total} requests, all served ({served_switch} during the switch); \
+         engine running, peaks: before {}, switch {}, first 300 ms after {}, after {}",
+        peaks[0], peaks[1], peaks[2], peaks[3]
+    );
+    // The new primary is the old replica, and holds the three gateways and their leases.
+    let live: u64 = replica
+        .query(&redis::cmd("ZCARD").arg("spillway:{failover}:gateways"))
+        .await
+        .unwrap();
+    assert_eq!(live, 3, "every gateway renews on the new primary");
+    let role: Vec<redis::Value> = replica.query(&redis::cmd("ROLE")).await.unwrap();
+    assert_eq!(role[0], redis::Value::BulkString(b"master".to_vec()));
+    // C = 6 while shared; at the switch the documented bound C + (gateways − 1) × share: a
+    // gateway over its share when Redis went admits nobody until it is under it, while the
+    // others fill theirs (docs/scaling.md).
+    assert!(peaks[0] <= 6, "before: {} at once, C is 6", peaks[0]);
+    assert!(peaks[1] <= 6 + 2 * 2, "at the switch: {} at once", peaks[1]);
+    assert!(peaks[2] <= 6 + 2, "sharing again: {} at once", peaks[2]);
+    assert!(peaks[3] <= 6, "after: {} at once, C is 6", peaks[3]);
+    assert_eq!(one(gws[0].url.clone(), 4).await.0, 200);
+    drop(sentinels);
+}
