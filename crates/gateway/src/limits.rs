@@ -42,6 +42,8 @@ use tokio::time::Instant;
 const PROBE: Duration = Duration::from_millis(500);
 /// How often a gateway that found Redis again checks whether every gateway has.
 const REJOIN_POLL: Duration = Duration::from_millis(20);
+/// At most this many releases wait for Redis to answer again (see `Unreleased`).
+const MAX_UNRELEASED: usize = 10_000;
 /// At most one "Redis is slow" warning this often.
 const SLOW_LOG: Duration = Duration::from_secs(60);
 const LANE_CRITICAL: u8 = 0;
@@ -93,6 +95,8 @@ pub(crate) struct SharedLimits {
     classes: Mutex<HashMap<String, Arc<Class>>>,
     /// The leases to renew: set key → members.
     held: Mutex<HashMap<String, HashSet<String>>>,
+    /// Releases that failed, sent again once Redis answers.
+    unreleased: Mutex<Vec<Unreleased>>,
     scripts: Scripts,
     mode: IntGaugeVec,
     changes: IntCounterVec,
@@ -175,6 +179,18 @@ struct Class {
     fair: bool,
 }
 
+/// A release that Redis did not take: the request's slot, queue place or team slot would stay
+/// taken in Redis — a queue place until its deadline, and a slot granted to it meanwhile for a
+/// lease ttl — so it is sent again when Redis answers (after a failover, to the new primary).
+/// Sent again, it frees places only: the tokens and attained service it would have settled
+/// may have been settled by a first call whose answer was lost.
+struct Unreleased {
+    class: Arc<Class>,
+    parallel: String,
+    tokens: String,
+    member: String,
+}
+
 struct TeamKeys {
     parallel: String,
     requests: String,
@@ -255,8 +271,18 @@ impl Drop for Lease {
                 .arg(service_used)
                 .arg(held_ms);
             let op = if granted { "release" } else { "dequeue" };
-            // A release that fails leaves the lease to expire within its ttl.
-            let _ = shared.call::<i64>(op, &call, shared.background_budget()).await;
+            if shared
+                .call::<i64>(op, &call, shared.background_budget())
+                .await
+                .is_err()
+            {
+                shared.unreleased(Unreleased {
+                    class,
+                    parallel,
+                    tokens,
+                    member,
+                });
+            }
         });
     }
 }
@@ -350,6 +376,7 @@ impl SharedLimits {
             waiters: handoff::Waiters::default(),
             classes: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            unreleased: Mutex::new(Vec::new()),
             scripts: Scripts {
                 acquire: class_script(include_str!("limits/acquire.lua")),
                 release: class_script(include_str!("limits/release.lua")),
@@ -877,12 +904,15 @@ impl SharedLimits {
         loop {
             if self.is_shared() {
                 tokio::time::sleep(every).await;
-                let _ = self.renew_with(false, 0).await;
+                if self.renew_with(false, 0).await.is_ok() {
+                    self.release_again().await;
+                }
                 continue;
             }
             let since = rejoining.map_or(0, |(_, since)| since);
             match self.renew_with(true, since).await {
                 Ok((live, now)) => {
+                    self.release_again().await;
                     let (started, _) = *rejoining.get_or_insert((Instant::now(), now));
                     self.rejoining.store(true, Ordering::Release);
                     let all_back = since > 0 && live >= self.config.gateways.get();
@@ -906,6 +936,40 @@ impl SharedLimits {
             // Rejoining, gateways check often: one that shares while another still admits on its
             // own share alone can let the total pass C.
             tokio::time::sleep(if rejoining.is_some() { REJOIN_POLL } else { PROBE }).await;
+        }
+    }
+
+    /// Keeps a release Redis did not take, to send again when it answers.
+    fn unreleased(&self, r: Unreleased) {
+        let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
+        if list.len() < MAX_UNRELEASED {
+            list.push(r);
+        }
+    }
+
+    /// Sends again the releases Redis did not take; those failing again are kept.
+    async fn release_again(&self) {
+        let list = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in list {
+            let mut call = self.invoke(&self.scripts.release, &r.class);
+            // Tokens and service unknown (-1): only the places are freed (see `Unreleased`).
+            call.key(&r.parallel)
+                .key(&r.tokens)
+                .arg(&r.member)
+                .arg(0)
+                .arg(0)
+                .arg(-1)
+                .arg("")
+                .arg(0)
+                .arg(-1)
+                .arg(0);
+            if self
+                .call::<i64>("release_again", &call, self.background_budget())
+                .await
+                .is_err()
+            {
+                self.unreleased(r);
+            }
         }
     }
 
