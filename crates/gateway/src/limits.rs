@@ -104,6 +104,7 @@ pub(crate) struct SharedLimits {
     seconds: HistogramVec,
     grant_seconds: Histogram,
     node_changes: IntCounterVec,
+    redirections: IntCounterVec,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -350,8 +351,17 @@ impl SharedLimits {
             &["found_by"],
         )
         .expect("metric definition");
+        let redirections = IntCounterVec::new(
+            Opts::new(
+                "spillway_redis_redirections_total",
+                "Redis Cluster's answers that sent a call elsewhere, by answer (moved, ask, tryagain): the namespace's slot moving",
+            ),
+            &["answer"],
+        )
+        .expect("metric definition");
         for m in [
             Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(redirections.clone()),
             Box::new(node_changes.clone()),
             Box::new(changes.clone()),
             Box::new(calls.clone()),
@@ -389,6 +399,7 @@ impl SharedLimits {
             seconds,
             grant_seconds,
             node_changes,
+            redirections,
         };
         shared.set_mode(false);
         Ok(Arc::new(shared))
@@ -551,30 +562,43 @@ impl SharedLimits {
 
     /// Runs a script on the node holding the namespace, following Redis Cluster's redirections
     /// (after which the script has not run, so running it again is safe): MOVED to the node
-    /// named, ASK once there, TRYAGAIN after a pause. The caller bounds the time.
+    /// named (a few times at most: two nodes that disagree are not followed forever), ASK once
+    /// there, TRYAGAIN after a pause, for as long as the migration lasts. The caller bounds the
+    /// time.
     async fn run<T: redis::FromRedisValue>(
         &self,
         invocation: &ScriptInvocation<'_>,
     ) -> redis::RedisResult<T> {
-        const REDIRECTS: usize = 5;
-        let mut tries = 0;
+        const MOVES: usize = 3;
+        const PAUSE: Duration = Duration::from_millis(5);
+        let mut moves = 0;
         loop {
             let Some(node) = self.nodes.current() else {
+                // At start under Sentinel or Cluster: the search is under way; the caller
+                // bounds the wait.
                 self.nodes.announce();
-                return Err(redis::RedisError::from((
-                    ErrorKind::Io,
-                    "no Redis node found yet",
-                )));
+                let mut found = self.nodes.watch();
+                if found.wait_for(Option::is_some).await.is_err() {
+                    return Err(redis::RedisError::from((ErrorKind::Io, "no Redis node found")));
+                }
+                continue;
             };
             let mut conn = node.conn.clone();
             let r = invocation.invoke_async::<T>(&mut conn).await;
-            tries += 1;
             let Err(e) = &r else { return r };
-            if tries > REDIRECTS {
-                return r;
-            }
+            let answer = match e.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved) => "moved",
+                ErrorKind::Server(ServerErrorKind::Ask) => "ask",
+                ErrorKind::Server(ServerErrorKind::TryAgain) => "tryagain",
+                _ => return r,
+            };
+            self.redirections.with_label_values(&[answer]).inc();
             match e.kind() {
                 ErrorKind::Server(ServerErrorKind::Moved) => {
+                    moves += 1;
+                    if moves > MOVES {
+                        return r;
+                    }
                     let Some((host, port)) = e.redirect_node().and_then(|(a, _)| node::split_addr(a)) else {
                         return r;
                     };
@@ -592,13 +616,11 @@ impl SharedLimits {
                     if !matches!(&asked, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)) {
                         return asked;
                     }
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    self.redirections.with_label_values(&["tryagain"]).inc();
+                    tokio::time::sleep(PAUSE).await;
                 }
                 // A slot's keys are split between two nodes for a moment while it migrates.
-                ErrorKind::Server(ServerErrorKind::TryAgain) => {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-                _ => return r,
+                _ => tokio::time::sleep(PAUSE).await,
             }
         }
     }

@@ -341,3 +341,229 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
     assert_eq!(one(gws[0].url.clone(), 4).await.0, 200);
     drop(sentinels);
 }
+
+/// `CLUSTER NODES` says that `s` itself serves `slot`.
+async fn serves(s: &Server, slot: u16) -> bool {
+    let nodes: String = s.query(&redis::cmd("CLUSTER").arg("NODES")).await.unwrap();
+    let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
+        return false;
+    };
+    me.split_whitespace().skip(8).any(|range| {
+        let (a, b) = range.split_once('-').unwrap_or((range, range));
+        matches!((a.parse::<u16>(), b.parse::<u16>()), (Ok(a), Ok(b)) if (a..=b).contains(&slot))
+    })
+}
+
+/// A node's id in its cluster.
+async fn node_id(s: &Server) -> String {
+    s.query(&redis::cmd("CLUSTER").arg("MYID")).await.unwrap()
+}
+
+/// Moves `slot` from `from` to `to` as `redis-cli --cluster reshard` does (MIGRATING /
+/// IMPORTING, MIGRATE, then SETSLOT NODE everywhere), one key at a time and 20 ms apart, so
+/// that the gateways, writing to it meanwhile, find its keys split between the two nodes.
+async fn migrate(slot: u16, from: &Server, to: &Server, all: &[Server]) {
+    let (from_id, to_id) = (node_id(from).await, node_id(to).await);
+    let setslot = |state: &str, id: &str| {
+        redis::cmd("CLUSTER")
+            .arg("SETSLOT")
+            .arg(slot)
+            .arg(state)
+            .arg(id)
+            .clone()
+    };
+    let _: () = to.query(&setslot("IMPORTING", &from_id)).await.unwrap();
+    let _: () = from.query(&setslot("MIGRATING", &to_id)).await.unwrap();
+    let mut moved = 0;
+    loop {
+        let keys: Vec<String> = from
+            .query(&redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
+            .await
+            .unwrap();
+        if keys.is_empty() {
+            break;
+        }
+        moved += keys.len();
+        let r: Option<String> = from
+            .query(
+                redis::cmd("MIGRATE")
+                    .arg("127.0.0.1")
+                    .arg(to.port)
+                    .arg("")
+                    .arg(0)
+                    .arg(5000)
+                    .arg("REPLACE")
+                    .arg("KEYS")
+                    .arg(&keys),
+            )
+            .await;
+        assert!(r.is_some(), "MIGRATE of {keys:?}");
+        // The pace of the migration, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for s in std::iter::once(to).chain(std::iter::once(from)).chain(all) {
+        let _: () = s.query(&setslot("NODE", &to_id)).await.unwrap();
+    }
+    eprintln!("migrated {moved} keys of slot {slot}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slot_moves() {
+    if !installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = Vec::new();
+    for i in 0..3 {
+        let conf = format!("nodes-{i}.conf");
+        nodes.push(
+            Server::redis(
+                dir.path(),
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    &conf,
+                    "--cluster-node-timeout",
+                    "1000",
+                ],
+            )
+            .await,
+        );
+    }
+    let addrs: Vec<String> = nodes.iter().map(|s| format!("127.0.0.1:{}", s.port)).collect();
+    let out = Command::new("redis-cli")
+        .args(["--cluster", "create"])
+        .args(&addrs)
+        .args(["--cluster-replicas", "0", "--cluster-yes"])
+        .output()
+        .await
+        .expect("redis-cli runs");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let ok = testkit::poll(
+        Duration::from_secs(20),
+        || async {
+            let mut ok = true;
+            for n in &nodes {
+                let info: String = n
+                    .query(&redis::cmd("CLUSTER").arg("INFO"))
+                    .await
+                    .unwrap_or_default();
+                ok &= info.contains("cluster_state:ok");
+            }
+            ok
+        },
+        |ok| *ok,
+    )
+    .await;
+    assert!(ok, "the cluster forms");
+    let slot: u16 = nodes[0]
+        .query(&redis::cmd("CLUSTER").arg("KEYSLOT").arg("spillway:{cluster}"))
+        .await
+        .unwrap();
+    let mut owner = None;
+    for (i, n) in nodes.iter().enumerate() {
+        if serves(n, slot).await {
+            owner = Some(i);
+        }
+    }
+    let owner = owner.expect("a node serves the namespace's slot");
+    // The gateways are given the two other nodes only: the first call is redirected (MOVED).
+    let seeds: Vec<&String> = addrs
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != owner)
+        .map(|(_, a)| a)
+        .collect();
+    let url = format!("redis+cluster://{},{}", seeds[0], seeds[1]);
+    let engine = engine(tiny()).await;
+    let gws = gateways(&HA.replace("NS", "cluster"), &url, &engine).await;
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let statuses: Statuses = Arc::default();
+    let load = closed_loop(&gws, &stop, &statuses);
+    let phase = Arc::new(AtomicUsize::new(0));
+    let (peaks, watcher) = watch_peaks(&engine, &phase);
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), || statuses.lock().unwrap().len() >= 24).await,
+        "the load runs"
+    );
+    let keys: i64 = nodes[owner]
+        .query(&redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
+        .await
+        .unwrap();
+    assert!(keys > 0, "the namespace's keys are on the slot's owner");
+    // Phase 1: the slot moves to the next node under load.
+    phase.store(1, Ordering::Relaxed);
+    let target = (owner + 1) % 3;
+    let started = Instant::now();
+    migrate(slot, &nodes[owner], &nodes[target], &nodes).await;
+    let took = started.elapsed();
+    // Phase 2: a second and a half on the new owner.
+    phase.store(2, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    watcher.abort();
+    let peaks = *peaks.lock().unwrap();
+    let total = all_served(&statuses);
+    let mut followed = 0;
+    let mut failed = 0;
+    let mut redirected = [0; 3];
+    for g in &gws {
+        followed += metric(g, "spillway_redis_node_changes_total{found_by=\"moved\"}").await
+            + metric(g, "spillway_redis_node_changes_total{found_by=\"cluster\"}").await;
+        for (i, answer) in ["moved", "ask", "tryagain"].iter().enumerate() {
+            redirected[i] += metric(
+                g,
+                &format!("spillway_redis_redirections_total{{answer=\"{answer}\"}}"),
+            )
+            .await;
+        }
+        for op in ["acquire", "release", "renew"] {
+            failed += metric(
+                g,
+                &format!("spillway_redis_calls_total{{op=\"{op}\",outcome=\"error\"}}"),
+            )
+            .await;
+        }
+    }
+    eprintln!(
+        "slot {slot} moved from node {owner} to {target} in {took:?}; {total} requests, all \
+         served; {failed} failed calls; gateways followed {followed} times; redirections \
+         (moved, ask, tryagain) {redirected:?}; engine running, peaks: \
+         before {}, migrating {}, after {}",
+        peaks[0], peaks[1], peaks[2]
+    );
+    for g in &gws {
+        assert_eq!(
+            g.gateway.limits_shared(),
+            Some(true),
+            "no gateway left shared mode"
+        );
+    }
+    assert!(followed >= 3, "each gateway followed the slot to its new owner");
+    assert_eq!(failed, 0, "no call failed: each redirection was followed");
+    assert!(redirected[0] >= 3, "MOVED answers followed: {redirected:?}");
+    assert!(
+        redirected[1] + redirected[2] > 0,
+        "the slot's keys were met split between two nodes (ASK, TRYAGAIN): {redirected:?}"
+    );
+    let live: u64 = nodes[target]
+        .query(&redis::cmd("ZCARD").arg("spillway:{cluster}:gateways"))
+        .await
+        .unwrap();
+    assert_eq!(live, 3, "the gateways renew on the new owner");
+    assert!(peaks[0] <= 6, "before: {} at once, C is 6", peaks[0]);
+    // A call that a redirection could not complete in time serves its request on the
+    // gateway's share: at most C + gateways × share while the slot moves.
+    assert!(peaks[1] <= 6 + 3 * 2, "migrating: {} at once", peaks[1]);
+    assert!(peaks[2] <= 6, "after: {} at once, C is 6", peaks[2]);
+    assert!(peaks[2] >= 5, "after: only {} at once", peaks[2]);
+}
