@@ -53,6 +53,8 @@ impl Server {
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--protected-mode", "no"])
             .args(["--dir", &dir.display().to_string()])
+            // A replica's first sync at once, not 5 s later.
+            .args(["--repl-diskless-sync-delay", "0"])
             .args(extra)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -183,8 +185,8 @@ routes:
 fn watch_peaks(
     engine: &engine::RunningEngine,
     phase: &Arc<AtomicUsize>,
-) -> (Arc<std::sync::Mutex<[usize; 4]>>, tokio::task::JoinHandle<()>) {
-    let peaks = Arc::new(std::sync::Mutex::new([0usize; 4]));
+) -> (Arc<std::sync::Mutex<[usize; 6]>>, tokio::task::JoinHandle<()>) {
+    let peaks = Arc::new(std::sync::Mutex::new([0usize; 6]));
     let (phase, p, e) = (phase.clone(), peaks.clone(), engine.engine.clone());
     let task = tokio::spawn(async move {
         loop {
@@ -233,17 +235,17 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
         Duration::from_secs(30),
         || async {
             let mut ok = replica
-                .query::<redis::InfoDict>(&redis::cmd("INFO").arg("replication"))
+                .query::<redis::InfoDict>(redis::cmd("INFO").arg("replication"))
                 .await
                 .and_then(|i| i.get::<String>("master_link_status"))
                 .is_some_and(|s| s == "up");
             for s in &sentinels {
                 let others: Vec<redis::Value> = s
-                    .query(&redis::cmd("SENTINEL").arg("sentinels").arg("m"))
+                    .query(redis::cmd("SENTINEL").arg("sentinels").arg("m"))
                     .await
                     .unwrap_or_default();
                 let replicas: Vec<redis::Value> = s
-                    .query(&redis::cmd("SENTINEL").arg("replicas").arg("m"))
+                    .query(redis::cmd("SENTINEL").arg("replicas").arg("m"))
                     .await
                     .unwrap_or_default();
                 ok &= others.len() == 2 && replicas.len() == 1;
@@ -322,7 +324,7 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
     );
     // The new primary is the old replica, and holds the three gateways and their leases.
     let live: u64 = replica
-        .query(&redis::cmd("ZCARD").arg("spillway:{failover}:gateways"))
+        .query(redis::cmd("ZCARD").arg("spillway:{failover}:gateways"))
         .await
         .unwrap();
     assert_eq!(live, 3, "every gateway renews on the new primary");
@@ -344,7 +346,7 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
 
 /// `CLUSTER NODES` says that `s` itself serves `slot`.
 async fn serves(s: &Server, slot: u16) -> bool {
-    let nodes: String = s.query(&redis::cmd("CLUSTER").arg("NODES")).await.unwrap();
+    let nodes: String = s.query(redis::cmd("CLUSTER").arg("NODES")).await.unwrap();
     let Some(me) = nodes.lines().find(|l| l.contains("myself")) else {
         return false;
     };
@@ -356,7 +358,7 @@ async fn serves(s: &Server, slot: u16) -> bool {
 
 /// A node's id in its cluster.
 async fn node_id(s: &Server) -> String {
-    s.query(&redis::cmd("CLUSTER").arg("MYID")).await.unwrap()
+    s.query(redis::cmd("CLUSTER").arg("MYID")).await.unwrap()
 }
 
 /// Moves `slot` from `from` to `to` as `redis-cli --cluster reshard` does (MIGRATING /
@@ -377,7 +379,7 @@ async fn migrate(slot: u16, from: &Server, to: &Server, all: &[Server]) {
     let mut moved = 0;
     loop {
         let keys: Vec<String> = from
-            .query(&redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
+            .query(redis::cmd("CLUSTER").arg("GETKEYSINSLOT").arg(slot).arg(1))
             .await
             .unwrap();
         if keys.is_empty() {
@@ -408,7 +410,7 @@ async fn migrate(slot: u16, from: &Server, to: &Server, all: &[Server]) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slot_moves() {
+async fn a_redis_cluster_is_followed_through_a_slot_migration_and_a_failover_under_load() {
     if !installed() {
         return;
     }
@@ -450,7 +452,7 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
             let mut ok = true;
             for n in &nodes {
                 let info: String = n
-                    .query(&redis::cmd("CLUSTER").arg("INFO"))
+                    .query(redis::cmd("CLUSTER").arg("INFO"))
                     .await
                     .unwrap_or_default();
                 ok &= info.contains("cluster_state:ok");
@@ -462,7 +464,7 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
     .await;
     assert!(ok, "the cluster forms");
     let slot: u16 = nodes[0]
-        .query(&redis::cmd("CLUSTER").arg("KEYSLOT").arg("spillway:{cluster}"))
+        .query(redis::cmd("CLUSTER").arg("KEYSLOT").arg("spillway:{cluster}"))
         .await
         .unwrap();
     let mut owner = None;
@@ -472,6 +474,57 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
         }
     }
     let owner = owner.expect("a node serves the namespace's slot");
+    // The slot will move to `target`, which a fourth node replicates, to take over when it dies.
+    let target = (owner + 1) % 3;
+    let replica = Server::redis(
+        dir.path(),
+        &[
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes-3.conf",
+            "--cluster-node-timeout",
+            "1000",
+        ],
+    )
+    .await;
+    let target_id = node_id(&nodes[target]).await;
+    let _: () = replica
+        .query(
+            redis::cmd("CLUSTER")
+                .arg("MEET")
+                .arg("127.0.0.1")
+                .arg(nodes[target].port),
+        )
+        .await
+        .unwrap();
+    // Refused until the node is known through the cluster's gossip; asked once it is accepted
+    // (asking again would restart the sync).
+    let accepted = testkit::poll(
+        Duration::from_secs(20),
+        || async {
+            replica
+                .query::<()>(redis::cmd("CLUSTER").arg("REPLICATE").arg(&target_id))
+                .await
+                .is_some()
+        },
+        |ok| *ok,
+    )
+    .await;
+    assert!(accepted, "CLUSTER REPLICATE is accepted");
+    let replicating = testkit::poll(
+        Duration::from_secs(20),
+        || async {
+            replica
+                .query::<redis::InfoDict>(redis::cmd("INFO").arg("replication"))
+                .await
+                .and_then(|i| i.get::<String>("master_link_status"))
+                .is_some_and(|s| s == "up")
+        },
+        |ok| *ok,
+    )
+    .await;
+    assert!(replicating, "the fourth node replicates the slot's next owner");
     // The gateways are given the two other nodes only: the first call is redirected (MOVED).
     let seeds: Vec<&String> = addrs
         .iter()
@@ -493,19 +546,69 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
         "the load runs"
     );
     let keys: i64 = nodes[owner]
-        .query(&redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
+        .query(redis::cmd("CLUSTER").arg("COUNTKEYSINSLOT").arg(slot))
         .await
         .unwrap();
     assert!(keys > 0, "the namespace's keys are on the slot's owner");
     // Phase 1: the slot moves to the next node under load.
     phase.store(1, Ordering::Relaxed);
-    let target = (owner + 1) % 3;
     let started = Instant::now();
     migrate(slot, &nodes[owner], &nodes[target], &nodes).await;
     let took = started.elapsed();
     // Phase 2: a second and a half on the new owner.
     phase.store(2, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (followed, failed, redirected) = cluster_counts(&gws).await;
+    let migrated_peaks = *peaks.lock().unwrap();
+    eprintln!(
+        "slot {slot} moved from node {owner} to {target} in {took:?}; {failed} failed calls; \
+         gateways followed {followed} times; redirections (moved, ask, tryagain) {redirected:?}; \
+         engine running, peaks: before {}, migrating {}, after {}",
+        migrated_peaks[0], migrated_peaks[1], migrated_peaks[2]
+    );
+    for g in &gws {
+        assert_eq!(
+            g.gateway.limits_shared(),
+            Some(true),
+            "no gateway left shared mode"
+        );
+    }
+    assert!(followed >= 3, "each gateway followed the slot to its new owner");
+    assert_eq!(failed, 0, "no call failed: each redirection was followed");
+    assert!(redirected[0] >= 3, "MOVED answers followed: {redirected:?}");
+    assert!(
+        redirected[1] + redirected[2] > 0,
+        "the slot's keys were met split between two nodes (ASK, TRYAGAIN): {redirected:?}"
+    );
+    let live: u64 = nodes[target]
+        .query(redis::cmd("ZCARD").arg("spillway:{cluster}:gateways"))
+        .await
+        .unwrap();
+    assert_eq!(live, 3, "the gateways renew on the new owner");
+
+    // Phase 3: the new owner dies; its replica takes the slot over (cluster-node-timeout 1 s).
+    phase.store(3, Ordering::Relaxed);
+    nodes[target].kill().await;
+    let killed = Instant::now();
+    let deadline = killed + Duration::from_secs(30);
+    let after_kill = loop {
+        let (now_followed, _, _) = cluster_counts(&gws).await;
+        let shared = gws.iter().all(|g| g.gateway.limits_shared() == Some(true));
+        if now_followed >= followed + 3 && shared {
+            break killed.elapsed();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the gateways follow the cluster's failover within 30 s"
+        );
+        // The interval of the check, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Phase 4: the first 300 ms shared again; phase 5: a second after.
+    phase.store(4, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    phase.store(5, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
     stop.store(true, Ordering::Relaxed);
     for l in load {
         l.await.unwrap();
@@ -513,10 +616,35 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
     watcher.abort();
     let peaks = *peaks.lock().unwrap();
     let total = all_served(&statuses);
-    let mut followed = 0;
-    let mut failed = 0;
-    let mut redirected = [0; 3];
-    for g in &gws {
+    eprintln!(
+        "cluster failover followed {after_kill:?} after the kill; {total} requests in all, all \
+         served; engine running, peaks: failover {}, first 300 ms after {}, after {}",
+        peaks[3], peaks[4], peaks[5]
+    );
+    assert!(serves(&replica, slot).await, "the replica took the slot over");
+    let live: u64 = replica
+        .query(redis::cmd("ZCARD").arg("spillway:{cluster}:gateways"))
+        .await
+        .unwrap();
+    assert_eq!(live, 3, "the gateways renew on the promoted replica");
+    assert!(peaks[0] <= 6, "before: {} at once, C is 6", peaks[0]);
+    // A call that a redirection could not complete in time serves its request on the
+    // gateway's share: at most C + gateways × share while the slot moves.
+    assert!(peaks[1] <= 6 + 3 * 2, "migrating: {} at once", peaks[1]);
+    assert!(peaks[2] <= 6, "after the migration: {} at once, C is 6", peaks[2]);
+    assert!(peaks[2] >= 5, "after the migration: only {} at once", peaks[2]);
+    // The failover is an outage of down_after and more: the bound of the switch.
+    assert!(peaks[3] <= 6 + 2 * 2, "failover: {} at once", peaks[3]);
+    assert!(peaks[4] <= 6 + 2, "sharing again: {} at once", peaks[4]);
+    assert!(peaks[5] <= 6, "after the failover: {} at once, C is 6", peaks[5]);
+    assert!(peaks[5] >= 5, "after the failover: only {} at once", peaks[5]);
+}
+
+/// Over the gateways: how often they moved to another node, their failed calls and the
+/// redirections (moved, ask, tryagain) they followed.
+async fn cluster_counts(gws: &[Gw]) -> (u64, u64, [u64; 3]) {
+    let (mut followed, mut failed, mut redirected) = (0, 0, [0; 3]);
+    for g in gws {
         followed += metric(g, "spillway_redis_node_changes_total{found_by=\"moved\"}").await
             + metric(g, "spillway_redis_node_changes_total{found_by=\"cluster\"}").await;
         for (i, answer) in ["moved", "ask", "tryagain"].iter().enumerate() {
@@ -534,36 +662,5 @@ async fn a_redis_cluster_serves_the_namespaces_slot_and_is_followed_when_the_slo
             .await;
         }
     }
-    eprintln!(
-        "slot {slot} moved from node {owner} to {target} in {took:?}; {total} requests, all \
-         served; {failed} failed calls; gateways followed {followed} times; redirections \
-         (moved, ask, tryagain) {redirected:?}; engine running, peaks: \
-         before {}, migrating {}, after {}",
-        peaks[0], peaks[1], peaks[2]
-    );
-    for g in &gws {
-        assert_eq!(
-            g.gateway.limits_shared(),
-            Some(true),
-            "no gateway left shared mode"
-        );
-    }
-    assert!(followed >= 3, "each gateway followed the slot to its new owner");
-    assert_eq!(failed, 0, "no call failed: each redirection was followed");
-    assert!(redirected[0] >= 3, "MOVED answers followed: {redirected:?}");
-    assert!(
-        redirected[1] + redirected[2] > 0,
-        "the slot's keys were met split between two nodes (ASK, TRYAGAIN): {redirected:?}"
-    );
-    let live: u64 = nodes[target]
-        .query(&redis::cmd("ZCARD").arg("spillway:{cluster}:gateways"))
-        .await
-        .unwrap();
-    assert_eq!(live, 3, "the gateways renew on the new owner");
-    assert!(peaks[0] <= 6, "before: {} at once, C is 6", peaks[0]);
-    // A call that a redirection could not complete in time serves its request on the
-    // gateway's share: at most C + gateways × share while the slot moves.
-    assert!(peaks[1] <= 6 + 3 * 2, "migrating: {} at once", peaks[1]);
-    assert!(peaks[2] <= 6, "after: {} at once, C is 6", peaks[2]);
-    assert!(peaks[2] >= 5, "after: only {} at once", peaks[2]);
+    (followed, failed, redirected)
 }
