@@ -19,8 +19,11 @@
 //! meanwhile are put back, so the shared count includes them.
 //!
 //! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
-//! checked in one atomic script, which Redis Cluster allows only within one slot.
+//! checked in one atomic script, which Redis Cluster allows only within one slot. So one node
+//! holds a namespace — a primary, the primary Sentinel names, or the Cluster node serving the
+//! slot — and [`node`] finds it and follows it when it moves; [`call`] runs each script there.
 
+mod call;
 mod handoff;
 mod health;
 pub(crate) mod node;
@@ -31,7 +34,7 @@ use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
 use admission::{Admission, Limits, Permit, Rejection};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
 use redis::aio::ConnectionManagerConfig;
-use redis::{ErrorKind, Script, ScriptInvocation, ServerErrorKind};
+use redis::{Script, ScriptInvocation};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -44,8 +47,6 @@ const PROBE: Duration = Duration::from_millis(500);
 const REJOIN_POLL: Duration = Duration::from_millis(20);
 /// At most this many releases wait for Redis to answer again (see `Unreleased`).
 const MAX_UNRELEASED: usize = 10_000;
-/// At most one "Redis is slow" warning this often.
-const SLOW_LOG: Duration = Duration::from_secs(60);
 const LANE_CRITICAL: u8 = 0;
 const LANE_STANDARD: u8 = 1;
 const LANE_SHEDDABLE: u8 = 2;
@@ -297,7 +298,7 @@ impl SharedLimits {
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
         let prefix = format!("spillway:{{{}}}", config.namespace);
-        let nodes = nodes(url, password, config.tls.as_ref(), &prefix)?;
+        let nodes = node::from_config(url, password, config.tls.as_ref(), &prefix)?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
@@ -489,160 +490,6 @@ impl SharedLimits {
     /// its silence has already decided the mode.
     fn background_budget(&self) -> Duration {
         self.config.down_after * 2
-    }
-
-    /// One script call, counted and timed by `op`, waiting at most `budget` for the answer. A
-    /// late answer (past `redis.timeout`) is still an answer; a call with no answer for
-    /// `down_after`, while Redis answered nothing else meanwhile, or failures lasting as long,
-    /// turn this gateway to its share.
-    async fn call<T: redis::FromRedisValue>(
-        &self,
-        op: &'static str,
-        invocation: &ScriptInvocation<'_>,
-        budget: Duration,
-    ) -> Result<T, Unavailable> {
-        let start = Instant::now();
-        let answer = self.run(invocation);
-        tokio::pin!(answer);
-        let silent = tokio::time::sleep_until(start + self.config.down_after);
-        tokio::pin!(silent);
-        let give_up = tokio::time::sleep_until(start + budget);
-        tokio::pin!(give_up);
-        let mut listened = false;
-        let result = loop {
-            tokio::select! {
-                r = &mut answer => break Some(r),
-                () = &mut silent, if !listened => {
-                    listened = true;
-                    if !self.health.answered_since(start) {
-                        self.fall_back(&format!(
-                            "{op}: no answer from Redis for {:?}",
-                            self.config.down_after
-                        ));
-                        break None;
-                    }
-                }
-                () = &mut give_up => break None,
-            }
-        };
-        let took = start.elapsed();
-        self.seconds.with_label_values(&[op]).observe(took.as_secs_f64());
-        let outcome = match &result {
-            Some(Ok(_)) if took > self.config.timeout => "late",
-            Some(Ok(_)) => "ok",
-            Some(Err(_)) => "error",
-            None => "timeout",
-        };
-        self.calls.with_label_values(&[op, outcome]).inc();
-        match result {
-            Some(Ok(v)) => {
-                self.health.answered();
-                if outcome == "late" {
-                    self.slow(op, took);
-                }
-                Ok(v)
-            }
-            Some(Err(e)) => {
-                self.nodes.suspect(&e);
-                if self.health.failed(self.config.down_after) {
-                    self.fall_back(&format!("{op}: {e}"));
-                }
-                Err(Unavailable)
-            }
-            None => {
-                // Silence may be a primary cut off from the rest: look where the namespace is.
-                self.nodes.announce();
-                if self.health.failed(self.config.down_after) {
-                    self.fall_back(&format!("{op}: no answer within {budget:?}"));
-                }
-                Err(Unavailable)
-            }
-        }
-    }
-
-    /// Runs a script on the node holding the namespace, following Redis Cluster's redirections
-    /// (after which the script has not run, so running it again is safe): MOVED to the node
-    /// named (a few times at most: two nodes that disagree are not followed forever), ASK once
-    /// there, TRYAGAIN after a pause, for as long as the migration lasts. The caller bounds the
-    /// time.
-    async fn run<T: redis::FromRedisValue>(
-        &self,
-        invocation: &ScriptInvocation<'_>,
-    ) -> redis::RedisResult<T> {
-        const MOVES: usize = 3;
-        const PAUSE: Duration = Duration::from_millis(5);
-        let mut moves = 0;
-        loop {
-            let Some(node) = self.nodes.current() else {
-                // At start under Sentinel or Cluster: the search is under way; the caller
-                // bounds the wait.
-                self.nodes.announce();
-                let mut found = self.nodes.watch();
-                if found.wait_for(Option::is_some).await.is_err() {
-                    return Err(redis::RedisError::from((ErrorKind::Io, "no Redis node found")));
-                }
-                continue;
-            };
-            let mut conn = node.conn.clone();
-            let r = invocation.invoke_async::<T>(&mut conn).await;
-            let Err(e) = &r else { return r };
-            let answer = match e.kind() {
-                ErrorKind::Server(ServerErrorKind::Moved) => "moved",
-                ErrorKind::Server(ServerErrorKind::Ask) => "ask",
-                ErrorKind::Server(ServerErrorKind::TryAgain) => "tryagain",
-                _ => return r,
-            };
-            self.redirections.with_label_values(&[answer]).inc();
-            match e.kind() {
-                ErrorKind::Server(ServerErrorKind::Moved) => {
-                    moves += 1;
-                    if moves > MOVES {
-                        return r;
-                    }
-                    let Some((host, port)) = e.redirect_node().and_then(|(a, _)| node::split_addr(a)) else {
-                        return r;
-                    };
-                    if self.nodes.switch(host, port, "moved") {
-                        self.node_changes.with_label_values(&["moved"]).inc();
-                    }
-                }
-                ErrorKind::Server(ServerErrorKind::Ask) => {
-                    let Some((addr, _)) = e.redirect_node() else {
-                        return r;
-                    };
-                    let addr = addr.to_owned();
-                    let asked = self.nodes.asking(&addr, invocation).await;
-                    // Asked again by the node asked: the migration ends soon; try from the start.
-                    if !matches!(&asked, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)) {
-                        return asked;
-                    }
-                    self.redirections.with_label_values(&["tryagain"]).inc();
-                    tokio::time::sleep(PAUSE).await;
-                }
-                // A slot's keys are split between two nodes for a moment while it migrates.
-                _ => tokio::time::sleep(PAUSE).await,
-            }
-        }
-    }
-
-    /// A late answer: said at most once a minute, and limits stay shared.
-    fn slow(&self, op: &str, took: Duration) {
-        let now = self.health.since_start().as_millis() as u64 + 1;
-        let last = self.slow_logged.load(Ordering::Relaxed);
-        if (last == 0 || now.saturating_sub(last) >= SLOW_LOG.as_millis() as u64)
-            && self
-                .slow_logged
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(
-                op,
-                took = ?took,
-                timeout = ?self.config.timeout,
-                down_after = ?self.config.down_after,
-                "Redis is slow: limits stay shared while it answers within down_after"
-            );
-        }
     }
 
     /// The class as the scripts see it, kept for the releases and the backstop poll.
@@ -1057,70 +904,6 @@ impl SharedLimits {
     fn member(&self) -> String {
         format!("{}:{}", self.gateway, self.next.fetch_add(1, Ordering::Relaxed))
     }
-}
-
-/// The nodes holding the namespace: the URL (`redis://`, `rediss://`, `redis+sentinel://…` or
-/// `redis+cluster://…`, see [`node::parse`]), the password from the environment, and for TLS
-/// the CA and client certificate of `redis.tls`. Errors name the part that is wrong, never the
-/// URL or the password.
-fn nodes(
-    url: &str,
-    password: Option<String>,
-    tls: Option<&crate::config::RedisTls>,
-    prefix: &str,
-) -> Result<node::Nodes, crate::config::ConfigError> {
-    use redis::IntoConnectionInfo;
-    let bad_url = |e: redis::RedisError| {
-        crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
-    };
-    let parsed = node::parse(url)
-        .map_err(|why| crate::config::err("redis.url_env", format!("not a Redis URL: {why}")))?;
-    let mut info = parsed.node_url.as_str().into_connection_info().map_err(bad_url)?;
-    if let Some(p) = password {
-        let settings = info.redis_settings().clone().set_password(p);
-        info = info.set_redis_settings(settings);
-    }
-    let certificates = match tls {
-        None => None,
-        Some(tls) => {
-            if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-                return Err(crate::config::err(
-                    "redis.tls",
-                    "is for a rediss:// URL; this one is not TLS",
-                ));
-            }
-            let read = |field: &str, path: &std::path::Path| {
-                std::fs::read(path)
-                    .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
-            };
-            let root_cert = match &tls.ca_file {
-                Some(p) => Some(read("redis.tls.ca_file", p)?),
-                None => None,
-            };
-            let client_tls = match (&tls.cert_file, &tls.key_file) {
-                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                    client_cert: read("redis.tls.cert_file", cert)?,
-                    client_key: read("redis.tls.key_file", key)?,
-                }),
-                _ => None,
-            };
-            Some(redis::TlsCertificates {
-                client_tls,
-                root_cert,
-            })
-        }
-    };
-    let has_tls = certificates.is_some();
-    node::Nodes::new(parsed.topology, info, certificates, prefix.to_owned()).map_err(|e| {
-        if has_tls {
-            crate::config::err(
-                "redis.tls",
-                format!("the certificates are not usable ({:?})", e.kind()),
-            )
-        } else {
-            bad_url(e)
-        }
-    })
 }
 
 impl Ask<'_> {

@@ -423,6 +423,70 @@ impl Nodes {
     }
 }
 
+/// The nodes holding the namespace: the URL (`redis://`, `rediss://`, `redis+sentinel://…` or
+/// `redis+cluster://…`, see [`parse`]), the password from the environment, and for TLS
+/// the CA and client certificate of `redis.tls`. Errors name the part that is wrong, never the
+/// URL or the password.
+pub(super) fn from_config(
+    url: &str,
+    password: Option<String>,
+    tls: Option<&crate::config::RedisTls>,
+    prefix: &str,
+) -> Result<Nodes, crate::config::ConfigError> {
+    use redis::IntoConnectionInfo;
+    let bad_url = |e: redis::RedisError| {
+        crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
+    };
+    let parsed =
+        parse(url).map_err(|why| crate::config::err("redis.url_env", format!("not a Redis URL: {why}")))?;
+    let mut info = parsed.node_url.as_str().into_connection_info().map_err(bad_url)?;
+    if let Some(p) = password {
+        let settings = info.redis_settings().clone().set_password(p);
+        info = info.set_redis_settings(settings);
+    }
+    let certificates = match tls {
+        None => None,
+        Some(tls) => {
+            if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+                return Err(crate::config::err(
+                    "redis.tls",
+                    "is for a rediss:// URL; this one is not TLS",
+                ));
+            }
+            let read = |field: &str, path: &std::path::Path| {
+                std::fs::read(path)
+                    .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
+            };
+            let root_cert = match &tls.ca_file {
+                Some(p) => Some(read("redis.tls.ca_file", p)?),
+                None => None,
+            };
+            let client_tls = match (&tls.cert_file, &tls.key_file) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read("redis.tls.cert_file", cert)?,
+                    client_key: read("redis.tls.key_file", key)?,
+                }),
+                _ => None,
+            };
+            Some(redis::TlsCertificates {
+                client_tls,
+                root_cert,
+            })
+        }
+    };
+    let has_tls = certificates.is_some();
+    Nodes::new(parsed.topology, info, certificates, prefix.to_owned()).map_err(|e| {
+        if has_tls {
+            crate::config::err(
+                "redis.tls",
+                format!("the certificates are not usable ({:?})", e.kind()),
+            )
+        } else {
+            bad_url(e)
+        }
+    })
+}
+
 /// An error that may mean the keys are no longer served by the node in use: it is gone, or no
 /// longer a primary, or no longer owns the slot.
 fn moved_away(e: &redis::RedisError) -> bool {
