@@ -96,6 +96,12 @@ pub(crate) struct SharedLimits {
     classes: Mutex<HashMap<String, Arc<Class>>>,
     /// The leases to renew: set key → members.
     held: Mutex<HashMap<String, HashSet<String>>>,
+    /// The node of the last renewal (`host:port`).
+    renewed_on: Mutex<Option<String>>,
+    /// The releases of the last `lease_ttl`, sent again to a node the namespace moved to: the
+    /// old primary may have taken them after the new one stopped replicating it (a failover),
+    /// and their slots would stay taken there until their leases expire.
+    recent: Mutex<std::collections::VecDeque<(Instant, Unreleased)>>,
     /// Releases that failed, sent again once Redis answers.
     unreleased: Mutex<Vec<Unreleased>>,
     scripts: Scripts,
@@ -181,11 +187,11 @@ struct Class {
     fair: bool,
 }
 
-/// A release that Redis did not take: the request's slot, queue place or team slot would stay
-/// taken in Redis — a queue place until its deadline, and a slot granted to it meanwhile for a
-/// lease ttl — so it is sent again when Redis answers (after a failover, to the new primary).
-/// Sent again, it frees places only: the tokens and attained service it would have settled
-/// may have been settled by a first call whose answer was lost.
+/// A release to send again: one Redis did not take (the request's slot, queue place or team
+/// slot would stay taken — a queue place until its deadline, and a slot granted to it meanwhile
+/// for a lease ttl), sent when Redis answers; or one it took, sent to the node the namespace
+/// moved to (see `recent`). Sent again, it frees places only: the tokens and attained service
+/// it would have settled may have been settled by a first call whose answer was lost.
 struct Unreleased {
     class: Arc<Class>,
     parallel: String,
@@ -273,17 +279,20 @@ impl Drop for Lease {
                 .arg(service_used)
                 .arg(held_ms);
             let op = if granted { "release" } else { "dequeue" };
-            if shared
+            let ok = shared
                 .call::<i64>(op, &call, shared.background_budget())
                 .await
-                .is_err()
-            {
-                shared.unreleased(Unreleased {
-                    class,
-                    parallel,
-                    tokens,
-                    member,
-                });
+                .is_ok();
+            let r = Unreleased {
+                class,
+                parallel,
+                tokens,
+                member,
+            };
+            if ok {
+                shared.released(r);
+            } else {
+                shared.unreleased(r);
             }
         });
     }
@@ -388,6 +397,8 @@ impl SharedLimits {
             classes: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
             unreleased: Mutex::new(Vec::new()),
+            renewed_on: Mutex::new(None),
+            recent: Mutex::new(std::collections::VecDeque::new()),
             scripts: Scripts {
                 acquire: class_script(include_str!("limits/acquire.lua")),
                 release: class_script(include_str!("limits/release.lua")),
@@ -741,7 +752,8 @@ impl SharedLimits {
 
     /// Waits in the shared queue until this request's gateway is told that the slot is its
     /// own (or that its place is gone), or `until`; `Err(Unavailable)` if limits stop being
-    /// shared meanwhile. No call to Redis: the grant comes with the release that freed it.
+    /// shared meanwhile or Redis lost its place. No call to Redis: the grant comes with the
+    /// release that freed it.
     async fn wait(
         &self,
         waiter: handoff::Waiter<'_>,
@@ -754,8 +766,13 @@ impl SharedLimits {
             told = waiter.told() => match told {
                 handoff::Told::Granted => Ok(Ok(())),
                 handoff::Told::PushedOut => Ok(Err(NoSlot::PushedOut)),
-                // The place expired (this gateway was cut off for longer than Wq).
-                handoff::Told::Gone => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
+                // The place expired (this gateway was cut off for longer than Wq) ...
+                handoff::Told::Gone if Instant::now() >= until => {
+                    Ok(Err(NoSlot::TimedOut(start.elapsed())))
+                }
+                // ... or Redis lost it with time left (a failover to a replica that lacked it,
+                // a restart): served on this gateway's share, as when Redis does not answer.
+                handoff::Told::Gone => Err(Unavailable),
             },
             () = tokio::time::sleep_until(until) => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
             () = self.not_sharing() => Err(Unavailable),
@@ -816,6 +833,23 @@ impl SharedLimits {
         }
     }
 
+    /// Remembers a release Redis took, for a move to another node within `lease_ttl`.
+    fn released(&self, r: Unreleased) {
+        if !self.nodes.follows() {
+            return;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while recent
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > self.config.lease_ttl)
+            || recent.len() >= MAX_UNRELEASED
+        {
+            recent.pop_front();
+        }
+        recent.push_back((now, r));
+    }
+
     /// Sends again the releases Redis did not take; those failing again are kept.
     async fn release_again(&self) {
         let list = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
@@ -846,6 +880,10 @@ impl SharedLimits {
     /// where Redis lost them; see `renew.lua`); returns how many gateways have renewed since
     /// `since` (Redis ms; 0: how many are live) and Redis's time.
     async fn renew_with(&self, add: bool, since: u64) -> Result<(u32, u64), Unavailable> {
+        // On a node first renewed on since a move, leases are put back too: a promoted replica
+        // may lack the last writes of the primary it replaces.
+        let node = self.nodes.current().map(|n| n.name.clone());
+        let moved = *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()) != node;
         let held: Vec<(String, Vec<String>)> = self
             .held()
             .iter()
@@ -855,7 +893,7 @@ impl SharedLimits {
         call.key(&self.live)
             .arg(self.config.lease_ttl.as_millis() as u64)
             .arg(&self.gateway)
-            .arg(if add { "add" } else { "" })
+            .arg(if add || moved { "add" } else { "" })
             .arg(since);
         for (key, members) in &held {
             call.key(key).arg(members.len());
@@ -864,6 +902,17 @@ impl SharedLimits {
             }
         }
         let (_, live, now): (i64, u32, u64) = self.call("renew", &call, self.background_budget()).await?;
+        let before = std::mem::replace(
+            &mut *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()),
+            node,
+        );
+        if moved && before.is_some() {
+            // A move: the recent releases go to the new node too (see `recent`).
+            let recent = std::mem::take(&mut *self.recent.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
+            list.extend(recent.into_iter().map(|(_, r)| r));
+            list.truncate(MAX_UNRELEASED);
+        }
         Ok((live, now))
     }
 

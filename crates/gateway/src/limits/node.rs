@@ -593,6 +593,31 @@ mod tests {
     }
 
     #[test]
+    fn errors_that_mean_the_node_moved_start_a_search_and_others_do_not() {
+        let server = |kind: ServerErrorKind| redis::RedisError::from((ErrorKind::Server(kind), "x"));
+        for kind in [
+            ServerErrorKind::ReadOnly,
+            ServerErrorKind::MasterDown,
+            ServerErrorKind::ClusterDown,
+            ServerErrorKind::Moved,
+        ] {
+            assert!(moved_away(&server(kind)), "{kind:?}");
+        }
+        let refused = redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert!(moved_away(&refused), "a refused connection");
+        for kind in [
+            ServerErrorKind::ResponseError,
+            ServerErrorKind::NoScript,
+            ServerErrorKind::TryAgain,
+        ] {
+            assert!(
+                !moved_away(&server(kind)),
+                "{kind:?}: the node still serves the keys"
+            );
+        }
+    }
+
+    #[test]
     fn the_slots_primary_is_read_from_cluster_slots() {
         let node = |h: &str, p: i64| {
             Value::Array(vec![

@@ -213,13 +213,11 @@ fn all_served(statuses: &Statuses) -> usize {
     statuses.len()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switchs_bound() {
-    if !installed() {
-        return;
-    }
+/// A primary, its replica and three sentinels, all ready for a failover, and the URL that
+/// names them (the directory holds their files).
+async fn sentinel_deployment() -> (tempfile::TempDir, Server, Server, Vec<Server>, String) {
     let dir = tempfile::tempdir().unwrap();
-    let mut primary = Server::redis(dir.path(), &[]).await;
+    let primary = Server::redis(dir.path(), &[]).await;
     let replica = Server::redis(
         dir.path(),
         &["--replicaof", "127.0.0.1", &primary.port.to_string()],
@@ -261,6 +259,15 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
         .map(|s| format!("127.0.0.1:{}", s.port))
         .collect();
     let url = format!("redis+sentinel://{}/m", hosts.join(","));
+    (dir, primary, replica, sentinels, url)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switchs_bound() {
+    if !installed() {
+        return;
+    }
+    let (_dir, mut primary, replica, sentinels, url) = sentinel_deployment().await;
     let engine = engine(tiny()).await;
     let gws = gateways(&HA.replace("NS", "failover"), &url, &engine).await;
 
@@ -663,4 +670,109 @@ async fn cluster_counts(gws: &[Gw]) -> (u64, u64, [u64; 3]) {
         }
     }
     (followed, failed, redirected)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sentinel_switchover_with_the_old_primary_alive_is_followed_and_its_late_releases_replayed() {
+    if !installed() {
+        return;
+    }
+    let (_dir, primary, replica, sentinels, url) = sentinel_deployment().await;
+    let engine = engine(tiny()).await;
+    let gws = gateways(&HA.replace("NS", "switchover"), &url, &engine).await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let statuses: Statuses = Arc::default();
+    let load = closed_loop(&gws, &stop, &statuses);
+    let phase = Arc::new(AtomicUsize::new(0));
+    let (peaks, watcher) = watch_peaks(&engine, &phase);
+    assert!(
+        crate::support::eventually(Duration::from_secs(10), || statuses.lock().unwrap().len() >= 24).await,
+        "the load runs"
+    );
+    // Phase 1: a planned failover; the old primary stays up and becomes a replica.
+    phase.store(1, Ordering::Relaxed);
+    let _: () = sentinels[0]
+        .query(redis::cmd("SENTINEL").arg("FAILOVER").arg("m"))
+        .await
+        .expect("SENTINEL FAILOVER is accepted");
+    let asked = Instant::now();
+    let mut went_local = 0;
+    let followed = loop {
+        let mut moved = 0;
+        for g in &gws {
+            moved += metric(g, "spillway_redis_node_changes_total{found_by=\"sentinel\"}").await;
+        }
+        went_local = went_local.max(
+            gws.iter()
+                .filter(|g| g.gateway.limits_shared() == Some(false))
+                .count(),
+        );
+        if moved == 3 && gws.iter().all(|g| g.gateway.limits_shared() == Some(true)) {
+            break asked.elapsed();
+        }
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the gateways follow the switchover within 30 s (moved: {moved} of 3)"
+        );
+        // The interval of the check, not a wait for an event.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Phase 2: the first 300 ms after; phase 3: a second on the new primary.
+    phase.store(2, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    phase.store(3, Ordering::Relaxed);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    watcher.abort();
+    let peaks = *peaks.lock().unwrap();
+    let total = all_served(&statuses);
+    let (mut failed, mut replayed) = (0, 0);
+    for g in &gws {
+        for op in ["acquire", "release", "dequeue", "renew"] {
+            failed += metric(
+                g,
+                &format!("spillway_redis_calls_total{{op=\"{op}\",outcome=\"error\"}}"),
+            )
+            .await;
+        }
+        replayed += metric(
+            g,
+            "spillway_redis_calls_total{op=\"release_again\",outcome=\"ok\"}",
+        )
+        .await;
+    }
+    eprintln!(
+        "switchover followed {followed:?} after SENTINEL FAILOVER ({went_local} of 3 gateways on \
+         their shares meanwhile, {failed} failed calls, {replayed} releases sent again to the \
+         new primary); {total} requests, all served; engine \
+         running, peaks: before {}, switch {}, first 300 ms after {}, after {}",
+        peaks[0], peaks[1], peaks[2], peaks[3]
+    );
+    // The sentinels turn the old primary into a replica when they next look at it.
+    let demoted = testkit::poll(
+        Duration::from_secs(20),
+        || async {
+            let role: Vec<redis::Value> = primary.query(&redis::cmd("ROLE")).await.unwrap_or_default();
+            role.first() == Some(&redis::Value::BulkString(b"slave".to_vec()))
+        },
+        |demoted| *demoted,
+    )
+    .await;
+    assert!(demoted, "the old primary, alive, is a replica now");
+    let live: u64 = replica
+        .query(redis::cmd("ZCARD").arg("spillway:{switchover}:gateways"))
+        .await
+        .unwrap();
+    assert_eq!(live, 3, "every gateway renews on the new primary");
+    // Releases the old primary took after the promotion are lost on the new one: the recent
+    // ones are sent again there, or their slots would stay taken for a lease ttl.
+    assert!(replayed > 0, "the recent releases are sent to the new primary");
+    assert!(peaks[0] <= 6, "before: {} at once, C is 6", peaks[0]);
+    assert!(peaks[1] <= 6 + 2 * 2, "at the switch: {} at once", peaks[1]);
+    assert!(peaks[2] <= 6 + 2, "sharing again: {} at once", peaks[2]);
+    assert!(peaks[3] <= 6, "after: {} at once, C is 6", peaks[3]);
+    assert!(peaks[3] >= 5, "after: only {} at once; places leaked", peaks[3]);
 }
