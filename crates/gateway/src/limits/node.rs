@@ -293,17 +293,21 @@ impl Nodes {
                 Topology::Sentinel { master, .. } => (self.ask_sentinels(master).await, "sentinel"),
                 Topology::Cluster { seeds } => (self.ask_cluster(seeds).await, "cluster"),
             };
-            if let Some((host, port)) = found
-                && self.switch(&host, port, why)
-            {
-                moved(why);
+            match found {
+                Some((host, port)) => {
+                    if self.switch(&host, port, why) {
+                        moved(why);
+                    }
+                }
+                None => tracing::debug!(why, "no node named for the namespace yet"),
             }
             tokio::time::sleep(SEARCH_PAUSE).await;
         }
     }
 
     /// The primary named by the first sentinel that answers, once it says it is a primary
-    /// (during a failover the sentinels may still name the old one, which does not answer).
+    /// (during a failover a sentinel may still name the old one): the order of Redis's
+    /// "Guidelines for Redis clients with support for Redis Sentinel".
     async fn ask_sentinels(&self, master: &str) -> Option<(String, u16)> {
         for sentinel in &self.sentinels {
             let asked = async {
