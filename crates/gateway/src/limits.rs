@@ -304,10 +304,11 @@ impl SharedLimits {
         config: &RedisConfig,
         url: &str,
         password: Option<String>,
+        sentinel_password: Option<String>,
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
         let prefix = format!("spillway:{{{}}}", config.namespace);
-        let nodes = node::from_config(url, password, config.tls.as_ref(), &prefix)?;
+        let nodes = node::from_config(url, password, sentinel_password, config.tls.as_ref(), &prefix)?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",

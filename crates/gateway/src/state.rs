@@ -95,6 +95,7 @@ impl Gateway {
                 r,
                 &r.url(env)?,
                 r.password(env)?,
+                r.sentinel_password(env)?,
                 &metrics.registry,
             )?),
             None => None,

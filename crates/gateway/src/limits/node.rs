@@ -9,7 +9,7 @@
 //! connection to one node is all that is ever needed.
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, IntoConnectionInfo, ServerErrorKind};
+use redis::{Client, ConnectionAddr, ConnectionInfo, ErrorKind, ServerErrorKind};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::{Notify, watch};
@@ -18,6 +18,8 @@ use tokio::sync::{Notify, watch};
 const ASK_TIMEOUT: Duration = Duration::from_millis(500);
 /// At most one search for the node this often: failing calls keep asking while a failover runs.
 const SEARCH_PAUSE: Duration = Duration::from_millis(100);
+/// Searches finding nothing for this long are logged: longer than a failover takes.
+const UNFOUND_WARN: Duration = Duration::from_secs(10);
 
 /// How the node holding the namespace is found.
 #[derive(Debug, Clone, PartialEq)]
@@ -129,30 +131,24 @@ pub(super) struct Nodes {
 }
 
 impl Nodes {
+    /// `sentinel_password`: the sentinels' own (`requirepass` in sentinel.conf), if they ask.
     pub(super) fn new(
         topology: Topology,
         template: ConnectionInfo,
         tls: Option<redis::TlsCertificates>,
+        sentinel_password: Option<String>,
         key: String,
     ) -> Result<Nodes, redis::RedisError> {
+        let settings = match sentinel_password {
+            Some(p) => redis::RedisConnectionInfo::default().set_password(p),
+            None => redis::RedisConnectionInfo::default(),
+        };
         let sentinels = match &topology {
             Topology::Sentinel { sentinels, .. } => sentinels
                 .iter()
                 .map(|(host, port)| {
-                    let addr = match template.addr() {
-                        ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
-                            host: host.clone(),
-                            port: *port,
-                            insecure: *insecure,
-                            tls_params: None,
-                        },
-                        _ => ConnectionAddr::Tcp(host.clone(), *port),
-                    };
-                    let info = addr.into_connection_info()?;
-                    match &tls {
-                        Some(t) => Client::build_with_tls(info, t.clone()),
-                        None => Client::open(info),
-                    }
+                    let info = template.clone().set_redis_settings(settings.clone());
+                    dial(&info, tls.as_ref(), host, *port)
                 })
                 .collect::<Result<_, _>>()?,
             _ => Vec::new(),
@@ -228,22 +224,7 @@ impl Nodes {
 
     /// A client for a data node at `host:port`, with the URL's credentials and TLS.
     fn client(&self, host: &str, port: u16) -> Result<Client, redis::RedisError> {
-        let addr = match self.template.addr() {
-            ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: None,
-            },
-            ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
-            // A socket path (or a kind this version does not know): the URL's own address.
-            other => other.clone(),
-        };
-        let info = self.template.clone().set_addr(addr);
-        match &self.tls {
-            Some(t) => Client::build_with_tls(info, t.clone()),
-            None => Client::open(info),
-        }
+        dial(&self.template, self.tls.as_ref(), host, port)
     }
 
     /// Uses the node at `host:port` from now on, if it is not the one in use; true if it moved
@@ -286,6 +267,9 @@ impl Nodes {
     /// Runs until dropped: each time a call suspects the node moved, asks where it is now (at
     /// most every [`SEARCH_PAUSE`]); returns the reason of each move for the caller to count.
     pub(super) async fn follow(&self, moved: impl Fn(&'static str)) {
+        // Since when searches have found nothing, and when that was last said.
+        let mut unfound: Option<tokio::time::Instant> = None;
+        let mut warned: Option<tokio::time::Instant> = None;
         loop {
             self.search.notified().await;
             let (found, why) = match &self.topology {
@@ -295,11 +279,27 @@ impl Nodes {
             };
             match found {
                 Some((host, port)) => {
+                    unfound = None;
                     if self.switch(&host, port, why) {
                         moved(why);
                     }
                 }
-                None => tracing::debug!(why, "no node named for the namespace yet"),
+                None => {
+                    let now = tokio::time::Instant::now();
+                    let since = *unfound.get_or_insert(now);
+                    // A failover takes seconds; longer, and the setting may be wrong: said once
+                    // a minute.
+                    if now.duration_since(since) >= UNFOUND_WARN
+                        && warned.is_none_or(|w| now.duration_since(w) >= Duration::from_secs(60))
+                    {
+                        warned = Some(now);
+                        tracing::warn!(
+                            found_by = why,
+                            for_ = ?now.duration_since(since),
+                            "no Redis node found for the namespace: no sentinel named a primary that answers as one, or no cluster node named the slot's (check the URL's addresses and master name, the passwords, TLS)"
+                        );
+                    }
+                }
             }
             tokio::time::sleep(SEARCH_PAUSE).await;
         }
@@ -434,6 +434,7 @@ impl Nodes {
 pub(super) fn from_config(
     url: &str,
     password: Option<String>,
+    sentinel_password: Option<String>,
     tls: Option<&crate::config::RedisTls>,
     prefix: &str,
 ) -> Result<Nodes, crate::config::ConfigError> {
@@ -479,7 +480,14 @@ pub(super) fn from_config(
         }
     };
     let has_tls = certificates.is_some();
-    Nodes::new(parsed.topology, info, certificates, prefix.to_owned()).map_err(|e| {
+    Nodes::new(
+        parsed.topology,
+        info,
+        certificates,
+        sentinel_password,
+        prefix.to_owned(),
+    )
+    .map_err(|e| {
         if has_tls {
             crate::config::err(
                 "redis.tls",
@@ -489,6 +497,32 @@ pub(super) fn from_config(
             bad_url(e)
         }
     })
+}
+
+/// A client for `host:port` with `info`'s settings (user, password, database) and kind of
+/// address (TLS or not; a socket path stays as it is), and the certificates of `redis.tls`.
+fn dial(
+    info: &ConnectionInfo,
+    tls: Option<&redis::TlsCertificates>,
+    host: &str,
+    port: u16,
+) -> Result<Client, redis::RedisError> {
+    let addr = match info.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } => ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: None,
+        },
+        ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
+        // A socket path (or a kind this version does not know): the URL's own address.
+        other => other.clone(),
+    };
+    let info = info.clone().set_addr(addr);
+    match tls {
+        Some(t) => Client::build_with_tls(info, t.clone()),
+        None => Client::open(info),
+    }
 }
 
 /// An error that may mean the keys are no longer served by the node in use: it is gone, or no

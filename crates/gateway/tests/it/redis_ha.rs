@@ -43,6 +43,8 @@ async fn free_port() -> u16 {
 struct Server {
     port: u16,
     child: Child,
+    /// Its `requirepass`, for the test's own queries.
+    password: Option<String>,
 }
 
 impl Server {
@@ -61,13 +63,18 @@ impl Server {
             .kill_on_drop(true)
             .spawn()
             .expect("redis-server starts");
-        let s = Server { port, child };
+        let s = Server {
+            port,
+            child,
+            password: None,
+        };
         s.answers().await;
         s
     }
 
-    /// A sentinel watching `primary` as `m` (quorum 2), quick to judge it down (1 s).
-    async fn sentinel(dir: &std::path::Path, primary: u16) -> Server {
+    /// A sentinel watching `primary` as `m` (quorum 2), quick to judge it down (1 s); with a
+    /// `password`, asking it of clients and of the other sentinels.
+    async fn sentinel(dir: &std::path::Path, primary: u16, password: Option<&str>) -> Server {
         let port = free_port().await;
         let conf = dir.join(format!("sentinel-{port}.conf"));
         std::fs::write(
@@ -76,8 +83,11 @@ impl Server {
                 "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {}\n\
                  sentinel monitor m 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds m 1000\n\
-                 sentinel failover-timeout m 4000\nsentinel parallel-syncs m 1\n",
-                dir.display()
+                 sentinel failover-timeout m 4000\nsentinel parallel-syncs m 1\n{}",
+                dir.display(),
+                password.map_or(String::new(), |p| format!(
+                    "requirepass {p}\nsentinel sentinel-pass {p}\n"
+                ))
             ),
         )
         .unwrap();
@@ -100,13 +110,18 @@ impl Server {
             .kill_on_drop(true)
             .spawn()
             .expect("redis-sentinel starts");
-        let s = Server { port, child };
+        let s = Server {
+            port,
+            child,
+            password: password.map(str::to_owned),
+        };
         s.answers().await;
         s
     }
 
     async fn conn(&self) -> Option<redis::aio::MultiplexedConnection> {
-        redis::Client::open(format!("redis://127.0.0.1:{}/", self.port))
+        let auth = self.password.as_ref().map_or(String::new(), |p| format!(":{p}@"));
+        redis::Client::open(format!("redis://{auth}127.0.0.1:{}/", self.port))
             .unwrap()
             .get_multiplexed_async_connection()
             .await
@@ -132,12 +147,15 @@ impl Server {
     }
 }
 
-async fn gateways(yaml: &str, url: &str, engine: &engine::RunningEngine) -> Vec<Gw> {
+/// Three gateways on `yaml`, the URL and `env` in their environment.
+async fn gateways(yaml: &str, url: &str, env: &[(&str, &str)], engine: &engine::RunningEngine) -> Vec<Gw> {
     let mut out = Vec::new();
     for _ in 0..3 {
+        let mut vars = vec![("SPILLWAY_REDIS_URL".to_owned(), url.to_owned())];
+        vars.extend(env.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
         let options = testkit::GatewayOptions {
             replicas: vec![engine.url()],
-            env: vec![("SPILLWAY_REDIS_URL".into(), url.to_owned())],
+            env: vars,
             ..testkit::GatewayOptions::default()
         };
         out.push(testkit::Gateway::start_with(yaml, options).await);
@@ -213,9 +231,11 @@ fn all_served(statuses: &Statuses) -> usize {
     statuses.len()
 }
 
-/// A primary, its replica and three sentinels, all ready for a failover, and the URL that
-/// names them (the directory holds their files).
-async fn sentinel_deployment() -> (tempfile::TempDir, Server, Server, Vec<Server>, String) {
+/// A primary, its replica and three sentinels (asking for `password`, if any), all ready for a
+/// failover, and the URL that names them (the directory holds their files).
+async fn sentinel_deployment(
+    password: Option<&str>,
+) -> (tempfile::TempDir, Server, Server, Vec<Server>, String) {
     let dir = tempfile::tempdir().unwrap();
     let primary = Server::redis(dir.path(), &[]).await;
     let replica = Server::redis(
@@ -225,7 +245,7 @@ async fn sentinel_deployment() -> (tempfile::TempDir, Server, Server, Vec<Server
     .await;
     let mut sentinels = Vec::new();
     for _ in 0..3 {
-        sentinels.push(Server::sentinel(dir.path(), primary.port).await);
+        sentinels.push(Server::sentinel(dir.path(), primary.port, password).await);
     }
     // A failover needs the replica in sync, and each sentinel to know the replica and the two
     // other sentinels (they meet through the primary every 2 s).
@@ -267,9 +287,9 @@ async fn a_sentinel_failover_is_followed_under_load_and_c_holds_within_the_switc
     if !installed() {
         return;
     }
-    let (_dir, mut primary, replica, sentinels, url) = sentinel_deployment().await;
+    let (_dir, mut primary, replica, sentinels, url) = sentinel_deployment(None).await;
     let engine = engine(tiny()).await;
-    let gws = gateways(&HA.replace("NS", "failover"), &url, &engine).await;
+    let gws = gateways(&HA.replace("NS", "failover"), &url, &[], &engine).await;
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let statuses: Statuses = Arc::default();
@@ -541,7 +561,7 @@ async fn a_redis_cluster_is_followed_through_a_slot_migration_and_a_failover_und
         .collect();
     let url = format!("redis+cluster://{},{}", seeds[0], seeds[1]);
     let engine = engine(tiny()).await;
-    let gws = gateways(&HA.replace("NS", "cluster"), &url, &engine).await;
+    let gws = gateways(&HA.replace("NS", "cluster"), &url, &[], &engine).await;
 
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let statuses: Statuses = Arc::default();
@@ -677,9 +697,14 @@ async fn a_sentinel_switchover_with_the_old_primary_alive_is_followed_and_its_la
     if !installed() {
         return;
     }
-    let (_dir, primary, replica, sentinels, url) = sentinel_deployment().await;
+    // The sentinels ask for a password of their own, read from the environment.
+    let (_dir, primary, replica, sentinels, url) = sentinel_deployment(Some("sentinel-s3cret")).await;
     let engine = engine(tiny()).await;
-    let gws = gateways(&HA.replace("NS", "switchover"), &url, &engine).await;
+    let yaml = HA.replace(
+        "namespace: NS",
+        "namespace: switchover, sentinel_password_env: SENTINEL_PASSWORD",
+    );
+    let gws = gateways(&yaml, &url, &[("SENTINEL_PASSWORD", "sentinel-s3cret")], &engine).await;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let statuses: Statuses = Arc::default();
     let load = closed_loop(&gws, &stop, &statuses);
