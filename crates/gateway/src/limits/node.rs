@@ -119,7 +119,7 @@ pub(super) struct Nodes {
     /// The data nodes' settings (user, password, database, TLS) at the URL's first address.
     template: ConnectionInfo,
     tls: Option<redis::TlsCertificates>,
-    /// The sentinels' clients (no TLS certificates of their own: the system's CAs).
+    /// The sentinels' clients: the data nodes' TLS, and the sentinels' own password if any.
     sentinels: Vec<Client>,
     manager: OnceLock<ConnectionManagerConfig>,
     current: watch::Sender<Option<Arc<Node>>>,
@@ -265,7 +265,7 @@ impl Nodes {
     }
 
     /// Runs until dropped: each time a call suspects the node moved, asks where it is now (at
-    /// most every [`SEARCH_PAUSE`]); returns the reason of each move for the caller to count.
+    /// most every [`SEARCH_PAUSE`]); `moved` is told how each move was found, to count it.
     pub(super) async fn follow(&self, moved: impl Fn(&'static str)) {
         // Since when searches have found nothing, and when that was last said.
         let mut unfound: Option<tokio::time::Instant> = None;
