@@ -110,6 +110,7 @@ pub(crate) struct SharedLimits {
     calls: IntCounterVec,
     seconds: HistogramVec,
     grant_seconds: Histogram,
+    grant_to_upstream_seconds: Histogram,
     node_changes: IntCounterVec,
     redirections: IntCounterVec,
 }
@@ -171,6 +172,9 @@ pub(crate) struct Lease {
     team_slot: bool,
     /// Redis may hold something of it: its drop sends the release.
     armed: bool,
+    /// When Redis handed it a freed slot (ms since the epoch, Redis's clock), until its first
+    /// attempt upstream is counted.
+    granted_ms: Option<u64>,
 }
 
 /// A class as the scripts see it: its keys, C, Wq and order (see class.lua's KEYS and ARGV).
@@ -206,6 +210,16 @@ struct TeamKeys {
 }
 
 impl Lease {
+    /// The request's first attempt upstream starts: a slot handed over by a release is counted
+    /// from that release to now, the latency the handoff adds to a waiter.
+    pub(crate) fn upstream_started(&mut self) {
+        if let Some(at) = self.granted_ms.take() {
+            self.shared
+                .grant_to_upstream_seconds
+                .observe(handoff::since_redis_ms(at));
+        }
+    }
+
     /// The tokens the request really cost, known when it ends.
     pub(crate) fn settle(&mut self, tokens: u64) {
         self.used = Some(tokens);
@@ -354,6 +368,16 @@ impl SharedLimits {
             ]),
         )
         .expect("metric definition");
+        let grant_to_upstream_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "spillway_redis_grant_to_upstream_seconds",
+                "From the script that handed a freed slot to a waiter of this gateway to the waiter's first attempt upstream (Redis's clock to this host's)",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
+        )
+        .expect("metric definition");
         let node_changes = IntCounterVec::new(
             Opts::new(
                 "spillway_redis_node_changes_total",
@@ -378,6 +402,7 @@ impl SharedLimits {
             Box::new(calls.clone()),
             Box::new(seconds.clone()),
             Box::new(grant_seconds.clone()),
+            Box::new(grant_to_upstream_seconds.clone()),
         ] {
             let _ = registry.register(m);
         }
@@ -411,6 +436,7 @@ impl SharedLimits {
             calls,
             seconds,
             grant_seconds,
+            grant_to_upstream_seconds,
             node_changes,
             redirections,
         };
@@ -644,6 +670,7 @@ impl SharedLimits {
             granted_at: start,
             team_slot: q.max_parallel.is_some(),
             armed: true,
+            granted_ms: None,
         };
         // A slow Redis is a slower queue: the request waits for it as it would in the queue,
         // at least `redis.timeout`.
@@ -711,7 +738,10 @@ impl SharedLimits {
         lease.charged = if q.tpm.is_some() { ask.tokens } else { 0 };
         if outcome == 2 {
             let refused = match self.wait(waiter, &ask, start + budget).await? {
-                Ok(()) => None,
+                Ok(at) => {
+                    lease.granted_ms = at;
+                    None
+                }
                 Err(NoSlot::TimedOut(waited)) => Some(Rejection::QueueTimeout {
                     waited,
                     retry_after: ask.admission.retry_after_shared(0, ask.limits),
@@ -760,12 +790,12 @@ impl SharedLimits {
         waiter: handoff::Waiter<'_>,
         ask: &Ask<'_>,
         until: Instant,
-    ) -> Result<Result<(), NoSlot>, Unavailable> {
+    ) -> Result<Result<Option<u64>, NoSlot>, Unavailable> {
         let start = Instant::now();
         let _counted = ask.admission.shared_waiter(&ask.claim);
         tokio::select! {
-            told = waiter.told() => match told {
-                handoff::Told::Granted => Ok(Ok(())),
+            told = waiter.told() => match told.0 {
+                handoff::Told::Granted => Ok(Ok(told.1)),
                 handoff::Told::PushedOut => Ok(Err(NoSlot::PushedOut)),
                 // The place expired (this gateway was cut off for longer than Wq) ...
                 handoff::Told::Gone if Instant::now() >= until => {
@@ -946,6 +976,7 @@ impl SharedLimits {
             granted_at: Instant::now(),
             team_slot,
             armed: true,
+            granted_ms: None,
         };
         self.hold(&mut lease);
         lease
