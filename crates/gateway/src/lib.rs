@@ -32,7 +32,8 @@
 //!   9. the response — `respond`; the end — `ledger`: one ending per request, written into
 //!      `metrics` and the [`access_log`] when the record is dropped; it owns the admission slot,
 //!      so the slot is held until the body ends.
-//! - `limits/` — the limits every gateway of a deployment shares through Redis, and its scripts.
+//! - `limits/` — the limits every gateway of a deployment shares through Redis, and its scripts;
+//!   `limits/node` finds the Redis node that holds them (Sentinel, Cluster) and follows it.
 //!
 //! Under them: `state` (the [`Gateway`]: the table in force, reloads, the drain), `table` (routes
 //! and tenants, swapped whole on a reload), `route` (a route's classes, replicas, balancing,

@@ -19,21 +19,25 @@
 //! meanwhile are put back, so the shared count includes them.
 //!
 //! Every key of a deployment carries the hash tag `{namespace}`: a quota and a class's slots are
-//! checked in one atomic script, which Redis Cluster allows only within one slot.
+//! checked in one atomic script, which Redis Cluster allows only within one slot. So one node
+//! holds a namespace — a primary, the primary Sentinel names, or the Cluster node serving the
+//! slot — and [`node`] finds it and follows it when it moves; [`call`] runs each script there.
 
+mod call;
 mod handoff;
 mod health;
+pub(crate) mod node;
 
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
 use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
 use admission::{Admission, Limits, Permit, Rejection};
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::aio::ConnectionManagerConfig;
 use redis::{Script, ScriptInvocation};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -41,8 +45,8 @@ use tokio::time::Instant;
 const PROBE: Duration = Duration::from_millis(500);
 /// How often a gateway that found Redis again checks whether every gateway has.
 const REJOIN_POLL: Duration = Duration::from_millis(20);
-/// At most one "Redis is slow" warning this often.
-const SLOW_LOG: Duration = Duration::from_secs(60);
+/// At most this many releases wait for Redis to answer again (see `Unreleased`).
+const MAX_UNRELEASED: usize = 10_000;
 const LANE_CRITICAL: u8 = 0;
 const LANE_STANDARD: u8 = 1;
 const LANE_SHEDDABLE: u8 = 2;
@@ -65,8 +69,8 @@ fn class_script(body: &str) -> Script {
 
 /// The connection to Redis and what this gateway holds there.
 pub(crate) struct SharedLimits {
-    client: redis::Client,
-    conn: OnceLock<ConnectionManager>,
+    /// The node holding the namespace, followed through failovers and slot moves.
+    nodes: node::Nodes,
     config: RedisConfig,
     /// `spillway:{namespace}`: the prefix, and hash tag, of every key.
     prefix: String,
@@ -92,12 +96,23 @@ pub(crate) struct SharedLimits {
     classes: Mutex<HashMap<String, Arc<Class>>>,
     /// The leases to renew: set key → members.
     held: Mutex<HashMap<String, HashSet<String>>>,
+    /// The node of the last renewal (`host:port`).
+    renewed_on: Mutex<Option<String>>,
+    /// The releases of the last `lease_ttl`, sent again to a node the namespace moved to: the
+    /// old primary may have taken them after the new one stopped replicating it (a failover),
+    /// and their slots would stay taken there until their leases expire.
+    recent: Mutex<std::collections::VecDeque<(Instant, Unreleased)>>,
+    /// Releases that failed, sent again once Redis answers.
+    unreleased: Mutex<Vec<Unreleased>>,
     scripts: Scripts,
     mode: IntGaugeVec,
     changes: IntCounterVec,
     calls: IntCounterVec,
     seconds: HistogramVec,
     grant_seconds: Histogram,
+    grant_to_upstream_seconds: Histogram,
+    node_changes: IntCounterVec,
+    redirections: IntCounterVec,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -157,6 +172,9 @@ pub(crate) struct Lease {
     team_slot: bool,
     /// Redis may hold something of it: its drop sends the release.
     armed: bool,
+    /// When Redis handed it a freed slot (ms since the epoch, Redis's clock), until its first
+    /// attempt upstream is counted.
+    granted_ms: Option<u64>,
 }
 
 /// A class as the scripts see it: its keys, C, Wq and order (see class.lua's KEYS and ARGV).
@@ -173,6 +191,18 @@ struct Class {
     fair: bool,
 }
 
+/// A release to send again: one Redis did not take (the request's slot, queue place or team
+/// slot would stay taken — a queue place until its deadline, and a slot granted to it meanwhile
+/// for a lease ttl), sent when Redis answers; or one it took, sent to the node the namespace
+/// moved to (see `recent`). Sent again, it frees places only: the tokens and attained service
+/// it would have settled may have been settled by a first call whose answer was lost.
+struct Unreleased {
+    class: Arc<Class>,
+    parallel: String,
+    tokens: String,
+    member: String,
+}
+
 struct TeamKeys {
     parallel: String,
     requests: String,
@@ -180,6 +210,16 @@ struct TeamKeys {
 }
 
 impl Lease {
+    /// The request's first attempt upstream starts: a slot handed over by a release is counted
+    /// from that release to now, the latency the handoff adds to a waiter.
+    pub(crate) fn upstream_started(&mut self) {
+        if let Some(at) = self.granted_ms.take() {
+            self.shared
+                .grant_to_upstream_seconds
+                .observe(handoff::since_redis_ms(at));
+        }
+    }
+
     /// The tokens the request really cost, known when it ends.
     pub(crate) fn settle(&mut self, tokens: u64) {
         self.used = Some(tokens);
@@ -253,8 +293,21 @@ impl Drop for Lease {
                 .arg(service_used)
                 .arg(held_ms);
             let op = if granted { "release" } else { "dequeue" };
-            // A release that fails leaves the lease to expire within its ttl.
-            let _ = shared.call::<i64>(op, &call, shared.background_budget()).await;
+            let ok = shared
+                .call::<i64>(op, &call, shared.background_budget())
+                .await
+                .is_ok();
+            let r = Unreleased {
+                class,
+                parallel,
+                tokens,
+                member,
+            };
+            if ok {
+                shared.released(r);
+            } else {
+                shared.unreleased(r);
+            }
         });
     }
 }
@@ -265,9 +318,11 @@ impl SharedLimits {
         config: &RedisConfig,
         url: &str,
         password: Option<String>,
+        sentinel_password: Option<String>,
         registry: &Registry,
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
-        let client = client(url, password, config.tls.as_ref())?;
+        let prefix = format!("spillway:{{{}}}", config.namespace);
+        let nodes = node::from_config(url, password, sentinel_password, config.tls.as_ref(), &prefix)?;
         let mode = IntGaugeVec::new(
             Opts::new(
                 "spillway_limits_mode",
@@ -313,19 +368,46 @@ impl SharedLimits {
             ]),
         )
         .expect("metric definition");
+        let grant_to_upstream_seconds = Histogram::with_opts(
+            HistogramOpts::new(
+                "spillway_redis_grant_to_upstream_seconds",
+                "From the script that handed a freed slot to a waiter of this gateway to the waiter's first attempt upstream (Redis's clock to this host's)",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
+            ]),
+        )
+        .expect("metric definition");
+        let node_changes = IntCounterVec::new(
+            Opts::new(
+                "spillway_redis_node_changes_total",
+                "Moves of the shared limits to another Redis node, by how it was found (sentinel: a failover; cluster, moved: the namespace's slot moved)",
+            ),
+            &["found_by"],
+        )
+        .expect("metric definition");
+        let redirections = IntCounterVec::new(
+            Opts::new(
+                "spillway_redis_redirections_total",
+                "Redis Cluster's answers that sent a call elsewhere, by answer (moved, ask, tryagain): the namespace's slot moving",
+            ),
+            &["answer"],
+        )
+        .expect("metric definition");
         for m in [
             Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(redirections.clone()),
+            Box::new(node_changes.clone()),
             Box::new(changes.clone()),
             Box::new(calls.clone()),
             Box::new(seconds.clone()),
             Box::new(grant_seconds.clone()),
+            Box::new(grant_to_upstream_seconds.clone()),
         ] {
             let _ = registry.register(m);
         }
-        let prefix = format!("spillway:{{{}}}", config.namespace);
         let shared = SharedLimits {
-            client,
-            conn: OnceLock::new(),
+            nodes,
             config: config.clone(),
             live: format!("{prefix}:gateways"),
             to: format!("{prefix}:to:"),
@@ -340,6 +422,9 @@ impl SharedLimits {
             waiters: handoff::Waiters::default(),
             classes: Mutex::new(HashMap::new()),
             held: Mutex::new(HashMap::new()),
+            unreleased: Mutex::new(Vec::new()),
+            renewed_on: Mutex::new(None),
+            recent: Mutex::new(std::collections::VecDeque::new()),
             scripts: Scripts {
                 acquire: class_script(include_str!("limits/acquire.lua")),
                 release: class_script(include_str!("limits/release.lua")),
@@ -351,15 +436,18 @@ impl SharedLimits {
             calls,
             seconds,
             grant_seconds,
+            grant_to_upstream_seconds,
+            node_changes,
+            redirections,
         };
         shared.set_mode(false);
         Ok(Arc::new(shared))
     }
 
     /// Opens the connection and starts the background work: renewals, the probe that finds Redis
-    /// again, the subscriber that wakes this gateway's waiters and their backstop poll; the
-    /// caller ends them.
-    pub(crate) fn start(self: &Arc<Self>) -> [tokio::task::JoinHandle<()>; 3] {
+    /// again, the subscriber that wakes this gateway's waiters and their backstop poll, and
+    /// under Sentinel or Cluster the search for the node that moved; the caller ends them.
+    pub(crate) fn start(self: &Arc<Self>) -> Vec<tokio::task::JoinHandle<()>> {
         // The client's own response timeout only unsticks a connection that hangs (then it
         // reconnects): each call has its budget (see `call`), and a slow answer is an answer.
         let config = ConnectionManagerConfig::new()
@@ -367,17 +455,25 @@ impl SharedLimits {
             .set_response_timeout(Some(self.background_budget()))
             .set_number_of_retries(1)
             .set_max_delay(Duration::from_millis(500));
-        match ConnectionManager::new_lazy_with_config(self.client.clone(), config) {
-            Ok(conn) => {
-                let _ = self.conn.set(conn);
-            }
-            Err(e) => tracing::warn!(error = ?e.kind(), "cannot set up the Redis connection"),
-        }
-        [
+        self.nodes.start(config);
+        let mut tasks = vec![
             tokio::spawn(self.clone().keep_leases()),
             tokio::spawn(self.clone().listen()),
             tokio::spawn(self.clone().backstop()),
-        ]
+        ];
+        if self.nodes.follows() {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move {
+                me.nodes
+                    .follow(|found_by| me.node_changes.with_label_values(&[found_by]).inc())
+                    .await;
+            }));
+        }
+        if self.nodes.is_sentinel() {
+            let me = self.clone();
+            tasks.push(tokio::spawn(async move { me.nodes.hear_sentinels().await }));
+        }
+        tasks
     }
 
     /// Limits are shared right now.
@@ -432,96 +528,6 @@ impl SharedLimits {
     /// its silence has already decided the mode.
     fn background_budget(&self) -> Duration {
         self.config.down_after * 2
-    }
-
-    /// One script call, counted and timed by `op`, waiting at most `budget` for the answer. A
-    /// late answer (past `redis.timeout`) is still an answer; a call with no answer for
-    /// `down_after`, while Redis answered nothing else meanwhile, or failures lasting as long,
-    /// turn this gateway to its share.
-    async fn call<T: redis::FromRedisValue>(
-        &self,
-        op: &'static str,
-        invocation: &ScriptInvocation<'_>,
-        budget: Duration,
-    ) -> Result<T, Unavailable> {
-        let Some(conn) = self.conn.get() else {
-            return Err(Unavailable);
-        };
-        let mut conn = conn.clone();
-        let start = Instant::now();
-        let answer = invocation.invoke_async::<T>(&mut conn);
-        tokio::pin!(answer);
-        let silent = tokio::time::sleep_until(start + self.config.down_after);
-        tokio::pin!(silent);
-        let give_up = tokio::time::sleep_until(start + budget);
-        tokio::pin!(give_up);
-        let mut listened = false;
-        let result = loop {
-            tokio::select! {
-                r = &mut answer => break Some(r),
-                () = &mut silent, if !listened => {
-                    listened = true;
-                    if !self.health.answered_since(start) {
-                        self.fall_back(&format!(
-                            "{op}: no answer from Redis for {:?}",
-                            self.config.down_after
-                        ));
-                        break None;
-                    }
-                }
-                () = &mut give_up => break None,
-            }
-        };
-        let took = start.elapsed();
-        self.seconds.with_label_values(&[op]).observe(took.as_secs_f64());
-        let outcome = match &result {
-            Some(Ok(_)) if took > self.config.timeout => "late",
-            Some(Ok(_)) => "ok",
-            Some(Err(_)) => "error",
-            None => "timeout",
-        };
-        self.calls.with_label_values(&[op, outcome]).inc();
-        match result {
-            Some(Ok(v)) => {
-                self.health.answered();
-                if outcome == "late" {
-                    self.slow(op, took);
-                }
-                Ok(v)
-            }
-            Some(Err(e)) => {
-                if self.health.failed(self.config.down_after) {
-                    self.fall_back(&format!("{op}: {e}"));
-                }
-                Err(Unavailable)
-            }
-            None => {
-                if self.health.failed(self.config.down_after) {
-                    self.fall_back(&format!("{op}: no answer within {budget:?}"));
-                }
-                Err(Unavailable)
-            }
-        }
-    }
-
-    /// A late answer: said at most once a minute, and limits stay shared.
-    fn slow(&self, op: &str, took: Duration) {
-        let now = self.health.since_start().as_millis() as u64 + 1;
-        let last = self.slow_logged.load(Ordering::Relaxed);
-        if (last == 0 || now.saturating_sub(last) >= SLOW_LOG.as_millis() as u64)
-            && self
-                .slow_logged
-                .compare_exchange(last, now, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-        {
-            tracing::warn!(
-                op,
-                took = ?took,
-                timeout = ?self.config.timeout,
-                down_after = ?self.config.down_after,
-                "Redis is slow: limits stay shared while it answers within down_after"
-            );
-        }
     }
 
     /// The class as the scripts see it, kept for the releases and the backstop poll.
@@ -664,6 +670,7 @@ impl SharedLimits {
             granted_at: start,
             team_slot: q.max_parallel.is_some(),
             armed: true,
+            granted_ms: None,
         };
         // A slow Redis is a slower queue: the request waits for it as it would in the queue,
         // at least `redis.timeout`.
@@ -731,7 +738,10 @@ impl SharedLimits {
         lease.charged = if q.tpm.is_some() { ask.tokens } else { 0 };
         if outcome == 2 {
             let refused = match self.wait(waiter, &ask, start + budget).await? {
-                Ok(()) => None,
+                Ok(at) => {
+                    lease.granted_ms = at;
+                    None
+                }
                 Err(NoSlot::TimedOut(waited)) => Some(Rejection::QueueTimeout {
                     waited,
                     retry_after: ask.admission.retry_after_shared(0, ask.limits),
@@ -773,21 +783,27 @@ impl SharedLimits {
 
     /// Waits in the shared queue until this request's gateway is told that the slot is its
     /// own (or that its place is gone), or `until`; `Err(Unavailable)` if limits stop being
-    /// shared meanwhile. No call to Redis: the grant comes with the release that freed it.
+    /// shared meanwhile or Redis lost its place. No call to Redis: the grant comes with the
+    /// release that freed it.
     async fn wait(
         &self,
         waiter: handoff::Waiter<'_>,
         ask: &Ask<'_>,
         until: Instant,
-    ) -> Result<Result<(), NoSlot>, Unavailable> {
+    ) -> Result<Result<Option<u64>, NoSlot>, Unavailable> {
         let start = Instant::now();
         let _counted = ask.admission.shared_waiter(&ask.claim);
         tokio::select! {
-            told = waiter.told() => match told {
-                handoff::Told::Granted => Ok(Ok(())),
+            told = waiter.told() => match told.0 {
+                handoff::Told::Granted => Ok(Ok(told.1)),
                 handoff::Told::PushedOut => Ok(Err(NoSlot::PushedOut)),
-                // The place expired (this gateway was cut off for longer than Wq).
-                handoff::Told::Gone => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
+                // The place expired (this gateway was cut off for longer than Wq) ...
+                handoff::Told::Gone if Instant::now() >= until => {
+                    Ok(Err(NoSlot::TimedOut(start.elapsed())))
+                }
+                // ... or Redis lost it with time left (a failover to a replica that lacked it,
+                // a restart): served on this gateway's share, as when Redis does not answer.
+                handoff::Told::Gone => Err(Unavailable),
             },
             () = tokio::time::sleep_until(until) => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
             () = self.not_sharing() => Err(Unavailable),
@@ -805,12 +821,15 @@ impl SharedLimits {
         loop {
             if self.is_shared() {
                 tokio::time::sleep(every).await;
-                let _ = self.renew_with(false, 0).await;
+                if self.renew_with(false, 0).await.is_ok() {
+                    self.release_again().await;
+                }
                 continue;
             }
             let since = rejoining.map_or(0, |(_, since)| since);
             match self.renew_with(true, since).await {
                 Ok((live, now)) => {
+                    self.release_again().await;
                     let (started, _) = *rejoining.get_or_insert((Instant::now(), now));
                     self.rejoining.store(true, Ordering::Release);
                     let all_back = since > 0 && live >= self.config.gateways.get();
@@ -837,10 +856,65 @@ impl SharedLimits {
         }
     }
 
+    /// Keeps a release Redis did not take, to send again when it answers.
+    fn unreleased(&self, r: Unreleased) {
+        let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
+        if list.len() < MAX_UNRELEASED {
+            list.push(r);
+        }
+    }
+
+    /// Remembers a release Redis took, for a move to another node within `lease_ttl`.
+    fn released(&self, r: Unreleased) {
+        if !self.nodes.follows() {
+            return;
+        }
+        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        while recent
+            .front()
+            .is_some_and(|(at, _)| now.duration_since(*at) > self.config.lease_ttl)
+            || recent.len() >= MAX_UNRELEASED
+        {
+            recent.pop_front();
+        }
+        recent.push_back((now, r));
+    }
+
+    /// Sends again the releases Redis did not take; those failing again are kept.
+    async fn release_again(&self) {
+        let list = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
+        for r in list {
+            let mut call = self.invoke(&self.scripts.release, &r.class);
+            // Tokens and service unknown (-1): only the places are freed (see `Unreleased`).
+            call.key(&r.parallel)
+                .key(&r.tokens)
+                .arg(&r.member)
+                .arg(0)
+                .arg(0)
+                .arg(-1)
+                .arg("")
+                .arg(0)
+                .arg(-1)
+                .arg(0);
+            if self
+                .call::<i64>("release_again", &call, self.background_budget())
+                .await
+                .is_err()
+            {
+                self.unreleased(r);
+            }
+        }
+    }
+
     /// One call that renews every lease this gateway holds, or puts them all back (`add`, or
     /// where Redis lost them; see `renew.lua`); returns how many gateways have renewed since
     /// `since` (Redis ms; 0: how many are live) and Redis's time.
     async fn renew_with(&self, add: bool, since: u64) -> Result<(u32, u64), Unavailable> {
+        // On a node first renewed on since a move, leases are put back too: a promoted replica
+        // may lack the last writes of the primary it replaces.
+        let node = self.nodes.current().map(|n| n.name.clone());
+        let moved = *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()) != node;
         let held: Vec<(String, Vec<String>)> = self
             .held()
             .iter()
@@ -850,7 +924,7 @@ impl SharedLimits {
         call.key(&self.live)
             .arg(self.config.lease_ttl.as_millis() as u64)
             .arg(&self.gateway)
-            .arg(if add { "add" } else { "" })
+            .arg(if add || moved { "add" } else { "" })
             .arg(since);
         for (key, members) in &held {
             call.key(key).arg(members.len());
@@ -859,6 +933,17 @@ impl SharedLimits {
             }
         }
         let (_, live, now): (i64, u32, u64) = self.call("renew", &call, self.background_budget()).await?;
+        let before = std::mem::replace(
+            &mut *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()),
+            node,
+        );
+        if moved && before.is_some() {
+            // A move: the recent releases go to the new node too (see `recent`).
+            let recent = std::mem::take(&mut *self.recent.lock().unwrap_or_else(|e| e.into_inner()));
+            let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
+            list.extend(recent.into_iter().map(|(_, r)| r));
+            list.truncate(MAX_UNRELEASED);
+        }
         Ok((live, now))
     }
 
@@ -891,6 +976,7 @@ impl SharedLimits {
             granted_at: Instant::now(),
             team_slot,
             armed: true,
+            granted_ms: None,
         };
         self.hold(&mut lease);
         lease
@@ -899,62 +985,6 @@ impl SharedLimits {
     fn member(&self) -> String {
         format!("{}:{}", self.gateway, self.next.fetch_add(1, Ordering::Relaxed))
     }
-}
-
-/// The Redis client: the URL (`redis://` or `rediss://`), the password from the environment, and
-/// for TLS the CA and client certificate of `redis.tls`. Errors name the part that is wrong,
-/// never the URL or the password.
-fn client(
-    url: &str,
-    password: Option<String>,
-    tls: Option<&crate::config::RedisTls>,
-) -> Result<redis::Client, crate::config::ConfigError> {
-    use redis::IntoConnectionInfo;
-    let bad_url = |e: redis::RedisError| {
-        crate::config::err("redis.url_env", format!("not a Redis URL ({:?})", e.kind()))
-    };
-    let mut info = url.into_connection_info().map_err(bad_url)?;
-    if let Some(p) = password {
-        let settings = info.redis_settings().clone().set_password(p);
-        info = info.set_redis_settings(settings);
-    }
-    let Some(tls) = tls else {
-        return redis::Client::open(info).map_err(bad_url);
-    };
-    if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
-        return Err(crate::config::err(
-            "redis.tls",
-            "is for a rediss:// URL; this one is not TLS",
-        ));
-    }
-    let read = |field: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| crate::config::err(field, format!("cannot read {}: {e}", path.display())))
-    };
-    let root_cert = match &tls.ca_file {
-        Some(p) => Some(read("redis.tls.ca_file", p)?),
-        None => None,
-    };
-    let client_tls = match (&tls.cert_file, &tls.key_file) {
-        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-            client_cert: read("redis.tls.cert_file", cert)?,
-            client_key: read("redis.tls.key_file", key)?,
-        }),
-        _ => None,
-    };
-    redis::Client::build_with_tls(
-        info,
-        redis::TlsCertificates {
-            client_tls,
-            root_cert,
-        },
-    )
-    .map_err(|e| {
-        crate::config::err(
-            "redis.tls",
-            format!("the certificates are not usable ({:?})", e.kind()),
-        )
-    })
 }
 
 impl Ask<'_> {

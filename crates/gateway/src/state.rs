@@ -97,6 +97,7 @@ impl Gateway {
                 r,
                 &r.url(env)?,
                 r.password(env)?,
+                r.sentinel_password(env)?,
                 &metrics.registry,
             )?),
             None => None,

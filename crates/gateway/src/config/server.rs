@@ -119,6 +119,10 @@ pub struct RedisConfig {
     /// The environment variable holding Redis's password (AUTH), where it is not in the URL.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// With a `redis+sentinel://` URL: the environment variable holding the sentinels' own
+    /// password, where they ask for one (`requirepass` in sentinel.conf).
+    #[serde(default)]
+    pub sentinel_password_env: Option<String>,
     /// For a `rediss://` URL: the CA to trust instead of the system's, and a client certificate.
     #[serde(default)]
     pub tls: Option<RedisTls>,
@@ -168,15 +172,25 @@ impl RedisConfig {
 
     /// Redis's password, read through `env` from `password_env`, if set.
     pub fn password(&self, env: &dyn Fn(&str) -> Option<String>) -> Result<Option<String>, ConfigError> {
-        let Some(var) = &self.password_env else {
-            return Ok(None);
-        };
-        env(var).filter(|p| !p.is_empty()).map(Some).ok_or_else(|| {
-            err(
-                "redis.password_env",
-                format!("the environment variable {var} holding Redis's password is not set"),
-            )
-        })
+        secret(
+            env,
+            "redis.password_env",
+            self.password_env.as_deref(),
+            "Redis's password",
+        )
+    }
+
+    /// The sentinels' password, read through `env` from `sentinel_password_env`, if set.
+    pub fn sentinel_password(
+        &self,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Option<String>, ConfigError> {
+        secret(
+            env,
+            "redis.sentinel_password_env",
+            self.sentinel_password_env.as_deref(),
+            "the sentinels' password",
+        )
     }
 
     /// This gateway's share of a limit while Redis is unreachable: limit ÷ gateways, at least 1
@@ -188,6 +202,23 @@ impl RedisConfig {
             (limit / self.gateways.get()).max(1)
         }
     }
+}
+
+/// A secret from the environment variable named at `field`, if one is named; an error (that
+/// names the variable, never its value) if it is named but unset or empty.
+fn secret(
+    env: &dyn Fn(&str) -> Option<String>,
+    field: &str,
+    var: Option<&str>,
+    what: &str,
+) -> Result<Option<String>, ConfigError> {
+    let Some(var) = var else { return Ok(None) };
+    env(var).filter(|p| !p.is_empty()).map(Some).ok_or_else(|| {
+        err(
+            field,
+            format!("the environment variable {var} holding {what} is not set"),
+        )
+    })
 }
 
 /// The admin API: state, drain/undrain a replica, reload. Bearer-token protected; the token comes

@@ -201,6 +201,23 @@ fn redis_shares_and_refusals_name_the_field() {
         p.password(&|v| (v == "RPW").then(|| "s3cret".into())).unwrap(),
         Some("s3cret".into())
     );
+    assert_eq!(
+        p.sentinel_password(&|_| None).unwrap(),
+        None,
+        "no sentinel_password_env: none"
+    );
+    let s = with("{ gateways: 3, sentinel_password_env: SPW }").unwrap();
+    let s = s.redis.as_ref().unwrap();
+    let unset = s.sentinel_password(&|_| None).unwrap_err().to_string();
+    assert!(
+        unset.contains("redis.sentinel_password_env") && unset.contains("SPW"),
+        "{unset}"
+    );
+    assert_eq!(
+        s.sentinel_password(&|v| (v == "SPW").then(|| "t0p".into()))
+            .unwrap(),
+        Some("t0p".into())
+    );
     for (bad, field) in [
         ("{ gateways: 0 }", "gateways"),
         ("{ gateways: 2, lease_ttl: 500ms }", "redis.lease_ttl"),

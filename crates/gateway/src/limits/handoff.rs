@@ -36,7 +36,8 @@ impl Told {
 }
 
 struct Entry {
-    tx: oneshot::Sender<Told>,
+    /// What it is told, and when Redis granted it (ms since the epoch, Redis's clock) if known.
+    tx: oneshot::Sender<(Told, Option<u64>)>,
     class: Arc<Class>,
 }
 
@@ -55,14 +56,15 @@ pub(super) struct Waiters {
 pub(super) struct Waiter<'a> {
     waiters: &'a Waiters,
     member: String,
-    rx: oneshot::Receiver<Told>,
+    rx: oneshot::Receiver<(Told, Option<u64>)>,
 }
 
 impl Waiter<'_> {
-    /// Resolves once, when the waiter is told.
-    pub(super) async fn told(mut self) -> Told {
+    /// Resolves once, when the waiter is told; with the grant's time in Redis when the message
+    /// said it (not when the backstop poll found it).
+    pub(super) async fn told(mut self) -> (Told, Option<u64>) {
         // The sender lives in the map until it is used or this waiter is dropped.
-        (&mut self.rx).await.unwrap_or(Told::Gone)
+        (&mut self.rx).await.unwrap_or((Told::Gone, None))
     }
 }
 
@@ -95,9 +97,9 @@ impl Waiters {
     }
 
     /// Tells a waiter, if it still waits; true if it did.
-    fn tell(&self, member: &str, told: Told) -> bool {
+    fn tell(&self, member: &str, told: Told, at: Option<u64>) -> bool {
         let entry = self.lock().remove(member);
-        entry.is_some_and(|e| e.tx.send(told).is_ok())
+        entry.is_some_and(|e| e.tx.send((told, at)).is_ok())
     }
 
     /// The classes with waiters here, each with its waiters.
@@ -112,6 +114,15 @@ impl Waiters {
         }
         out.into_values().collect()
     }
+}
+
+/// Seconds from `at_ms` (ms since the epoch, as Redis's TIME gives it) to this host's now; 0 if
+/// the clocks put it in the future.
+pub(super) fn since_redis_ms(at_ms: u64) -> f64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    now.saturating_sub(at_ms) as f64 / 1000.0
 }
 
 /// A message on a gateway's channel: `code ms member` (see class.lua's `tell`); the member
@@ -130,35 +141,47 @@ impl SharedLimits {
     /// after a pause when the subscription breaks.
     pub(super) async fn listen(self: Arc<Self>) {
         let channel = format!("{}{}", self.to, self.gateway);
+        let mut node_changed = self.nodes.watch();
         loop {
+            node_changed.borrow_and_update();
+            let Some(node) = self.nodes.current() else {
+                let _ = tokio::time::timeout(super::PROBE, node_changed.changed()).await;
+                continue;
+            };
             if let Ok(Ok(mut pubsub)) =
-                tokio::time::timeout(self.config.down_after, self.client.get_async_pubsub()).await
+                tokio::time::timeout(self.config.down_after, node.client.get_async_pubsub()).await
                 && pubsub.subscribe(&channel).await.is_ok()
             {
                 self.waiters.subscribed.store(true, Ordering::Release);
                 self.waiters.subscriptions.fetch_add(1, Ordering::AcqRel);
                 let mut messages = pubsub.on_message();
-                while let Some(msg) = messages.next().await {
-                    let Some((told, member, at)) = parse(msg.get_payload_bytes()) else {
-                        continue;
-                    };
-                    if self.waiters.tell(member, told) && told == Told::Granted {
-                        self.grant_latency(at);
+                loop {
+                    tokio::select! {
+                        msg = messages.next() => {
+                            let Some(msg) = msg else { break };
+                            let Some((told, member, at)) = parse(msg.get_payload_bytes()) else {
+                                continue;
+                            };
+                            if self.waiters.tell(member, told, Some(at)) && told == Told::Granted {
+                                self.grant_latency(at);
+                            }
+                        }
+                        // The namespace moved (a failover): listen where grants are published.
+                        _ = node_changed.changed() => break,
                     }
                 }
                 self.waiters.subscribed.store(false, Ordering::Release);
+                if node_changed.has_changed().unwrap_or(false) {
+                    continue;
+                }
             }
-            tokio::time::sleep(super::PROBE).await;
+            let _ = tokio::time::timeout(super::PROBE, node_changed.changed()).await;
         }
     }
 
     /// From Redis's clock at the grant to this host's now (one host or synchronised clocks).
     fn grant_latency(&self, at_ms: u64) {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        self.grant_seconds
-            .observe(now.saturating_sub(at_ms) as f64 / 1000.0);
+        self.grant_seconds.observe(since_redis_ms(at_ms));
     }
 
     /// The backstop: every [`BACKSTOP`], one call per class with waiters here hands off the
@@ -190,7 +213,7 @@ impl SharedLimits {
                 };
                 for (m, code) in members.iter().zip(codes) {
                     if let Some(told) = Told::from_code(code) {
-                        self.waiters.tell(m, told);
+                        self.waiters.tell(m, told, None);
                     }
                 }
             }
@@ -223,11 +246,11 @@ mod tests {
     async fn a_grant_told_before_the_waiter_looks_is_kept() {
         let waiters = Waiters::default();
         let w = waiters.enlist("g:1:0:a", &class());
-        assert!(waiters.tell("g:1:0:a", Told::Granted));
-        assert_eq!(w.told().await, Told::Granted);
+        assert!(waiters.tell("g:1:0:a", Told::Granted, Some(7)));
+        assert_eq!(w.told().await, (Told::Granted, Some(7)));
         assert!(waiters.lock().is_empty(), "told once, then gone");
         assert!(
-            !waiters.tell("g:1:0:a", Told::Granted),
+            !waiters.tell("g:1:0:a", Told::Granted, None),
             "a second message finds nobody"
         );
     }
@@ -236,7 +259,7 @@ mod tests {
     async fn a_waiter_that_gives_up_stops_listening() {
         let waiters = Waiters::default();
         drop(waiters.enlist("g:2:0:a", &class()));
-        assert!(!waiters.tell("g:2:0:a", Told::Granted));
+        assert!(!waiters.tell("g:2:0:a", Told::Granted, None));
         assert!(waiters.by_class().is_empty());
     }
 

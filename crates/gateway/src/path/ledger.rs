@@ -231,6 +231,9 @@ impl Ledger {
     /// The first attempt on a replica starts at `now`.
     pub(crate) fn calling(&mut self, now: Instant) {
         self.upstream_start = Some(now);
+        if let Some(lease) = &mut self.lease {
+            lease.upstream_started();
+        }
     }
 
     /// `replica` was picked and is now asked.

@@ -21,6 +21,7 @@ mod operations;
 #[cfg(feature = "picker")]
 mod picker;
 mod quotas;
+mod redis_ha;
 mod redis_tls;
 mod resilience;
 mod shared;

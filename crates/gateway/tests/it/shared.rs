@@ -186,7 +186,7 @@ fn config(namespace: &str) -> String {
 }
 
 /// Sends one streamed request and reads it whole: (status, Retry-After, body).
-async fn one(url: String, max_tokens: u32) -> (u16, Option<String>, String) {
+pub(crate) async fn one(url: String, max_tokens: u32) -> (u16, Option<String>, String) {
     match http()
         .post(format!("{url}/v1/chat/completions"))
         .json(&chat("chat", max_tokens, true))
@@ -206,11 +206,11 @@ async fn one(url: String, max_tokens: u32) -> (u16, Option<String>, String) {
     }
 }
 
-type Statuses = Arc<std::sync::Mutex<Vec<(u16, String)>>>;
+pub(crate) type Statuses = Arc<std::sync::Mutex<Vec<(u16, String)>>>;
 
 /// 8 closed-loop clients per gateway streaming 20 tokens (more than C either way), each answer's
 /// status and body kept in `statuses`, until `stop`.
-fn closed_loop(
+pub(crate) fn closed_loop(
     gws: &[Gw],
     stop: &Arc<std::sync::atomic::AtomicBool>,
     statuses: &Statuses,
