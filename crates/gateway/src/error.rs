@@ -1,7 +1,6 @@
 //! Every way a request can fail, where it came from, whether a retry could help, and the one place
 //! each maps to a status code and an OpenAI-shaped body.
 
-use crate::path::prepare::Shape;
 use admission::{Limits, QuotaExceeded, Rejection};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -9,6 +8,16 @@ use protocol::ErrorBody;
 use protocol::agents::Dialect;
 use protocol::error::ErrorDetail;
 use std::time::Duration;
+
+/// The shape of the errors a client of an endpoint understands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Shape {
+    /// `{"error":{"message","type","param","code"}}`.
+    #[default]
+    OpenAi,
+    /// `{"type":"error","error":{"type","message"}}`, with Anthropic's type names.
+    Anthropic,
+}
 
 /// Who caused a failure: it decides the status family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

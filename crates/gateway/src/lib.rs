@@ -146,9 +146,9 @@ pub mod fuzzing {
             body: &[u8],
         ) -> Result<Prepared, GatewayError> {
             let api = if chat {
-                crate::path::prepare::Api::Chat
+                crate::path::api::Api::Chat
             } else {
-                crate::path::prepare::Api::Completions
+                crate::path::api::Api::Completions
             };
             let parsed = crate::path::prepare::Parsed::parse(api, body)?;
             let tenant = self.1.identify(None)?;
@@ -211,7 +211,7 @@ pub mod fuzzing {
                         return None;
                     }
                     return Some(FrontHead {
-                        chat: r.api == crate::path::prepare::Api::Chat,
+                        chat: r.api == crate::path::api::Api::Chat,
                         target: r.uri.to_string(),
                         content_length: r.content_length,
                         close: r.close,

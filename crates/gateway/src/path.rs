@@ -6,6 +6,7 @@
 //! Every request gets its ID here first ([`identified`]), whichever server read it.
 
 pub(crate) mod admit;
+pub(crate) mod api;
 pub(crate) mod hints;
 pub(crate) mod ledger;
 pub(crate) mod prepare;
@@ -21,6 +22,7 @@ use crate::path::ledger::Ledger;
 use crate::state::Gateway;
 use crate::table::Table;
 use admit::admit;
+use api::Api;
 use axum::body::Body;
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
@@ -28,7 +30,7 @@ use bytes::Bytes;
 use bytes::BytesMut;
 pub(crate) use hints::auth;
 use http_body_util::BodyExt;
-use prepare::{Api, Parsed};
+use prepare::Parsed;
 use respond::{ClientAnswer, ResponseBody, answer, respond};
 use std::future::Future;
 use std::sync::Arc;

@@ -4,9 +4,10 @@
 
 use crate::access_log::{AccessLog, AccessRecord};
 use crate::config::Slo;
+use crate::error::Shape;
 use crate::error::{CLIENT_CLOSED_REQUEST, Cut, GatewayError};
 use crate::metrics::{ClassSeries, Metrics, NO_CLASS, UNKNOWN_ROUTE};
-use crate::path::prepare::{Api, Shape};
+use crate::path::api::Api;
 use crate::route::ReplicaGuard;
 use admission::Permit;
 use axum::http::StatusCode;

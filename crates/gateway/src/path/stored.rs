@@ -3,8 +3,8 @@
 //! team that made it, under the route's key checks. No slot is taken: the replica generates
 //! nothing for either.
 
+use super::api::Api;
 use super::ledger::{Ending, Ledger};
-use super::prepare::Api;
 use super::relay;
 use crate::config::BACKGROUND_POLL;
 use crate::error::GatewayError;

@@ -3,9 +3,10 @@
 //! the attempts, the route's retry budget and the deadline, after a jittered backoff.
 
 use crate::error::GatewayError;
+use crate::path::api::Api;
 use crate::path::hints::DEADLINE_HEADER;
 use crate::path::ledger::Ledger;
-use crate::path::prepare::{Api, Prepared};
+use crate::path::prepare::Prepared;
 use crate::path::relay::{self, Events, Opened, Streamed};
 use crate::path::verdict::{Verdict, judge};
 use crate::route::transport::Response;

@@ -4,8 +4,8 @@
 //! the request path takes it, and hyper for everything else, which then answers it as it always
 //! did (the first such request hands it the connection, with every byte read so far).
 
+use crate::path::api::Api;
 use crate::path::hints::READ_HEADERS;
-use crate::path::prepare::Api;
 use crate::path::relay::Relay;
 use crate::path::respond::ResponseBody;
 use crate::serve::router::HyperService;

@@ -4,7 +4,7 @@
 
 use crate::config::MetricsExposure;
 use crate::error::{GatewayError, Invalid};
-use crate::path::prepare::Api;
+use crate::path::api::Api;
 use crate::path::respond::into_hyper;
 use crate::path::stored::Ask;
 use crate::path::{auth, completion, handle, identified, refused, stamp};
