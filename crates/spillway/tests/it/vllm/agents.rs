@@ -45,6 +45,9 @@ fn the_official_sdks_through_the_gateway_to_vllm() {
         .filter(|l| matches!(l["api"].as_str(), Some("responses" | "messages")) && l["status"] == 200)
         .collect();
     assert!(agents.len() >= 6, "{lines:?}");
+    for line in &agents {
+        println!("access log: {line}");
+    }
     for line in agents.iter().filter(|l| l["stream"] == true) {
         assert!(
             line["ttft_ms"].is_number() && line["tokens_out"].as_u64() > Some(0),
@@ -52,6 +55,11 @@ fn the_official_sdks_through_the_gateway_to_vllm() {
         );
     }
     let metrics = get_body(gw.port, "/metrics");
+    for series in metrics.lines().filter(|l| {
+        l.starts_with("spillway_api_requests_total") || l.starts_with("spillway_ttft_seconds_count")
+    }) {
+        println!("metrics: {series}");
+    }
     assert!(
         metrics.contains(&format!(
             "spillway_api_requests_total{{api=\"messages\",route=\"{MODEL}\",status=\"200\"}}"
