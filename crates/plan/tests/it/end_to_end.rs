@@ -11,7 +11,7 @@ use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::stats::LevelStats;
 use bench::workload::{Prompt, Source, Workload};
-use bench::{Endpoint, Options};
+use bench::{Api, Options};
 use engine::EngineConfig;
 use engine::cost::CostModel;
 use rand::{Rng, SeedableRng};
@@ -46,7 +46,7 @@ fn target(url: &str) -> bench::Target {
         url: url.to_owned(),
         model: MODEL.into(),
         api_key: None,
-        endpoint: Endpoint::Chat,
+        api: Api::Chat,
         ignore_eos: true,
         timeout: Duration::from_secs(30),
         ca_cert: None,
