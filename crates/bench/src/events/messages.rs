@@ -90,18 +90,22 @@ pub fn read(data: &[u8], want_id: bool) -> Event {
             ev
         }
         "message_stop" => Event::of_kind(Kind::Done),
+        "error" => error(d.error),
         // An OpenAI-shaped `{"error":…}` on this route is an error as well.
-        "error" | "" if d.error.is_some() || kind == "error" => {
-            let info = d.error.map(ErrorObject::info).unwrap_or_default();
-            let mut ev = Event::of_kind(Kind::Error);
-            ev.error = Some(ErrorInfo {
-                message: info.message.or_else(|| Some("error event".to_owned())),
-                ..info
-            });
-            ev
-        }
+        "" if d.error.is_some() => error(d.error),
         _ => Event::of_kind(Kind::Other),
     }
+}
+
+/// An error event: the status its type (or code) names and its message.
+fn error(object: Option<ErrorObject>) -> Event {
+    let info = object.map(ErrorObject::info).unwrap_or_default();
+    let mut ev = Event::of_kind(Kind::Error);
+    ev.error = Some(ErrorInfo {
+        message: info.message.or_else(|| Some("error event".to_owned())),
+        ..info
+    });
+    ev
 }
 
 #[cfg(test)]
