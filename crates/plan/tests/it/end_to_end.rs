@@ -157,6 +157,11 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
         !p.warnings.iter().any(|w| w.contains("objective")),
         "admitted requests should fit the objective:\n{shown}"
     );
+    assert!(
+        shown.starts_with(&format!("spillway plan: {MODEL} on "))
+            && shown.contains("measured with the chat API"),
+        "the plan names the API the bench drove:\n{shown}"
+    );
     let (c, q) = (p.concurrency, p.queue);
     assert!(c >= 2, "a plan worth driving:\n{shown}");
 
