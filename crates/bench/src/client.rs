@@ -373,6 +373,11 @@ mod tests {
             "The model `x` does not exist."
         );
         assert_eq!(error_message(b"upstream connect error"), "upstream connect error");
+        // Anthropic's body (and vLLM's on /v1/messages, with its own type names).
+        assert_eq!(
+            error_message(br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
+            "Overloaded"
+        );
         let refused =
             br#"{"error":{"message":"cannot meet","type":"rate_limit_error","code":"slo_unattainable"}}"#;
         assert_eq!(error_code(refused).as_deref(), Some("slo_unattainable"));

@@ -74,3 +74,40 @@ async fn every_api_is_measured_as_the_engine_served_it() {
         }
     }
 }
+
+/// An engine that holds at most 4 requests (vLLM's `--max-num-queued-reqs`) under 8 clients
+/// refuses the rest with 503 in each agent API's own body (Anthropic's envelope on
+/// `/v1/messages`): the bench counts them as 503s with the engine's message, and nothing else
+/// fails.
+#[tokio::test(start_paused = true)]
+async fn refusals_in_each_agent_apis_shape_count_as_their_status() {
+    for api in [Api::Responses, Api::Messages] {
+        let mut cfg = paused_engine(2, STEP);
+        cfg.max_num_queued_reqs = Some(4);
+        let engine = testkit::Engine::start(cfg).await;
+        let mut opts = options(&engine.url(), 16, OUTPUT, "ttft_p99=60s");
+        opts.target.api = api;
+        opts.phases = vec![Phase::Staircase];
+        opts.loads = concurrency(&[8]);
+        opts.stop = Stop::Requests(60);
+        opts.keep_records = true;
+        opts.metrics_urls.clear();
+        let report = bench::run(opts).await.unwrap();
+        let level = &report.levels[0];
+        let records = level.records.as_ref().unwrap();
+        let refused: Vec<_> = records.iter().filter(|r| !r.ok()).collect();
+        assert!(
+            !refused.is_empty() && level.stats.ok > 0,
+            "{api}: {}",
+            bench::report::table(&report)
+        );
+        for r in refused {
+            assert_eq!(r.outcome.kind(), "http_503", "{api}: {r:?}");
+            let message = r.error.as_deref().unwrap_or_default();
+            assert!(
+                message.contains("The engine is currently busy"),
+                "{api}: {message}"
+            );
+        }
+    }
+}
