@@ -1,5 +1,6 @@
-//! One streamed request and what it measured: TTFT, every inter-token gap, end-to-end, tokens and
-//! how it ended (success, a status counted by code, a transport error, a broken stream).
+//! One streamed request sent and what it measured: its status, `Retry-After` and `Server-Timing`,
+//! and, its stream read by [`crate::stream`], TTFT, every inter-token gap, tokens and how it ended
+//! (success, a status counted by code, a transport error, a broken stream).
 
 use std::time::Duration;
 
