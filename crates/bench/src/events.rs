@@ -1,15 +1,12 @@
 //! What one event of a streamed answer says, in each API the bench drives: whether it carries
 //! generated tokens, its usage, whether it ends the stream or is an error (and the status that
-//! error names), and the answer's id. A parser fed one event's bytes; the client owns the socket.
+//! error names), and the answer's id. Fed one event's bytes; the client owns the socket.
 //!
-//! Chat and completions are read by the gateway's own judge ([`protocol::judge`]), so that the two
-//! agree on a stream's first token. The Responses API ([`responses`]) and Anthropic's Messages API
-//! ([`messages`]) are read here, as vLLM 0.32 streams them (its captures are the tests' input).
+//! Every API is read by the gateway's own judgement — [`protocol::judge`] for chat and completions,
+//! [`protocol::agents`] for the Responses and Messages APIs — so that the bench and the gateway
+//! agree on a stream's first token, its usage and its end.
 
-mod lenient;
-pub mod messages;
-pub mod responses;
-
+use protocol::agents::{self, Dialect};
 use protocol::judge::{self, ErrorInfo, Kind};
 
 use crate::request::Api;
@@ -28,76 +25,61 @@ pub struct Event {
     pub id: Option<String>,
 }
 
-impl Event {
-    pub(crate) fn of_kind(kind: Kind) -> Event {
-        Event {
-            kind,
-            input_tokens: None,
-            output_tokens: None,
-            error: None,
-            id: None,
-        }
-    }
-}
-
 /// Reads one event (its bytes as the SSE splitter cut them) of an `api` stream; `None` for an
 /// event without data (a comment, a keep-alive). The id is read only when `want_id`: it is
 /// wanted once per answer and costs an allocation.
 pub fn read(api: Api, event: &[u8], want_id: bool) -> Option<Event> {
-    match api {
+    let data = judge::data(event)?;
+    let data = data.bytes();
+    let (judged, id) = match api {
         Api::Chat | Api::Completions => {
-            let (judged, data) = judge::judge(event);
-            let data = data?;
-            let usage = judged.usage.unwrap_or_default();
-            Some(Event {
-                kind: judged.kind,
-                input_tokens: usage.prompt_tokens,
-                output_tokens: usage.completion_tokens,
-                id: if want_id { judged.id(data.bytes()) } else { None },
-                error: judged.error,
-            })
+            let judged = judge::judge_data(data);
+            let id = if want_id { judged.id(data) } else { None };
+            (judged, id)
         }
-        Api::Responses => Some(responses::read(judge::data(event)?.bytes(), want_id)),
-        Api::Messages => Some(messages::read(judge::data(event)?.bytes(), want_id)),
-    }
-}
-
-/// The HTTP status an error's code or type names: a number (or digits) from 400 to 599, or one of
-/// the names OpenAI's Responses API, Anthropic's API and vLLM give their errors. Anthropic's SDK
-/// retries `overloaded_error` as the 529 it comes with.
-pub fn status_named(code: &str) -> Option<u16> {
-    if let Ok(n) = code.trim().parse::<u16>() {
-        return (400..=599).contains(&n).then_some(n);
-    }
-    let status = match code {
-        "invalid_request_error" | "invalid_prompt" | "BadRequestError" => 400,
-        "authentication_error" | "AuthenticationError" => 401,
-        "permission_error" | "PermissionDeniedError" => 403,
-        "not_found_error" | "NotFoundError" => 404,
-        "request_too_large" => 413,
-        "rate_limit_error" | "rate_limit_exceeded" | "RateLimitError" => 429,
-        "api_error" | "server_error" | "internal_error" | "InternalServerError" => 500,
-        "ServiceUnavailableError" | "service_unavailable" => 503,
-        "timeout_error" => 504,
-        "overloaded_error" => 529,
-        _ => return None,
+        Api::Responses | Api::Messages => {
+            let dialect = if api == Api::Responses {
+                Dialect::Responses
+            } else {
+                Dialect::Messages
+            };
+            let (judged, id) = agents::judge_event(dialect, data);
+            // vLLM writes a failure inside its generation as the OpenAI-shaped
+            // `{"error":{…,"code":503}}` chunk on every route: read as chat's judge reads it.
+            let judged = match judged.kind {
+                Kind::Other => Some(judge::judge_data(data))
+                    .filter(|j| j.kind == Kind::Error)
+                    .unwrap_or(judged),
+                _ => judged,
+            };
+            (judged, id.filter(|_| want_id))
+        }
     };
-    Some(status)
+    let usage = judged.usage.unwrap_or_default();
+    Some(Event {
+        kind: judged.kind,
+        input_tokens: usage.prompt_tokens,
+        output_tokens: usage.completion_tokens,
+        error: judged.error,
+        id,
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn statuses_are_named_by_numbers_and_by_each_apis_words() {
-        assert_eq!(status_named("503"), Some(503));
-        assert_eq!(status_named("200"), None, "not an error status");
-        assert_eq!(status_named("overloaded_error"), Some(529));
-        assert_eq!(status_named("rate_limit_error"), Some(429));
-        assert_eq!(status_named("rate_limit_exceeded"), Some(429));
-        assert_eq!(status_named("NotFoundError"), Some(404));
-        assert_eq!(status_named("queue_full"), None);
+    const RESPONSES: &str = include_str!("../../engine/tests/fixtures/vllm-0.32/responses-stream.sse");
+    const MESSAGES: &str = include_str!("../../engine/tests/fixtures/vllm-0.32/messages-stream.sse");
+
+    fn events(api: Api, stream: &str) -> Vec<Event> {
+        let mut out = Vec::new();
+        protocol::sse::EventSplitter::default().feed(stream.as_bytes(), |e| out.extend(read(api, &e, true)));
+        out
+    }
+
+    fn kinds(evs: &[Event]) -> Vec<Kind> {
+        evs.iter().map(|e| e.kind).collect()
     }
 
     #[test]
@@ -113,5 +95,58 @@ mod tests {
         assert_eq!(ev.id.as_deref(), Some("c-1"));
         assert_eq!(read(Api::Chat, b": keep-alive\n\n", true), None);
         assert_eq!(read(Api::Messages, b"event: ping\n\n", true), None);
+    }
+
+    /// vLLM's own Responses stream: the id from `response.created`, three text deltas, the usage
+    /// and the end from `response.completed` (status `incomplete` at the cap, still the last).
+    #[test]
+    fn vllms_responses_stream_reads_as_three_tokens_then_usage_and_the_end() {
+        let evs = events(Api::Responses, RESPONSES);
+        assert_eq!(evs.len(), 11);
+        assert_eq!(kinds(&evs).iter().filter(|k| **k == Kind::Tokens).count(), 3);
+        assert_eq!(kinds(&evs)[4..7], [Kind::Tokens; 3]);
+        assert_eq!(evs[0].id.as_deref(), Some("resp_a866fc21525317cb"));
+        let last = evs.last().unwrap();
+        assert_eq!(last.kind, Kind::Done);
+        assert_eq!((last.input_tokens, last.output_tokens), (Some(20), Some(4)));
+        assert!(evs.iter().all(|e| e.error.is_none()));
+        assert!(evs[1..].iter().all(|e| e.id.is_none()), "the id once");
+    }
+
+    /// vLLM's own Messages stream: the id and the prompt's tokens from `message_start`, four text
+    /// deltas (one a replacement character), the output's tokens from `message_delta`, the end at
+    /// `message_stop`.
+    #[test]
+    fn vllms_messages_stream_reads_as_four_tokens_then_usage_and_the_end() {
+        let evs = events(Api::Messages, MESSAGES);
+        let (o, t) = (Kind::Other, Kind::Tokens);
+        assert_eq!(kinds(&evs), [o, o, t, t, t, t, o, o, Kind::Done]);
+        assert_eq!(evs[0].id.as_deref(), Some("chatcmpl-b1b6a9e04f4f4c4b"));
+        assert_eq!((evs[0].input_tokens, evs[0].output_tokens), (Some(20), None));
+        assert_eq!((evs[7].input_tokens, evs[7].output_tokens), (Some(20), Some(5)));
+    }
+
+    /// Each API's error shapes, and vLLM's OpenAI-shaped chunk on both agent routes.
+    #[test]
+    fn errors_in_each_shape_name_their_status() {
+        let status = |api, data: &str| {
+            let ev = read(api, format!("data: {data}\n\n").as_bytes(), false).unwrap();
+            assert_eq!(ev.kind, Kind::Error, "{data}");
+            ev.error.unwrap().status
+        };
+        let overloaded = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#;
+        assert_eq!(status(Api::Messages, overloaded), Some(503));
+        let limited = r#"{"type":"error","error":{"type":"rate_limit_error","message":"x"}}"#;
+        assert_eq!(status(Api::Messages, limited), Some(429));
+        let failed = r#"{"type":"response.failed","response":{"id":"resp_1","status":"failed","error":{"code":"rate_limit_exceeded","message":"slow down"}}}"#;
+        assert_eq!(status(Api::Responses, failed), Some(429));
+        let vllm = r#"{"error":{"message":"The server is overloaded","type":"ServiceUnavailableError","param":null,"code":503}}"#;
+        assert_eq!(status(Api::Responses, vllm), Some(503));
+        assert_eq!(status(Api::Messages, vllm), Some(503));
+        // Not an error on these routes: a chat stream's end.
+        assert_eq!(
+            read(Api::Responses, b"data: [DONE]\n\n", false).unwrap().kind,
+            Kind::Other
+        );
     }
 }

@@ -277,13 +277,13 @@ mod tests {
     }
 
     /// Each API's error event before the first token is the status it names (Anthropic's
-    /// `overloaded_error` the 529 it comes with); after a token it is the stream's failure.
+    /// `overloaded_error` the 503 a gateway answers it as); after a token it is the stream's failure.
     #[tokio::test]
     async fn agent_error_events_count_as_their_status_before_the_first_token() {
         let overloaded = "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
         let start = &MESSAGES[..MESSAGES.find("event: content_block_delta").unwrap()];
         let rec = parse_split_as(Api::Messages, vec![format!("{start}{overloaded}").into_bytes()]).await;
-        assert_eq!(rec.outcome, Outcome::Status { code: 529 });
+        assert_eq!(rec.outcome, Outcome::Status { code: 503 });
         assert_eq!(rec.error.as_deref(), Some("Overloaded"));
         let late = &MESSAGES[..MESSAGES.find("event: content_block_stop").unwrap()];
         let rec = parse_split_as(Api::Messages, vec![format!("{late}{overloaded}").into_bytes()]).await;
