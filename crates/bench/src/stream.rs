@@ -46,8 +46,8 @@ where
         };
         splitter.feed(&piece, |e| pending.push(e));
         for event in pending.drain(..) {
-            // Chat and completions by the gateway's own reading of an event (protocol::judge), so
-            // that the two agree on which event is the first token.
+            // The gateway's own reading of an event (protocol::judge, protocol::agents), so that
+            // the two agree on which event is the first token.
             let Some(ev) = events::read(api, &event, rec.id.is_none()) else {
                 continue;
             };
