@@ -243,6 +243,62 @@ impl Phase {
     }
 }
 
+/// The API a run drives: its path, its request's shape and the events its stream is read by.
+/// Results written before it existed say `endpoint` (chat or completions) instead.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Api {
+    /// OpenAI's `/v1/chat/completions`.
+    #[default]
+    Chat,
+    /// OpenAI's `/v1/completions`.
+    Completions,
+    /// OpenAI's Responses API, `/v1/responses` (the agents SDK, Codex).
+    Responses,
+    /// Anthropic's Messages API, `/v1/messages` (Claude Code, the `anthropic` SDK).
+    Messages,
+}
+
+impl Api {
+    pub const ALL: [Api; 4] = [Api::Chat, Api::Completions, Api::Responses, Api::Messages];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Chat => "chat",
+            Api::Completions => "completions",
+            Api::Responses => "responses",
+            Api::Messages => "messages",
+        }
+    }
+
+    /// The path a request of this API is posted to.
+    pub fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Completions => "/v1/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+}
+
+impl fmt::Display for Api {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl FromStr for Api {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Api::ALL
+            .into_iter()
+            .find(|a| a.name() == s.trim())
+            .ok_or_else(|| format!("API {s:?}: expected chat, completions, responses or messages"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,5 +343,15 @@ mod tests {
         assert_eq!(Load::Rate(2.0 / 3.0).to_string(), "0.667 req/s");
         assert_eq!(Load::Rate(10.0004).to_string(), "10 req/s");
         assert_eq!(Load::Concurrency(16).to_string(), "C=16");
+    }
+
+    #[test]
+    fn apis_read_and_write_their_names() {
+        for api in Api::ALL {
+            assert_eq!(api.name().parse::<Api>(), Ok(api));
+            assert_eq!(api.to_string(), api.name());
+        }
+        assert_eq!(Api::Messages.path(), "/v1/messages");
+        assert!("anthropic".parse::<Api>().unwrap_err().contains("messages"));
     }
 }

@@ -1,21 +1,19 @@
-//! One streamed request and what it measured: TTFT, every inter-token gap, end-to-end, tokens and
-//! how it ended (success, a status counted by code, a transport error, a broken stream).
+//! One streamed request sent and what it measured: its status, `Retry-After` and `Server-Timing`,
+//! and, its stream read by [`crate::stream`], TTFT, every inter-token gap, tokens and how it ended
+//! (success, a status counted by code, a transport error, a broken stream).
 
-use protocol::judge::{self, Kind};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt};
 use http_body_util::{BodyDataStream, BodyExt, Full, Limited};
 use hyper::header::{AUTHORIZATION, CONTENT_TYPE};
 use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::error::BenchError;
-pub use crate::request::{Endpoint, Outcome, Record, Target};
+pub use crate::request::{Api, Outcome, Record, Target};
 use crate::workload::Prompt;
 
 /// Reads `queue;dur=…` and `upstream;dur=…` (milliseconds) out of a `Server-Timing` header.
@@ -96,10 +94,7 @@ pub struct Client {
 
 impl Client {
     pub fn new(target: Target) -> Result<Client, BenchError> {
-        let path = match target.endpoint {
-            Endpoint::Chat => "/v1/chat/completions",
-            Endpoint::Completions => "/v1/completions",
-        };
+        let path = target.api.path();
         let bad = |reason: String| BenchError::Url {
             url: target.url.clone(),
             reason,
@@ -216,25 +211,6 @@ impl Client {
         )
     }
 
-    fn body(&self, prompt: &Prompt) -> Bytes {
-        let t = &*self.target;
-        let text: &str = &prompt.text;
-        let chat = [Message {
-            role: "user",
-            content: text,
-        }];
-        let body = RequestBody {
-            model: &t.model,
-            messages: (t.endpoint == Endpoint::Chat).then_some(&chat),
-            prompt: (t.endpoint == Endpoint::Completions).then_some(text),
-            max_tokens: prompt.max_tokens,
-            stream: true,
-            stream_options: StreamOptions { include_usage: true },
-            ignore_eos: t.ignore_eos.then_some(true),
-        };
-        Bytes::from(serde_json::to_vec(&body).unwrap_or_default())
-    }
-
     /// Sends `prompt` now and measures it; `scheduled` is when it should have gone, `epoch` the start
     /// of its level.
     pub async fn send(&self, prompt: &Prompt, scheduled: Instant, epoch: Instant) -> Record {
@@ -250,11 +226,11 @@ impl Client {
         scheduled: Instant,
         epoch: Instant,
     ) -> Record {
-        let body = self.body(prompt);
+        let body = crate::body::body(&self.target, prompt);
         let sent = Instant::now();
         let mut req = hyper::Request::post(self.uri.clone()).header(CONTENT_TYPE, "application/json");
-        if let Some(key) = &self.target.api_key {
-            req = req.header(AUTHORIZATION, format!("Bearer {key}"));
+        for (name, value) in crate::body::headers(self.target.api, self.target.api_key.as_deref()) {
+            req = req.header(name, value);
         }
         for (name, value) in class.map(crate::slo_mix::SloClass::headers).unwrap_or_default() {
             req = req.header(name, value);
@@ -306,7 +282,8 @@ impl Client {
                 });
                 return;
             }
-            read_stream(BodyDataStream::new(resp.into_body()), sent, &mut rec).await;
+            let body = BodyDataStream::new(resp.into_body());
+            crate::stream::read_stream(self.target.api, body, sent, &mut rec).await;
         };
         if tokio::time::timeout(self.target.timeout, exchange).await.is_err() {
             rec.outcome = Outcome::Timeout;
@@ -363,116 +340,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
     s
 }
 
-#[derive(Serialize)]
-struct RequestBody<'a> {
-    model: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    messages: Option<&'a [Message<'a>; 1]>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    prompt: Option<&'a str>,
-    max_tokens: u32,
-    stream: bool,
-    stream_options: StreamOptions,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    ignore_eos: Option<bool>,
-}
-
-#[derive(Serialize)]
-struct Message<'a> {
-    role: &'a str,
-    content: &'a str,
-}
-
-#[derive(Serialize)]
-struct StreamOptions {
-    include_usage: bool,
-}
-
-/// Reads an SSE body to its end, timing every chunk that carries output text. A chunk of only a role
-/// or only usage is not a token; comments and keep-alives are skipped by the SSE parser.
-pub async fn read_stream<S, E>(body: S, sent: Instant, rec: &mut Record)
-where
-    S: Stream<Item = Result<Bytes, E>> + Unpin,
-    E: std::fmt::Display,
-{
-    let mut body = body;
-    let mut splitter = protocol::sse::EventSplitter::default();
-    let mut events = Vec::new();
-    let mut last = None::<Instant>;
-    let mut chunks = 0u32;
-    let mut usage_tokens = None;
-    let mut done = false;
-    'read: while let Some(piece) = body.next().await {
-        let now = Instant::now();
-        let piece = match piece {
-            Ok(p) => p,
-            Err(e) => {
-                rec.outcome = Outcome::Transport;
-                rec.error = Some(format!("reading the stream: {e}"));
-                rec.output_tokens = usage_tokens.unwrap_or(chunks);
-                return;
-            }
-        };
-        splitter.feed(&piece, |e| events.push(e));
-        for event in events.drain(..) {
-            // The gateway's own reading of an event (protocol::judge), so that the two agree on
-            // which event is the first token.
-            let (judged, data) = judge::judge(&event);
-            let Some(data) = data else {
-                continue;
-            };
-            match judged.kind {
-                Kind::Done => {
-                    done = true;
-                    rec.e2e = now.saturating_duration_since(sent);
-                    // Read on to the end of the body: a connection dropped mid-body cannot go back
-                    // to the pool, and the next request would pay for a new one.
-                    while let Some(Ok(_)) = body.next().await {}
-                    break 'read;
-                }
-                Kind::Error => {
-                    let err = judged.error.unwrap_or_default();
-                    // Before any token, an error event is the server's answer, as vLLM refuses a
-                    // request its full queue cannot take (a 503 inside a 200 stream).
-                    rec.outcome = match err.status {
-                        Some(code) if last.is_none() => Outcome::Status { code },
-                        _ => Outcome::StreamError,
-                    };
-                    rec.error = Some(err.message.unwrap_or_else(|| "error event".to_owned()));
-                    rec.output_tokens = usage_tokens.unwrap_or(chunks);
-                    return;
-                }
-                Kind::Tokens | Kind::Usage | Kind::Other => {}
-            }
-            if rec.id.is_none() {
-                rec.id = judged.id(data.bytes());
-            }
-            if let Some(u) = judged.usage {
-                rec.input_tokens = u.prompt_tokens.or(rec.input_tokens);
-                usage_tokens = u.completion_tokens.or(usage_tokens);
-            }
-            if judged.kind != Kind::Tokens {
-                continue;
-            }
-            chunks += 1;
-            match last {
-                None => rec.ttft = Some(now.saturating_duration_since(sent)),
-                Some(prev) => rec
-                    .itl_us
-                    .push(u32::try_from(now.saturating_duration_since(prev).as_micros()).unwrap_or(u32::MAX)),
-            }
-            last = Some(now);
-        }
-    }
-    rec.output_tokens = usage_tokens.unwrap_or(chunks);
-    if done {
-        rec.outcome = Outcome::Ok;
-    } else {
-        rec.outcome = Outcome::Truncated;
-        rec.error = Some("the stream ended without [DONE]".into());
-    }
-}
-
 #[cfg(test)]
 mod server_timing_tests {
     use super::*;
@@ -491,122 +358,6 @@ mod server_timing_tests {
 mod tests {
     use super::*;
 
-    fn blank() -> Record {
-        Record::unanswered(Duration::ZERO, Duration::ZERO, false)
-    }
-
-    const STREAM: &str = ": connected\n\n\
-        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
-        : keep-alive\n\n\
-        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\r\n\r\n\
-        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo \\u00e9\"}}]}\n\n\
-        :\n\n\
-        data: {\"id\":\"chatcmpl-7\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"},\"finish_reason\":\"length\"}]}\n\n\
-        data: {\"id\":\"chatcmpl-7\",\"choices\":[],\"usage\":{\"prompt_tokens\":12,\"completion_tokens\":3}}\n\n\
-        data: [DONE]\n\n";
-
-    async fn parse_split(pieces: Vec<Vec<u8>>) -> Record {
-        let mut rec = blank();
-        let stream = futures::stream::iter(
-            pieces
-                .into_iter()
-                .map(|p| Ok::<_, std::io::Error>(Bytes::from(p))),
-        );
-        read_stream(stream, Instant::now(), &mut rec).await;
-        rec
-    }
-
-    #[tokio::test]
-    async fn chunks_split_anywhere_parse_the_same() {
-        let bytes = STREAM.as_bytes();
-        for a in 0..bytes.len() {
-            for b in [a + 1, a + 7, a + 40] {
-                let b = b.min(bytes.len());
-                let pieces = vec![bytes[..a].to_vec(), bytes[a..b].to_vec(), bytes[b..].to_vec()];
-                let rec = parse_split(pieces).await;
-                assert_eq!(rec.outcome, Outcome::Ok, "split at {a},{b}");
-                assert_eq!(rec.output_tokens, 3);
-                assert_eq!(rec.input_tokens, Some(12));
-                assert_eq!(rec.itl_us.len(), 2, "three content chunks give two gaps");
-                assert!(rec.ttft.is_some());
-                assert_eq!(rec.id.as_deref(), Some("chatcmpl-7"));
-            }
-        }
-        let one_byte_at_a_time = bytes.iter().map(|b| vec![*b]).collect();
-        assert_eq!(parse_split(one_byte_at_a_time).await.itl_us.len(), 2);
-    }
-
-    /// The same stream as a Python server writes it (json.dumps' spaces, pretty JSON over several
-    /// `data:` lines, CR line ends): read alike, as the gateway reads it.
-    #[tokio::test]
-    async fn every_json_and_line_style_reads_the_same() {
-        let styles = [
-            STREAM.replace("\":", "\": ").replace("\",\"", "\", \""),
-            STREAM.replace("\n\n", "\r\r").replace("\r\n\r\n", "\r\r"),
-            STREAM.replace("data: {\"id\"", "data: {\ndata:  \"id\""),
-        ];
-        for style in styles {
-            let rec = parse_split(vec![style.as_bytes().to_vec()]).await;
-            assert_eq!(rec.outcome, Outcome::Ok, "{style}");
-            assert_eq!((rec.output_tokens, rec.input_tokens), (3, Some(12)), "{style}");
-            assert_eq!(rec.itl_us.len(), 2, "{style}");
-            assert_eq!(rec.id.as_deref(), Some("chatcmpl-7"), "{style}");
-        }
-    }
-
-    #[tokio::test]
-    async fn error_events_and_cut_streams_are_failures() {
-        let err = "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n\
-                   data: {\"error\":{\"message\":\"upstream stalled\",\"type\":\"timeout\"}}\n\n";
-        let rec = parse_split(vec![err.as_bytes().to_vec()]).await;
-        assert_eq!(rec.outcome, Outcome::StreamError);
-        assert_eq!(rec.error.as_deref(), Some("upstream stalled"));
-        assert_eq!(rec.output_tokens, 1);
-
-        let cut = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n";
-        let rec = parse_split(vec![cut.as_bytes().to_vec()]).await;
-        assert_eq!(rec.outcome, Outcome::Truncated);
-        assert_eq!(rec.output_tokens, 2, "counted from chunks without usage");
-    }
-
-    /// vLLM 0.32 streams reasoning in `delta.reasoning` (older releases in
-    /// `reasoning_content`) and tool calls in `delta.tool_calls`: each times a token.
-    #[tokio::test]
-    async fn every_delta_that_carries_tokens_is_timed() {
-        let stream = "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
-            data: {\"choices\":[{\"delta\":{\"reasoning\":\"Let me\"}}]}\n\n\
-            data: {\"choices\":[{\"delta\":{\"reasoning_content\":\" think\"}}]}\n\n\
-            data: {\"choices\":[{\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\"{}\"}}]}}]}\n\n\
-            data: {\"choices\":[{\"delta\":{\"tool_calls\":[]}}]}\n\n\
-            data: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\n\
-            data: [DONE]\n\n";
-        let rec = parse_split(vec![stream.as_bytes().to_vec()]).await;
-        assert_eq!(rec.outcome, Outcome::Ok);
-        assert!(rec.ttft.is_some(), "the first reasoning delta is the first token");
-        assert_eq!(rec.output_tokens, 4);
-        assert_eq!(rec.itl_us.len(), 3);
-    }
-
-    /// vLLM's overload answer under `--max-num-queued-reqs`: a 200 stream of one error event
-    /// (`code` an integer) and `[DONE]`. Before any token it is the status it names, an
-    /// overload like a 503; after a token it is the stream's failure.
-    #[tokio::test]
-    async fn an_error_event_before_the_first_token_counts_as_its_status() {
-        let busy = "data: {\"error\": {\"message\": \"The server is overloaded\", \"type\": \"ServiceUnavailableError\", \"param\": null, \"code\": 503}}\n\ndata: [DONE]\n\n";
-        let rec = parse_split(vec![busy.as_bytes().to_vec()]).await;
-        assert_eq!(rec.outcome, Outcome::Status { code: 503 });
-        assert_eq!(rec.outcome.kind(), "http_503");
-        let limited = busy.replace("503", "429");
-        let rec = parse_split(vec![limited.into_bytes()]).await;
-        assert_eq!(rec.outcome.kind(), "http_429");
-        let named = busy.replace("503}", "\"queue_full\"}");
-        let rec = parse_split(vec![named.into_bytes()]).await;
-        assert_eq!(rec.outcome, Outcome::StreamError, "a code that names no status");
-        let late = format!("data: {{\"choices\":[{{\"delta\":{{\"content\":\"a\"}}}}]}}\n\n{busy}");
-        let rec = parse_split(vec![late.into_bytes()]).await;
-        assert_eq!(rec.outcome, Outcome::StreamError);
-    }
-
     #[test]
     fn statuses_are_bucketed_with_the_overload_codes_apart() {
         let kinds: Vec<_> = [400, 404, 429, 500, 502, 503, 504]
@@ -623,6 +374,11 @@ mod tests {
             "The model `x` does not exist."
         );
         assert_eq!(error_message(b"upstream connect error"), "upstream connect error");
+        // Anthropic's body (and vLLM's on /v1/messages, with its own type names).
+        assert_eq!(
+            error_message(br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#),
+            "Overloaded"
+        );
         let refused =
             br#"{"error":{"message":"cannot meet","type":"rate_limit_error","code":"slo_unattainable"}}"#;
         assert_eq!(error_code(refused).as_deref(), Some("slo_unattainable"));

@@ -791,7 +791,7 @@ fn parameters(r: &Report, h: &mut String) {
             "context (max_model_len)",
             p.max_model_len.map(|n| format!("{n} tokens")),
         ),
-        ("endpoint", Some(format!("{:?}", p.endpoint).to_lowercase())),
+        ("API", Some(format!("{} ({})", p.api, p.api.path()))),
         ("API key from", p.api_key_env.as_ref().map(|v| format!("${v}"))),
         (
             "tenants",

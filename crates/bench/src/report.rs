@@ -482,8 +482,8 @@ pub fn table_for(r: &Report, width: Width) -> String {
     line(
         &mut out,
         &format!(
-            "spillway bench {} → {} ({}), SLO {}",
-            r.tool.version, r.parameters.url, r.parameters.model, r.parameters.slo
+            "spillway bench {} → {} ({}, {} API), SLO {}",
+            r.tool.version, r.parameters.url, r.parameters.model, r.parameters.api, r.parameters.slo
         ),
         width,
     );

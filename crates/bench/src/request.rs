@@ -1,4 +1,4 @@
-//! One request: where it is sent ([`Target`], [`Endpoint`]) and what was measured of it
+//! One request: where it is sent ([`Target`], [`Api`]) and what was measured of it
 //! ([`Record`], [`Outcome`]) — the words the client, the statistics and the reports share.
 
 use std::time::Duration;
@@ -7,15 +7,7 @@ use serde::Serialize;
 
 use crate::spec::{ser_opt_secs, ser_secs};
 
-/// The OpenAI endpoint a run drives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Endpoint {
-    /// `/v1/chat/completions`
-    Chat,
-    /// `/v1/completions`
-    Completions,
-}
+pub use bench_schema::spec::Api;
 
 /// Where and how to send: the target's base URL (without `/v1`), the model, an optional key.
 #[derive(Debug, Clone)]
@@ -23,7 +15,8 @@ pub struct Target {
     pub url: String,
     pub model: String,
     pub api_key: Option<String>,
-    pub endpoint: Endpoint,
+    /// The API its requests are written in and its streams read by.
+    pub api: Api,
     /// Send vLLM's `ignore_eos` so outputs run to `max_tokens` and lengths stay as asked.
     pub ignore_eos: bool,
     /// A request that has not finished after this long is abandoned and counted as a timeout.
@@ -46,9 +39,11 @@ pub enum Outcome {
     Transport,
     /// Not finished within the request timeout.
     Timeout,
-    /// An SSE `error` event inside a 200 stream (a stalled or failed upstream).
+    /// An error event inside a 200 stream (a stalled or failed upstream): OpenAI's `{"error":…}`,
+    /// the Responses API's `error` or `response.failed`, Anthropic's `{"type":"error",…}`.
     StreamError,
-    /// The stream ended without `[DONE]` and without an error event.
+    /// The stream ended without its API's last event (`[DONE]`, `response.completed`,
+    /// `message_stop`) and without an error event.
     Truncated,
 }
 

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::request::{Endpoint, Record};
+use crate::request::{Api, Record};
 use crate::spec::{Arrivals, LengthDist, Load, Phase, Slo, ser_opt_secs, ser_secs};
 use crate::stats::{LevelStats, Percentiles, PromptTokens};
 use crate::watch::QueueSummary;
@@ -18,7 +18,11 @@ pub struct Parameters {
     pub model: String,
     /// The model's context as the server published it in `/v1/models` (`null`: not published).
     pub max_model_len: Option<u32>,
-    pub endpoint: Endpoint,
+    /// The API driven (`--api`): chat, completions, responses or messages.
+    pub api: Api,
+    /// The same as `api`, under the name results had before there were four; kept for their
+    /// readers.
+    pub endpoint: Api,
     pub api_key_env: Option<String>,
     pub ignore_eos: bool,
     #[serde(serialize_with = "ser_secs")]

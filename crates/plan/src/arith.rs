@@ -190,6 +190,9 @@ pub struct Plan {
     /// The longest answer the budgets were derived for, stated in Spillway's config as its
     /// `max_tokens` cap: a longer answer could outrun the total.
     pub max_tokens: Option<u32>,
+    /// The API the measurement drove, when it was a bench result.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub api: Option<bench_schema::spec::Api>,
     pub budgets: Budgets,
     pub slo: Option<Slo>,
     pub binding: Layer,
@@ -297,6 +300,7 @@ pub fn plan(m: &Measurement, d: &Deployment) -> Result<Plan, PlanError> {
         litellm: d.litellm,
         envoy: d.envoy,
         max_tokens: max_tokens.map(|c| c.value),
+        api: m.api,
         budgets,
         slo,
         binding,

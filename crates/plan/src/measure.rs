@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use bench_schema::spec::{Load, Metric, Phase, Slo};
+use bench_schema::spec::{Api, Load, Metric, Phase, Slo};
 use bench_schema::stats::Percentiles;
 use serde::Deserialize;
 
@@ -50,6 +50,8 @@ pub struct Measurement {
     pub target_url: Option<String>,
     /// The model's context as the measured server published it.
     pub max_model_len: Option<u32>,
+    /// The API the bench drove (`--api`): its figures hold for traffic of that API.
+    pub api: Option<Api>,
     /// The longest answer the measurement asked for, when its lengths had a maximum: the budgets
     /// derived from its tails hold for answers up to this many tokens.
     pub output_cap: Option<Sourced<u32>>,
@@ -116,6 +118,7 @@ impl Measurement {
             model: None,
             target_url: None,
             max_model_len: None,
+            api: None,
             output_cap: None,
             caveats: Vec::new(),
         })
@@ -243,6 +246,7 @@ impl Measurement {
             output_cap: run.parameters.as_ref().and_then(|p| p.output_cap(file)),
             target_url: run.parameters.as_ref().map(|p| p.url.clone()),
             max_model_len: run.parameters.as_ref().and_then(|p| p.max_model_len),
+            api: run.parameters.as_ref().and_then(|p| p.api.or(p.endpoint)),
             model: run.parameters.map(|p| p.model),
             caveats,
         })
@@ -285,6 +289,11 @@ struct ParametersView {
     url: String,
     #[serde(default)]
     max_model_len: Option<u32>,
+    /// Absent from results written before `--api`, which said `endpoint` (chat or completions).
+    #[serde(default)]
+    api: Option<Api>,
+    #[serde(default)]
+    endpoint: Option<Api>,
     #[serde(default)]
     output_len: Option<LengthView>,
     #[serde(default)]
@@ -423,6 +432,25 @@ mod tests {
             "{}",
             m.c_safe.from
         );
+    }
+
+    /// The API the bench drove: `api` since there were four, `endpoint` in results from before,
+    /// nothing when the result says neither.
+    #[test]
+    fn the_api_driven_is_read_from_api_or_from_the_older_endpoint() {
+        let with = |fields: &str| {
+            let text = bench_json(r#"{"concurrency":16}"#, "null", "[]").replace(
+                r#""slo":"ttft_p95=1s,itl_p95=50ms""#,
+                &format!(r#""slo":"ttft_p95=1s,itl_p95=50ms"{fields}"#),
+            );
+            Measurement::from_bench_json(&text, "r.json", 1).unwrap().api
+        };
+        assert_eq!(
+            with(r#","api":"messages","endpoint":"messages""#),
+            Some(Api::Messages)
+        );
+        assert_eq!(with(r#","endpoint":"completions""#), Some(Api::Completions));
+        assert_eq!(with(""), None);
     }
 
     #[test]

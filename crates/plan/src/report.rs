@@ -11,9 +11,13 @@ pub fn text(plan: &Plan) -> String {
     let mut out = String::new();
     let n = &plan.names;
     let b = &plan.budgets;
+    let measured = plan
+        .api
+        .map(|api| format!(", measured with the {api} API ({})", api.path()))
+        .unwrap_or_default();
     let _ = writeln!(
         out,
-        "spillway plan: {} on {} replica(s) behind {} gateway(s)",
+        "spillway plan: {} on {} replica(s) behind {} gateway(s){measured}",
         n.model, plan.replicas, plan.gateway_replicas
     );
     let _ = writeln!(out);

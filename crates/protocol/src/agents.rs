@@ -215,8 +215,11 @@ pub fn judge_event(dialect: Dialect, data: &[u8]) -> (Judgement, Option<String>)
                     Some(Message::Text(m)) => Some(m.clone()),
                     _ => None,
                 };
+                let code = view.code.as_ref();
                 judgement.error = Some(ErrorInfo {
-                    status: view.code.as_ref().and_then(status_of_code),
+                    status: code
+                        .and_then(status_of_code)
+                        .or_else(|| code.and_then(Value::as_str).and_then(status_of_type)),
                     message,
                 });
             }
@@ -306,12 +309,14 @@ fn status_of_code(code: &Value) -> Option<u16> {
 /// The status an Anthropic error type (or OpenAI's, which share most names) stands for.
 fn status_of_type(kind: &str) -> Option<u16> {
     Some(match kind {
-        "invalid_request_error" | "BadRequestError" => 400,
+        // OpenAI's Responses API names a failed response's error by codes of its own
+        // (`rate_limit_exceeded`, `invalid_prompt`, `server_error`).
+        "invalid_request_error" | "BadRequestError" | "invalid_prompt" => 400,
         "authentication_error" => 401,
         "permission_error" => 403,
         "not_found_error" | "NotFoundError" => 404,
         "request_too_large" => 413,
-        "rate_limit_error" => 429,
+        "rate_limit_error" | "rate_limit_exceeded" => 429,
         "api_error" | "server_error" => 500,
         // Anthropic's 529: a replica out of room, which a gateway answers as 503.
         "overloaded_error" => 503,
@@ -435,6 +440,12 @@ mod tests {
         assert_eq!(e.error.unwrap().message.as_deref(), Some("slow down"));
         let e = r(r#"{"type":"response.failed","response":{"error":{"code":"server_error","message":"x"}}}"#);
         assert_eq!((e.kind, e.error.unwrap().status), (Kind::Error, Some(500)));
+        let e = r(
+            r#"{"type":"response.failed","response":{"error":{"code":"rate_limit_exceeded","message":"x"}}}"#,
+        );
+        assert_eq!(e.error.unwrap().status, Some(429));
+        let e = r(r#"{"type":"error","code":"rate_limit_exceeded","message":"x","param":null}"#);
+        assert_eq!(e.error.unwrap().status, Some(429));
         // Not JSON, or not an object: nothing to read.
         assert_eq!(r("[DONE]").kind, Kind::Other);
         assert_eq!(m("7").kind, Kind::Other);

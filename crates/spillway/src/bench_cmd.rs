@@ -10,7 +10,7 @@ use bench::slo_mix::SloMix;
 use bench::spec::{Arrivals, LengthDist, Load, Slo};
 use bench::tenants::{Tenant, TenantSpec};
 use bench::workload::{Source, Workload, load_dataset};
-use bench::{Endpoint, Extras, Options, Target};
+use bench::{Api, Extras, Options, Target};
 use clap::{Args, ValueEnum};
 
 #[derive(Args, Debug)]
@@ -24,8 +24,12 @@ pub(crate) struct BenchArgs {
     /// Read the API key from this environment variable (sent as a bearer token, never printed).
     #[arg(long, value_name = "VAR")]
     api_key_env: Option<String>,
-    #[arg(long, value_enum, default_value_t = EndpointArg::Chat)]
-    endpoint: EndpointArg,
+    /// The API to drive: chat (/v1/chat/completions), completions (/v1/completions), responses
+    /// (OpenAI's Responses API, /v1/responses) or messages (Anthropic's Messages API,
+    /// /v1/messages). TTFT and ITL are timed from every event that carries generated tokens in
+    /// that API's stream. `--endpoint` is its older name.
+    #[arg(long, alias = "endpoint", value_enum, default_value_t = ApiArg::Chat)]
+    api: ApiArg,
     /// For https://: also trust the certificates in this PEM file (a private CA, a self-signed
     /// server); the Mozilla roots are always trusted.
     #[arg(long, value_name = "PEM")]
@@ -169,9 +173,22 @@ pub(crate) struct BenchArgs {
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
-enum EndpointArg {
+enum ApiArg {
     Chat,
     Completions,
+    Responses,
+    Messages,
+}
+
+impl From<ApiArg> for Api {
+    fn from(a: ApiArg) -> Api {
+        match a {
+            ApiArg::Chat => Api::Chat,
+            ApiArg::Completions => Api::Completions,
+            ApiArg::Responses => Api::Responses,
+            ApiArg::Messages => Api::Messages,
+        }
+    }
 }
 
 /// Parses a length distribution, with a note on stderr for a form that is accepted but spelt
@@ -332,10 +349,7 @@ fn options(a: BenchArgs) -> Result<Outputs> {
             url: a.url,
             model: a.model,
             api_key,
-            endpoint: match a.endpoint {
-                EndpointArg::Chat => Endpoint::Chat,
-                EndpointArg::Completions => Endpoint::Completions,
-            },
+            api: a.api.into(),
             ignore_eos: a.ignore_eos,
             timeout: a.timeout,
             ca_cert: a.ca_cert,

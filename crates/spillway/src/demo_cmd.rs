@@ -14,7 +14,7 @@ use anyhow::{Context, Result, anyhow, bail};
 use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::workload::{Source, Workload};
-use bench::{Endpoint, Options, Target};
+use bench::{Api, Options, Target};
 use clap::Args;
 use engine::{EngineConfig, Preset, RunningEngine};
 use gateway::Gateway;
@@ -220,7 +220,7 @@ async fn measure(s: &Settings, stack: &Stack, steps: &Steps) -> Result<Measured>
         url: stack.url.clone(),
         model: MODEL.into(),
         api_key: None,
-        endpoint: Endpoint::Chat,
+        api: Api::Chat,
         ignore_eos: true,
         timeout: Duration::from_secs(60),
         ca_cert: None,

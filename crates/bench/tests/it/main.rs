@@ -3,6 +3,7 @@
 extern crate spillway_bench as bench;
 
 mod accuracy;
+mod apis;
 mod context;
 mod knee;
 mod layout;

@@ -164,7 +164,7 @@ async fn open_loop_sends_on_schedule() {
         (bench::spec::Arrivals::Poisson, 300.0),
     ] {
         let mut opts = options(&engine.url(), 16, 4, "ttft_p95=1s");
-        opts.target.endpoint = bench::Endpoint::Completions;
+        opts.target.api = bench::Api::Completions;
         opts.phases = vec![Phase::Staircase];
         opts.loads = vec![bench::spec::Load::Rate(rate)];
         opts.arrivals = arrivals;

@@ -5,7 +5,7 @@ use std::time::Duration;
 use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::workload::{Source, Workload};
-use bench::{Endpoint, Options, Target};
+use bench::{Api, Options, Target};
 use engine::EngineConfig;
 use engine::cost::CostModel;
 
@@ -41,7 +41,7 @@ pub(crate) fn options(url: &str, input: u32, output: u32, slo: &str) -> Options 
             url: url.to_string(),
             model: "sim".into(),
             api_key: None,
-            endpoint: Endpoint::Chat,
+            api: Api::Chat,
             ignore_eos: true,
             timeout: Duration::from_secs(60),
             ca_cert: None,

@@ -22,7 +22,7 @@ fn target(url: &str, model: &str) -> bench::Target {
         url: url.into(),
         model: model.into(),
         api_key: None,
-        endpoint: bench::Endpoint::Chat,
+        api: bench::Api::Chat,
         ignore_eos: true,
         timeout: Duration::from_secs(60),
         ca_cert: None,

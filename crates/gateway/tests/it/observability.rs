@@ -128,7 +128,7 @@ routes:
             url: stack.url.clone(),
             model: "chat".into(),
             api_key: None,
-            endpoint: bench::Endpoint::Chat,
+            api: bench::Api::Chat,
             ignore_eos: true,
             timeout: Duration::from_secs(60),
             ca_cert: None,

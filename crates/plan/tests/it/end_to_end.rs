@@ -11,7 +11,7 @@ use bench::load::Stop;
 use bench::spec::{Arrivals, LengthDist, Load, Phase, Slo};
 use bench::stats::LevelStats;
 use bench::workload::{Prompt, Source, Workload};
-use bench::{Endpoint, Options};
+use bench::{Api, Options};
 use engine::EngineConfig;
 use engine::cost::CostModel;
 use rand::{Rng, SeedableRng};
@@ -46,7 +46,7 @@ fn target(url: &str) -> bench::Target {
         url: url.to_owned(),
         model: MODEL.into(),
         api_key: None,
-        endpoint: Endpoint::Chat,
+        api: Api::Chat,
         ignore_eos: true,
         timeout: Duration::from_secs(30),
         ca_cert: None,
@@ -156,6 +156,11 @@ async fn a_planned_gateway_holds_ten_times_c_to_c_and_q() {
     assert!(
         !p.warnings.iter().any(|w| w.contains("objective")),
         "admitted requests should fit the objective:\n{shown}"
+    );
+    assert!(
+        shown.starts_with(&format!("spillway plan: {MODEL} on "))
+            && shown.contains("measured with the chat API"),
+        "the plan names the API the bench drove:\n{shown}"
     );
     let (c, q) = (p.concurrency, p.queue);
     assert!(c >= 2, "a plan worth driving:\n{shown}");
