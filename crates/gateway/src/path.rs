@@ -201,7 +201,7 @@ pub(crate) async fn admitted(
     );
     let table = table.unwrap_or_else(|| g.table());
     // Authenticate before naming any model, so that models cannot be enumerated without a key.
-    let tenant = table.tenants.identify(auth(headers))?;
+    let tenant = table.tenants.identify(auth(headers).as_deref())?;
     ex.identified(tenant.team.clone());
     let route = prepare::route_for(&table, &parsed, &tenant, headers)?;
     ex.routed(route.name.clone());

@@ -41,8 +41,9 @@ const REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
 /// ([`auth`]), the request's ID, deadline, priority and objectives, and the W3C trace context
 /// (`traces`). A header read anywhere else on the request path belongs here: `front` passes on
 /// no other.
-pub(crate) const READ_HEADERS: [&str; 10] = [
+pub(crate) const READ_HEADERS: [&str; 11] = [
     "authorization",
+    API_KEY_HEADER,
     REQUEST_ID_HEADER,
     DEADLINE_HEADER,
     PRIORITY_HEADER,
@@ -54,9 +55,18 @@ pub(crate) const READ_HEADERS: [&str; 10] = [
     TRACE_HEADERS[1],
 ];
 
-/// The API key the request brings, as sent.
-pub(crate) fn auth(headers: &HeaderMap) -> Option<&str> {
-    headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok())
+/// Anthropic's header for the API key, which its SDK (and Claude Code) sends in place of
+/// `Authorization`.
+pub(crate) const API_KEY_HEADER: &str = "x-api-key";
+
+/// The API key the request brings, as an `Authorization` value: that header as sent, else
+/// `x-api-key`'s key as a bearer token.
+pub(crate) fn auth(headers: &HeaderMap) -> Option<std::borrow::Cow<'_, str>> {
+    if let Some(v) = headers.get(header::AUTHORIZATION) {
+        return v.to_str().ok().map(std::borrow::Cow::Borrowed);
+    }
+    let key = headers.get(API_KEY_HEADER)?.to_str().ok()?;
+    Some(std::borrow::Cow::Owned(format!("Bearer {key}")))
 }
 
 /// A request's TTFT and TPOT objectives.

@@ -58,7 +58,7 @@ async fn forward(
     ex: &mut Ledger,
 ) -> Result<(StatusCode, bytes::Bytes), GatewayError> {
     let table = g.table();
-    let tenant = table.tenants.identify(super::auth(headers))?;
+    let tenant = table.tenants.identify(super::auth(headers).as_deref())?;
     ex.identified(tenant.team.clone());
     // An id is a word (`resp_…`): anything else would be written into the replica's request line.
     let plain = !id.is_empty()

@@ -112,7 +112,7 @@ pub(crate) fn model_list(
     headers: &HeaderMap,
 ) -> Result<serde_json::Value, crate::error::GatewayError> {
     let table = g.table();
-    let tenant = table.tenants.identify(auth(headers))?;
+    let tenant = table.tenants.identify(auth(headers).as_deref())?;
     let data: Vec<_> = table
         .routes
         .iter()

@@ -410,3 +410,40 @@ async fn a_background_response_holds_its_slot_until_the_replica_finishes_it() {
     streamed["stream"] = json!(true);
     assert_eq!(post(&stack, "/v1/responses", &streamed).await.status(), 400);
 }
+
+/// A team over its quota on `/v1/messages` gets 429 `rate_limit_error` in Anthropic's shape with
+/// `Retry-After` (the anthropic SDK retries it after that); its usage counts against `tpm`. The
+/// key is read as the SDK sends it, `x-api-key`, or as a bearer token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_over_its_quota_is_told_in_anthropics_shape() {
+    let stack = Stack::start(vec![engine(tiny()).await], crate::support::TEAMS).await;
+    for _ in 0..3 {
+        let r = http()
+            .post(format!("{}/v1/messages", stack.url))
+            .bearer_auth("test")
+            .json(&messages(4, false))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200);
+    }
+    let r = http()
+        .post(format!("{}/v1/messages", stack.url))
+        .header("x-api-key", "test")
+        .json(&messages(4, false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 429, "the same team, by the SDK's header");
+    assert!(header(&r, "retry-after").parse::<u64>().unwrap() >= 1);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(
+        (&body["type"], &body["error"]["type"]),
+        (&json!("error"), &json!("rate_limit_error")),
+        "{body}"
+    );
+    let unkeyed = post(&stack, "/v1/messages", &messages(4, false)).await;
+    assert_eq!(unkeyed.status(), 401);
+    let body: Value = unkeyed.json().await.unwrap();
+    assert_eq!(body["error"]["type"], "authentication_error", "{body}");
+}

@@ -176,7 +176,7 @@ async fn inference(
             (crate::path::hints::REQUEST_ID_HEADER, ex.id().as_bytes()),
             (header::CONTENT_LENGTH.as_str(), length.as_bytes()),
         ],
-        &[header::AUTHORIZATION.as_str()],
+        &[header::AUTHORIZATION.as_str(), crate::path::hints::API_KEY_HEADER],
     );
     let mut replies = vec![envoy::destination(&endpoints, mutation)];
     envoy::body(true, &body, !trailers, &mut replies);
