@@ -262,7 +262,7 @@ impl Metrics {
             ),
             picker_requests: counter(
                 "spillway_endpoint_picker_requests_total",
-                "Requests Envoy asked the endpoint picker about, by result: picked (admitted and given endpoints), refused (answered 4xx/5xx in Envoy's place), answered (/v1/models, answered by the picker itself).",
+                "Requests Envoy asked the endpoint picker about, by result: picked (admitted and given endpoints), refused (answered 4xx/5xx in Envoy's place), answered (/v1/models, and GET or cancel of a stored response, answered by the picker itself).",
                 &["result"],
             ),
             slo_prediction_error: float_gauge(

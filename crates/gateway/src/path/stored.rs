@@ -21,6 +21,17 @@ pub(crate) enum Ask {
     Cancel,
 }
 
+/// What a request asks of a stored response, by its method and path (without the query), and
+/// the id it names: `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`.
+pub(crate) fn asked<'a>(method: &str, path: &'a str) -> Option<(Ask, &'a str)> {
+    let rest = path.strip_prefix("/v1/responses/")?;
+    match (method, rest.strip_suffix("/cancel")) {
+        ("POST", Some(id)) => Some((Ask::Cancel, id)),
+        ("GET", None) if !rest.contains('/') => Some((Ask::Read, rest)),
+        _ => None,
+    }
+}
+
 /// The replica's answer to `ask` of response `id`, or the gateway's refusal in OpenAI's shape.
 pub(crate) async fn serve(
     g: &Gateway,
@@ -29,25 +40,37 @@ pub(crate) async fn serve(
     headers: &HeaderMap,
     request_id: String,
 ) -> Response {
+    match reply(g, ask, id, headers, request_id).await {
+        Ok((status, body)) => (status, [(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+/// The replica's status and body for `ask` of response `id` (the proxy's answer, and the endpoint
+/// picker's immediate one), logged and counted as the request path's requests are.
+pub(crate) async fn reply(
+    g: &Gateway,
+    ask: Ask,
+    id: &str,
+    headers: &HeaderMap,
+    request_id: String,
+) -> Result<(StatusCode, bytes::Bytes), GatewayError> {
     let mut ex = Ledger::new(g.metrics.clone(), g.access.clone(), request_id);
     ex.came_in_by(Api::Responses);
-    let answer = match forward(g, ask, id, headers, &mut ex).await {
+    let (status, body) = match forward(g, ask, id, headers, &mut ex).await {
         Ok(answer) => answer,
         Err(e) => {
             ex.fail(&e);
-            return e.into_response_as(ex.shape());
+            return Err(e);
         }
     };
-    let (status, body) = answer;
-    ex.end(
-        if status.is_success() {
-            Ending::Finished
-        } else {
-            Ending::UpstreamRejected
-        },
-        status,
-    );
-    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+    let ending = if status.is_success() {
+        Ending::Finished
+    } else {
+        Ending::UpstreamRejected
+    };
+    ex.end(ending, status);
+    Ok((status, body))
 }
 
 async fn forward(

@@ -774,7 +774,7 @@ async fn the_agents_apis_through_envoy_and_a_response_continued_where_it_was_mad
             .unwrap();
         let made: serde_json::Value = r.json().await.unwrap();
         let id = made["id"].as_str().unwrap().to_owned();
-        let n = before + makers.len() * 3 + 1;
+        let n = before + makers.len() * 4 + 1;
         assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == n).await);
         let maker = replica_of(p.stack.records()[n - 1].replica.as_deref().unwrap(), &engines);
         for _ in 0..2 {
@@ -788,8 +788,15 @@ async fn the_agents_apis_through_envoy_and_a_response_continued_where_it_was_mad
                 .bytes()
                 .await;
         }
-        assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == n + 2).await);
-        for r in &p.stack.records()[n..n + 2] {
+        // Read by its id through Envoy: the picker asks the replica that made it.
+        let read = http()
+            .get(format!("{}/v1/responses/{id}", p.envoy.url))
+            .send()
+            .await
+            .unwrap();
+        assert!(read.status() == 200 || read.status() == 404, "{}", read.status());
+        assert!(eventually(Duration::from_secs(2), || p.stack.records().len() == n + 3).await);
+        for r in &p.stack.records()[n..n + 3] {
             assert_eq!(
                 replica_of(r.replica.as_deref().unwrap(), &engines),
                 maker,

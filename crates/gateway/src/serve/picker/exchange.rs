@@ -98,6 +98,22 @@ pub(super) async fn run(
             };
             let _ = s.send(reply).await;
         }
+        // A stored response, asked of the replica that made it by the picker itself, as the
+        // proxy asks it: Envoy gets the replica's answer as an immediate one.
+        (None, method, path) if let Some((ask, id)) = crate::path::stored::asked(method, path) => {
+            let request_id = crate::path::hints::request_id(&headers);
+            let reply = match crate::path::stored::reply(&g, ask, id, &headers, request_id).await {
+                Ok((status, body)) => {
+                    picker.requests("answered");
+                    envoy::immediate(status, &json(), &body, "spillway_stored_response")
+                }
+                Err(e) => {
+                    picker.requests("refused");
+                    refusal(&e, None)
+                }
+            };
+            let _ = s.send(reply).await;
+        }
         // Nothing else reaches a replica through the picker: as on the proxy's port, an unknown
         // path (a `%`-encoded one among them) is a 404, never passed on unadmitted.
         _ => {
