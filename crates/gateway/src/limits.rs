@@ -22,17 +22,21 @@
 //! checked in one atomic script, which Redis Cluster allows only within one slot. So one node
 //! holds a namespace — a primary, the primary Sentinel names, or the Cluster node serving the
 //! slot — and [`node`] finds it and follows it when it moves; [`call`] runs each script there.
+//! [`leases`] keeps the leases held here alive across outages and moves, and sends again the
+//! releases Redis did not take; [`metrics`] holds the series.
 
 mod call;
 mod handoff;
 mod health;
+mod leases;
+mod metrics;
 pub(crate) mod node;
 
 use crate::config::{Priority, RedisConfig};
 use crate::error::GatewayError;
 use admission::quota::{QuotaExceeded, QuotaKind, QuotaLimits, RateHeaders};
 use admission::{Admission, Limits, Permit, Rejection};
-use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry};
+use prometheus::Registry;
 use redis::aio::ConnectionManagerConfig;
 use redis::{Script, ScriptInvocation};
 use std::collections::{HashMap, HashSet};
@@ -105,14 +109,7 @@ pub(crate) struct SharedLimits {
     /// Releases that failed, sent again once Redis answers.
     unreleased: Mutex<Vec<Unreleased>>,
     scripts: Scripts,
-    mode: IntGaugeVec,
-    changes: IntCounterVec,
-    calls: IntCounterVec,
-    seconds: HistogramVec,
-    grant_seconds: Histogram,
-    grant_to_upstream_seconds: Histogram,
-    node_changes: IntCounterVec,
-    redirections: IntCounterVec,
+    metrics: metrics::RedisMetrics,
 }
 
 impl std::fmt::Debug for SharedLimits {
@@ -215,6 +212,7 @@ impl Lease {
     pub(crate) fn upstream_started(&mut self) {
         if let Some(at) = self.granted_ms.take() {
             self.shared
+                .metrics
                 .grant_to_upstream_seconds
                 .observe(handoff::since_redis_ms(at));
         }
@@ -323,89 +321,6 @@ impl SharedLimits {
     ) -> Result<Arc<SharedLimits>, crate::config::ConfigError> {
         let prefix = format!("spillway:{{{}}}", config.namespace);
         let nodes = node::from_config(url, password, sentinel_password, config.tls.as_ref(), &prefix)?;
-        let mode = IntGaugeVec::new(
-            Opts::new(
-                "spillway_limits_mode",
-                "1 for the mode the limits are enforced in: shared (through Redis) or local (this gateway's share; fair share between teams per gateway too)",
-            ),
-            &["mode"],
-        )
-        .expect("metric definition");
-        let changes = IntCounterVec::new(
-            Opts::new(
-                "spillway_limits_mode_changes_total",
-                "Switches of the limits' mode, by the mode switched to (shared, local)",
-            ),
-            &["to"],
-        )
-        .expect("metric definition");
-        let calls = IntCounterVec::new(
-            Opts::new(
-                "spillway_redis_calls_total",
-                "Calls to Redis for shared limits, by operation and outcome (ok, late: answered after redis.timeout, error, timeout)",
-            ),
-            &["op", "outcome"],
-        )
-        .expect("metric definition");
-        let seconds = HistogramVec::new(
-            HistogramOpts::new(
-                "spillway_redis_call_seconds",
-                "Round-trip time of calls to Redis for shared limits",
-            )
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-            &["op"],
-        )
-        .expect("metric definition");
-        let grant_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "spillway_redis_grant_seconds",
-                "From the script that handed a freed slot to a waiter of this gateway to the waiter learning of it (Redis's clock to this host's)",
-            )
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-        )
-        .expect("metric definition");
-        let grant_to_upstream_seconds = Histogram::with_opts(
-            HistogramOpts::new(
-                "spillway_redis_grant_to_upstream_seconds",
-                "From the script that handed a freed slot to a waiter of this gateway to the waiter's first attempt upstream (Redis's clock to this host's)",
-            )
-            .buckets(vec![
-                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0,
-            ]),
-        )
-        .expect("metric definition");
-        let node_changes = IntCounterVec::new(
-            Opts::new(
-                "spillway_redis_node_changes_total",
-                "Moves of the shared limits to another Redis node, by how it was found (sentinel: a failover; cluster, moved: the namespace's slot moved)",
-            ),
-            &["found_by"],
-        )
-        .expect("metric definition");
-        let redirections = IntCounterVec::new(
-            Opts::new(
-                "spillway_redis_redirections_total",
-                "Redis Cluster's answers that sent a call elsewhere, by answer (moved, ask, tryagain): the namespace's slot moving",
-            ),
-            &["answer"],
-        )
-        .expect("metric definition");
-        for m in [
-            Box::new(mode.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(redirections.clone()),
-            Box::new(node_changes.clone()),
-            Box::new(changes.clone()),
-            Box::new(calls.clone()),
-            Box::new(seconds.clone()),
-            Box::new(grant_seconds.clone()),
-            Box::new(grant_to_upstream_seconds.clone()),
-        ] {
-            let _ = registry.register(m);
-        }
         let shared = SharedLimits {
             nodes,
             config: config.clone(),
@@ -431,14 +346,7 @@ impl SharedLimits {
                 poll: class_script(include_str!("limits/poll.lua")),
                 renew: Script::new(include_str!("limits/renew.lua")),
             },
-            mode,
-            changes,
-            calls,
-            seconds,
-            grant_seconds,
-            grant_to_upstream_seconds,
-            node_changes,
-            redirections,
+            metrics: metrics::RedisMetrics::register(registry),
         };
         shared.set_mode(false);
         Ok(Arc::new(shared))
@@ -465,7 +373,7 @@ impl SharedLimits {
             let me = self.clone();
             tasks.push(tokio::spawn(async move {
                 me.nodes
-                    .follow(|found_by| me.node_changes.with_label_values(&[found_by]).inc())
+                    .follow(|found_by| me.metrics.node_changes.with_label_values(&[found_by]).inc())
                     .await;
             }));
         }
@@ -502,15 +410,21 @@ impl SharedLimits {
     fn set_mode(&self, shared: bool) {
         self.shared.store(shared, Ordering::Release);
         self.mode_tx.send_replace(shared);
-        self.mode.with_label_values(&["shared"]).set(i64::from(shared));
-        self.mode.with_label_values(&["local"]).set(i64::from(!shared));
+        self.metrics
+            .mode
+            .with_label_values(&["shared"])
+            .set(i64::from(shared));
+        self.metrics
+            .mode
+            .with_label_values(&["local"])
+            .set(i64::from(!shared));
     }
 
     /// Redis is down: from now on this gateway enforces its share, and says so once.
     fn fall_back(&self, why: &str) {
         if self.shared.swap(false, Ordering::AcqRel) {
             self.set_mode(false);
-            self.changes.with_label_values(&["local"]).inc();
+            self.metrics.changes.with_label_values(&["local"]).inc();
             tracing::warn!(
                 why,
                 down_after = ?self.config.down_after,
@@ -766,21 +680,6 @@ impl SharedLimits {
         }))
     }
 
-    /// The lease's slot is granted: renew it (and its team slot) from now on.
-    fn hold(&self, lease: &mut Lease) {
-        lease.granted = true;
-        lease.granted_at = Instant::now();
-        let mut held = self.held();
-        held.entry(lease.class.slots.clone())
-            .or_default()
-            .insert(lease.member.clone());
-        if lease.team_slot {
-            held.entry(lease.team_keys.parallel.clone())
-                .or_default()
-                .insert(lease.member.clone());
-        }
-    }
-
     /// Waits in the shared queue until this request's gateway is told that the slot is its
     /// own (or that its place is gone), or `until`; `Err(Unavailable)` if limits stop being
     /// shared meanwhile or Redis lost its place. No call to Redis: the grant comes with the
@@ -808,148 +707,6 @@ impl SharedLimits {
             () = tokio::time::sleep_until(until) => Ok(Err(NoSlot::TimedOut(start.elapsed()))),
             () = self.not_sharing() => Err(Unavailable),
         }
-    }
-
-    /// Renews the leases held here every `lease_ttl / 3` (at most every second), and while
-    /// Redis is out, probes for it every [`PROBE`]. When it answers again, this gateway puts all
-    /// its leases back (those of requests admitted on its share included), and limits are shared
-    /// again once every one of `gateways` has renewed since then — so has put its own back or
-    /// never stopped sharing — or a `lease_ttl` later, should some gateway not come back.
-    async fn keep_leases(self: Arc<Self>) {
-        let every = (self.config.lease_ttl / 3).min(Duration::from_secs(1));
-        let mut rejoining: Option<(Instant, u64)> = None;
-        loop {
-            if self.is_shared() {
-                tokio::time::sleep(every).await;
-                if self.renew_with(false, 0).await.is_ok() {
-                    self.release_again().await;
-                }
-                continue;
-            }
-            let since = rejoining.map_or(0, |(_, since)| since);
-            match self.renew_with(true, since).await {
-                Ok((live, now)) => {
-                    self.release_again().await;
-                    let (started, _) = *rejoining.get_or_insert((Instant::now(), now));
-                    self.rejoining.store(true, Ordering::Release);
-                    let all_back = since > 0 && live >= self.config.gateways.get();
-                    // Hysteresis: Redis must have answered for `down_after` before limits are
-                    // shared again, as it must have been silent that long for them to stop.
-                    let steady = started.elapsed() >= self.config.down_after;
-                    if steady && (all_back || started.elapsed() >= self.config.lease_ttl) {
-                        rejoining = None;
-                        self.set_mode(true);
-                        self.changes.with_label_values(&["shared"]).inc();
-                        self.rejoining.store(false, Ordering::Release);
-                        tracing::info!(live, "Redis answers: limits are shared by every gateway");
-                        continue;
-                    }
-                }
-                Err(Unavailable) => {
-                    rejoining = None;
-                    self.rejoining.store(false, Ordering::Release);
-                }
-            }
-            // Rejoining, gateways check often: one that shares while another still admits on its
-            // own share alone can let the total pass C.
-            tokio::time::sleep(if rejoining.is_some() { REJOIN_POLL } else { PROBE }).await;
-        }
-    }
-
-    /// Keeps a release Redis did not take, to send again when it answers.
-    fn unreleased(&self, r: Unreleased) {
-        let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
-        if list.len() < MAX_UNRELEASED {
-            list.push(r);
-        }
-    }
-
-    /// Remembers a release Redis took, for a move to another node within `lease_ttl`.
-    fn released(&self, r: Unreleased) {
-        if !self.nodes.follows() {
-            return;
-        }
-        let mut recent = self.recent.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        while recent
-            .front()
-            .is_some_and(|(at, _)| now.duration_since(*at) > self.config.lease_ttl)
-            || recent.len() >= MAX_UNRELEASED
-        {
-            recent.pop_front();
-        }
-        recent.push_back((now, r));
-    }
-
-    /// Sends again the releases Redis did not take; those failing again are kept.
-    async fn release_again(&self) {
-        let list = std::mem::take(&mut *self.unreleased.lock().unwrap_or_else(|e| e.into_inner()));
-        for r in list {
-            let mut call = self.invoke(&self.scripts.release, &r.class);
-            // Tokens and service unknown (-1): only the places are freed (see `Unreleased`).
-            call.key(&r.parallel)
-                .key(&r.tokens)
-                .arg(&r.member)
-                .arg(0)
-                .arg(0)
-                .arg(-1)
-                .arg("")
-                .arg(0)
-                .arg(-1)
-                .arg(0);
-            if self
-                .call::<i64>("release_again", &call, self.background_budget())
-                .await
-                .is_err()
-            {
-                self.unreleased(r);
-            }
-        }
-    }
-
-    /// One call that renews every lease this gateway holds, or puts them all back (`add`, or
-    /// where Redis lost them; see `renew.lua`); returns how many gateways have renewed since
-    /// `since` (Redis ms; 0: how many are live) and Redis's time.
-    async fn renew_with(&self, add: bool, since: u64) -> Result<(u32, u64), Unavailable> {
-        // On a node first renewed on since a move, leases are put back too: a promoted replica
-        // may lack the last writes of the primary it replaces.
-        let node = self.nodes.current().map(|n| n.name.clone());
-        let moved = *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()) != node;
-        let held: Vec<(String, Vec<String>)> = self
-            .held()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.iter().cloned().collect()))
-            .collect();
-        let mut call = self.scripts.renew.prepare_invoke();
-        call.key(&self.live)
-            .arg(self.config.lease_ttl.as_millis() as u64)
-            .arg(&self.gateway)
-            .arg(if add || moved { "add" } else { "" })
-            .arg(since);
-        for (key, members) in &held {
-            call.key(key).arg(members.len());
-            for m in members {
-                call.arg(m);
-            }
-        }
-        let (_, live, now): (i64, u32, u64) = self.call("renew", &call, self.background_budget()).await?;
-        let before = std::mem::replace(
-            &mut *self.renewed_on.lock().unwrap_or_else(|e| e.into_inner()),
-            node,
-        );
-        if moved && before.is_some() {
-            // A move: the recent releases go to the new node too (see `recent`).
-            let recent = std::mem::take(&mut *self.recent.lock().unwrap_or_else(|e| e.into_inner()));
-            let mut list = self.unreleased.lock().unwrap_or_else(|e| e.into_inner());
-            list.extend(recent.into_iter().map(|(_, r)| r));
-            list.truncate(MAX_UNRELEASED);
-        }
-        Ok((live, now))
-    }
-
-    /// Puts this gateway's leases in Redis now (a renewal that adds the missing ones).
-    pub(crate) async fn register(&self) {
-        let _ = self.renew_with(true, 0).await;
     }
 
     /// A lease for a request this gateway admitted on its own share while Redis was out: Redis

@@ -184,6 +184,34 @@ pub fn assert_error_mentions(body: &serde_json::Value, needle: &str) {
     assert!(message.contains(needle), "{needle:?} not in {body}");
 }
 
+/// The paths of every field of a JSON value (`usage.input_tokens`, `output[].content[].text`),
+/// sorted and each once: what a client reads of an answer, whatever the values — for holding the
+/// simulator's answers to vLLM's field by field.
+pub fn json_shape(v: &serde_json::Value) -> Vec<String> {
+    fn walk(v: &serde_json::Value, at: &str, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(m) => {
+                for (k, v) in m {
+                    let path = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    out.push(path.clone());
+                    walk(v, &path, out);
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|v| walk(v, &format!("{at}[]"), out)),
+            _ => {}
+        }
+    }
+    let mut out = Vec::new();
+    walk(v, "", &mut out);
+    out.sort();
+    out.dedup();
+    out
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

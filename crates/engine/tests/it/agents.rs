@@ -11,37 +11,7 @@ pub(crate) fn fixture(name: &str) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The fields of `v` at every level, as paths (`usage.input_tokens`, `content[].text`): what a
-/// client reads, whatever the values.
-fn fields(v: &Value, at: &str, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                let path = if at.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{at}.{k}")
-                };
-                out.push(path.clone());
-                fields(v, &path, out);
-            }
-        }
-        Value::Array(a) => {
-            for v in a {
-                fields(v, &format!("{at}[]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
-pub(crate) fn shape(v: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    fields(v, "", &mut out);
-    out.sort();
-    out.dedup();
-    out
-}
+pub(crate) use testkit::json_shape as shape;
 
 /// A stream's events: (name, data) in order.
 pub(crate) fn events(text: &str) -> Vec<(String, Value)> {

@@ -46,14 +46,17 @@ impl SharedLimits {
             }
         };
         let took = start.elapsed();
-        self.seconds.with_label_values(&[op]).observe(took.as_secs_f64());
+        self.metrics
+            .seconds
+            .with_label_values(&[op])
+            .observe(took.as_secs_f64());
         let outcome = match &result {
             Some(Ok(_)) if took > self.config.timeout => "late",
             Some(Ok(_)) => "ok",
             Some(Err(_)) => "error",
             None => "timeout",
         };
-        self.calls.with_label_values(&[op, outcome]).inc();
+        self.metrics.calls.with_label_values(&[op, outcome]).inc();
         match result {
             Some(Ok(v)) => {
                 self.health.answered();
@@ -112,7 +115,7 @@ impl SharedLimits {
                 ErrorKind::Server(ServerErrorKind::TryAgain) => "tryagain",
                 _ => return r,
             };
-            self.redirections.with_label_values(&[answer]).inc();
+            self.metrics.redirections.with_label_values(&[answer]).inc();
             match e.kind() {
                 ErrorKind::Server(ServerErrorKind::Moved) => {
                     moves += 1;
@@ -123,7 +126,7 @@ impl SharedLimits {
                         return r;
                     };
                     if self.nodes.switch(host, port, "moved") {
-                        self.node_changes.with_label_values(&["moved"]).inc();
+                        self.metrics.node_changes.with_label_values(&["moved"]).inc();
                     }
                 }
                 ErrorKind::Server(ServerErrorKind::Ask) => {
@@ -136,7 +139,7 @@ impl SharedLimits {
                     if !matches!(&asked, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::TryAgain)) {
                         return asked;
                     }
-                    self.redirections.with_label_values(&["tryagain"]).inc();
+                    self.metrics.redirections.with_label_values(&["tryagain"]).inc();
                     tokio::time::sleep(PAUSE).await;
                 }
                 // A slot's keys are split between two nodes for a moment while it migrates.

@@ -181,7 +181,7 @@ impl SharedLimits {
 
     /// From Redis's clock at the grant to this host's now (one host or synchronised clocks).
     fn grant_latency(&self, at_ms: u64) {
-        self.grant_seconds.observe(since_redis_ms(at_ms));
+        self.metrics.grant_seconds.observe(since_redis_ms(at_ms));
     }
 
     /// The backstop: every [`BACKSTOP`], one call per class with waiters here hands off the

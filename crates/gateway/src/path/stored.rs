@@ -23,6 +23,7 @@ pub(crate) enum Ask {
 
 /// What a request asks of a stored response, by its method and path (without the query), and
 /// the id it names: `GET /v1/responses/{id}`, `POST /v1/responses/{id}/cancel`.
+#[cfg_attr(not(feature = "picker"), allow(dead_code))]
 pub(crate) fn asked<'a>(method: &str, path: &'a str) -> Option<(Ask, &'a str)> {
     let rest = path.strip_prefix("/v1/responses/")?;
     match (method, rest.strip_suffix("/cancel")) {

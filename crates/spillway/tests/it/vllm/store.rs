@@ -11,32 +11,7 @@ use testkit::Process;
 
 use crate::support::BIN;
 
-/// The paths of every field of `v` (`usage.input_tokens`, `output[].content[].text`).
-fn fields(v: &Value, at: &str, out: &mut Vec<String>) {
-    match v {
-        Value::Object(m) => {
-            for (k, v) in m {
-                let path = if at.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{at}.{k}")
-                };
-                out.push(path.clone());
-                fields(v, &path, out);
-            }
-        }
-        Value::Array(a) => a.iter().for_each(|v| fields(v, &format!("{at}[]"), out)),
-        _ => {}
-    }
-}
-
-fn shape(v: &Value) -> Vec<String> {
-    let mut out = Vec::new();
-    fields(v, "", &mut out);
-    out.sort();
-    out.dedup();
-    out
-}
+use testkit::json_shape as shape;
 
 /// A stream's `event:` names (runs written once) and each name's first data's shape.
 fn stream_shape(body: &str) -> (Vec<String>, BTreeMap<String, Vec<String>>) {
