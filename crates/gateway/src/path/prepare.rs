@@ -23,12 +23,51 @@ pub(crate) enum Parsed {
     Chat(ChatCompletionRequest),
     Completion(CompletionRequest),
     Embedding(EmbeddingRequest),
-    Responses(Box<ResponsesRequest>),
+    Responses(Box<Agent<ResponsesRequest>>),
     /// A message, or (`count`) a count of its tokens.
     Messages {
-        request: Box<MessagesRequest>,
+        request: Box<Agent<MessagesRequest>>,
         count: bool,
     },
+}
+
+/// An agents' API request and the text of its parts in order (instructions or system first),
+/// read once: the token count, the prefix key and the access log's block hashes all read it.
+pub(crate) struct Agent<R> {
+    request: R,
+    texts: Vec<String>,
+}
+
+impl<R> std::ops::Deref for Agent<R> {
+    type Target = R;
+    fn deref(&self) -> &R {
+        &self.request
+    }
+}
+
+impl<R> std::ops::DerefMut for Agent<R> {
+    fn deref_mut(&mut self) -> &mut R {
+        &mut self.request
+    }
+}
+
+impl Agent<ResponsesRequest> {
+    fn new(request: ResponsesRequest) -> Box<Self> {
+        let mut texts = Vec::new();
+        for part in [&request.instructions, &request.input].into_iter().flatten() {
+            protocol::agents::texts(part, &mut texts);
+        }
+        Box::new(Agent { request, texts })
+    }
+}
+
+impl Agent<MessagesRequest> {
+    fn new(request: MessagesRequest) -> Box<Self> {
+        let mut texts = Vec::new();
+        let parts = request.system.iter().chain(&request.messages);
+        parts.for_each(|part| protocol::agents::texts(part, &mut texts));
+        Box::new(Agent { request, texts })
+    }
 }
 
 impl Parsed {
@@ -39,9 +78,11 @@ impl Parsed {
             Api::Chat => Parsed::Chat(parse_json(body).map_err(to_err)?),
             Api::Completions => Parsed::Completion(parse_json(body).map_err(to_err)?),
             Api::Embeddings => Parsed::Embedding(parse_json(body).map_err(to_err)?),
-            Api::Responses => Parsed::Responses(parse_json(body).map_err(to_err)?),
+            Api::Responses => {
+                Parsed::Responses(Agent::<ResponsesRequest>::new(parse_json(body).map_err(to_err)?))
+            }
             Api::Messages | Api::CountTokens => Parsed::Messages {
-                request: parse_json(body).map_err(to_err)?,
+                request: Agent::<MessagesRequest>::new(parse_json(body).map_err(to_err)?),
                 count: api == Api::CountTokens,
             },
         };
@@ -155,26 +196,12 @@ impl Parsed {
     }
 
     /// The text of an agent request's parts in order (instructions or system first).
-    fn agent_texts(&self) -> Option<Vec<String>> {
-        let mut out = Vec::new();
+    fn agent_texts(&self) -> Option<&[String]> {
         match self {
-            Parsed::Responses(r) => {
-                for part in [&r.instructions, &r.input].into_iter().flatten() {
-                    protocol::agents::texts(part, &mut out);
-                }
-            }
-            Parsed::Messages { request, .. } => {
-                if let Some(system) = &request.system {
-                    protocol::agents::texts(system, &mut out);
-                }
-                request
-                    .messages
-                    .iter()
-                    .for_each(|m| protocol::agents::texts(m, &mut out));
-            }
-            _ => return None,
+            Parsed::Responses(r) => Some(&r.texts),
+            Parsed::Messages { request, .. } => Some(&request.texts),
+            _ => None,
         }
-        Some(out)
     }
 
     /// What a request of the agents' APIs asks about a stored response: the id it continues.
@@ -555,14 +582,14 @@ fn rewritten(
         Parsed::Responses(mut r) => {
             r.model = model;
             r.max_output_tokens = max_tokens;
-            serde_json::to_vec(&r)
+            serde_json::to_vec(&r.request)
         }
         Parsed::Messages { mut request, count } => {
             request.model = model;
             if !count {
                 request.max_tokens = max_tokens;
             }
-            serde_json::to_vec(&request)
+            serde_json::to_vec(&request.request)
         }
     }
     .map_err(|e| {
